@@ -1,0 +1,42 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch is pinned to the build this project is tested with; pip takes it from a local wheel cache when there is one.
+TORCH := torch==2.14.1 torchvision==0.29.1
+MINI := data/mini
+DEMO := outputs/demo
+
+.PHONY: demo test test-fast test-all venv install install-dev mini clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH)
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install --quiet -e '.[dev]'
+	touch $@
+
+venv install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+mini: $(VENV)/.installed
+	$(PY) -m rgb.data.mini $(MINI)
+
+# The whole pipeline on the embedded mini benchmark: build it, train, attack, score.
+demo: $(VENV)/.installed mini
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py --mini $(MINI) --out $(DEMO)
+
+# The test suite (slow tests included; RGB_FAST=1 skips them).
+test: $(VENV)/.installed-dev
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed-dev
+	RGB_FAST=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf outputs multirun $(MINI) .pytest_cache

@@ -1,0 +1,176 @@
+"""Load RobustGenBench splits from the hub or a local snapshot through one code path: `datasets.load_dataset`.
+
+A perturbed split is only useful if row i is a perturbed copy of test row i, so every perturbed split is checked
+against `test` (image_id and label, row by row) before anyone computes an accuracy on it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from PIL import Image
+
+from rgb.data.catalog import DATASET_SPLITS, DATASETS, transfer_coverage
+
+
+class BenchmarkError(RuntimeError):
+    """A one-line, actionable problem with the benchmark data (missing, corrupt, misaligned)."""
+
+
+def config_name(dataset: str, surrogate: str | None = None) -> str:
+    return dataset if surrogate is None else f"{dataset}-{surrogate}"
+
+
+def is_local(source: str) -> bool:
+    """A source is a local snapshot if it exists on disk or is written like a path rather than `owner/name`."""
+    return Path(source).expanduser().exists() or source.startswith(("/", ".", "~")) or source.count("/") != 1
+
+
+def load_split(
+    source: str,
+    dataset: str,
+    split: str,
+    surrogate: str | None = None,
+    cache_dir: str | None = None,
+    validate: bool = True,
+) -> datasets.Dataset:
+    """One split of config `<dataset>` (or `<dataset>-<surrogate>`), validated against `test` when perturbed."""
+    source = str(source)
+    config = config_name(dataset, surrogate)
+    if dataset in DATASETS and surrogate is not None:
+        covered = transfer_coverage(dataset).get(surrogate, ())
+        if split not in covered:
+            raise BenchmarkError(
+                f"RobustGenBench provides no split {split!r} for config {config!r} (card coverage table: "
+                f"{', '.join(covered) or 'no splits'})"
+            )
+    if is_local(source) and not Path(source).expanduser().is_dir():
+        raise BenchmarkError(f"benchmark directory not found: {source}")
+    ds = _load(source, config, split, cache_dir)
+    if validate and (surrogate is not None or split not in ("train", "validation", "test")):
+        test = _load(source, config_name(dataset), "test", cache_dir)
+        check_aligned(test, ds, f"{config}/{split}")
+    return ds
+
+
+def _load(source: str, config: str, split: str, cache_dir: str | None) -> datasets.Dataset:
+    path = str(Path(source).expanduser()) if is_local(source) else source
+    try:
+        available = datasets.get_dataset_config_names(path)
+        if config not in available:
+            raise BenchmarkError(f"unknown dataset config {config!r} in {source}; available: {', '.join(available)}")
+        return datasets.load_dataset(path, name=config, split=split, cache_dir=cache_dir)
+    except BenchmarkError:
+        raise
+    except (datasets.exceptions.DatasetGenerationError, pa.ArrowException) as err:
+        raise BenchmarkError(_describe_broken_files(path, config, err)) from err
+    except ValueError as err:  # after ArrowInvalid, which is a ValueError too
+        if "split" not in str(err).lower():
+            raise
+        splits = datasets.get_dataset_split_names(path, config)
+        raise BenchmarkError(
+            f"missing split {split!r} of config {config!r} in {source}; present: {', '.join(splits)}"
+        ) from err
+    except Exception as err:  # the hub client raises many types; all mean "cannot read this source"
+        broken = _describe_broken_files(path, config, err) if is_local(source) else None
+        raise (BenchmarkError(broken) if broken else _source_error(source, err)) from err
+
+
+def _source_error(source: str, err: Exception) -> BenchmarkError:
+    if not is_local(source) and os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return BenchmarkError(
+            f"cannot load hub dataset {source!r} with HF_HUB_OFFLINE=1; download a snapshot on a machine with "
+            f"internet (huggingface_hub.snapshot_download({source!r}, repo_type='dataset', local_dir=DIR)) and "
+            f"point the suite at it: data.source=DIR"
+        )
+    return BenchmarkError(f"cannot read benchmark source {source!r}: {type(err).__name__}: {str(err).splitlines()[0]}")
+
+
+def _describe_broken_files(path: str, config: str, err: Exception) -> str:
+    """Name the first unreadable parquet file, so the user knows what to re-download."""
+    if Path(path).is_dir():
+        for file in sorted(Path(path).rglob("*.parquet")):
+            try:
+                pq.read_metadata(file)
+            except Exception as bad:  # pyarrow raises ArrowInvalid/OSError for truncated or foreign files
+                return f"corrupt parquet file {file}: {str(bad).splitlines()[0]}"
+    return f"cannot read config {config!r} from {path}: {type(err).__name__}: {str(err).splitlines()[0]}"
+
+
+def check_aligned(test: datasets.Dataset, other: datasets.Dataset, name: str) -> None:
+    """Raise unless `other` is row-aligned with `test` (same length, image_id and label per row, same classes)."""
+    if len(other) != len(test):
+        raise BenchmarkError(f"split {name} has {len(other)} rows but test has {len(test)}")
+    if class_names(other) != class_names(test):
+        raise BenchmarkError(f"split {name} has other class names than test")
+    for column in ("image_id", "label"):
+        mine = np.asarray(other.data.column(column).to_numpy())
+        ref = np.asarray(test.data.column(column).to_numpy())
+        bad = np.flatnonzero(mine != ref)
+        if bad.size:
+            i = int(bad[0])
+            raise BenchmarkError(
+                f"split {name} is not aligned with test: row {i} has {column} {mine[i]} (image_id "
+                f"{other[i]['image_id']}) but test has {ref[i]}"
+            )
+
+
+def class_names(ds: datasets.Dataset) -> list[str]:
+    return list(ds.features["label"].names)
+
+
+def decode_image(value: dict | Image.Image, image_size: int) -> Image.Image:
+    """PNG bytes (or an already decoded image) -> RGB PIL image of side `image_size` (squashed, as in the paper)."""
+    image = value if isinstance(value, Image.Image) else Image.open(io.BytesIO(value["bytes"]))
+    image = image.convert("RGB")
+    if image.size != (image_size, image_size):
+        image = image.resize((image_size, image_size), Image.BILINEAR)
+    return image
+
+
+def to_tensor(image: Image.Image) -> torch.Tensor:
+    """uint8 HWC -> float32 CHW in [0, 1]; no normalisation (that lives inside the model)."""
+    array = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
+    return array.permute(2, 0, 1).float().div_(255.0)
+
+
+class ImageSplit(torch.utils.data.Dataset):
+    """A benchmark split as (image in [0,1], label, image_id) items, decoded lazily in the worker."""
+
+    def __init__(self, hf_dataset: datasets.Dataset, image_size: int, transform=None):
+        self.rows = hf_dataset.cast_column("image", datasets.Image(decode=False))
+        self.image_size = image_size
+        self.transform = transform
+        self.class_names = class_names(hf_dataset)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int):
+        row = self.rows[index]
+        image = decode_image(row["image"], self.image_size)
+        if self.transform is not None:
+            image = self.transform(image)
+        return to_tensor(image), int(row["label"]), int(row["image_id"])
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self.rows.data.column("label").to_numpy())).long()
+
+
+__all__ = [
+    "BenchmarkError",
+    "ImageSplit",
+    "check_aligned",
+    "class_names",
+    "config_name",
+    "load_split",
+    "DATASET_SPLITS",
+]

@@ -1,0 +1,115 @@
+"""What RobustGenBench contains: datasets, split names, surrogates and the card's coverage table.
+
+The coverage table is the single source of truth for which transfer splits exist; a split outside it is
+reported as missing rather than silently skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_REPO_ID = "legolasflagstaff/RobustGenBench"
+
+CLEAN_SPLITS = ("train", "validation", "test")
+MODEL_INDEPENDENT_SPLITS = ("common", "random_linf_30")
+DATASET_SPLITS = CLEAN_SPLITS + MODEL_INDEPENDENT_SPLITS
+TRANSFER_SPLITS = ("l1_75", "l1_300", "l2_2", "l2_8", "linf_4", "linf_8", "linf_30")
+
+# The 11 ImageNet-C corruptions of the `common` split, in the card's block order.
+CORRUPTIONS = (
+    "shot_noise",
+    "impulse_noise",
+    "defocus_blur",
+    "motion_blur",
+    "zoom_blur",
+    "snow",
+    "brightness",
+    "contrast",
+    "elastic_transform",
+    "pixelate",
+    "jpeg_compression",
+)
+CORRUPTION_SEVERITY = 3
+
+# Reference resolution of the real benchmark; the mini benchmark scales its budgets from it.
+REFERENCE_DIM = 3 * 224 * 224
+
+# Budgets of the transfer splits on the real benchmark, pixel units in [0, 1].
+TRANSFER_BUDGETS = {
+    "l1_75": ("l1", 75.0),
+    "l1_300": ("l1", 300.0),
+    "l2_2": ("l2", 2.0),
+    "l2_8": ("l2", 8.0),
+    "linf_4": ("linf", 4 / 255),
+    "linf_8": ("linf", 8 / 255),
+    "linf_30": ("linf", 30 / 255),
+}
+# White-box budgets of the five-setting protocol.
+WHITE_BOX_BUDGETS = {"l1": 75.0, "l2": 2.0, "linf": 4 / 255}
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    title: str
+    granularity: str
+    num_classes: int
+    train_size: int
+    validation_size: int
+    test_size: int
+
+
+DATASETS = {
+    d.name: d
+    for d in (
+        DatasetInfo("caltech101", "Caltech-101", "coarse", 101, 5899, 1042, 1000),
+        DatasetInfo("fgvc-aircraft-2013b", "FGVC-Aircraft (2013b)", "fine", 100, 3334, 3333, 1000),
+        DatasetInfo("flowers-102", "Oxford Flowers-102", "fine", 102, 1020, 1020, 1000),
+        DatasetInfo("oxford-iiit-pet", "Oxford-IIIT Pet", "fine", 37, 3128, 552, 1000),
+        DatasetInfo("stanford_cars", "Stanford Cars", "fine", 196, 6922, 1222, 1000),
+        DatasetInfo("uc-merced-land-use-dataset", "UC Merced Land Use", "coarse", 21, 1428, 252, 420),
+    )
+}
+
+SURROGATES = {
+    "clip_vitb16": "CLIP ViT-B/16 (open_clip ViT-B-16 / laion2b_s34b_b88k)",
+    "clip_vith14": "CLIP ViT-H/14 (open_clip ViT-H-14 / laion2b_s32b_b79k)",
+    "metaclip_vith14": "MetaCLIP ViT-H/14 (open_clip ViT-H-14-quickgelu / metaclip_fullcc)",
+    "siglip2_so400m": "SigLIP2 SO400M (google/siglip2-so400m-patch14-384)",
+    "siglip2_base": "SigLIP2 base (google/siglip2-base-patch16-224)",
+}
+
+# The card provides SigLIP2 SO400M on these three only (it classifies the others too poorly to attack them).
+SIGLIP2_SO400M_DATASETS = ("caltech101", "flowers-102", "uc-merced-land-use-dataset")
+
+
+def transfer_coverage(dataset: str) -> dict[str, tuple[str, ...]]:
+    """Surrogate -> transfer splits the card lists for a real dataset (its coverage table)."""
+    check_dataset(dataset)
+    coverage = {s: TRANSFER_SPLITS for s in ("clip_vitb16", "clip_vith14", "metaclip_vith14")}
+    if dataset in SIGLIP2_SO400M_DATASETS:
+        coverage["siglip2_so400m"] = TRANSFER_SPLITS
+    coverage["siglip2_base"] = ("linf_30",)
+    return coverage
+
+
+def check_dataset(dataset: str) -> DatasetInfo:
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown RobustGenBench dataset {dataset!r}; available: {', '.join(DATASETS)}")
+    return DATASETS[dataset]
+
+
+def split_budget(split: str, scale_dim: int = REFERENCE_DIM) -> tuple[str, float]:
+    """(norm, eps) of a transfer split, with L1/L2 budgets rescaled to images of `scale_dim` values.
+
+    The per-pixel budget is kept: L2 scales with sqrt(d), L1 with d, Linf not at all.
+    """
+    if split not in TRANSFER_BUDGETS:
+        raise ValueError(f"unknown transfer split {split!r}; available: {', '.join(TRANSFER_BUDGETS)}")
+    norm, eps = TRANSFER_BUDGETS[split]
+    return norm, scale_budget(norm, eps, scale_dim)
+
+
+def scale_budget(norm: str, eps: float, dim: int) -> float:
+    ratio = dim / REFERENCE_DIM
+    return {"l1": eps * ratio, "l2": eps * ratio**0.5, "linf": eps}[norm]

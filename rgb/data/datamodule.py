@@ -1,0 +1,107 @@
+"""Lightning DataModule over a RobustGenBench config: augmented training, deterministic evaluation loaders."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+from torchvision import transforms
+
+from rgb.data.benchmark import ImageSplit, load_split
+
+
+def paper_augmentation(hflip: bool = True, color_jitter: float = 0.25, rotation: float = 2.0):
+    """The paper's training augmentation (after the squash-resize done at decode time)."""
+    steps = [transforms.RandomHorizontalFlip()] if hflip else []
+    if color_jitter:
+        steps.append(transforms.ColorJitter(color_jitter, color_jitter, color_jitter))
+    if rotation:
+        steps.append(transforms.RandomRotation(rotation))
+    return transforms.Compose(steps) if steps else None
+
+
+class RGBDataModule(L.LightningDataModule):
+    """One dataset of the benchmark (or the mini benchmark) with its evaluation budgets.
+
+    `budgets` holds the white-box eps per norm (l1, l2, linf) in [0,1] pixel units for this dataset's image
+    size; `transfer_budgets` the eps of each transfer split. Images come out in [0,1]; never normalised here.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        dataset: str,
+        image_size: int,
+        num_classes: int,
+        budgets: dict,
+        transfer_budgets: dict | None = None,
+        surrogates: list | None = None,
+        batch_size: int = 64,
+        eval_batch_size: int = 128,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        augment: dict | None = None,
+        cache_dir: str | None = None,
+    ):
+        super().__init__()
+        self.source = str(source)
+        self.dataset = dataset
+        self.image_size = int(image_size)
+        self.num_classes = int(num_classes)
+        self.budgets = {k.lower(): float(v) for k, v in dict(budgets).items()}
+        self.transfer_budgets = {k: float(v) for k, v in dict(transfer_budgets or {}).items()}
+        self.surrogates = list(surrogates or [])
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.augment = dict(augment or {})
+        self.cache_dir = cache_dir
+        self._splits: dict[tuple[str, str | None], ImageSplit] = {}
+
+    def split(self, split: str, surrogate: str | None = None, train_transform: bool = False) -> ImageSplit:
+        """A validated split as a torch Dataset (cached; training transform only for `train`)."""
+        key = (split, surrogate)
+        if key not in self._splits:
+            rows = load_split(self.source, self.dataset, split, surrogate=surrogate, cache_dir=self.cache_dir)
+            self._splits[key] = ImageSplit(rows, self.image_size)
+        found = self._splits[key]
+        if train_transform:
+            return ImageSplit(found.rows, self.image_size, paper_augmentation(**self.augment))
+        return found
+
+    @property
+    def class_names(self) -> list[str]:
+        names = self.split("test").class_names
+        if len(names) != self.num_classes:
+            raise ValueError(
+                f"data config says {self.num_classes} classes but {self.dataset} in {self.source} has {len(names)}"
+            )
+        return names
+
+    def setup(self, stage: str | None = None) -> None:
+        self.class_names  # fail early on a wrong class count
+
+    def _loader(self, data: ImageSplit, batch_size: int, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            data,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=False,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.split("train", train_transform=True), self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.split("validation"), self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("test")
+
+    def eval_dataloader(self, split: str, surrogate: str | None = None) -> DataLoader:
+        """Whole split, in order, no shuffling and no dropped batch: every accuracy is over all of it."""
+        return self._loader(self.split(split, surrogate), self.eval_batch_size, shuffle=False)

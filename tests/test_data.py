@@ -1,0 +1,151 @@
+"""The data layer through its public loader, on the mini benchmark and on deliberately broken copies."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from rgb.data import BenchmarkError, ImageSplit, RGBDataModule, load_split, transfer_coverage
+from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, scale_budget
+from rgb.data.corruptions import corruption_of_row
+from rgb.data.mini import CLASS_NAMES, DATASET, TEST_SIZE, VALIDATION_SIZE, build_mini
+
+REPO = Path(__file__).resolve().parents[1]
+SPLIT_SIZES = {"train": 1797 - TEST_SIZE - VALIDATION_SIZE, "validation": VALIDATION_SIZE, "test": TEST_SIZE,
+               "common": TEST_SIZE, "random_linf_30": TEST_SIZE}
+
+
+@pytest.mark.parametrize("split", list(SPLIT_SIZES))
+def test_every_mini_split_loads_through_the_public_loader(mini_dir, split):
+    ds = load_split(str(mini_dir), DATASET, split)
+    assert len(ds) == SPLIT_SIZES[split]
+    assert ds.features["label"].names == CLASS_NAMES
+    assert list(ds.features) == ["image", "label", "image_id", "perturbation", "surrogate", "norm", "epsilon",
+                                 "corruption", "is_modified"]
+    assert ds["image_id"] == list(range(len(ds)))
+    images = ImageSplit(ds, image_size=32)
+    x, y, image_id = images[len(ds) - 1]
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+    assert 0.0 <= x.min() and x.max() <= 1.0 and x.max() > 0.5
+    assert image_id == len(ds) - 1 and y == ds[len(ds) - 1]["label"]
+
+
+def test_perturbed_splits_match_test_and_the_card(mini_dir):
+    test = load_split(str(mini_dir), DATASET, "test")
+    common = load_split(str(mini_dir), DATASET, "common")
+    noisy = load_split(str(mini_dir), DATASET, "random_linf_30")
+    assert common["label"] == test["label"]
+    assert common["corruption"] == [corruption_of_row(i, TEST_SIZE) for i in range(TEST_SIZE)]
+    block = TEST_SIZE // 11
+    assert common["corruption"][:block] == [CORRUPTIONS[0]] * block
+    assert common["corruption"][11 * block:] == [CORRUPTIONS[0]] * (TEST_SIZE - 11 * block)  # remainder wraps
+    assert set(common["perturbation"]) == {"common_corruption_severity3"}
+    assert sum(common["is_modified"]) > 0.9 * TEST_SIZE
+    clean = np.stack([np.asarray(im, dtype=np.int16) for im in test["image"]])
+    shifted = np.stack([np.asarray(im, dtype=np.int16) for im in noisy["image"]])
+    assert np.abs(shifted - clean).max() <= 30  # exactly within 30/255 after PNG storage
+    assert set(noisy["norm"]) == {"linf"} and np.allclose(noisy["epsilon"], 30 / 255)
+
+
+def test_mini_build_is_byte_for_byte_deterministic(tmp_path):
+    first, second = build_mini(tmp_path / "a"), build_mini(tmp_path / "b")
+    files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
+    assert len(files) == 6
+    for rel in files:
+        assert (first / rel).read_bytes() == (second / rel).read_bytes(), rel
+
+
+def test_misaligned_split_is_rejected_naming_split_and_id(mini_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(mini_dir, broken)
+    path = broken / "data" / DATASET / "common.parquet"
+    table = pq.read_table(path)
+    ids = table.column("image_id").to_pylist()
+    ids[7], ids[8] = ids[8], ids[7]
+    table = table.set_column(table.schema.get_field_index("image_id"), "image_id", [ids])
+    pq.write_table(table, path)
+    with pytest.raises(BenchmarkError, match=r"digits/common .*row 7 has image_id 8"):
+        load_split(str(broken), DATASET, "common")
+    load_split(str(broken), DATASET, "test")  # the clean split itself is fine
+
+
+def test_corrupt_parquet_gives_one_line_naming_the_file(mini_dir, tmp_path):
+    broken = tmp_path / "corrupt"
+    shutil.copytree(mini_dir, broken)
+    path = broken / "data" / DATASET / "validation.parquet"
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(BenchmarkError) as err:
+        load_split(str(broken), DATASET, "validation")
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "corrupt parquet" in message
+
+
+def test_missing_directory_unknown_dataset_and_missing_split(mini_dir, tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(BenchmarkError, match=f"benchmark directory not found: {missing}$"):
+        load_split(str(missing), DATASET, "test")
+    with pytest.raises(BenchmarkError, match=r"unknown dataset config 'letters' .*available: digits"):
+        load_split(str(mini_dir), "letters", "test")
+    with pytest.raises(BenchmarkError, match=r"missing split 'l1_75' .*present: common, random_linf_30, test"):
+        load_split(str(mini_dir), DATASET, "l1_75")
+
+
+def test_hub_id_offline_says_how_to_use_a_local_snapshot(tmp_path):
+    code = (
+        "from rgb.data import load_split\n"
+        "load_split('legolasflagstaff/RobustGenBench', 'flowers-102', 'test')\n"
+    )
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "HF_HUB_OFFLINE=1" in done.stderr and "snapshot_download" in done.stderr and "data.source=" in done.stderr
+
+
+def test_coverage_table_of_the_card():
+    assert set(transfer_coverage("flowers-102")) == {"clip_vitb16", "clip_vith14", "metaclip_vith14",
+                                                     "siglip2_so400m", "siglip2_base"}
+    assert "siglip2_so400m" not in transfer_coverage("stanford_cars")
+    assert transfer_coverage("oxford-iiit-pet")["siglip2_base"] == ("linf_30",)
+    assert transfer_coverage("caltech101")["clip_vitb16"] == TRANSFER_SPLITS
+    n_splits = sum(len(v) for d in DATASETS for v in transfer_coverage(d).values())
+    assert n_splits == 6 * 3 * 7 + 3 * 7 + 6  # the card's table: 153 ticks
+    with pytest.raises(BenchmarkError, match="provides no split 'l2_2' for config 'stanford_cars-siglip2_so400m'"):
+        load_split("/nonexistent-but-refused-first", "stanford_cars", "l2_2", surrogate="siglip2_so400m")
+    with pytest.raises(ValueError, match="available: caltech101, fgvc-aircraft-2013b"):
+        transfer_coverage("imagenet")
+
+
+def test_data_configs_have_the_scaled_budgets():
+    mini = yaml.safe_load((REPO / "conf/data/mini.yaml").read_text())
+    dim = 3 * mini["image_size"] ** 2
+    for norm, eps in (("l1", 75.0), ("l2", 2.0), ("linf", 4 / 255)):
+        assert mini["budgets"][norm] == pytest.approx(scale_budget(norm, eps, dim), rel=1e-12)
+    base = yaml.safe_load((REPO / "conf/data/_benchmark.yaml").read_text())
+    assert base["budgets"] == pytest.approx({"l1": 75.0, "l2": 2.0, "linf": 4 / 255})
+    for split, eps in mini["transfer_budgets"].items():
+        norm, full = split.split("_")
+        full = float(full) / 255 if norm == "linf" else float(full)
+        assert eps == pytest.approx(scale_budget(norm, full, dim), rel=1e-12)
+        assert base["transfer_budgets"][split] == pytest.approx(full)
+
+
+def test_datamodule_loaders_cover_whole_splits_in_order(mini_dir):
+    dm = RGBDataModule(source=str(mini_dir), dataset=DATASET, image_size=32, num_classes=10,
+                       budgets={"l1": 1.0, "l2": 0.5, "Linf": 0.1}, batch_size=100, eval_batch_size=64,
+                       augment={"hflip": True, "color_jitter": 0.25, "rotation": 2.0})
+    dm.setup("fit")
+    assert dm.budgets["linf"] == 0.1 and dm.class_names == CLASS_NAMES
+    ids = torch.cat([batch[2] for batch in dm.eval_dataloader("common")])
+    assert ids.tolist() == list(range(TEST_SIZE))  # whole split, in order, last partial batch kept
+    x, y, _ = next(iter(dm.train_dataloader()))
+    assert x.shape == (100, 3, 32, 32) and 0 <= x.min() and x.max() <= 1
+    wrong = RGBDataModule(source=str(mini_dir), dataset=DATASET, image_size=32, num_classes=7, budgets={})
+    with pytest.raises(ValueError, match="says 7 classes but digits .* has 10"):
+        wrong.setup("fit")
