@@ -41,3 +41,10 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(skip_slow)
+
+
+@pytest.fixture(scope="session")
+def trained_mlp():
+    from toy_models import train_mlp
+
+    return train_mlp()

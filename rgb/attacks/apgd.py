@@ -1,0 +1,379 @@
+"""Auto-PGD (Croce & Hein 2020) for Linf/L2 and its L1 variant (Croce & Hein 2021), spec §2-§3.
+
+The algorithm follows the reference step for step. Speed-ups are from the exact class of spec §6.3: clean
+logits are reusable, and with `early_stop` a point is frozen at its first adversarial iterate and dropped
+from the batch every few iterations (one host sync each time; none inside the step itself).
+Dropping rows assumes samples are independent, i.e. the model is in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rgb.attacks.common import EvalCounter, as_column, check_eps, make_generator, parse_norm, per_sample
+from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
+from rgb.attacks.projections import project_l1_ball_box, project_l2, project_linf
+
+LOSSES = ("ce", "dlr", "dlr-targeted")
+# Iterations between host syncs that drop fooled points (early_stop) and stop once all are fooled.
+COMPACT_EVERY = 5
+
+
+@dataclass
+class APGDResult:
+    """x_best: highest-loss iterate per sample; x_adv: adversarial image where `fooled`, else exactly x."""
+
+    x_best: torch.Tensor
+    loss_best: torch.Tensor
+    x_adv: torch.Tensor
+    fooled: torch.Tensor
+    forward_rows: int
+    backward_rows: int
+
+
+def checkpoint_schedule(n_iter: int) -> list[int]:
+    """0-based iterations at which Linf/L2 APGD checks its step size ({21,40,56,69,79,86,92,98} for 100)."""
+    length, min_length, decrement = max(int(0.22 * n_iter), 1), max(int(0.06 * n_iter), 1), max(int(0.03 * n_iter), 1)
+    checkpoints, i = [], length - 1
+    while i < n_iter:
+        checkpoints.append(i)
+        length = max(length - decrement, min_length)
+        i += length
+    return checkpoints
+
+
+def l1_check_period(n_iter: int) -> int:
+    """Iterations between L1 sparsity/step checks (1 for the 30/40-iteration stages of the eps schedule)."""
+    return max(int(0.04 * n_iter), 1)
+
+
+def l1_eps_stages(n_iter: int) -> list[tuple[float, int]]:
+    """'largereps' schedule: (eps multiplier, iterations) = [(3, 30), (2, 30), (1, 40)] for n_iter = 100."""
+    first = math.ceil(0.3 * n_iter)
+    return [(3.0, first), (2.0, first), (1.0, n_iter - 2 * first)]
+
+
+class _Objective:
+    """Model + loss: logits, per-sample loss and input gradient, counting evaluations."""
+
+    def __init__(self, model: nn.Module, loss: str, counters: list[EvalCounter]):
+        self.model, self.loss, self.counters = model, loss, counters
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        for counter in self.counters:
+            counter.forward(x.shape[0])
+        with torch.no_grad():
+            return self.model(x).float()
+
+    def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor, y_target: torch.Tensor | None):
+        for counter in self.counters:
+            counter.forward(x.shape[0])
+            counter.backward(x.shape[0])
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            logits = self.model(x).float()
+            if self.loss == "ce":
+                loss = ce_loss(logits, y)
+            elif self.loss == "dlr":
+                loss = dlr_loss(logits, y)
+            else:
+                loss = targeted_dlr_loss(logits, y, y_target)
+            (grad,) = torch.autograd.grad(loss.sum(), x)
+        return logits.detach(), loss.detach(), grad.detach()
+
+
+def _random_start(x: torch.Tensor, eps: torch.Tensor, norm: str, generator) -> torch.Tensor:
+    """Uniform-direction start on the Linf/L2 sphere (then clipped), or a projected Gaussian for L1 (spec §2.2)."""
+    if norm == "Linf":
+        t = 2 * torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) - 1
+        t = t / (as_column(t.flatten(1).abs().amax(dim=1), x) + 1e-12)
+        return (x + per_sample(eps, x) * t).clamp(0.0, 1.0)
+    t = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    if norm == "L2":
+        t = t / (as_column(t.flatten(1).norm(dim=1), x) + 1e-12)
+        return (x + per_sample(eps, x) * t).clamp(0.0, 1.0)
+    return x + project_l1_ball_box(x, t, eps)
+
+
+def _project(norm: str, x: torch.Tensor, x_new: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    if norm == "Linf":
+        return project_linf(x, x_new, eps)
+    if norm == "L2":
+        return project_l2(x, x_new, eps)
+    return x + project_l1_ball_box(x, x_new - x, eps)
+
+
+def _run(
+    objective: _Objective,
+    state: dict[str, torch.Tensor],
+    *,
+    norm: str,
+    n_iter: int,
+    first_step: float,
+    momentum: float,
+    rho: float,
+    early_stop: bool,
+    sparse_from_init: bool,
+    trace: list | None,
+    stage: int,
+) -> dict[str, torch.Tensor]:
+    """One APGD run from state["x_k"] (the start point). `state` holds per-row tensors: x, y, eps, x_k,
+    pre_fooled (rows never attacked: returned clean) and optionally y_target, rows (indices for the trace).
+    Returns x_best, loss_best, fooled and x_adv for every input row."""
+    s = dict(state)
+    x, eps = s["x"], s["eps"]
+    n_rows, n_features = x.shape[0], x[0].numel()
+    logits, loss, grad = objective.loss_and_grad(s["x_k"], s["y"], s.get("y_target"))
+    if objective.loss != "ce" and bool((grad.flatten(1).abs().sum(dim=1) == 0).any()):
+        warnings.warn("APGD: zero gradient at the initial point for some samples (DLR loss)", stacklevel=3)
+    wrong = logits.argmax(dim=1) != s["y"]
+    s.update(
+        x_prev=s["x_k"].clone(), grad=grad, x_best=s["x_k"].clone(), grad_best=grad.clone(), loss_best=loss,
+        fooled=s["pre_fooled"] | wrong, x_adv=torch.where(as_column(wrong & ~s["pre_fooled"], x), s["x_k"], x),
+        step=first_step * eps,
+    )
+    if norm == "L1":
+        if sparse_from_init:
+            s["sparsity_old"] = (s["x_k"] != x).flatten(1).sum(dim=1).to(x.dtype)
+            s["q"] = s["sparsity_old"] / (1.5 * n_features)
+        else:
+            s["sparsity_old"], s["q"] = torch.full_like(eps, n_features), torch.full_like(eps, 0.2)
+        checks = set(range(l1_check_period(n_iter) - 1, n_iter, l1_check_period(n_iter)))
+    else:
+        # Column m + 1 holds the loss after step m; column 0 stays 0 (the reference's first-checkpoint quirk).
+        s["loss_history"] = torch.zeros(n_rows, n_iter + 1, dtype=loss.dtype, device=x.device)
+        s["reduced_last"] = torch.ones_like(s["fooled"])
+        s["loss_best_last"] = loss.clone()
+        checkpoints = checkpoint_schedule(n_iter)
+        lengths = dict(zip(checkpoints, [checkpoints[0] + 1] + [b - a for a, b in zip(checkpoints, checkpoints[1:])]))
+    outputs = {name: s[name].clone() for name in ("x_best", "loss_best", "fooled", "x_adv")}
+    positions = torch.arange(n_rows, device=x.device)
+
+    for i in range(n_iter):
+        if early_stop and i % COMPACT_EVERY == 0:
+            for name in outputs:
+                outputs[name][positions] = s[name]
+            keep = (~s["fooled"]).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            if keep.numel() < positions.numel():
+                s = {name: value[keep] for name, value in s.items()}
+                positions = positions[keep]
+        x, eps = s["x"], s["eps"]
+        x_k, step_col = s["x_k"], per_sample(s["step"], s["x"])
+        if norm == "L1":
+            magnitude = s["grad"].abs().flatten(1)
+            position = ((1 - s["q"]) * n_features).long().clamp(0, n_features - 1)
+            threshold = magnitude.sort(dim=1).values.gather(1, position[:, None])
+            direction = (torch.sign(s["grad"].flatten(1)) * (magnitude >= threshold)).view_as(x_k)
+            direction = direction / (as_column(direction.flatten(1).abs().sum(dim=1), x) + 1e-10)
+            x_new = _project(norm, x, x_k + step_col * direction, eps)
+        else:
+            if norm == "Linf":
+                ascent = torch.sign(s["grad"])
+            else:
+                ascent = s["grad"] / (as_column(s["grad"].flatten(1).norm(dim=1), x) + 1e-12)
+            z = _project(norm, x, x_k + step_col * ascent, eps)
+            a = 1.0 if i == 0 else momentum
+            x_new = _project(norm, x, x_k + a * (z - x_k) + (1 - a) * (x_k - s["x_prev"]), eps)
+        s["x_prev"] = x_k
+        logits, loss, grad = objective.loss_and_grad(x_new, s["y"], s.get("y_target"))
+        s["x_k"], s["grad"] = x_new, grad
+
+        wrong = (logits.argmax(dim=1) != s["y"]) & ~s["pre_fooled"]
+        active = ~s["fooled"] if early_stop else torch.ones_like(wrong)
+        take_adv = wrong & active
+        s["x_adv"] = torch.where(as_column(take_adv, x), x_new, s["x_adv"])
+        s["fooled"] = s["fooled"] | wrong
+        improved = (loss > s["loss_best"]) & active
+        s["x_best"] = torch.where(as_column(improved, x), x_new, s["x_best"])
+        s["grad_best"] = torch.where(as_column(improved, x), grad, s["grad_best"])
+        s["loss_best"] = torch.where(improved, loss, s["loss_best"])
+
+        if norm == "L1" and i in checks:
+            sparsity = (s["x_best"] != x).flatten(1).sum(dim=1).to(x.dtype)
+            reset = sparsity < 0.95 * s["sparsity_old"]
+            s["q"] = sparsity / (1.5 * n_features)
+            s["step"] = torch.where(reset, first_step * eps, s["step"] / 1.5).clamp(
+                min=first_step * eps / 10, max=first_step * eps)
+            s["sparsity_old"] = sparsity
+            _restart_from_best(s, reset)
+        elif norm != "L1":
+            s["loss_history"][:, i + 1] = loss
+            if i in lengths:
+                k = lengths[i]
+                history = s["loss_history"]
+                increases = (history[:, i + 2 - k: i + 2] > history[:, i + 1 - k: i + 1]).sum(dim=1)
+                oscillating = increases <= rho * k
+                stalled = ~s["reduced_last"] & (s["loss_best_last"] >= s["loss_best"])
+                reduce = oscillating | stalled
+                s["reduced_last"], s["loss_best_last"] = reduce, s["loss_best"].clone()
+                s["step"] = torch.where(reduce, s["step"] / 2, s["step"])
+                _restart_from_best(s, reduce)
+        if trace is not None:
+            trace.append({
+                "stage": stage, "iteration": i, "rows": s["rows"].clone(), "step_size": s["step"].clone(),
+                "loss": loss.clone(), "loss_best": s["loss_best"].clone(), "fooled": s["fooled"].clone(),
+            })
+    for name in outputs:
+        outputs[name][positions] = s[name]
+    return outputs
+
+
+def _restart_from_best(s: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """Move flagged rows back to their best iterate and its gradient."""
+    column = as_column(mask, s["x"])
+    s["x_k"] = torch.where(column, s["x_best"], s["x_k"])
+    s["grad"] = torch.where(column, s["grad_best"], s["grad"])
+
+
+def apgd(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    norm: str,
+    eps: float | torch.Tensor,
+    loss: str = "ce",
+    n_iter: int = 100,
+    n_restarts: int = 1,
+    y_target: torch.Tensor | None = None,
+    random_start: bool = True,
+    first_step: float | None = None,
+    momentum: float = 0.75,
+    rho: float = 0.75,
+    eps_schedule: str | None = None,
+    early_stop: bool = True,
+    generator: torch.Generator | int | None = None,
+    clean_logits: torch.Tensor | None = None,
+    counter: EvalCounter | None = None,
+    trace: list | None = None,
+) -> APGDResult:
+    """APGD with `loss` in {"ce", "dlr", "dlr-targeted"} (the last needs `y_target`), all maximised.
+
+    Success always means argmax != y. The first restart attacks every row (so x_best exists for all, as the
+    training inner attack needs); later restarts only rows not yet fooled. Rows the clean model already
+    misclassifies (known from `clean_logits`, from a clean pass when `random_start`, or from the start
+    point otherwise) count as fooled with x_adv = x. `first_step` defaults to 2 (Linf/L2) or 1 (L1) times eps.
+    `eps_schedule="largereps"` (L1 only) runs stages at 3, 2, 1 x eps; only the last stage decides `fooled`.
+    `generator` is a torch.Generator on x.device or an int seed; `trace`, if a list, receives one dict per
+    iteration (stage, iteration, rows, step_size, loss, loss_best, fooled) for diagnostics and tests.
+    The model's train/eval mode is left alone and parameter .grad is never touched.
+    """
+    norm = parse_norm(norm)
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if (loss == "dlr-targeted") != (y_target is not None):
+        raise ValueError("y_target must be given exactly when loss='dlr-targeted'")
+    if eps_schedule not in (None, "largereps") or (eps_schedule == "largereps" and norm != "L1"):
+        raise ValueError(f"eps_schedule must be None, or 'largereps' with norm L1, got {eps_schedule!r} ({norm})")
+    if n_iter < 1 or n_restarts < 1:
+        raise ValueError(f"n_iter and n_restarts must be >= 1, got {n_iter} and {n_restarts}")
+    if eps_schedule == "largereps" and n_iter < 3:
+        raise ValueError(f"eps_schedule='largereps' needs n_iter >= 3 (three stages), got {n_iter}")
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
+    if bool(((x < 0) | (x > 1)).any()):
+        raise ValueError("x must lie in [0, 1] (normalisation belongs inside the model)")
+    check_eps(eps)
+    x = x.detach().float()
+    eps = per_sample(eps, x).reshape(-1).clone()
+    first_step = first_step if first_step is not None else (1.0 if norm == "L1" else 2.0)
+    generator = make_generator(generator, x.device)
+    call_counter = EvalCounter()
+    objective = _Objective(model, loss, [call_counter] + ([counter] if counter is not None else []))
+    if clean_logits is None and random_start:
+        clean_logits = objective.logits(x)
+    if clean_logits is not None:
+        pre_fooled = clean_logits.argmax(dim=1) != y
+    else:
+        pre_fooled = torch.zeros_like(y, dtype=torch.bool)
+
+    n = x.shape[0]
+    x_best, x_adv = x.clone(), x.clone()
+    loss_best = torch.full((n,), -torch.inf, device=x.device)
+    fooled = pre_fooled.clone()
+    settings = dict(norm=norm, first_step=first_step, momentum=momentum, rho=rho, trace=trace)
+    for restart in range(n_restarts):
+        rows = torch.arange(n, device=x.device) if restart == 0 else (~fooled).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            break
+        state = {"x": x[rows], "y": y[rows], "eps": eps[rows], "pre_fooled": pre_fooled[rows], "rows": rows}
+        if y_target is not None:
+            state["y_target"] = y_target[rows]
+        if eps_schedule == "largereps":
+            start = state["x"]
+            if random_start:
+                noise = torch.randn(start.shape, generator=generator, device=x.device)
+                start = start + project_l1_ball_box(start, noise, 3 * state["eps"])
+            for stage, (multiplier, stage_iter) in enumerate(l1_eps_stages(n_iter)):
+                stage_eps = multiplier * state["eps"]
+                state_s = dict(state, eps=stage_eps, x_k=_project(norm, state["x"], start, stage_eps))
+                last = stage == 2
+                run = _run(objective, state_s, n_iter=stage_iter, early_stop=early_stop and last,
+                           sparse_from_init=True, stage=stage, **settings)
+                start = run["x_best"]
+        else:
+            start = _random_start(state["x"], state["eps"], norm, generator) if random_start else state["x"]
+            run = _run(objective, dict(state, x_k=start), n_iter=n_iter, early_stop=early_stop,
+                       sparse_from_init=False, stage=0, **settings)
+        newly = run["fooled"] & ~fooled[rows]
+        x_adv[rows] = torch.where(as_column(newly, x), run["x_adv"], x_adv[rows])
+        fooled[rows] = fooled[rows] | run["fooled"]
+        better = run["loss_best"] > loss_best[rows]
+        x_best[rows] = torch.where(as_column(better, x), run["x_best"], x_best[rows])
+        loss_best[rows] = torch.where(better, run["loss_best"], loss_best[rows])
+    return APGDResult(x_best, loss_best, x_adv, fooled, call_counter.forward_rows, call_counter.backward_rows)
+
+
+def apgd_targeted(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    norm: str,
+    eps: float | torch.Tensor,
+    n_targets: int = 9,
+    clean_logits: torch.Tensor | None = None,
+    generator: torch.Generator | int | None = None,
+    counter: EvalCounter | None = None,
+    **apgd_kwargs,
+) -> APGDResult:
+    """APGD-T (spec §2.5): for target ranks 2..n_targets+1 of the clean logits, one targeted-DLR run on the
+    points not yet fooled. Success means argmax != y. x_best/loss_best come from the last run on each point.
+    Remaining keyword arguments go to `apgd` (n_iter, eps_schedule, early_stop, random_start, ...)."""
+    if "n_restarts" in apgd_kwargs or "loss" in apgd_kwargs or "y_target" in apgd_kwargs:
+        raise ValueError("apgd_targeted fixes loss='dlr-targeted', one restart per target and the targets itself")
+    x = x.detach().float()
+    call_counter = EvalCounter()
+    if clean_logits is None:
+        clean_logits = _Objective(model, "ce", [call_counter]).logits(x)
+    n_classes = clean_logits.shape[1]
+    if n_classes < 4:
+        raise ValueError(f"targeted DLR loss needs at least 4 classes, got {n_classes}")
+    if not 1 <= n_targets <= n_classes - 1:
+        raise ValueError(f"n_targets must be in [1, {n_classes - 1}] for {n_classes} classes, got {n_targets}")
+    generator = make_generator(generator, x.device)
+    ranking = clean_logits.argsort(dim=1, descending=True)
+    fooled = clean_logits.argmax(dim=1) != y
+    eps = per_sample(eps, x).reshape(-1)
+    x_best, x_adv = x.clone(), x.clone()
+    loss_best = torch.full((x.shape[0],), -torch.inf, device=x.device)
+    for rank in range(2, n_targets + 2):
+        rows = (~fooled).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            break
+        run = apgd(model, x[rows], y[rows], norm=norm, eps=eps[rows], loss="dlr-targeted",
+                   y_target=ranking[rows, rank - 1], clean_logits=clean_logits[rows], generator=generator,
+                   counter=call_counter, **apgd_kwargs)
+        x_adv[rows], fooled[rows] = run.x_adv, run.fooled
+        x_best[rows], loss_best[rows] = run.x_best, run.loss_best
+    if counter is not None:
+        counter.forward(call_counter.forward_rows)
+        counter.backward(call_counter.backward_rows)
+    return APGDResult(x_best, loss_best, x_adv, fooled, call_counter.forward_rows, call_counter.backward_rows)

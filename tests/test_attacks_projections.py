@@ -1,0 +1,142 @@
+"""Projections onto Lp-ball ∩ [0,1] box (spec §8 item 1) and the shared norm helpers."""
+
+import pytest
+import torch
+
+from rgb.attacks import EvalCounter, lp_norm, parse_norm, project_l1_ball_box, project_l2, project_linf
+
+
+def random_case(seed, n=16, shape=(3, 8, 8), eps_range=(0.05, 20.0)):
+    """Images with exact 0/1 pixels and deltas with exact zeros and box-violating entries."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, *shape, generator=g)
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.15, torch.round(x), x)
+    delta = torch.randn(n, *shape, generator=g) * torch.rand(n, 1, 1, 1, generator=g) * 0.6
+    delta = torch.where(torch.rand(x.shape, generator=g) < 0.15, torch.zeros_like(delta), delta)
+    low, high = eps_range
+    eps = low + (high - low) * torch.rand(n, generator=g)
+    return x, delta, eps
+
+
+def reference_l1_projection(x, delta, eps):
+    """Float64 brute force: bisection on lambda (many steps) with the closed form of spec §3.3."""
+    x, delta = x.double().flatten(1), delta.double().flatten(1)
+    magnitude = delta.abs()
+    room = torch.minimum(magnitude, torch.where(delta > 0, 1 - x, x))
+    out = []
+    for row in range(x.shape[0]):
+        a, c, e = magnitude[row], room[row], float(eps[row])
+        lo, hi = 0.0, float(a.max()) if a.numel() else 0.0
+        if float(c.sum()) > e:
+            for _ in range(200):
+                mid = (lo + hi) / 2
+                if float(torch.minimum((a - mid).clamp_min(0), c).sum()) > e:
+                    lo = mid
+                else:
+                    hi = mid
+            lam = hi
+        else:
+            lam = 0.0
+        out.append(torch.sign(delta[row]) * torch.minimum((a - lam).clamp_min(0), c))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_l1_projection_matches_float64_reference(seed):
+    x, delta, eps = random_case(seed)
+    projected = project_l1_ball_box(x, delta, eps)
+    assert projected.dtype == torch.float32 and projected.shape == delta.shape
+    expected = reference_l1_projection(x, delta, eps)
+    torch.testing.assert_close(projected.double().flatten(1), expected, atol=2e-6, rtol=0)
+
+
+def test_l1_projection_budget_box_zeros_and_idempotence():
+    x, delta, eps = random_case(10, n=32, eps_range=(0.01, 5.0))
+    projected = project_l1_ball_box(x, delta, eps)
+    assert torch.all(lp_norm(projected, "L1") <= eps * (1 + 1e-5))
+    assert torch.all((x + projected >= 0) & (x + projected <= 1))
+    assert torch.all(projected[delta == 0] == 0)
+    assert torch.all(torch.sign(projected) * torch.sign(delta) >= 0)
+    torch.testing.assert_close(project_l1_ball_box(x, projected, eps), projected, atol=1e-6, rtol=0)
+
+
+def test_l1_projection_leaves_feasible_points_unchanged():
+    x, delta, _ = random_case(11)
+    feasible = (x + delta).clamp(0, 1) - x
+    eps = lp_norm(feasible, "L1") * 1.01
+    assert torch.equal(project_l1_ball_box(x, feasible, eps), feasible)
+
+
+def test_l1_projection_scalar_eps_zero_eps_and_zero_delta():
+    x, delta, _ = random_case(12, n=4)
+    by_row = project_l1_ball_box(x, delta, torch.full((4,), 1.5))
+    torch.testing.assert_close(project_l1_ball_box(x, delta, 1.5), by_row)
+    assert torch.all(project_l1_ball_box(x, delta, 0.0) == 0)
+    assert torch.all(project_l1_ball_box(x, torch.zeros_like(delta), 1.0) == 0)
+
+
+def test_l1_projection_no_feasible_point_is_closer():
+    x, delta, eps = random_case(13, n=8, shape=(2, 4, 4), eps_range=(0.05, 2.0))
+    projected = project_l1_ball_box(x, delta, eps).double()
+    g = torch.Generator().manual_seed(0)
+    best = (projected - delta.double()).flatten(1).norm(dim=1)
+    for _ in range(200):
+        # Random box-feasible points scaled into the L1 ball (0 is feasible, the set is convex),
+        # then also points near the answer on the segment towards them.
+        other = torch.rand(x.shape, generator=g, dtype=torch.float64) * 1.0 - x.double()
+        other = other * (eps.double() / lp_norm(other, "L1").clamp_min(1e-12)).clamp(max=1.0).view(-1, 1, 1, 1)
+        for step in (1.0, 1e-2):
+            candidate = projected + step * (other - projected)
+            distance = (candidate - delta.double()).flatten(1).norm(dim=1)
+            assert torch.all(distance >= best - 1e-6)
+
+
+def test_l1_projection_rejects_shape_mismatch():
+    with pytest.raises(ValueError, match="same shape"):
+        project_l1_ball_box(torch.zeros(2, 3), torch.zeros(2, 4), 1.0)
+
+
+@pytest.mark.parametrize("norm, project", [("Linf", project_linf), ("L2", project_l2)])
+def test_linf_l2_projection_budget_box_idempotence(norm, project):
+    x, delta, eps = random_case(20, eps_range=(0.01, 1.0))
+    projected = project(x, x + 3 * delta, eps)
+    slack = eps + 1e-7 if norm == "Linf" else eps * (1 + 1e-5)
+    assert torch.all(lp_norm(projected - x, norm) <= slack)
+    assert torch.all((projected >= 0) & (projected <= 1))
+    torch.testing.assert_close(project(x, projected, eps), projected, atol=1e-6, rtol=0)
+    inside = (x + delta * 1e-3).clamp(0, 1)
+    assert torch.equal(project(x, inside, lp_norm(inside - x, norm) * 1.01 + 1e-6), inside)
+
+
+def test_linf_projection_is_clip():
+    x = torch.tensor([[0.5, 0.02, 0.99]])
+    x_adv = torch.tensor([[0.9, -0.5, 0.5]])
+    assert torch.allclose(project_linf(x, x_adv, 0.1), torch.tensor([[0.6, 0.0, 0.89]]))
+
+
+def test_l2_projection_rescales_then_clips():
+    x = torch.tensor([[0.5, 0.5]])
+    projected = project_l2(x, torch.tensor([[0.5 + 3.0, 0.5 + 4.0]]), 0.5)
+    assert torch.allclose(projected, torch.tensor([[0.8, 0.9]]))
+
+
+def test_parse_norm_and_lp_norm():
+    assert [parse_norm(n) for n in ("linf", "LINF", "l2", "L1")] == ["Linf", "Linf", "L2", "L1"]
+    for bad in ("L3", "inf", None):
+        with pytest.raises(ValueError, match="norm must be one of"):
+            parse_norm(bad)
+    delta = torch.tensor([[3.0, -4.0], [0.0, 0.0]])
+    assert torch.equal(lp_norm(delta, "linf"), torch.tensor([4.0, 0.0]))
+    assert torch.equal(lp_norm(delta, "L2"), torch.tensor([5.0, 0.0]))
+    assert torch.equal(lp_norm(delta, "l1"), torch.tensor([7.0, 0.0]))
+
+
+def test_eval_counter():
+    counter = EvalCounter()
+    counter.forward(8)
+    counter.forward(4)
+    counter.backward(4)
+    assert (counter.forward_rows, counter.backward_rows) == (12, 4)
+    assert counter.per_image(4) == {"forward": 3.0, "backward": 1.0}
+    with pytest.raises(ValueError, match="n_images"):
+        counter.per_image(0)

@@ -1,0 +1,159 @@
+"""The AutoAttack cascade (spec §1, §8 items 3, 4, 8-11) on tiny models."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from rgb.attacks.autoattack import AutoAttack, within_budget
+from toy_models import separable_data
+
+MIXED_EPS = {"Linf": 0.07, "L2": 0.8, "L1": 6.0}
+LARGE_EPS = {"Linf": 0.15, "L2": 2.0, "L1": 20.0}
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return separable_data(32, seed=1)
+
+
+def check_result(model, x, y, result, norm, eps):
+    assert result.x_adv.shape == x.shape and not torch.isnan(result.x_adv).any()
+    assert result.x_adv.min() >= 0 and result.x_adv.max() <= 1
+    assert within_budget(result.x_adv - x, norm, eps).all()
+    assert torch.equal(result.x_adv[result.robust], x[result.robust])  # not fooled -> exactly the clean image
+    with torch.no_grad():
+        correct = model(result.x_adv).argmax(1) == y
+    assert torch.equal(correct, result.robust)  # cascade rule: recomputed from x_adv in fp32
+    assert result.robust_accuracy == pytest.approx(correct.float().mean().item())
+    assert not (result.robust & ~result.clean_correct).any()
+    accuracies = list(result.accuracy_after.values())
+    assert list(result.accuracy_after) == ["clean", *result.attacks]
+    assert accuracies == sorted(accuracies, reverse=True) and accuracies[-1] == result.robust_accuracy
+    assert torch.equal(result.fooled_by == -1, result.robust)
+    assert torch.equal(result.fooled_by == 0, ~result.clean_correct)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_undefended_model_is_broken(trained_mlp, batch, norm):
+    x, y = batch
+    result = AutoAttack(trained_mlp, norm.upper(), LARGE_EPS[norm], seed=0).run(x, y, batch_size=32)
+    check_result(trained_mlp, x, y, result, norm, LARGE_EPS[norm])
+    assert result.accuracy_after["clean"] >= 0.95
+    assert result.robust_accuracy <= 0.05
+    assert result.attacks == ["apgd-ce", "apgd-t", "fab-t", "square"]
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_partly_robust_model_cascade_and_square_not_better(trained_mlp, batch, norm):
+    x, y = batch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no Square-beats-white-box (or any other) warning
+        result = AutoAttack(trained_mlp, norm.lower(), MIXED_EPS[norm], seed=0).run(x, y, batch_size=20)
+    check_result(trained_mlp, x, y, result, norm, MIXED_EPS[norm])
+    after = result.accuracy_after
+    assert after["apgd-ce"] >= result.robust_accuracy
+    assert 0 < result.robust_accuracy < after["clean"]
+    assert after["square"] == after["fab-t"]  # black-box Square finds nothing the white-box attacks missed
+    assert result.evaluations["apgd-ce"]["backward_rows"] > 0
+
+
+def test_each_attack_gets_exactly_the_points_still_robust(trained_mlp, batch, monkeypatch):
+    import rgb.attacks.autoattack as aa
+
+    seen = {}
+    original = aa.AutoAttack._attack
+
+    def recording(self, name, x, y, *args):
+        seen.setdefault(name, []).append(x.clone())
+        return original(self, name, x, y, *args)
+
+    monkeypatch.setattr(aa.AutoAttack, "_attack", recording)
+    x, y = batch
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"]).run(x, y, batch_size=16)
+    survivors = result.clean_correct.clone()
+    for k, name in enumerate(result.attacks, start=1):
+        received = torch.cat(seen[name]) if name in seen else torch.empty(0, *x.shape[1:])
+        assert torch.equal(received, x[survivors])  # clean images of the still-robust points, in order
+        survivors &= result.fooled_by != k
+
+
+def test_fixed_seed_is_deterministic(trained_mlp, batch):
+    x, y = batch
+    settings = dict(seed=3, attacks=["apgd-ce", "square"], n_queries=1000)  # the two randomised attacks
+    first = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], **settings).run(x, y)
+    second = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], **settings).run(x, y)
+    assert torch.equal(first.robust, second.robust) and torch.equal(first.x_adv, second.x_adv)
+
+
+def test_mode_restored_and_bad_inputs_refused(trained_mlp, batch):
+    x, y = batch
+    trained_mlp.train()
+    AutoAttack(trained_mlp, "Linf", 0.01, attacks=["apgd-ce"]).run(x[:4], y[:4])
+    assert trained_mlp.training
+    trained_mlp.eval()
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        AutoAttack(trained_mlp, "Linf", 0.01).run(x * 3 - 1, y)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        AutoAttack(trained_mlp, "L3", 0.01)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        AutoAttack(trained_mlp, "L2", 0.0)
+    with pytest.raises(ValueError, match="version must be one of"):
+        AutoAttack(trained_mlp, "L2", 0.5, version="fast")
+
+
+class Probabilities(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x).softmax(dim=1)
+
+
+class Noisy(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x) + torch.randn(x.shape[0], 10)
+
+
+class NaNLogits(nn.Module):
+    def forward(self, x):
+        return torch.full((x.shape[0], 10), float("nan"))
+
+
+def test_reference_checks_warn_or_refuse(trained_mlp, batch):
+    x, y = batch
+    with pytest.warns(UserWarning, match="probabilities"):
+        AutoAttack(Probabilities(trained_mlp), "Linf", 0.01, attacks=["apgd-ce"]).run(x[:8], y[:8])
+    with pytest.warns(UserWarning, match="changes between identical forward passes"):
+        AutoAttack(Noisy(trained_mlp), "Linf", 0.001, attacks=["apgd-ce"]).run(x[:8], y[:8])
+    with pytest.raises(RuntimeError, match="NaN logits"):
+        AutoAttack(NaNLogits(), "Linf", 0.01).run(x[:8], y[:8])
+
+
+def test_few_classes_cap_targets_and_three_classes_refused():
+    from toy_models import train_mlp
+
+    five = train_mlp(n_classes=5, steps=100)
+    x, y = separable_data(16, seed=2, n_classes=5)
+    with pytest.warns(UserWarning, match=r"capped at 4 \(min\(9, K-1\)\)"):
+        AutoAttack(five, "Linf", 0.15).run(x, y)
+    three = train_mlp(n_classes=3, steps=50)
+    x, y = separable_data(8, seed=2, n_classes=3)
+    with pytest.raises(ValueError, match="at least 4 classes"):
+        AutoAttack(three, "Linf", 0.05).run(x, y)
+    result = AutoAttack(three, "Linf", 0.05, attacks=["apgd-ce", "square"]).run(x, y)  # CE needs no 4 classes
+    assert result.attacks == ["apgd-ce", "square"]
+
+
+def test_bf16_precision_counts_only_fp32_verified_successes(trained_mlp, batch):
+    x, y = batch
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], precision="bf16",
+                        attacks=["apgd-ce", "apgd-t"]).run(x, y)
+    check_result(trained_mlp, x, y, result, "Linf", MIXED_EPS["Linf"])
+    assert result.precision == "bf16"
