@@ -1,0 +1,279 @@
+"""Targeted FAB (FAB-T, spec §4): minimal-norm adversarial search along linearised decision boundaries.
+
+FAB-T has no random start, so it is deterministic. For each of the `n_targets` runner-up classes of the
+clean logits it iterates: linearise z_t - z_y at the current point, project both the current point x1 and the
+clean point x0 onto that hyperplane (box-constrained, minimal Lp norm), step to a convex mix of the two
+projections with overshoot `eta`, and pull adversarial iterates back towards x0 by `beta`. The smallest
+adversarial perturbation found counts as a success when its norm is within eps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rgb.attacks.common import EvalCounter, check_eps, lp_norm, parse_norm
+
+# Coordinates whose gradient entry is below this never move in the L2 and L1 projections (spec §4).
+_ZERO_WEIGHT = 1e-8
+# Projection norms are floored here before mixing the two projections (spec §4 step 2).
+_NORM_FLOOR = 1e-8
+# With early stopping, finished rows are dropped from the batch every this many iterations (one host sync).
+_COMPACT_EVERY = 10
+
+
+@dataclass
+class FABResult:
+    """x_adv: adversarial image where `fooled`, else the clean image; fooled: argmax != y within eps;
+    norms: smallest adversarial perturbation norm FAB-T found per sample (0 for points misclassified
+    to begin with, inf where it found none; with early_stop the search stops at the first norm within eps)."""
+
+    x_adv: torch.Tensor
+    fooled: torch.Tensor
+    norms: torch.Tensor
+
+
+def _orient(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flip (w, b) so that the step must decrease <w, .>: returns (w, c) with c = <w, t> - b >= 0."""
+    c = (w * t).sum(dim=1) - b
+    sign = torch.where(c < 0, -1.0, 1.0).to(w.dtype)
+    return w * sign[:, None], c * sign
+
+
+def _distance_to_face(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Distance from t to the box face that decreases <w, .>: t_i if w_i > 0, else 1 - t_i."""
+    return torch.where(w > 0, t, 1.0 - t)
+
+
+def _saturation_level(breaks: torch.Tensor, weights: torch.Tensor, target: torch.Tensor):
+    """Solve sum_i weights_i * min(lam, breaks_i) = target per row (weights, breaks >= 0), exactly.
+
+    The left side is piecewise linear and non-decreasing in lam with kinks at the breaks, so after sorting
+    the breaks its values at the kinks follow from two cumulative sums; the root lies on the first segment
+    whose right kink reaches the target, where it is a linear equation. Returns (lam, feasible), where
+    feasible is False when even lam = max(breaks) cannot reach the target.
+    """
+    sorted_breaks, order = breaks.sort(dim=1)
+    sorted_weights = weights.gather(1, order)
+    weight_sum = sorted_weights.cumsum(dim=1)
+    saturated_sum = (sorted_weights * sorted_breaks).cumsum(dim=1)
+    total_weight = weight_sum[:, -1:]
+    value_at_kinks = (saturated_sum + sorted_breaks * (total_weight - weight_sum)).cummax(dim=1).values
+    n_saturated = (value_at_kinks < target[:, None]).sum(dim=1, keepdim=True)
+    feasible = n_saturated.squeeze(1) < breaks.shape[1]
+    zero = torch.zeros_like(total_weight)
+    saturated_before = torch.cat([zero, saturated_sum], dim=1).gather(1, n_saturated)
+    weight_before = torch.cat([zero, weight_sum], dim=1).gather(1, n_saturated)
+    free_weight = (total_weight - weight_before).clamp_min(torch.finfo(weights.dtype).tiny)
+    lam = ((target[:, None] - saturated_before) / free_weight).clamp_min(0.0)
+    return lam, feasible
+
+
+def _check_hyperplane_args(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> None:
+    if t.dim() != 2 or t.shape != w.shape or b.shape != t.shape[:1]:
+        raise ValueError(f"expected t, w of shape (N, D) and b of shape (N,), got {tuple(t.shape)}, "
+                         f"{tuple(w.shape)}, {tuple(b.shape)}")
+
+
+def fab_project_linf(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Minimal-Linf d with <w, t + d> = b and t + d in [0,1]^D, per row; the face vertex if unreachable.
+
+    d_i = -sign(w_i) * min(lam, p_i) with p_i the distance to the face that decreases <w, .>.
+    """
+    _check_hyperplane_args(t, w, b)
+    w, target = _orient(t, w, b)
+    room = _distance_to_face(t, w)
+    lam, feasible = _saturation_level(room, w.abs(), target)
+    lam = torch.where(feasible[:, None], lam, torch.full_like(lam, float("inf")))
+    return -torch.sign(w) * torch.minimum(lam, room)
+
+
+def fab_project_l2(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Minimal-L2 d with <w, t + d> = b and t + d in [0,1]^D, per row; the face vertex if unreachable.
+
+    d_i = -w_i * min(alpha, r_i) with r_i = p_i / |w_i| the alpha at which coordinate i reaches its face;
+    coordinates with |w_i| < 1e-8 stay put.
+    """
+    _check_hyperplane_args(t, w, b)
+    w, target = _orient(t, w, b)
+    moves = w.abs() >= _ZERO_WEIGHT
+    magnitude = torch.where(moves, w.abs(), torch.zeros_like(w))
+    room = torch.where(moves, _distance_to_face(t, w), torch.zeros_like(w))
+    reach = room / torch.where(moves, magnitude, torch.ones_like(w))
+    alpha, feasible = _saturation_level(reach, magnitude.square(), target)
+    step = torch.where(feasible[:, None], torch.minimum(alpha * magnitude, room), room)
+    return -torch.sign(w) * torch.where(moves, step, torch.zeros_like(step))
+
+
+def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Minimal-L1 d with <w, t + d> = b and t + d in [0,1]^D, per row; the face vertex if unreachable.
+
+    Greedy (a fractional knapsack): coordinates in order of decreasing |w_i| move all the way to their face
+    until one partial move closes the remaining gap; coordinates with |w_i| < 1e-8 stay put.
+    """
+    _check_hyperplane_args(t, w, b)
+    w, target = _orient(t, w, b)
+    moves = w.abs() >= _ZERO_WEIGHT
+    magnitude = torch.where(moves, w.abs(), torch.zeros_like(w))
+    room = torch.where(moves, _distance_to_face(t, w), torch.zeros_like(w))
+    sorted_magnitude, order = magnitude.sort(dim=1, descending=True)
+    sorted_room = room.gather(1, order)
+    closed = (sorted_magnitude * sorted_room).cumsum(dim=1)
+    n_full = (closed < target[:, None]).sum(dim=1, keepdim=True)
+    feasible = n_full < w.shape[1]
+    closed_before = torch.cat([torch.zeros_like(closed[:, :1]), closed], dim=1).gather(1, n_full)
+    partial_index = n_full.clamp_max(w.shape[1] - 1)
+    partial = (target[:, None] - closed_before) / sorted_magnitude.gather(1, partial_index).clamp_min(_ZERO_WEIGHT)
+    position = torch.arange(w.shape[1], device=w.device)[None, :]
+    sorted_step = torch.where(position < n_full, sorted_room, torch.zeros_like(sorted_room))
+    sorted_step = torch.where(position == n_full, torch.minimum(partial.clamp_min(0.0), sorted_room), sorted_step)
+    sorted_step = torch.where(feasible, sorted_step, sorted_room)
+    step = torch.zeros_like(sorted_step).scatter(1, order, sorted_step)
+    return -torch.sign(w) * step
+
+
+_PROJECTIONS = {"Linf": fab_project_linf, "L2": fab_project_l2, "L1": fab_project_l1}
+
+
+def fab_target_classes(clean_logits: torch.Tensor, n_targets: int) -> torch.Tensor:
+    """(N, n_targets) classes of clean-logit ranks 2..n_targets+1, in that order (ties broken by index)."""
+    if n_targets < 1 or n_targets >= clean_logits.shape[1]:
+        raise ValueError(f"n_targets must be in [1, n_classes - 1] = [1, {clean_logits.shape[1] - 1}], "
+                         f"got {n_targets}")
+    order = clean_logits.argsort(dim=1, descending=True, stable=True)
+    return order[:, 1:n_targets + 1]
+
+
+@dataclass
+class _TargetRun:
+    """State of one FAB-T run over the rows still in the batch (`rows` index the run's inputs)."""
+
+    rows: torch.Tensor
+    x0: torch.Tensor
+    x1: torch.Tensor
+    y: torch.Tensor
+    target: torch.Tensor
+    best_adv: torch.Tensor
+    best_norm: torch.Tensor
+    done: torch.Tensor
+
+    def select(self, keep: torch.Tensor) -> _TargetRun:
+        return _TargetRun(*(getattr(self, name)[keep] for name in self.__dataclass_fields__))
+
+
+def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_max, eta, beta, early_stop,
+                counter):
+    """One FAB-T run towards `target` from the flattened clean points x0 -> (best_adv, best_norm)."""
+    project = _PROJECTIONS[norm]
+    image_shape = (-1, *image_shape)
+    best_adv, best_norm = x0.clone(), torch.full_like(x0[:, 0], float("inf"))
+    run = _TargetRun(torch.arange(x0.shape[0], device=x0.device), x0, x0.clone(), y, target,
+                     best_adv.clone(), best_norm.clone(), torch.zeros_like(y, dtype=torch.bool))
+
+    for iteration in range(n_iter):
+        if early_stop and iteration % _COMPACT_EVERY == 0 and iteration > 0:
+            best_adv[run.rows], best_norm[run.rows] = run.best_adv, run.best_norm
+            run = run.select(~run.done)
+            if run.rows.numel() == 0:
+                break
+        n_rows = run.rows.numel()
+
+        with torch.enable_grad():
+            x1 = run.x1.detach().view(image_shape).requires_grad_(True)
+            logits = model(x1)
+            gap = (logits.gather(1, run.target[:, None]) - logits.gather(1, run.y[:, None])).squeeze(1)
+            (grad,) = torch.autograd.grad(gap.sum(), x1)
+        counter.forward(n_rows)
+        counter.backward(n_rows)
+
+        w = grad.flatten(1)
+        offset = (w * run.x1).sum(dim=1) - gap.detach()
+        steps = project(torch.cat([run.x1, run.x0]), torch.cat([w, w]), torch.cat([offset, offset]))
+        step_from_x1, step_from_x0 = steps[:n_rows], steps[n_rows:]
+        size_from_x1 = lp_norm(step_from_x1, norm).clamp_min(_NORM_FLOOR)
+        size_from_x0 = lp_norm(step_from_x0, norm).clamp_min(_NORM_FLOOR)
+        alpha = (size_from_x1 / (size_from_x1 + size_from_x0)).clamp(0.0, alpha_max)[:, None]
+        candidate = ((1 - alpha) * (run.x1 + eta * step_from_x1) + alpha * (run.x0 + eta * step_from_x0)).clamp(0, 1)
+
+        # A separate forward: reusing it as the next gradient pass would only help non-adversarial iterates,
+        # but FAB-T iterates are adversarial (hence pulled back, needing a new gradient) on >90% of steps.
+        with torch.inference_mode():
+            predicted = model(candidate.view(image_shape)).argmax(dim=1)
+        counter.forward(n_rows)
+
+        adversarial = (predicted != run.y) & ~run.done
+        distance = lp_norm(candidate - run.x0, norm)
+        improved = adversarial & (distance < run.best_norm)
+        run.best_adv = torch.where(improved[:, None], candidate, run.best_adv)
+        run.best_norm = torch.where(improved, distance, run.best_norm)
+        pulled_back = torch.where(adversarial[:, None], run.x0 + beta * (candidate - run.x0), candidate)
+        run.x1 = torch.where(run.done[:, None], run.x1, pulled_back)
+        if early_stop:
+            run.done = run.done | (run.best_norm <= eps)
+
+    best_adv[run.rows], best_norm[run.rows] = run.best_adv, run.best_norm
+    return best_adv, best_norm
+
+
+def fab_targeted(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    norm: str,
+    eps: float,
+    n_targets: int = 9,
+    n_iter: int = 100,
+    alpha_max: float = 0.1,
+    eta: float = 1.05,
+    beta: float = 0.9,
+    clean_logits: torch.Tensor | None = None,
+    early_stop: bool = True,
+    counter: EvalCounter | None = None,
+) -> FABResult:
+    """FAB-T (spec §4) on images x in [0,1] (N, ...) with labels y; targets are clean-logit ranks 2..n_targets+1.
+
+    Each target attacks only the points no earlier target fooled. `clean_logits` (N, n_classes) saves the
+    clean forward pass. `early_stop` freezes a point once it has an adversarial within eps (the success flag
+    is then certain; only its norm could still shrink). Gradients are taken w.r.t. the input only, and the
+    model's train/eval mode is left as it is.
+    """
+    norm = parse_norm(norm)
+    check_eps(eps)
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
+    if n_iter < 0 or not 0 <= alpha_max <= 1 or eta <= 0 or not 0 < beta <= 1:
+        raise ValueError(f"need n_iter >= 0, 0 <= alpha_max <= 1, eta > 0 and 0 < beta <= 1, got {n_iter}, "
+                         f"{alpha_max}, {eta}, {beta}")
+    counter = counter if counter is not None else EvalCounter()
+    x = x.detach()
+    if clean_logits is None:
+        with torch.inference_mode():
+            clean_logits = model(x)
+        counter.forward(x.shape[0])
+    elif clean_logits.shape[0] != x.shape[0]:
+        raise ValueError(f"clean_logits has {clean_logits.shape[0]} rows for {x.shape[0]} images")
+    targets = fab_target_classes(clean_logits, n_targets)
+
+    flat_x = x.flatten(1)
+    x_adv = flat_x.clone()
+    fooled = clean_logits.argmax(dim=1) != y
+    norms = torch.where(fooled, 0.0, float("inf")).to(x.dtype)
+    for rank in range(n_targets):
+        attacked = (~fooled).nonzero().squeeze(1)
+        if attacked.numel() == 0:
+            break
+        best_adv, best_norm = _run_target(
+            model, flat_x[attacked], y[attacked], targets[attacked, rank], image_shape=x.shape[1:], norm=norm,
+            eps=eps, n_iter=n_iter, alpha_max=alpha_max, eta=eta, beta=beta, early_stop=early_stop,
+            counter=counter)
+        with torch.inference_mode():
+            still_correct = model(best_adv.view(-1, *x.shape[1:])).argmax(dim=1) == y[attacked]
+        counter.forward(attacked.numel())
+        success = ~still_correct & (best_norm <= eps)
+        x_adv[attacked] = torch.where(success[:, None], best_adv, flat_x[attacked])
+        norms[attacked] = torch.minimum(norms[attacked], best_norm)
+        fooled[attacked] = success
+    return FABResult(x_adv.view_as(x), fooled, norms)

@@ -1,0 +1,296 @@
+"""Square Attack (spec §5): score-based random search over square windows, Linf / L2 / L1, margin loss.
+
+Each iteration draws one window position (shared by the whole batch), proposes a structured change of the
+perturbation inside it, queries the model once per still-robust point and keeps the proposal when the margin
+z_y - max_{j != y} z_j gets strictly lower or reaches <= 0. Randomness comes from a torch.Generator on the
+input's device (spec §6.3 item 7), drawn in fixed shapes so that results do not depend on which points
+have already dropped out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rgb.attacks.common import EvalCounter, check_eps, make_generator, parse_norm
+from rgb.attacks.projections import project_l1_ball_box, project_linf
+
+# Iteration indices after which p halves (resc_schedule = False: the raw iteration index is used).
+_P_HALVING_AFTER = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
+# The L2/L1 initialisation tiles the image with pattern blocks of side min(h, w) // _INIT_GRID.
+_INIT_GRID = 5
+# Square-L1 projects onto a slightly smaller ball so that float rounding cannot exceed eps.
+_L1_SHRINK = 1 - 1e-6
+# With early stopping, fooled rows leave the batch (and the loop may end) every this many iterations.
+_COMPACT_EVERY = 10
+
+
+@dataclass
+class SquareResult:
+    """x_adv: adversarial image where `fooled`, else the clean image; fooled: argmax != y at x_adv;
+    n_queries_used: model queries spent on each point (initial query included, at most n_queries + 1)."""
+
+    x_adv: torch.Tensor
+    fooled: torch.Tensor
+    n_queries_used: torch.Tensor
+
+
+def square_p(i: int, p_init: float = 0.8) -> float:
+    """Fraction of pixels changed at (0-based) iteration i: p_init, halved after each of _P_HALVING_AFTER."""
+    return p_init / 2 ** sum(i > threshold for threshold in _P_HALVING_AFTER)
+
+
+def square_window(p: float, h: int, w: int, norm: str) -> int:
+    """Window side for fraction p on an h x w image: round(sqrt(p*h*w)), at least 1 (Linf) or odd and at
+    least 3 (L2/L1), capped at min(h, w)."""
+    norm = parse_norm(norm)
+    side = round(math.sqrt(p * h * w))
+    if norm == "Linf":
+        side = max(side, 1)
+    else:
+        side = max(side, 3)
+        side += 1 - side % 2
+    return min(side, h, w)
+
+
+def _pyramid(rows: int, cols: int, power: int) -> torch.Tensor:
+    """Nested centred rectangles: cell value sum_{k >= m}^{K-1} 1/(k+1)^power, m = Chebyshev distance to the
+    centre (rows//2, cols//2), K = max(rows//2, cols//2) + 1."""
+    levels = max(rows // 2, cols // 2) + 1
+    weights = 1.0 / torch.arange(1, levels + 1, dtype=torch.float64) ** power
+    tail = weights.flip(0).cumsum(0).flip(0)
+    row_distance = (torch.arange(rows) - rows // 2).abs()
+    col_distance = (torch.arange(cols) - cols // 2).abs()
+    return tail[torch.maximum(row_distance[:, None], col_distance[None, :])]
+
+
+def square_pattern(side: int, norm: str) -> torch.Tensor:
+    """The (side, side) L2/L1 proposal: a pyramid on the top side//2 rows, its negative below, each half
+    and the whole normalised to unit norm (weights 1/(r+1)^2 with L2, 1/(r+1)^4 with L1); float64, CPU."""
+    norm = parse_norm(norm)
+    if norm == "Linf":
+        raise ValueError("square_pattern is only defined for L2 and L1")
+    power, order = (2, 2) if norm == "L2" else (4, 1)
+
+    def unit(block: torch.Tensor) -> torch.Tensor:
+        return block / torch.linalg.vector_norm(block, ord=order) if block.numel() else block
+
+    top = unit(_pyramid(side // 2, side, power))
+    bottom = unit(_pyramid(side - side // 2, side, power))
+    return unit(torch.cat([top, -bottom]))
+
+
+def _margin(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z_y - max_{j != y} z_j, argmax z) for a batch; forward only."""
+    with torch.inference_mode():
+        logits = model(x)
+        true_logit = logits.gather(1, y[:, None]).squeeze(1)
+        best_other = logits.scatter(1, y[:, None], float("-inf")).amax(dim=1)
+        margin, predicted = true_logit - best_other, logits.argmax(dim=1)
+    return margin.clone(), predicted.clone()
+
+
+@dataclass
+class _SearchState:
+    """Per-point search state of the rows still in the batch (`rows` index the attack's inputs)."""
+
+    rows: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    best: torch.Tensor
+    margin: torch.Tensor
+    predicted: torch.Tensor
+    queries: torch.Tensor
+
+    def select(self, keep: torch.Tensor) -> _SearchState:
+        return _SearchState(*(getattr(self, name)[keep] for name in self.__dataclass_fields__))
+
+    def write_into(self, full: _SearchState) -> None:
+        for name in ("best", "margin", "predicted", "queries"):
+            getattr(full, name)[self.rows] = getattr(self, name)
+
+
+def _window_mask(top: torch.Tensor, left: torch.Tensor, side: int, h: int, w: int) -> torch.Tensor:
+    """(h, w) bool mask of the side x side window at device scalars (top, left): no host sync."""
+    rows = torch.arange(h, device=top.device)
+    cols = torch.arange(w, device=top.device)
+    in_rows = (rows >= top) & (rows < top + side)
+    in_cols = (cols >= left) & (cols < left + side)
+    return in_rows[:, None] & in_cols[None, :]
+
+
+def _place(pattern: torch.Tensor, top: torch.Tensor, left: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The (side, side) pattern written into an (h, w) canvas at device scalars (top, left), zero elsewhere."""
+    side = pattern.shape[0]
+    h, w = mask.shape
+    row_index = (torch.arange(h, device=mask.device) - top).clamp(0, side - 1)
+    col_index = (torch.arange(w, device=mask.device) - left).clamp(0, side - 1)
+    return pattern.index_select(0, row_index).index_select(1, col_index) * mask
+
+
+def _offsets(uniform: torch.Tensor, side: int, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Window corner floor(U * (h - side)), floor(U * (w - side)) from two uniforms (h - side never drawn)."""
+    return (uniform[0] * (h - side)).long(), (uniform[1] * (w - side)).long()
+
+
+def _signs(uniform: torch.Tensor) -> torch.Tensor:
+    """Random +-1 from uniforms in [0, 1)."""
+    return torch.where(uniform < 0.5, -1.0, 1.0)
+
+
+def _channel_norms(values: torch.Tensor, norm: str) -> torch.Tensor:
+    """Per (image, channel) L2 or L1 norm over the spatial dims, shape (N, C, 1, 1)."""
+    if norm == "L2":
+        return values.square().sum(dim=(-2, -1), keepdim=True).sqrt()
+    return values.abs().sum(dim=(-2, -1), keepdim=True)
+
+
+def _image_norms(values: torch.Tensor, norm: str) -> torch.Tensor:
+    """Per-image L2 or L1 norm, shape (N, 1, 1, 1)."""
+    if norm == "L2":
+        return _channel_norms(values, norm).square().sum(dim=1, keepdim=True).sqrt()
+    return _channel_norms(values, norm).sum(dim=1, keepdim=True)
+
+
+def _to_feasible(x: torch.Tensor, delta: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
+    """Candidate image from an L2/L1 perturbation direction: rescale onto the L2 sphere and clip (L2), or
+    project onto the L1 ball (radius eps * (1 - 1e-6)) intersected with the box (L1)."""
+    if norm == "L2":
+        return (x + eps * delta / (_image_norms(delta, norm) + 1e-12)).clamp(0.0, 1.0)
+    return (x + project_l1_ball_box(x, delta, eps * _L1_SHRINK)).clamp(0.0, 1.0)
+
+
+def _init(x: torch.Tensor, norm: str, eps: float, generator) -> torch.Tensor:
+    """Starting point. Linf: vertical stripes x + eps * sign(image, channel, column). L2/L1: blocks of side
+    min(h,w)//5 tiled from offset (h - 5*side)//2 (5x5 of them at 224x224; the reference's h//side per axis,
+    cut at the border, elsewhere), each a pattern with random orientation and a sign per (image, channel)."""
+    n, c, h, w = x.shape
+    if norm == "Linf":
+        stripes = _signs(torch.rand(n, c, 1, w, generator=generator, device=x.device))
+        return (x + eps * stripes).clamp(0.0, 1.0)
+    side = min(h, w) // _INIT_GRID
+    n_rows, n_cols = h // side, w // side
+    pattern = square_pattern(side, norm).to(x)
+    transpose = torch.rand(n_rows * n_cols, generator=generator, device=x.device) < 0.5
+    blocks = torch.where(transpose[:, None, None], pattern.T, pattern)
+    signs = _signs(torch.rand(n, c, n_rows * n_cols, generator=generator, device=x.device))
+    tiles = (signs[..., None, None] * blocks).view(n, c, n_rows, n_cols, side, side)
+    grid = tiles.permute(0, 1, 2, 4, 3, 5).reshape(n, c, n_rows * side, n_cols * side)
+    top, left = (h - _INIT_GRID * side) // 2, (w - _INIT_GRID * side) // 2
+    rows, cols = min(grid.shape[2], h - top), min(grid.shape[3], w - left)
+    delta = torch.zeros_like(x)
+    delta[:, :, top:top + rows, left:left + cols] = grid[:, :, :rows, :cols]
+    return _to_feasible(x, delta, norm, eps)
+
+
+def _propose_linf(x, x_best, side, eps, uniform, channels):
+    """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip)."""
+    h, w = x.shape[-2:]
+    top, left = _offsets(uniform[:2], side, h, w)
+    mask = _window_mask(top, left, side, h, w)
+    signs = _signs(uniform[2:2 + channels]).view(channels, 1, 1)
+    return project_linf(x, x_best + 2 * eps * signs * mask, eps)
+
+
+def _propose_lp(x, x_best, side, eps, norm, uniform, signs, pattern):
+    """Spec §5 L2/L1 step: new pattern plus the old window content on W1 with the mass of W1 and W2, W2 zeroed."""
+    c, h, w = x.shape[1:]
+    top, left = _offsets(uniform[:2], side, h, w)
+    top2, left2 = _offsets(uniform[2:4], side, h, w)
+    first = _window_mask(top, left, side, h, w)
+    second = _window_mask(top2, left2, side, h, w)
+    pattern = torch.where(uniform[4] < 0.5, pattern.T, pattern)
+
+    delta = x_best - x
+    in_first = delta * first
+    first_norm = _channel_norms(in_first, norm)
+    windows_norm = _channel_norms(delta * (first | second), norm)
+    image_norm = _image_norms(delta, norm)
+    proposal = _place(pattern, top, left, first) * signs[:, :, None, None] + in_first / (first_norm + 1e-12)
+    if norm == "L2":
+        mass = ((eps**2 - image_norm.square()).clamp_min(0.0) / c + windows_norm.square()).sqrt()
+    else:
+        mass = c * ((eps - image_norm).clamp_min(0.0) / c + windows_norm)
+    proposal = proposal / (_channel_norms(proposal, norm) + 1e-12) * mass
+    delta = torch.where(first, proposal, torch.where(second, torch.zeros_like(delta), delta))
+    return _to_feasible(x, delta, norm, eps)
+
+
+def square(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    norm: str,
+    eps: float,
+    n_queries: int = 5000,
+    p_init: float = 0.8,
+    generator: torch.Generator | int | None = None,
+    early_stop: bool = True,
+    counter: EvalCounter | None = None,
+) -> SquareResult:
+    """Untargeted Square Attack (spec §5) on images x in [0,1] (N, C, H, W) with labels y.
+
+    Every row is attacked; callers pass the points that are still correctly classified. `generator` is a
+    torch.Generator on x's device, an int seed for a fresh one, or None for the device's global RNG.
+    `early_stop` drops fooled points from the batch and ends the loop once all are fooled (a host sync
+    every few iterations); without it the loop keeps fixed shapes and never syncs. Results are identical.
+    """
+    norm = parse_norm(norm)
+    check_eps(eps)
+    if x.dim() != 4:
+        raise ValueError(f"square expects images of shape (N, C, H, W), got {tuple(x.shape)}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
+    if n_queries < 0 or not 0 < p_init <= 1:
+        raise ValueError(f"need n_queries >= 0 and 0 < p_init <= 1, got {n_queries} and {p_init}")
+    n, c, h, w = x.shape
+    if norm != "Linf" and min(h, w) < _INIT_GRID:
+        raise ValueError(f"Square-{norm} needs images of at least {_INIT_GRID}x{_INIT_GRID}, got {h}x{w}")
+    if isinstance(generator, torch.Generator) and generator.device.type != x.device.type:
+        raise ValueError(f"the generator is on {generator.device.type}, the images on {x.device.type}")
+    counter = counter if counter is not None else EvalCounter()
+    generator = make_generator(generator, x.device)
+    x = x.detach()
+
+    x_best = _init(x, norm, eps, generator)
+    margin, predicted = _margin(model, x_best, y)
+    counter.forward(n)
+    queries = torch.ones(n, dtype=torch.long, device=x.device)
+    full = _SearchState(torch.arange(n, device=x.device), x, y, x_best, margin, predicted, queries)
+    state = full.select(full.rows)
+    patterns = {}
+    for iteration in range(n_queries):
+        if early_stop and iteration % _COMPACT_EVERY == 0:
+            state.write_into(full)
+            state = state.select(state.margin > 0)
+            if state.rows.numel() == 0:
+                break
+
+        side = square_window(square_p(iteration, p_init), h, w, norm)
+        if norm == "Linf":
+            uniform = torch.rand(2 + c, generator=generator, device=x.device)
+            candidate = _propose_linf(state.x, state.best, side, eps, uniform, c)
+        else:
+            uniform = torch.rand(5 + n * c, generator=generator, device=x.device)
+            signs = _signs(uniform[5:].view(n, c))[state.rows]
+            if side not in patterns:
+                patterns[side] = square_pattern(side, norm).to(x)
+            candidate = _propose_lp(state.x, state.best, side, eps, norm, uniform, signs, patterns[side])
+
+        candidate_margin, candidate_predicted = _margin(model, candidate, state.y)
+        counter.forward(state.rows.numel())
+        attacking = state.margin > 0
+        accept = attacking & ((candidate_margin < state.margin) | (candidate_margin <= 0))
+        state.best = torch.where(accept[:, None, None, None], candidate, state.best)
+        state.margin = torch.where(accept, candidate_margin, state.margin)
+        state.predicted = torch.where(accept, candidate_predicted, state.predicted)
+        state.queries = state.queries + attacking
+    state.write_into(full)
+
+    fooled = full.predicted != y
+    x_adv = torch.where(fooled[:, None, None, None], full.best, x)
+    return SquareResult(x_adv, fooled, full.queries)

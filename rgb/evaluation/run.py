@@ -1,0 +1,45 @@
+"""What evaluate.py does with its config: score one model, or rank a pool of scored models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rgb.evaluation.attack_run import resolve_device
+from rgb.evaluation.leaderboard import find_records, to_markdown, write_leaderboard
+from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table
+from rgb.models import load_with_meta
+from rgb.models.io import WEIGHTS_FILE
+
+
+def run_evaluation(cfg: DictConfig) -> float | None:
+    """Returns the (white-box) score of the model, for sweepers; None in pool mode or while incomplete."""
+    if cfg.pool:
+        records = find_records(list(cfg.pool))
+        board = write_leaderboard(records, Path(cfg.leaderboard_dir), str(cfg.protocol))
+        print(to_markdown(board), end="")
+        print(f"leaderboard written to {cfg.leaderboard_dir}")
+        return None
+    if cfg.run is None:
+        raise EvaluationError("nothing to evaluate: give run=<train output dir or .safetensors> or pool=[DIR,...]")
+    if cfg.max_images is not None and not cfg.allow_partial:
+        raise EvaluationError("max_images scores part of each split: add allow_partial=true to accept that")
+    run = Path(str(cfg.run))
+    model, meta = load_with_meta(run)
+    meta.setdefault("run_name", str(cfg.run_name))
+    options = EvalOptions(
+        attack_dir=Path(str(cfg.attack_dir)), out_dir=Path(str(cfg.output_dir)), transfer=bool(cfg.transfer),
+        severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
+        max_images=cfg.max_images, worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
+        device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
+    )
+    record = evaluate_model(model, meta, run / WEIGHTS_FILE if run.is_dir() else run, instantiate(cfg.data), options)
+    print(format_table(record))
+    print(f"results in {options.out_dir}")
+    if cfg.wandb.enabled:
+        from rgb.evaluation.wandb_report import log_evaluation
+
+        log_evaluation(record, options.out_dir, str(cfg.wandb.project))
+    return record["white_box"]["score"]

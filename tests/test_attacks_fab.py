@@ -1,0 +1,275 @@
+"""FAB-T (spec §4) and its box-constrained hyperplane projections (spec §8 items 2, 3, 7, 9)."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from toy_models import separable_data, train_mlp
+
+from rgb.attacks import EvalCounter, lp_norm
+from rgb.attacks.fab import (
+    fab_project_l1,
+    fab_project_l2,
+    fab_project_linf,
+    fab_target_classes,
+    fab_targeted,
+)
+
+PROJECTIONS = {"Linf": fab_project_linf, "L2": fab_project_l2, "L1": fab_project_l1}
+NORM_TOLERANCE = {
+    "Linf": lambda eps: eps + 1e-7,
+    "L2": lambda eps: eps * (1 + 1e-5),
+    "L1": lambda eps: eps * (1 + 1e-5),
+}
+# eps at which the toy MLP (minimal adversarial norms around 0.07 / 0.8 / 5.6) is broken on most points.
+BREAKING_EPS = {"Linf": 0.1, "L2": 1.1, "L1": 8.0}
+
+
+def hyperplane_cases(seed, n, dim):
+    """Points with some exact 0/1 coordinates, normals with some zeros, and b reachable inside the box."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.rand(n, dim, generator=g)
+    t = torch.where(torch.rand(n, dim, generator=g) < 0.2, t.round(), t)
+    w = torch.randn(n, dim, generator=g)
+    w = torch.where(torch.rand(n, dim, generator=g) < 0.15, torch.zeros_like(w), w)
+    b = (w * torch.rand(n, dim, generator=g)).sum(dim=1)
+    return t, w, b
+
+
+def minimal_norm_lp(t, w, b, norm):
+    """Minimal Linf / L1 norm of d with <w, t + d> = b and t + d in the box, by linear programming."""
+    from scipy.optimize import linprog
+
+    n = len(t)
+    box = [(-ti, 1 - ti) for ti in t]
+    if norm == "Linf":  # variables (d, s): minimise s with -s <= d_i <= s
+        bound_rows = np.vstack([np.c_[np.eye(n), -np.ones(n)], np.c_[-np.eye(n), -np.ones(n)]])
+        result = linprog(np.r_[np.zeros(n), 1.0], A_ub=bound_rows, b_ub=np.zeros(2 * n),
+                         A_eq=np.r_[w, 0.0][None], b_eq=[b - w @ t], bounds=box + [(0, None)])
+    else:  # d = d_plus - d_minus with both >= 0: minimise their sum
+        box_rows = np.vstack([np.c_[np.eye(n), -np.eye(n)], np.c_[-np.eye(n), np.eye(n)]])
+        result = linprog(np.ones(2 * n), A_ub=box_rows, b_ub=np.r_[1 - t, t], A_eq=np.r_[w, -w][None],
+                         b_eq=[b - w @ t], bounds=[(0, None)] * (2 * n))
+    assert result.status == 0
+    return result.fun
+
+
+def minimal_norm_l2_exhaustive(t, w, b):
+    """Minimal L2 norm by trying every active set: each coordinate at its lower bound, its upper bound, or
+    free, where the free ones take the least-norm solution of the remaining equality."""
+    best = np.inf
+    for states in itertools.product((0, 1, 2), repeat=len(t)):
+        states = np.array(states)
+        d = np.where(states == 0, -t, np.where(states == 1, 1 - t, 0.0))
+        free = (states == 2) & (w != 0)
+        residual = b - w @ (t + d * (states != 2))
+        if not free.any():
+            if abs(residual) < 1e-9:
+                best = min(best, np.linalg.norm(d * (states != 2)))
+            continue
+        d = np.where(states == 2, 0.0, d)
+        d[free] = w[free] * residual / (w[free] @ w[free])
+        if np.all(d >= -t - 1e-12) and np.all(d <= 1 - t + 1e-12):
+            best = min(best, np.linalg.norm(d))
+    return best
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_projection_reaches_the_hyperplane_inside_the_box(norm):
+    t, w, b = hyperplane_cases(0, n=16, dim=3 * 16 * 16)
+    d = PROJECTIONS[norm](t, w, b)
+    assert torch.all(((w * (t + d)).sum(dim=1) - b).abs() <= 1e-4 * w.abs().sum(dim=1))
+    assert torch.all((t + d >= -1e-6) & (t + d <= 1 + 1e-6))
+    assert torch.all(d[w == 0] == 0)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L1"])
+def test_projection_norm_matches_linear_programming(norm):
+    pytest.importorskip("scipy.optimize")
+    for dim in range(1, 7):
+        t, w, b = hyperplane_cases(dim, n=25, dim=dim)
+        d = PROJECTIONS[norm](t, w, b)
+        found = lp_norm(d, norm).double()
+        for row in range(t.shape[0]):
+            expected = minimal_norm_lp(t[row].double().numpy(), w[row].double().numpy(), float(b[row]), norm)
+            assert float(found[row]) == pytest.approx(expected, abs=1e-5), (dim, row)
+
+
+def test_l2_projection_norm_matches_exhaustive_active_sets():
+    for dim in range(1, 6):
+        t, w, b = hyperplane_cases(10 + dim, n=20, dim=dim)
+        found = lp_norm(fab_project_l2(t, w, b), "L2").double()
+        for row in range(t.shape[0]):
+            expected = minimal_norm_l2_exhaustive(t[row].double().numpy(), w[row].double().numpy(), float(b[row]))
+            assert float(found[row]) == pytest.approx(expected, abs=1e-5), (dim, row)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+@pytest.mark.parametrize("direction", [-1.0, 1.0])
+def test_unreachable_hyperplane_gives_the_face_vertex(norm, direction):
+    t, w, _ = hyperplane_cases(3, n=8, dim=12)
+    lowest, highest = w.clamp_max(0).sum(dim=1), w.clamp_min(0).sum(dim=1)
+    b = lowest - 0.5 if direction < 0 else highest + 0.5
+    d = PROJECTIONS[norm](t, w, b)
+    toward_lower = (w > 0) if direction < 0 else (w < 0)
+    face = torch.where(toward_lower, torch.zeros_like(t), torch.ones_like(t))
+    expected = torch.where(w == 0, torch.zeros_like(t), face - t)
+    torch.testing.assert_close(d, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("norm", ["L2", "L1"])
+def test_negligible_weights_never_move(norm):
+    t, w, b = hyperplane_cases(4, n=8, dim=20)
+    w[:, :5] = 1e-9
+    for offset in (0.0, -100.0):  # reachable, and unreachable (everything else goes to its face)
+        d = PROJECTIONS[norm](t, w, b + offset)
+        assert torch.all(d[:, :5] == 0)
+        assert torch.all(d[:, 5:].abs().sum(dim=1) > 0)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_point_on_the_hyperplane_does_not_move(norm):
+    t, w, _ = hyperplane_cases(5, n=8, dim=10)
+    assert torch.all(PROJECTIONS[norm](t, w, (w * t).sum(dim=1)).abs() <= 1e-6)
+
+
+def test_projection_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="expected t, w"):
+        fab_project_l2(torch.rand(2, 3), torch.rand(2, 4), torch.rand(2))
+
+
+def test_targets_are_the_runner_up_classes_in_order():
+    logits = torch.tensor([[0.0, 5.0, 3.0, 9.0, 1.0], [4.0, 3.0, 2.0, 1.0, 0.0]])
+    assert fab_target_classes(logits, 4).tolist() == [[1, 2, 4, 0], [1, 2, 3, 4]]
+    with pytest.raises(ValueError, match="n_targets"):
+        fab_target_classes(logits, 5)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return train_mlp(), *separable_data(32, seed=1)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_fab_breaks_an_undefended_model_within_budget(toy, norm):
+    model, x, y = toy
+    eps = BREAKING_EPS[norm]
+    result = fab_targeted(model, x, y, norm=norm, eps=eps)
+    assert result.fooled.float().mean() >= 0.8
+    assert torch.all((model(result.x_adv).argmax(dim=1) != y) == result.fooled)
+    assert not torch.isnan(result.x_adv).any()
+    assert torch.all((result.x_adv >= 0) & (result.x_adv <= 1))
+    assert torch.all(lp_norm(result.x_adv - x, norm) <= NORM_TOLERANCE[norm](eps))
+    assert torch.equal(result.x_adv[~result.fooled], x[~result.fooled])
+    assert torch.all(result.norms[result.fooled] <= eps)
+
+
+def fab_on_a_line(n_iter, alpha_max, eta, beta):
+    """FAB-T's best norm on an affine classifier, in units of the exact minimal norm: with the box inactive every
+    projection points the same way, so an iterate is a scalar r (0 = clean point, 1 = boundary)."""
+    r, best = 0.0, float("inf")
+    for _ in range(n_iter):
+        alpha = min(abs(1 - r) / (abs(1 - r) + 1), alpha_max)
+        r = (1 - alpha) * (r + eta * (1 - r)) + alpha * eta
+        if r > 1:
+            best, r = min(best, r), beta * r
+    return best
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+@pytest.mark.parametrize("n_iter, alpha_max, eta, beta", [(100, 0.1, 1.05, 0.9), (7, 0.05, 1.3, 0.6)])
+def test_fab_on_a_linear_classifier_follows_the_exact_iteration(norm, n_iter, alpha_max, eta, beta):
+    """Two classes, affine logits, box inactive: the minimal norm is |margin| / ||w_y - w_other||_dual, and
+    FAB-T's steps reduce to the scalar recursion above."""
+    torch.manual_seed(0)
+    linear = nn.Sequential(nn.Flatten(), nn.Linear(48, 2))
+    with torch.no_grad():  # boundary through the grey image, so the points below are close to it
+        linear[1].bias.copy_(-0.5 * linear[1].weight.sum(dim=1))
+    x = 0.5 + 0.01 * torch.randn(6, 3, 4, 4)
+    logits = linear(x)
+    y = logits.argmax(dim=1)
+    normal = linear[1].weight[y] - linear[1].weight[1 - y]
+    dual = {"Linf": 1, "L2": 2, "L1": float("inf")}[norm]
+    margin = (logits.gather(1, y[:, None]) - logits.gather(1, 1 - y[:, None])).squeeze(1)
+    exact = (margin / normal.norm(p=dual, dim=1)).detach()
+    assert torch.all(exact * eta < 0.4)  # pixels stay within 0.5 +- 0.45: the box is never active
+    result = fab_targeted(linear, x, y, norm=norm, eps=0.0, n_targets=1, n_iter=n_iter, alpha_max=alpha_max,
+                          eta=eta, beta=beta)
+    expected = fab_on_a_line(n_iter, alpha_max, eta, beta)
+    torch.testing.assert_close(result.norms / exact, torch.full_like(exact, expected), rtol=1e-3, atol=0)
+
+
+def test_fab_is_deterministic_across_seeds(toy):
+    model, x, y = toy
+    runs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        runs.append(fab_targeted(model, x, y, norm="L2", eps=0.8, n_targets=2, n_iter=20))
+    assert torch.equal(runs[0].x_adv, runs[1].x_adv)
+    assert torch.equal(runs[0].fooled, runs[1].fooled)
+    assert torch.equal(runs[0].norms, runs[1].norms)
+
+
+def test_early_stop_keeps_the_success_flags_and_saves_evaluations(toy):
+    model, x, y = toy
+    counters = {True: EvalCounter(), False: EvalCounter()}
+    results = {stop: fab_targeted(model, x, y, norm="Linf", eps=0.075, n_targets=2, n_iter=20, early_stop=stop,
+                                  counter=counters[stop]) for stop in (True, False)}
+    assert 0 < results[True].fooled.sum() < len(y)
+    assert torch.equal(results[True].fooled, results[False].fooled)
+    assert torch.all(results[False].norms <= results[True].norms)
+    assert counters[True].backward_rows < counters[False].backward_rows
+
+
+class UnbreakableModel(nn.Module):
+    """Constant logits (zero input gradient): FAB can never cross a boundary."""
+
+    def __init__(self, n_classes=5):
+        super().__init__()
+        self.logits = nn.Parameter(torch.arange(n_classes, 0, -1).float())
+
+    def forward(self, x):
+        return self.logits + 0 * x.flatten(1).sum(dim=1, keepdim=True)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_failed_points_are_returned_unchanged_and_evaluations_are_counted(norm):
+    x, y = torch.rand(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
+    counter = EvalCounter()
+    result = fab_targeted(UnbreakableModel(), x, y, norm=norm, eps=1.0, n_targets=3, n_iter=7, counter=counter)
+    assert not result.fooled.any() and torch.equal(result.x_adv, x) and torch.all(result.norms == float("inf"))
+    assert counter.backward_rows == 3 * 7 * 4
+    assert counter.forward_rows == 4 + 3 * (2 * 7 * 4 + 4)  # clean pass; per target 2 per step + a re-check
+    with_logits = EvalCounter()
+    fab_targeted(UnbreakableModel(), x, y, norm=norm, eps=1.0, n_targets=3, n_iter=7, counter=with_logits,
+                 clean_logits=UnbreakableModel()(x))
+    assert with_logits.forward_rows == counter.forward_rows - 4
+
+
+def test_misclassified_points_count_as_fooled_at_zero_norm(toy):
+    model, x, y = toy
+    wrong = (y + 1) % 10
+    result = fab_targeted(model, x[:4], wrong[:4], norm="L2", eps=0.1, n_targets=2, n_iter=5)
+    assert result.fooled.all() and torch.equal(result.x_adv, x[:4]) and torch.all(result.norms == 0)
+
+
+def test_fab_leaves_model_mode_and_parameter_gradients_alone(toy):
+    _, x, y = toy
+    model = nn.Sequential(nn.Flatten(), nn.Linear(192, 10)).train()
+    fab_targeted(model, x, y, norm="Linf", eps=0.05, n_targets=2, n_iter=5)
+    assert model.training
+    assert all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_fab_rejects_bad_arguments(toy):
+    model, x, y = toy
+    with pytest.raises(ValueError, match="norm"):
+        fab_targeted(model, x, y, norm="L3", eps=0.1)
+    with pytest.raises(ValueError, match="batch size"):
+        fab_targeted(model, x, y[:3], norm="L2", eps=0.1)
+    with pytest.raises(ValueError, match="n_targets"):
+        fab_targeted(model, x, y, norm="L2", eps=0.1, n_targets=10)
+    with pytest.raises(ValueError, match="beta"):
+        fab_targeted(model, x, y, norm="L2", eps=0.1, beta=0.0)

@@ -1,0 +1,178 @@
+"""Square Attack (spec §5): schedules, proposals, budget invariants, determinism (spec §8 items 3, 5, 9)."""
+
+import pytest
+import torch
+from torch import nn
+from toy_models import separable_data, train_mlp
+
+from rgb.attacks import EvalCounter, lp_norm
+from rgb.attacks.square import square, square_p, square_pattern, square_window
+
+NORM_TOLERANCE = {
+    "Linf": lambda eps: eps + 1e-7,
+    "L2": lambda eps: eps * (1 + 1e-5),
+    "L1": lambda eps: eps * (1 + 1e-5),
+}
+# Square is a black-box search: on the toy MLP (minimal adversarial norms about 0.07 / 0.8 / 5.6) a few hundred
+# queries break most points at roughly 3.5x those norms.
+BREAKING_EPS = {"Linf": 0.25, "L2": 3.0, "L1": 20.0}
+
+# Spec §5 table: iteration ranges, p, window side at 224x224 for Linf and for L2/L1.
+SCHEDULE_224 = [
+    ((0, 10), 0.8, 200, 201),
+    ((11, 50), 0.4, 142, 143),
+    ((51, 200), 0.2, 100, 101),
+    ((201, 500), 0.1, 71, 71),
+    ((501, 1000), 0.05, 50, 51),
+    ((1001, 2000), 0.025, 35, 35),
+    ((2001, 4000), 0.0125, 25, 25),
+    ((4001, 4999), 0.00625, 18, 19),
+]
+
+
+@pytest.mark.parametrize("iterations, p, linf_side, l2_side", SCHEDULE_224)
+def test_schedule_and_window_sides_reproduce_the_224_table(iterations, p, linf_side, l2_side):
+    for i in iterations:
+        assert square_p(i) == pytest.approx(p)
+        assert square_window(square_p(i), 224, 224, "Linf") == linf_side
+        assert square_window(square_p(i), 224, 224, "L2") == l2_side
+        assert square_window(square_p(i), 224, 224, "l1") == l2_side
+
+
+def test_schedule_keeps_halving_beyond_5000_queries():
+    assert square_p(6000) == pytest.approx(0.8 / 128)
+    assert square_p(8001) == pytest.approx(0.8 / 512)
+    assert square_p(0, p_init=0.5) == 0.5
+
+
+def test_window_side_bounds_on_small_and_non_square_images():
+    assert square_window(1e-4, 8, 8, "Linf") == 1
+    assert square_window(1e-4, 8, 8, "L2") == 3
+    assert square_window(0.8, 8, 8, "L2") == 7  # round(sqrt(51.2)) = 7, already odd
+    assert square_window(0.8, 8, 6, "L1") == 6  # 6 -> 7 (odd) -> capped at min(h, w)
+    assert square_window(1.0, 8, 8, "Linf") == 8
+
+
+def test_l2_pattern_by_hand_for_side_3():
+    """Top row: pyramid over 1x3 (levels 1 + 1/4 at the centre, 1/4 outside); bottom: the 2x3 pyramid negated."""
+    top = torch.tensor([[0.25, 1.25, 0.25]], dtype=torch.float64)
+    bottom = torch.tensor([[0.25, 0.25, 0.25], [0.25, 1.25, 0.25]], dtype=torch.float64)
+    expected = torch.cat([top / top.norm(), -bottom / bottom.norm()])
+    torch.testing.assert_close(square_pattern(3, "L2"), expected / expected.norm())
+
+
+@pytest.mark.parametrize("norm, order", [("L2", 2), ("L1", 1)])
+@pytest.mark.parametrize("side", [1, 3, 7, 44, 201])
+def test_patterns_have_unit_norm_and_opposite_halves(norm, order, side):
+    pattern = square_pattern(side, norm)
+    assert pattern.shape == (side, side)
+    assert torch.linalg.vector_norm(pattern, ord=order) == pytest.approx(1.0)
+    assert torch.all(pattern[: side // 2] > 0) and torch.all(pattern[side // 2:] < 0)
+    if side % 2:  # odd sides (every step's window) are centred; even ones (the init blocks) peak right of centre
+        torch.testing.assert_close(pattern, pattern.flip(1))
+
+
+def test_l1_pattern_is_more_peaked_than_l2():
+    l1, l2 = square_pattern(21, "L1"), square_pattern(21, "L2")
+    assert l1[5, 10] / l1[0, 0] > 10 * l2[5, 10] / l2[0, 0]  # top-half centre over corner: 1/r^4 vs 1/r^2
+    with pytest.raises(ValueError, match="L2 and L1"):
+        square_pattern(5, "Linf")
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return train_mlp(), *separable_data(32, seed=1)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_square_breaks_an_undefended_model_within_budget(toy, norm):
+    model, x, y = toy
+    eps, n_queries = BREAKING_EPS[norm], 300
+    result = square(model, x, y, norm=norm, eps=eps, n_queries=n_queries, generator=0)
+    assert result.fooled.float().mean() >= 0.8
+    assert torch.all((model(result.x_adv).argmax(dim=1) != y) == result.fooled)
+    assert not torch.isnan(result.x_adv).any()
+    assert torch.all((result.x_adv >= 0) & (result.x_adv <= 1))
+    assert torch.all(lp_norm(result.x_adv - x, norm) <= NORM_TOLERANCE[norm](eps))
+    assert torch.equal(result.x_adv[~result.fooled], x[~result.fooled])
+    assert torch.all((result.n_queries_used >= 1) & (result.n_queries_used <= n_queries + 1))
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_failed_points_stay_within_budget_and_are_returned_unchanged(toy, norm):
+    model, x, y = toy
+    eps = BREAKING_EPS[norm] / 4
+    counter = EvalCounter()
+    result = square(model, x, y, norm=norm, eps=eps, n_queries=40, generator=1, counter=counter)
+    assert not result.fooled.all()
+    assert torch.equal(result.x_adv[~result.fooled], x[~result.fooled])
+    assert torch.all(result.n_queries_used[~result.fooled] == 41)
+    assert counter.forward_rows >= int(result.n_queries_used.sum()) and counter.backward_rows == 0
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_fixed_seed_is_deterministic_and_early_stop_changes_nothing(toy, norm):
+    model, x, y = toy
+    eps = BREAKING_EPS[norm]
+    first = square(model, x, y, norm=norm, eps=eps, n_queries=60, generator=3)
+    again = square(model, x, y, norm=norm, eps=eps, n_queries=60, generator=torch.Generator().manual_seed(3))
+    no_stop_counter = EvalCounter()
+    no_stop = square(model, x, y, norm=norm, eps=eps, n_queries=60, generator=3, early_stop=False,
+                     counter=no_stop_counter)
+    other_seed = square(model, x, y, norm=norm, eps=eps, n_queries=60, generator=4)
+    assert 0 < first.fooled.sum() < len(y)
+    for run in (again, no_stop):
+        assert torch.equal(run.x_adv, first.x_adv)
+        assert torch.equal(run.fooled, first.fooled)
+        assert torch.equal(run.n_queries_used, first.n_queries_used)
+    assert no_stop_counter.forward_rows == len(y) * 61
+    assert not torch.equal(other_seed.x_adv, first.x_adv)
+
+
+class RecordingModel(nn.Module):
+    """Records its inputs and always predicts class 0 by a wide margin."""
+
+    def __init__(self):
+        super().__init__()
+        self.inputs = []
+
+    def forward(self, x):
+        self.inputs.append(x.clone())
+        return torch.tensor([10.0, 0.0, 0.0]).expand(x.shape[0], 3)
+
+
+def test_linf_stripes_and_one_window_with_shared_channel_signs():
+    x, y, eps = torch.full((6, 3, 12, 10), 0.5), torch.zeros(6, dtype=torch.long), 0.1
+    model = RecordingModel()
+    result = square(model, x, y, norm="Linf", eps=eps, n_queries=1, generator=0)
+    assert not result.fooled.any() and torch.equal(result.x_adv, x)
+    start, candidate = model.inputs
+    stripes = start - x
+    assert torch.allclose(stripes.abs(), torch.tensor(eps))
+    assert torch.equal(stripes, stripes[:, :, :1].expand_as(stripes))
+    side = square_window(square_p(0), 12, 10, "Linf")
+    changed = (candidate != start).any(dim=0).any(dim=0)
+    rows, cols = changed.nonzero().unbind(1)
+    assert rows.max() - rows.min() < side and cols.max() - cols.min() < side
+    window = (candidate - x)[:, :, rows.min():rows.min() + 1, cols.min():cols.min() + 1].flatten(1)
+    assert torch.allclose(window.abs(), torch.tensor(eps)) and torch.equal(window, window[:1].expand_as(window))
+
+
+def test_points_fooled_at_the_start_cost_one_query():
+    x, y = torch.rand(5, 3, 8, 8), torch.ones(5, dtype=torch.long)
+    counter = EvalCounter()
+    result = square(RecordingModel(), x, y, norm="L2", eps=0.5, n_queries=100, generator=0, counter=counter)
+    assert result.fooled.all() and torch.all(result.n_queries_used == 1) and counter.forward_rows == 5
+    assert torch.all(lp_norm(result.x_adv - x, "L2") <= 0.5 * (1 + 1e-5))
+
+
+def test_square_rejects_bad_arguments():
+    model, x, y = RecordingModel(), torch.rand(2, 3, 8, 8), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="N, C, H, W"):
+        square(model, x.flatten(1), y, norm="Linf", eps=0.1)
+    with pytest.raises(ValueError, match="at least 5x5"):
+        square(model, x[..., :4, :4], y, norm="L1", eps=0.1)
+    with pytest.raises(ValueError, match="p_init"):
+        square(model, x, y, norm="L2", eps=0.1, p_init=0.0)
+    with pytest.raises(ValueError, match="batch size"):
+        square(model, x, y[:1], norm="L2", eps=0.1)
