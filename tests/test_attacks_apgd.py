@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from toy_models import separable_data
+
 from rgb.attacks import (
     EvalCounter,
     apgd,
@@ -26,29 +28,6 @@ MIXED_EPS = {"Linf": 0.07, "L2": 0.8, "L1": 6.0}
 LARGE_EPS = {"Linf": 0.15, "L2": 2.0, "L1": 20.0}
 SCHEDULE = {"Linf": None, "L2": None, "L1": "largereps"}
 NORM_SLACK = {"Linf": lambda eps: eps + 1e-7, "L2": lambda eps: eps * (1 + 1e-5), "L1": lambda eps: eps * (1 + 1e-5)}
-
-
-def separable_data(n, seed):
-    """10 classes: 3x8x8 images at 0.5 +- 0.1 along a fixed random sign pattern per class, plus noise."""
-    prototypes = torch.sign(torch.randn(10, 3, 8, 8, generator=torch.Generator().manual_seed(123)))
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 10, (n,), generator=g)
-    x = (0.5 + 0.1 * prototypes[y] + 0.05 * torch.randn(n, 3, 8, 8, generator=g)).clamp(0, 1)
-    return x, y
-
-
-@pytest.fixture(scope="module")
-def trained_mlp():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(192, 64), nn.ReLU(), nn.Linear(64, 10))
-    x, y = separable_data(512, seed=0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(100):
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-    model.eval().requires_grad_(False)
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -310,3 +289,13 @@ def test_accepts_inputs_made_under_inference_mode(trained_mlp, test_batch):
         result = attack(trained_mlp, x, y, norm="Linf", eps=MIXED_EPS["Linf"], n_iter=5, clean_logits=clean_logits,
                         random_start=False, generator=0)
         assert torch.all(lp_norm(result.x_adv - x, "Linf") <= MIXED_EPS["Linf"] + 1e-7)
+
+
+def test_eot_averages_gradients_over_passes(trained_mlp, test_batch):
+    x, y = test_batch
+    once = apgd(trained_mlp, x, y, norm="Linf", eps=0.05, n_iter=5, generator=0, early_stop=False)
+    thrice = apgd(trained_mlp, x, y, norm="Linf", eps=0.05, n_iter=5, generator=0, early_stop=False, eot_iter=3)
+    assert thrice.backward_rows == 3 * once.backward_rows
+    assert torch.equal(once.fooled, thrice.fooled)  # a deterministic model: averaging identical gradients
+    with pytest.raises(ValueError, match="eot_iter"):
+        apgd(trained_mlp, x, y, norm="Linf", eps=0.05, eot_iter=0)

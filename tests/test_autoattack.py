@@ -157,3 +157,17 @@ def test_bf16_precision_counts_only_fp32_verified_successes(trained_mlp, batch):
                         attacks=["apgd-ce", "apgd-t"]).run(x, y)
     check_result(trained_mlp, x, y, result, "Linf", MIXED_EPS["Linf"])
     assert result.precision == "bf16"
+
+
+def test_rand_version_uses_eot_and_skips_the_randomness_check(trained_mlp, batch):
+    x, y = batch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = AutoAttack(Noisy(trained_mlp), "Linf", LARGE_EPS["Linf"], version="rand", n_iter=10).run(x, y)
+    assert result.attacks == ["apgd-ce", "apgd-dlr"] and result.version == "rand"
+    assert within_budget(result.x_adv - x, "Linf", LARGE_EPS["Linf"]).all()
+    assert result.robust_accuracy <= 0.2
+    # 20 EoT passes per gradient: 11 gradients (start + 10 steps) per attacked image at least
+    assert result.evaluations["apgd-ce"]["backward_rows"] >= 20 * 11 * int(result.clean_correct.sum()) * 0.5
+    with pytest.raises(ValueError, match="subset of"):
+        AutoAttack(trained_mlp, "Linf", 0.1, version="rand", attacks=["square"])

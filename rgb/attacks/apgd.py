@@ -59,10 +59,14 @@ def l1_eps_stages(n_iter: int) -> list[tuple[float, int]]:
 
 
 class _Objective:
-    """Model + loss: logits, per-sample loss and input gradient, counting evaluations."""
+    """Model + loss: logits, per-sample loss and input gradient, counting evaluations.
 
-    def __init__(self, model: nn.Module, loss: str, counters: list[EvalCounter]):
-        self.model, self.loss, self.counters = model, loss, counters
+    With `eot_iter` > 1 (randomised defences) the gradient is averaged over that many forward/backward
+    passes (Expectation over Transformation); logits and loss are those of the last pass, as in the reference.
+    """
+
+    def __init__(self, model: nn.Module, loss: str, counters: list[EvalCounter], eot_iter: int = 1):
+        self.model, self.loss, self.counters, self.eot_iter = model, loss, counters, eot_iter
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         for counter in self.counters:
@@ -72,19 +76,21 @@ class _Objective:
 
     def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor, y_target: torch.Tensor | None):
         for counter in self.counters:
-            counter.forward(x.shape[0])
-            counter.backward(x.shape[0])
+            counter.forward(x.shape[0] * self.eot_iter)
+            counter.backward(x.shape[0] * self.eot_iter)
         x = x.detach().requires_grad_(True)
-        with torch.enable_grad():
-            logits = self.model(x).float()
-            if self.loss == "ce":
-                loss = ce_loss(logits, y)
-            elif self.loss == "dlr":
-                loss = dlr_loss(logits, y)
-            else:
-                loss = targeted_dlr_loss(logits, y, y_target)
-            (grad,) = torch.autograd.grad(loss.sum(), x)
-        return logits.detach(), loss.detach(), grad.detach()
+        grad = torch.zeros_like(x)
+        for _ in range(self.eot_iter):
+            with torch.enable_grad():
+                logits = self.model(x).float()
+                if self.loss == "ce":
+                    loss = ce_loss(logits, y)
+                elif self.loss == "dlr":
+                    loss = dlr_loss(logits, y)
+                else:
+                    loss = targeted_dlr_loss(logits, y, y_target)
+                grad += torch.autograd.grad(loss.sum(), x)[0]
+        return logits.detach(), loss.detach(), grad / self.eot_iter
 
 
 def _random_start(x: torch.Tensor, eps: torch.Tensor, norm: str, generator) -> torch.Tensor:
@@ -253,6 +259,7 @@ def apgd(
     clean_logits: torch.Tensor | None = None,
     counter: EvalCounter | None = None,
     trace: list | None = None,
+    eot_iter: int = 1,
 ) -> APGDResult:
     """APGD with `loss` in {"ce", "dlr", "dlr-targeted"} (the last needs `y_target`), all maximised.
 
@@ -261,6 +268,7 @@ def apgd(
     misclassifies (known from `clean_logits`, from a clean pass when `random_start`, or from the start
     point otherwise) count as fooled with x_adv = x. `first_step` defaults to 2 (Linf/L2) or 1 (L1) times eps.
     `eps_schedule="largereps"` (L1 only) runs stages at 3, 2, 1 x eps; only the last stage decides `fooled`.
+    `eot_iter` averages each gradient over that many passes (the `rand` version for randomised models).
     `generator` is a torch.Generator on x.device or an int seed; `trace`, if a list, receives one dict per
     iteration (stage, iteration, rows, step_size, loss, loss_best, fooled) for diagnostics and tests.
     The model's train/eval mode is left alone and parameter .grad is never touched.
@@ -286,7 +294,9 @@ def apgd(
     first_step = first_step if first_step is not None else (1.0 if norm == "L1" else 2.0)
     generator = make_generator(generator, x.device)
     call_counter = EvalCounter()
-    objective = _Objective(model, loss, [call_counter] + ([counter] if counter is not None else []))
+    if eot_iter < 1:
+        raise ValueError(f"eot_iter must be >= 1, got {eot_iter}")
+    objective = _Objective(model, loss, [call_counter] + ([counter] if counter is not None else []), eot_iter)
     if clean_logits is None and random_start:
         clean_logits = objective.logits(x)
     if clean_logits is not None:
