@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from toy_models import separable_data, train_mlp
+from toy_models import separable_data
 
 from rgb.attacks import EvalCounter, lp_norm
 from rgb.attacks.fab import (
@@ -148,8 +148,8 @@ def test_targets_are_the_runner_up_classes_in_order():
 
 
 @pytest.fixture(scope="module")
-def toy():
-    return train_mlp(), *separable_data(32, seed=1)
+def toy(trained_mlp):
+    return trained_mlp, *separable_data(32, seed=1)
 
 
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])

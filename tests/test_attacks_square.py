@@ -3,7 +3,7 @@
 import pytest
 import torch
 from torch import nn
-from toy_models import separable_data, train_mlp
+from toy_models import separable_data
 
 from rgb.attacks import EvalCounter, lp_norm
 from rgb.attacks.square import square, square_p, square_pattern, square_window
@@ -80,8 +80,8 @@ def test_l1_pattern_is_more_peaked_than_l2():
 
 
 @pytest.fixture(scope="module")
-def toy():
-    return train_mlp(), *separable_data(32, seed=1)
+def toy(trained_mlp):
+    return trained_mlp, *separable_data(32, seed=1)
 
 
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
