@@ -6,9 +6,10 @@ PIP := $(VENV)/bin/pip
 # torch is pinned to the build this project is tested with; pip takes it from a local wheel cache when there is one.
 TORCH := torch==2.14.1 torchvision==0.29.1
 MINI := data/mini
-DEMO := outputs/demo
+DEMO_RUN := outputs/train/digits/demo
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
 
-.PHONY: demo test test-fast test-all venv install install-dev mini clean
+.PHONY: demo test test-fast venv install install-dev mini clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,16 +28,19 @@ install-dev: $(VENV)/.installed-dev
 mini: $(VENV)/.installed
 	$(PY) -m rgb.data.mini $(MINI)
 
-# The whole pipeline on the embedded mini benchmark: build it, train, attack, score.
+# The whole pipeline on the embedded mini benchmark: build it, train, attack (L1, L2, Linf), score.
+# Every step resumes: re-running `make demo` recomputes nothing that finished.
 demo: $(VENV)/.installed mini
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py --mini $(MINI) --out $(DEMO)
+	$(OFFLINE) $(PY) train.py run_name=demo
+	$(OFFLINE) $(PY) attack.py run=$(DEMO_RUN)
+	$(OFFLINE) $(PY) evaluate.py run=$(DEMO_RUN)
 
 # The test suite (slow tests included; RGB_FAST=1 skips them).
 test: $(VENV)/.installed-dev
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(OFFLINE) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-dev
-	RGB_FAST=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q $(PYTEST_ARGS)
+	RGB_FAST=1 $(OFFLINE) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf outputs multirun $(MINI) .pytest_cache

@@ -48,3 +48,11 @@ def trained_mlp():
     from toy_models import train_mlp
 
     return train_mlp()
+
+
+@pytest.fixture(scope="session")
+def toy(trained_mlp):
+    """The trained toy MLP with 32 held-out images it classifies (almost) perfectly."""
+    from toy_models import separable_data
+
+    return trained_mlp, *separable_data(32, seed=1)

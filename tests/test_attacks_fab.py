@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from toy_models import separable_data
 
 from rgb.attacks import EvalCounter, lp_norm
 from rgb.attacks.fab import (
@@ -145,11 +144,6 @@ def test_targets_are_the_runner_up_classes_in_order():
     assert fab_target_classes(logits, 4).tolist() == [[1, 2, 4, 0], [1, 2, 3, 4]]
     with pytest.raises(ValueError, match="n_targets"):
         fab_target_classes(logits, 5)
-
-
-@pytest.fixture(scope="module")
-def toy(trained_mlp):
-    return trained_mlp, *separable_data(32, seed=1)
 
 
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])

@@ -3,7 +3,6 @@
 import pytest
 import torch
 from torch import nn
-from toy_models import separable_data
 
 from rgb.attacks import EvalCounter, lp_norm
 from rgb.attacks.square import square, square_p, square_pattern, square_window
@@ -77,11 +76,6 @@ def test_l1_pattern_is_more_peaked_than_l2():
     assert l1[5, 10] / l1[0, 0] > 10 * l2[5, 10] / l2[0, 0]  # top-half centre over corner: 1/r^4 vs 1/r^2
     with pytest.raises(ValueError, match="L2 and L1"):
         square_pattern(5, "Linf")
-
-
-@pytest.fixture(scope="module")
-def toy(trained_mlp):
-    return trained_mlp, *separable_data(32, seed=1)
 
 
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
