@@ -15,7 +15,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -119,7 +119,6 @@ class AttackSettings:
     surrogate: str
     output_dir: Path
     progress: bool = True
-    extra_summary: dict = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, budgets: tuple[Budget, ...], surrogate: str) -> AttackSettings:
@@ -145,10 +144,11 @@ class AttackSettings:
 def shard_position(index, count) -> tuple[int, int]:
     """(index, count) of this shard; null values come from a SLURM array (task id - min id, task count)."""
     env = os.environ
+    in_array = "SLURM_ARRAY_TASK_ID" in env
     if index is None:
-        index = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", 0)) if "SLURM_ARRAY_TASK_ID" in env else 0
+        index = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", 0)) if in_array else 0
     if count is None:
-        count = int(env.get("SLURM_ARRAY_TASK_COUNT", 1)) if "SLURM_ARRAY_TASK_ID" in env else 1
+        count = int(env.get("SLURM_ARRAY_TASK_COUNT", 1)) if in_array else 1
     index, count = int(index), int(count)
     if count < 1 or not 0 <= index < count:
         raise AttackRunError(f"shard.index must be in [0, shard.count) and shard.count >= 1, got {index} of {count}")
@@ -286,7 +286,7 @@ class RunDirectory:
             record = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # truncated or foreign file: name it, never guess
             raise AttackRunError(f"unreadable batch file {path}: {type(err).__name__}: {err}") from err
-        if bytes(record["identity"].tolist()) != self.key:
+        if not isinstance(record, dict) or bytes(record.get("identity", torch.empty(0)).tolist()) != self.key:
             raise AttackRunError(f"{path} was written by another run than {self.directory / MANIFEST} describes")
         n = min(self.identity["batch_size"], self.identity["n_images"] - start)
         if not torch.equal(record["image_id"], torch.arange(start, start + n)):
@@ -359,7 +359,8 @@ def batch_record(result, x, y, image_id, budget: Budget, seconds: float, key: by
     }
     for name in ("forward_rows", "backward_rows"):
         if record[name].shape != y.shape:
-            raise AttackRunError(f"AutoAttackResult.{name} must hold one count per image, got {tuple(record[name].shape)}")
+            shape = tuple(record[name].shape)
+            raise AttackRunError(f"AutoAttackResult.{name} must hold one value per image, got shape {shape}")
     if keep_images:
         record["adversarial"] = quantise_within_budget(x, result.x_adv, budget.norm, budget.eps)
         record["modified"] = (record["adversarial"] != torch.round(x * 255).to(torch.uint8)).flatten(1).any(dim=1)
@@ -399,7 +400,8 @@ def attack_shard(target: Target, settings: AttackSettings, budget: Budget, run: 
                 precision=settings.precision, progress=lambda name, *_: show(name),
             )
             result = attack.run(x, y, batch_size=settings.batch_size)
-            record = batch_record(result, x, y, image_id, budget, time.perf_counter() - began, run.key, settings.export)
+            seconds = time.perf_counter() - began
+            record = batch_record(result, x, y, image_id, budget, seconds, run.key, settings.export)
             run.save(shard_dir, start, record)
             robust, finished = robust + int(record["robust"].sum()), finished + len(y)
             bar.update(len(y))
@@ -444,7 +446,6 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
         "forward_rows_per_image": float(columns["forward_rows"].double().mean()),
         "backward_rows_per_image": float(columns["backward_rows"].double().mean()),
         "versions": {**library_versions(), "python": platform.python_version()},
-        **settings.extra_summary,
         "complete": True,
     }
     if settings.export:
@@ -464,7 +465,7 @@ def export_split(target: Target, settings: AttackSettings, budget: Budget, recor
     clean = [image["bytes"] for image in rows["image"]]
     size = Image.open(io.BytesIO(clean[0])).size
     if size != (target.datamodule.image_size,) * 2:
-        raise AttackRunError(f"test images are {size}, not the attacked {target.datamodule.image_size}px: cannot export")
+        raise AttackRunError(f"test images are {size}, not the attacked {target.datamodule.image_size}px: no export")
     images = torch.cat([r["adversarial"] for r in records])
     modified = torch.cat([r["modified"] for r in records]).tolist()
     n = len(rows)
@@ -498,8 +499,9 @@ def summary_line(summary: dict) -> str:
     return (
         f"{summary['norm']} eps={summary['eps']:.6g}: robust accuracy {summary['robust_accuracy']:.2%} "
         f"({summary['n_robust']}/{summary['n']}), clean {summary['clean_accuracy']:.2%}, "
-        f"{summary['attack_seconds']:.1f}s attack time, {summary['forward_rows_per_image']:.0f} forward + "
-        f"{summary['backward_rows_per_image']:.0f} backward rows per image"
+        f"{summary['attack_seconds']:.1f}s wall time (sum over batches), "
+        f"{summary['forward_rows_per_image']:.0f} forward + {summary['backward_rows_per_image']:.0f} backward rows "
+        f"per image"
     )
 
 
@@ -559,5 +561,5 @@ def execute(settings: AttackSettings) -> dict[str, dict]:
 
 def attack_from_config(cfg: DictConfig) -> dict[str, dict]:
     """attack.py: white-box AutoAttack of `cfg.run` at the data config's budgets for `cfg.norms`."""
-    settings = AttackSettings.from_config(cfg, white_box_budgets(cfg.norms, cfg.data), surrogate=run_name_for(cfg.run))
-    return execute(settings)
+    budgets = white_box_budgets(cfg.norms, cfg.data)
+    return execute(AttackSettings.from_config(cfg, budgets, surrogate=run_name_for(cfg.run)))

@@ -1,0 +1,177 @@
+"""Everything a few minutes on a GPU should measure, in one JSON (+ a log): environment, the GPU-gated tests,
+training throughput and AutoAttack speed. Run through `benchmarks/gpu_check.sh OUT_DIR [--cpu]`.
+
+Each part runs in its own process with a time limit, so one failure or hang costs only its own entry; the JSON
+is rewritten after every part, so what finished survives a kill. `--cpu` runs the same parts at tiny sizes
+(the test suite does, so the script cannot rot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# What the parts import. The H200 image has torch, timm, lightning, torchmetrics, safetensors and pytest;
+# hydra-core / omegaconf / antlr4 (pure Python) travel as wheels (docs/performance.md says how).
+REQUIRED = ("torch", "timm", "lightning", "torchmetrics", "safetensors", "hydra", "omegaconf", "pytest", "numpy")
+
+GPU_PLAN = {
+    "train": {"model": "vit_base_patch16_224", "image_size": 224, "batch_size": 64, "steps": 10, "warmup": 3,
+              "variants": [("fp32", ["--precision", "32"]), ("bf16", ["--precision", "bf16"]),
+                           ("bf16+compile", ["--precision", "bf16", "--compile"])],
+              "conv": {"model": "convnext_tiny", "variants": [("bf16", ["--precision", "bf16"]),
+                                                              ("bf16+channels_last", ["--precision", "bf16",
+                                                                                      "--channels-last"])]}},
+    "attack": {"model": "vit_base_patch16_224", "image_size": 224, "n": 256, "batch_sizes": [128, 256],
+               "num_classes": 100},
+    "limits": {"tests": 120, "train": 60, "attack": 150},
+}
+CPU_PLAN = {
+    "train": {"model": "test_vit", "image_size": 32, "batch_size": 8, "steps": 2, "warmup": 1,
+              "extra": ["--timm-kwargs", json.dumps({"img_size": 32})],
+              "variants": [("fp32", ["--precision", "32"])],
+              "conv": {"model": "test_resnet", "variants": [("fp32+channels_last", ["--precision", "32",
+                                                                                   "--channels-last"])]}},
+    "attack": {"model": "test_resnet", "image_size": 32, "n": 8, "batch_sizes": [4, 8], "num_classes": 10},
+    "limits": {"tests": 300, "train": 300, "attack": 300},
+}
+
+
+def missing_packages() -> list[str]:
+    return [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+
+
+def environment() -> dict:
+    import torch
+
+    info = {
+        "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(),
+        "cpu_count": os.cpu_count(), "torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
+        "torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=torch.cuda.get_device_name(0), gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    multiprocessors=props.multi_processor_count, bf16_supported=torch.cuda.is_bf16_supported())
+    return info
+
+
+class Checker:
+    def __init__(self, out_dir: Path, cpu: bool):
+        self.out_dir, self.cpu = out_dir, cpu
+        self.plan = CPU_PLAN if cpu else GPU_PLAN
+        self.report: dict = {"mode": "cpu" if cpu else "gpu", "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self.log = open(out_dir / "gpu_check.log", "a")
+
+    def save(self) -> None:
+        tmp = self.out_dir / "gpu_check.json.tmp"
+        tmp.write_text(json.dumps(self.report, indent=2) + "\n")
+        os.replace(tmp, self.out_dir / "gpu_check.json")
+
+    def run(self, name: str, command: list[str], limit: int) -> dict:
+        """Run one part in a fresh process; its output goes to the log, its outcome into the report."""
+        began = time.perf_counter()
+        self.log.write(f"\n===== {name}: {' '.join(command)}\n")
+        self.log.flush()
+        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               "PYTHONUNBUFFERED": "1"}
+        try:
+            done = subprocess.run(command, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, timeout=limit,
+                                  env=env)
+            outcome = {"returncode": done.returncode}
+        except subprocess.TimeoutExpired:
+            outcome = {"returncode": None, "error": f"timed out after {limit}s"}
+        outcome["seconds"] = round(time.perf_counter() - began, 1)
+        print(f"gpu_check: {name}: {'ok' if outcome['returncode'] == 0 else 'FAILED'} ({outcome['seconds']}s)",
+              flush=True)
+        return outcome
+
+    def tests(self) -> None:
+        junit = self.out_dir / "gpu_tests.xml"
+        outcome = self.run("gpu tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py",
+                                         f"--junitxml={junit}", "-p", "no:cacheprovider"], self.plan["limits"]["tests"])
+        if junit.is_file():
+            import xml.etree.ElementTree as ET
+
+            suite = ET.parse(junit).getroot()
+            suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+            outcome.update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")})
+        self.report["gpu_tests"] = outcome
+
+    def train(self) -> None:
+        plan, results = self.plan["train"], []
+        runs = [(plan["model"], v) for v in plan["variants"]] + [(plan["conv"]["model"], v) for v in plan["conv"]["variants"]]
+        for model, (label, flags) in runs:
+            out = self.out_dir / f"train_{model}_{label.replace('+', '_')}.json"
+            command = [sys.executable, "benchmarks/train_throughput.py", "--model", model, "--image-size",
+                       str(plan["image_size"]), "--batch-size", str(plan["batch_size"]), "--steps", str(plan["steps"]),
+                       "--warmup", str(plan["warmup"]), "--losses", "ce", "pgd_at", "trades", "--out", str(out),
+                       *flags, *(plan.get("extra", []) if model == plan["model"] else [])]
+            outcome = self.run(f"train {model} {label}", command, self.plan["limits"]["train"])
+            if out.is_file():
+                outcome["result"] = json.loads(out.read_text())
+                out.unlink()
+            results.append({"model": model, "variant": label, **outcome})
+            self.report["train_throughput"] = results
+            self.save()
+
+    def attack(self) -> None:
+        plan, results = self.plan["attack"], []
+        for batch_size in plan["batch_sizes"]:
+            out = self.out_dir / f"attack_bs{batch_size}.json"
+            command = [sys.executable, "benchmarks/attack_speed.py", "--model", plan["model"], "--synthetic",
+                       str(plan["n"]), "--image-size", str(plan["image_size"]), "--num-classes",
+                       str(plan["num_classes"]), "--batch-size", str(batch_size), "--out", str(out)]
+            outcome = self.run(f"autoattack batch {batch_size}", command, self.plan["limits"]["attack"])
+            if out.is_file():
+                outcome["result"] = json.loads(out.read_text())
+                out.unlink()
+            results.append({"batch_size": batch_size, **outcome})
+            self.report["autoattack"] = results
+            self.save()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (what the test suite runs)")
+    args = parser.parse_args(argv)
+    missing = missing_packages()
+    if missing:
+        print(f"gpu_check: missing Python packages: {', '.join(missing)}; install them or carry them as wheels "
+              f"(docs/performance.md, 'Reproduce')", file=sys.stderr)
+        return 3
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible; use --cpu for the tiny CPU run", file=sys.stderr)
+        return 4
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    checker = Checker(args.out_dir, args.cpu)
+    checker.report["environment"] = environment()
+    checker.save()
+    began = time.perf_counter()
+    for part in (checker.tests, checker.train, checker.attack):
+        part()
+        checker.save()
+    checker.report["total_seconds"] = round(time.perf_counter() - began, 1)
+    checker.save()
+    failed = [r for r in [checker.report["gpu_tests"], *checker.report["train_throughput"],
+                          *checker.report["autoattack"]] if r["returncode"] != 0]
+    print(f"gpu_check: wrote {args.out_dir / 'gpu_check.json'} ({len(failed)} part(s) failed, "
+          f"{checker.report['total_seconds']}s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

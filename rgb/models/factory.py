@@ -1,0 +1,132 @@
+"""timm classifiers wrapped so they take [0,1] images: normalisation lives inside the model, never in the data."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import timm
+import torch
+from torch import nn
+
+
+class WeightsMismatchError(ValueError):
+    """Pretrained weights whose keys or shapes do not fit the model (never loaded silently)."""
+
+
+class Normalize(nn.Module):
+    """(x - mean) / std per channel, so every attack can work on [0,1] pixels."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+class NormalizedClassifier(nn.Module):
+    """[0,1] images -> logits: `Normalize` with the backbone's own pretrained mean/std, then the timm model.
+
+    `recipe` (timm name, num_classes, timm kwargs) rebuilds the architecture for `rgb.models.load`.
+    """
+
+    def __init__(self, backbone: nn.Module, mean: tuple[float, ...], std: tuple[float, ...], recipe: dict):
+        super().__init__()
+        self.normalize = Normalize(mean, std)
+        self.backbone = backbone
+        self.recipe = dict(recipe)
+
+    @property
+    def classifier(self) -> nn.Module:
+        """The head that a new task replaces (and the only part linear probing trains)."""
+        return self.backbone.get_classifier()
+
+    @property
+    def mean(self) -> list[float]:
+        return self.normalize.mean.flatten().tolist()
+
+    @property
+    def std(self) -> list[float]:
+        return self.normalize.std.flatten().tolist()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(self.normalize(x))
+
+
+def check_model_name(name: str) -> None:
+    """Unknown timm names (or pretrained tags) fail at once, naming the closest registered ones."""
+    architecture, _, tag = name.partition(".")
+    if not timm.is_model(architecture):
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+        raise ValueError(f"unknown timm model {name!r}; close matches: {', '.join(close) or 'none'}")
+    if tag:
+        tagged = timm.list_pretrained(f"{architecture}.*")
+        if name not in tagged:
+            close = difflib.get_close_matches(name, tagged, n=5, cutoff=0.0)
+            raise ValueError(f"unknown pretrained tag in {name!r}; close matches: {', '.join(close) or 'none'}")
+
+
+def _weights_file_state_dict(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    return timm.models.load_state_dict(str(path))
+
+
+def _head_rows(state_dict: dict, classifier_names: str | tuple | None) -> int:
+    """Classes of the head stored in a weights file (0 for a headless file)."""
+    names = (classifier_names,) if isinstance(classifier_names, str) else tuple(classifier_names or ())
+    rows = [state_dict[f"{n}.weight"].shape[0] for n in names if f"{n}.weight" in state_dict]
+    return rows[0] if rows else 0
+
+
+def _create_with_weights(name: str, weights: str | None, timm_kwargs: dict) -> nn.Module:
+    """timm model with pretrained weights loaded STRICTLY, keeping the source head (replaced afterwards).
+
+    timm relaxes strictness whenever num_classes differs from the weights' head; building with the source's
+    own class count keeps every backbone key checked, so a wrong file is an error rather than a random init.
+    """
+    pretrained_cfg = timm.models.get_pretrained_cfg(name)
+    if weights is None:
+        source = f"the hub ({pretrained_cfg.hf_hub_id or pretrained_cfg.url})"
+        overlay, num_classes = None, pretrained_cfg.num_classes
+    else:
+        source = str(weights)
+        state_dict = _weights_file_state_dict(Path(weights))
+        num_classes = _head_rows(state_dict, pretrained_cfg.classifier)
+        overlay = dict(state_dict=state_dict, num_classes=num_classes)
+    try:
+        backbone = timm.create_model(
+            name, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay=overlay, **timm_kwargs
+        )
+    except RuntimeError as err:
+        if "Error(s) in loading state_dict" not in str(err):
+            raise
+        detail = " ".join(str(err).split("\n", 1)[-1].split())
+        raise WeightsMismatchError(
+            f"weights from {source} do not fit timm model {name!r}: {detail[:2000]}"
+        ) from err
+    backbone.pretrained_cfg.pop("state_dict", None)  # drop the reference to the loaded copy
+    return backbone
+
+
+def create_model(
+    name: str, num_classes: int, pretrained: bool = True, weights: str | None = None, **timm_kwargs
+) -> NormalizedClassifier:
+    """Any timm model with a fresh `num_classes` head and `Normalize` first (mean/std from its pretrained_cfg).
+
+    Pretrained weights come from the hub, or from the local file `weights` (safetensors or torch) when given;
+    any missing, unexpected or mis-shaped key outside the replaced head raises `WeightsMismatchError`.
+    """
+    check_model_name(name)
+    if weights is not None and not pretrained:
+        raise ValueError(f"weights={weights!r} given with pretrained=False; set pretrained=True to load them")
+    if pretrained:
+        backbone = _create_with_weights(name, None if weights is None else str(weights), timm_kwargs)
+        backbone.reset_classifier(num_classes)
+    else:
+        backbone = timm.create_model(name, pretrained=False, num_classes=num_classes, **timm_kwargs)
+    recipe = dict(name=name, num_classes=int(num_classes), timm_kwargs=dict(timm_kwargs))
+    cfg = backbone.pretrained_cfg
+    return NormalizedClassifier(backbone, tuple(cfg["mean"]), tuple(cfg["std"]), recipe)

@@ -1,0 +1,128 @@
+"""LightningModule: fine-tune a NormalizedClassifier with CE / PGD-AT / TRADES, fully or as a linear probe."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from rgb.models import NormalizedClassifier
+from rgb.training.losses import build_loss
+from rgb.training.optim import build_optimizer, warmup_cosine
+
+STRATEGIES = ("full_finetune", "linear_probe")
+
+
+class RobustFinetuneModule(L.LightningModule):
+    """Training and validation of one (model, loss, strategy) run.
+
+    Validation each epoch logs `val/loss` (the training loss itself: the paper's HPO objective), `val/acc`
+    (clean) and, for adversarial losses, `val/adv_acc` (accuracy under the inner attack). Hyperparameters are
+    plain dicts and numbers only, so checkpoints load with `torch.load(weights_only=True)`.
+    """
+
+    def __init__(
+        self,
+        model: NormalizedClassifier,
+        loss: dict,
+        strategy: str,
+        optim: dict,
+        channels_last: bool = False,
+        compile: bool = False,
+    ):
+        super().__init__()
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        self.save_hyperparameters(
+            {
+                "model": model.recipe,
+                "loss": dict(loss),
+                "strategy": strategy,
+                "optim": dict(optim),
+                "channels_last": channels_last,
+                "compile": compile,
+            }
+        )
+        self.model = model
+        self.training_loss = build_loss(**loss)
+        self.freeze_backbone = strategy == "linear_probe"
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        if self.freeze_backbone:
+            head = {id(p) for p in model.classifier.parameters()}
+            for param in model.parameters():
+                param.requires_grad_(id(param) in head)
+        if channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        if compile:
+            self.model.compile()
+        num_classes = model.recipe["num_classes"]
+        self.train_loss, self.val_loss = MeanMetric(), MeanMetric()
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_adv_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.train()
+
+    def train(self, mode: bool = True) -> RobustFinetuneModule:
+        """Linear probing keeps the whole backbone in eval mode (BN statistics, dropout) whatever Lightning asks."""
+        super().train(mode)
+        if self.freeze_backbone:
+            self.model.eval()
+            self.model.classifier.train(mode)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x.contiguous(memory_format=self.memory_format))
+
+    def inner_attack(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Adversarial images from the inner attack, crafted with the model in eval mode (mode restored after)."""
+        was_training = self.training
+        self.eval()
+        with torch.enable_grad():
+            x_adv = self.training_loss.attack(self, x, y)
+        self.train(was_training)
+        return x_adv
+
+    def loss_and_logits(self, x: torch.Tensor, y: torch.Tensor):
+        """(training loss, clean logits or None, adversarial logits or None) in the current train/eval mode."""
+        x_adv = self.inner_attack(x, y) if self.training_loss.attack is not None else None
+        clean = self(x) if self.training_loss.uses_clean else None
+        adv = self(x_adv) if x_adv is not None else None
+        return self.training_loss(y, clean, adv), clean, adv
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch[0], batch[1]
+        loss, clean, adv = self.loss_and_logits(x, y)
+        self.train_loss(loss.detach(), weight=y.shape[0])
+        self.train_acc((clean if clean is not None else adv).detach(), y)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=y.shape[0])
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=y.shape[0])
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch[0], batch[1]
+        x_adv = self.inner_attack(x, y) if self.training_loss.attack is not None else None
+        clean = self(x)
+        adv = self(x_adv) if x_adv is not None else None
+        loss = self.training_loss(y, clean if self.training_loss.uses_clean else None, adv)
+        self.val_loss(loss, weight=y.shape[0])
+        self.val_acc(clean, y)
+        self.log("val/loss", self.val_loss, prog_bar=True, batch_size=y.shape[0])
+        self.log("val/acc", self.val_acc, prog_bar=True, batch_size=y.shape[0])
+        if adv is not None:
+            self.val_adv_acc(adv, y)
+            self.log("val/adv_acc", self.val_adv_acc, prog_bar=True, batch_size=y.shape[0])
+
+    def configure_optimizers(self):
+        optim = dict(self.hparams.optim)
+        scheduler, warmup_epochs = optim.pop("scheduler", None), optim.pop("warmup_epochs", 0)
+        optimizer = build_optimizer(self.model, **optim)
+        if scheduler is None:
+            return optimizer
+        if scheduler != "cosine":
+            raise ValueError(f"unknown scheduler {scheduler!r}; choose null or cosine")
+        total = self.trainer.estimated_stepping_batches
+        warmup = round(total * warmup_epochs / max(1, self.trainer.max_epochs))
+        lr_lambda = warmup_cosine(total, warmup)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

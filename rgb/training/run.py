@@ -1,0 +1,177 @@
+"""One training run from a composed Hydra config: fit (resuming if possible), export the best weights, report."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from omegaconf import DictConfig, OmegaConf
+
+from rgb.models import NormalizedClassifier, create_model, export_model
+from rgb.training.module import RobustFinetuneModule
+
+log = logging.getLogger(__name__)
+
+
+def accumulation_steps(effective_batch_size: int | None, batch_size: int, world_size: int) -> int:
+    """Micro-batches per optimiser step so that batch_size * world_size * steps == effective_batch_size."""
+    if effective_batch_size is None:
+        return 1
+    per_step = batch_size * world_size
+    if effective_batch_size % per_step:
+        raise ValueError(
+            f"effective_batch_size {effective_batch_size} is not a multiple of batch_size x devices = {per_step}"
+        )
+    return effective_batch_size // per_step
+
+
+def stable_run_id(run_dir: Path) -> str:
+    """W&B run id from the run dir: a requeued or resumed job continues the same W&B run."""
+    return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def resume_path(ckpt_path: str | None, last: Path | None) -> str | None:
+    """`auto`: the run's last checkpoint if present; `last`: it must exist; None: start fresh; else a path."""
+    if ckpt_path == "auto":
+        return str(last) if last is not None and last.is_file() else None
+    if ckpt_path == "last":
+        if last is None or not last.is_file():
+            raise FileNotFoundError(f"ckpt_path=last but there is no last checkpoint ({last})")
+        return str(last)
+    if ckpt_path is not None and not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path {ckpt_path} does not exist")
+    return ckpt_path
+
+
+def last_checkpoint_file(callbacks: list) -> Path | None:
+    """The file of the unmonitored ModelCheckpoint (rewritten every epoch), where resuming starts from."""
+    for callback in callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.monitor is None and callback.filename:
+            return Path(callback.dirpath) / f"{callback.filename}{callback.FILE_EXTENSION}"
+    return None
+
+
+def build_loggers(logger_cfg: DictConfig | None, run_dir: Path) -> list[Logger]:
+    loggers = []
+    for cfg in (logger_cfg or {}).values():
+        overrides = {}
+        if cfg._target_.endswith("WandbLogger") and cfg.get("id") is None:
+            overrides["id"] = stable_run_id(run_dir)
+        loggers.append(hydra.utils.instantiate(cfg, **overrides))
+    return loggers
+
+
+def cluster_plugins() -> list:
+    """On SLURM, submitit owns requeueing (max_num_timeout > 0), so Lightning must not requeue as well."""
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def close_loggers(loggers: list[Logger], status: str, summary: dict) -> None:
+    """Always called, even after an exception: an open W&B run would hang the next multirun job."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and summary:
+            logger.experiment.summary.update(summary)
+        logger.finalize(status)
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=0 if status == "success" else 1)
+
+
+def best_state_dict(best: ModelCheckpoint | None, module: RobustFinetuneModule) -> tuple[dict, str]:
+    """Weights of the best checkpoint (the module's own when no checkpoint was written, e.g. fast_dev_run)."""
+    if best is None or not best.best_model_path:
+        return module.model.state_dict(), "final"
+    state = torch.load(best.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, "best"
+
+
+def export_best(
+    cfg: DictConfig, datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, run_dir: Path
+) -> Path:
+    recipe = module.model.recipe
+    model: NormalizedClassifier = create_model(
+        recipe["name"], recipe["num_classes"], pretrained=False, **recipe["timm_kwargs"]
+    )
+    state, which = best_state_dict(best, module)
+    model.load_state_dict(state, strict=True)
+    meta = {
+        "class_names": datamodule.class_names,
+        "dataset": datamodule.dataset,
+        "data_source": datamodule.source,
+        "image_size": datamodule.image_size,
+        "loss": OmegaConf.to_container(cfg.loss, resolve=True),
+        "strategy": cfg.strategy.name,
+        "optim": OmegaConf.to_container(cfg.optim, resolve=True),
+        "epochs": module.current_epoch,
+        "effective_batch_size": cfg.effective_batch_size,
+        "precision": str(module.trainer.precision),
+        "seed": cfg.seed,
+        "weights": which,
+        "checkpoint": best.best_model_path if best is not None else "",
+        "monitor": cfg.monitor.metric,
+        "monitor_value": None if best is None or best.best_model_score is None
+        else float(best.best_model_score),
+    }
+    return export_model(model, run_dir, meta)
+
+
+def monitored_value(trainer: L.Trainer, best: ModelCheckpoint | None, metric: str) -> float:
+    if best is not None and best.best_model_score is not None:
+        return float(best.best_model_score)
+    if metric not in trainer.callback_metrics:
+        raise KeyError(f"monitored metric {metric!r} was never logged; logged: {sorted(trainer.callback_metrics)}")
+    return float(trainer.callback_metrics[metric])
+
+
+def train(cfg: DictConfig) -> float:
+    """Fit the configured run, export `model.safetensors` + `model.json` into the run dir, return the monitored
+    metric (best value when checkpointing, for Hydra sweepers)."""
+    run_dir = Path(cfg.run_dir)
+    if cfg.seed is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    datamodule = hydra.utils.instantiate(cfg.data)
+    model = hydra.utils.instantiate(cfg.model)
+    module = RobustFinetuneModule(
+        model,
+        loss=OmegaConf.to_container(cfg.loss, resolve=True),
+        strategy=cfg.strategy.name,
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        channels_last=cfg.channels_last,
+        compile=cfg.compile,
+    )
+    callbacks = [hydra.utils.instantiate(c) for c in (cfg.callbacks or {}).values()]
+    best = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
+    loggers = build_loggers(cfg.logger, run_dir)
+    status, summary = "failed", {}
+    try:
+        trainer: L.Trainer = hydra.utils.instantiate(
+            cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=cluster_plugins()
+        )
+        trainer.accumulate_grad_batches = accumulation_steps(
+            cfg.effective_batch_size, cfg.data.batch_size, trainer.world_size
+        )
+        for logger in trainer.loggers:
+            logger.log_hyperparams({"config": OmegaConf.to_container(cfg, resolve=True)})
+        ckpt_path = resume_path(cfg.ckpt_path, last_checkpoint_file(callbacks))
+        if ckpt_path is not None:
+            log.info("resuming from %s", ckpt_path)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        value = monitored_value(trainer, best, cfg.monitor.metric)
+        if trainer.is_global_zero:
+            exported = export_best(cfg, datamodule, module, best, run_dir)
+            log.info("exported %s (%s = %.4f)", exported, cfg.monitor.metric, value)
+        summary = {f"best/{cfg.monitor.metric}": value, "epochs": module.current_epoch}
+        status = "success"
+        return value
+    finally:
+        close_loggers(loggers, status, summary)

@@ -1,0 +1,266 @@
+"""attack.py and its runner: resume after SIGKILL, shards + merge, refused resumes, progress, norm subsets, export.
+
+Runs use a small ViT trained by the real training code (cached for the session) on the first images of the mini
+test split, with APGD-CE only, so a run takes seconds; the cascade itself is tested in test_autoattack.py.
+"""
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from rgb.data import load_split
+from rgb.data.mini import CLASS_NAMES, DATASET
+from rgb.data.snapshot import write_readme, write_split
+from rgb.evaluation import AttackRunError, attack_from_config, quantise_within_budget
+from rgb.evaluation.attack_run import shard_position
+from rgb.models import create_model, export_model
+
+REPO = Path(__file__).resolve().parents[1]
+N_IMAGES, BATCH = 24, 6
+N_BATCHES = N_IMAGES // BATCH
+LINF_EPS = 16 / 255  # the test model is quite robust at 4/255; here APGD-CE leaves a few robust points, quickly
+# A one-block ViT over 4 patches: trains to ~85% on the mini digits in seconds on a CPU.
+SURROGATE_OVERRIDES = [
+    "model.name=vit_tiny_patch16_224", "+model.img_size=32", "+model.patch_size=16", "+model.embed_dim=64",
+    "+model.depth=1", "+model.num_heads=1", "+model.global_pool=avg", "+model.class_token=false",
+    "optim.backbone_lr=3e-3", "optim.head_lr=3e-3", "trainer.max_epochs=4", "trainer.accelerator=cpu",
+    "callbacks.progress_bar.refresh_rate=0",
+]
+
+
+def trained_surrogate(base: Path, mini_dir: Path) -> Path:
+    """Train run dir of the test model, trained once per session by rgb.training (train.py's code path)."""
+    from rgb.training import train
+
+    run_dir = base / "attack_run_surrogate" / "vit_mlp"
+    if not (run_dir / "model.safetensors").is_file():
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("train", overrides=[*SURROGATE_OVERRIDES, f"paths.mini_dir={mini_dir}", f"run_dir={run_dir}"])
+        train(cfg)
+    return run_dir
+
+
+def head_of_test_split(mini_dir: Path, out: Path, n: int) -> Path:
+    """A snapshot holding only the first n mini test images: same format, a fraction of the attack time."""
+    if not (out / "README.md").is_file():
+        test = load_split(str(mini_dir), DATASET, "test").select(range(n))
+        columns = test.cast_column("image", datasets.Image(decode=False))[:]
+        columns["image"] = [image["bytes"] for image in columns["image"]]
+        write_split(out / "data" / DATASET / "test.parquet", CLASS_NAMES, columns)
+        write_readme(out, "first test images of the mini benchmark")
+    return out
+
+
+@pytest.fixture(scope="module")
+def surrogate(mini_dir, tmp_path_factory):
+    return trained_surrogate(tmp_path_factory.getbasetemp(), mini_dir)
+
+
+@pytest.fixture(scope="module")
+def small_bench(mini_dir, tmp_path_factory):
+    return head_of_test_split(mini_dir, tmp_path_factory.getbasetemp() / f"head{N_IMAGES}", N_IMAGES)
+
+
+def overrides(run: Path, bench: Path, out: Path, *extra: str) -> list[str]:
+    return [f"run={run}", f"paths.mini_dir={bench}", f"output_dir={out}", "attacks=[apgd-ce]", "norms=[linf]",
+            f"data.budgets.linf={LINF_EPS}", f"batch_size={BATCH}", "progress=false", *extra]
+
+
+def compose_attack(items: list[str]):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("attack", overrides=items)
+
+
+def attack(items: list[str]) -> dict:
+    return attack_from_config(compose_attack(items))
+
+
+def results(out: Path, norm: str = "linf") -> pd.DataFrame:
+    return pd.read_parquet(out / norm / "results.parquet")
+
+
+def batch_files(out: Path, norm: str = "linf") -> list[Path]:
+    return sorted((out / norm).glob("shard-*/batch-*.pt"))
+
+
+@pytest.fixture(scope="module")
+def reference(surrogate, small_bench, tmp_path_factory):
+    """One uninterrupted, unsharded run: what every resumed or sharded run must reproduce exactly."""
+    out = tmp_path_factory.mktemp("reference")
+    summaries = attack(overrides(surrogate, small_bench, out))
+    return out, summaries["linf"]
+
+
+def test_reference_run_writes_the_documented_run_directory(reference):
+    out, summary = reference
+    table = results(out)
+    assert list(table.columns) == ["image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust",
+                                   "fooled_by", "perturbation_norm", "forward_rows", "backward_rows"]
+    assert table["image_id"].tolist() == list(range(N_IMAGES))
+    assert len(batch_files(out)) == N_BATCHES
+    assert summary["complete"] and summary["n"] == N_IMAGES and summary["split"] == "test"
+    assert summary["n_robust"] == int(table["robust"].sum()) and summary["attacks"] == ["apgd-ce"]
+    assert summary["robust_accuracy"] == pytest.approx(table["robust"].mean())
+    assert summary["accuracy_after"]["clean"] == pytest.approx(table["clean_correct"].mean())
+    # a trained model that the attack partly breaks: the run measured something
+    assert 0 < summary["robust_accuracy"] < summary["clean_accuracy"]
+    assert (table["clean_pred"] == table["label"]).equals(table["clean_correct"])
+    assert (table["adv_pred"] == table["label"]).equals(table["robust"])
+    assert (table["perturbation_norm"] <= summary["eps"] + 1e-7).all()
+    assert len(summary["weights_sha256"]) == 64 and summary["versions"]["torch"] == torch.__version__
+
+
+def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate, small_bench, reference, tmp_path):
+    out = tmp_path / "killed"
+    command = [sys.executable, str(REPO / "attack.py"), *overrides(surrogate, small_bench, out)]
+    command[command.index("progress=false")] = "progress=true"
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while len(batch_files(out)) < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    survivors = {p: p.stat().st_mtime_ns for p in batch_files(out)}
+    assert 2 <= len(survivors) < N_BATCHES, "the run was not interrupted mid-way"
+    assert not (out / "linf" / "results.parquet").exists()
+
+    second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in survivors} == survivors  # finished batches were not recomputed
+    pd.testing.assert_frame_equal(results(out), results(reference[0]))
+    assert "robust accuracy" in second.stdout and f"/{N_IMAGES})" in second.stdout  # the per-norm summary line
+    assert "img/s" in second.stderr or "img]" in second.stderr  # the tqdm progress bar
+    assert "robust" in second.stderr
+
+
+def test_two_shards_merge_to_the_single_shard_result_and_merge_names_a_missing_shard(
+    surrogate, small_bench, reference, tmp_path, capsys
+):
+    out = tmp_path / "sharded"
+    assert attack(overrides(surrogate, small_bench, out, "shard.index=0", "shard.count=2")) == {}
+    assert "merge waits for" in capsys.readouterr().out
+    with pytest.raises(AttackRunError, match=rf"shard 1 of 2 \({N_BATCHES // 2} batches"):
+        attack(overrides(surrogate, small_bench, out, "merge_only=true", "shard.count=2"))
+    assert not (out / "linf" / "results.parquet").exists()
+    summaries = attack(overrides(surrogate, small_bench, out, "shard.index=1", "shard.count=2"))
+    assert sorted(p.parent.name for p in batch_files(out)) == (
+        ["shard-0-of-2"] * (N_BATCHES // 2) + ["shard-1-of-2"] * (N_BATCHES // 2))
+    pd.testing.assert_frame_equal(results(out), results(reference[0]))
+    timing = ("attack_seconds",)
+    assert {k: v for k, v in summaries["linf"].items() if k not in timing} == {
+        k: v for k, v in reference[1].items() if k not in timing}
+    merged_again = attack(overrides(surrogate, small_bench, out, "merge_only=true"))  # any shard layout merges
+    assert merged_again["linf"]["n_robust"] == reference[1]["n_robust"]
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [("seed=1", "seed 0 (this run: 1)"), ("data.budgets.linf=0.03", "eps"), ("batch_size=4", "batch_size"),
+     ("export_adversarial=true", "export_adversarial")],
+)
+def test_resume_into_a_directory_of_another_run_is_refused_and_loses_nothing(
+    surrogate, small_bench, reference, change, field
+):
+    out = reference[0]
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(AttackRunError, match="was made for another run: .*" + re.escape(field)):
+        attack(overrides(surrogate, small_bench, out, change))
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_resume_with_other_weights_is_refused(small_bench, reference, tmp_path):
+    other = create_model("vit_tiny_patch16_224", 10, pretrained=False, img_size=32, patch_size=16, embed_dim=64,
+                         depth=1, num_heads=1, global_pool="avg", class_token=False)
+    export_model(other, tmp_path / "vit_mlp", {"dataset": DATASET, "image_size": 32, "class_names": CLASS_NAMES})
+    with pytest.raises(AttackRunError, match="weights_sha256"):
+        attack(overrides(tmp_path / "vit_mlp", small_bench, reference[0]))
+
+
+def test_model_of_another_dataset_is_refused_before_anything_is_written(surrogate, tmp_path):
+    with pytest.raises(AttackRunError, match="trained on dataset 'digits' but the data config is 'flowers-102'"):
+        attack([f"run={surrogate}", "data=flowers102", f"output_dir={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_norm_subset_and_export_round_trip(surrogate, small_bench, tmp_path):
+    out = tmp_path / "export"
+    eps = 4.0  # large enough that APGD-CE fools every correctly classified image
+    summaries = attack(overrides(surrogate, small_bench, out, "norms=[l2]", f"data.budgets.l2={eps}",
+                                 "export_adversarial=true", "attacks=null"))  # the whole standard cascade
+    assert list(summaries) == ["l2"] and sorted(p.name for p in out.iterdir()) == ["adversarial", "l2"]
+    table = results(out, "l2")
+    split = f"l2_{eps:g}"  # no transfer split of the mini config has this budget
+    adversarial = load_split(str(out / "adversarial"), DATASET, split, surrogate="vit_mlp")  # validated against test
+    clean = load_split(str(small_bench), DATASET, "test")
+    assert summaries["l2"]["export"].endswith(f"{DATASET}/vit_mlp/{split}.parquet")
+    assert set(adversarial["perturbation"]) == {"transfer_autoattack"} and set(adversarial["norm"]) == {"l2"}
+    assert set(adversarial["surrogate"]) == {"vit_mlp"} and np.allclose(adversarial["epsilon"], eps)
+    stored = adversarial.cast_column("image", datasets.Image(decode=False))["image"]
+    originals = clean.cast_column("image", datasets.Image(decode=False))["image"]
+    for i, row in enumerate(adversarial):
+        delta = (np.asarray(row["image"], dtype=np.float64) - np.asarray(clean[i]["image"], dtype=np.float64)) / 255
+        assert np.sqrt((delta**2).sum()) <= eps * (1 + 1e-6)  # within budget after 8-bit quantisation
+        assert row["is_modified"] == bool(np.any(delta != 0))
+        if not row["is_modified"]:
+            assert stored[i]["bytes"] == originals[i]["bytes"]  # copied unchanged, byte for byte
+    assert adversarial["is_modified"] == table["clean_correct"].tolist()  # everything attacked was fooled
+    assert not table["robust"].any()
+    assert summaries["l2"]["attacks"] == ["apgd-ce", "apgd-t", "fab-t", "square"]
+    assert set(table["fooled_by"]) <= {0, 1}  # APGD-CE fooled everything: the later attacks had nothing left
+
+
+def test_quantised_images_stay_within_the_budget_where_plain_rounding_does_not():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (64, 3, 8, 8), generator=g).float() / 255
+    direction = torch.randn(x.shape, generator=g)
+    for norm, eps in (("l1", 0.9), ("l2", 0.12), ("linf", 4.6 / 255)):
+        flat = direction.flatten(1)
+        size = {"l1": flat.abs().sum(1), "l2": flat.norm(dim=1), "linf": flat.abs().amax(1)}[norm]
+        x_adv = (x + eps * direction / size.view(-1, 1, 1, 1)).clamp(0, 1)  # on (or inside) the sphere
+        rounded = torch.round(x_adv * 255)
+        q = quantise_within_budget(x, x_adv, norm, eps)
+        assert q.dtype == torch.uint8 and q.shape == x.shape
+        for candidate, must_fit in ((q.double(), True), (rounded.double(), False)):
+            delta = (candidate - torch.round(x.double() * 255)).flatten(1) / 255
+            measured = {"l1": delta.abs().sum(1), "l2": delta.norm(dim=1), "linf": delta.abs().amax(1)}[norm]
+            fits = bool((measured <= eps * (1 + 1e-6)).all())
+            assert fits == must_fit, (norm, must_fit)
+        assert (q.double() - rounded).abs().max() <= 1  # at most one grey level from the nearest rounding
+
+
+def test_shard_defaults_come_from_a_slurm_array(monkeypatch):
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "7")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "5")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "4")
+    assert shard_position(None, None) == (2, 4)
+    assert shard_position(0, 1) == (0, 1)
+    with pytest.raises(AttackRunError, match="shard.index"):
+        shard_position(4, 4)
+
+
+def test_presets_compose(tmp_path):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        slurm = compose("attack", overrides=["attack=slurm", "run=outputs/train/digits/x", "shard.count=8"],
+                        return_hydra_config=True)
+        node = compose("attack", overrides=["attack=node", "run=outputs/train/digits/x"])
+    assert slurm.hydra.sweeper.params["shard.index"] == "range(0,8)"
+    assert slurm.hydra.launcher._target_.endswith("SlurmLauncher") and slurm.hydra.launcher.array_parallelism == 8
+    assert slurm.output_dir.endswith("attack/digits/x") and node.shard.devices == "auto"
+
+
+@pytest.mark.slow
+def test_one_process_per_device_equals_one_process(surrogate, small_bench, reference, tmp_path):
+    out = tmp_path / "spawned"
+    attack(overrides(surrogate, small_bench, out, "shard.devices=2"))
+    assert {p.parent.name for p in batch_files(out)} == {"shard-0-of-2", "shard-1-of-2"}
+    pd.testing.assert_frame_equal(results(out), results(reference[0]))

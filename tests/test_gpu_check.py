@@ -1,0 +1,42 @@
+"""benchmarks/gpu_check.sh end to end at tiny CPU sizes, so the GPU script cannot rot between GPU sessions."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(tmp_path), "--cpu"], cwd=REPO,
+                          env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["mode"] == "cpu" and report["environment"]["torch"]
+    assert report["gpu_tests"]["returncode"] == 0 and report["gpu_tests"]["tests"] >= 4
+    assert report["gpu_tests"]["skipped"] == report["gpu_tests"]["tests"]  # no CUDA here: all skipped, none broken
+    throughput = report["train_throughput"]
+    assert len(throughput) == 2 and all(t["returncode"] == 0 for t in throughput)
+    first = throughput[0]["result"]
+    assert {"ce", "pgd_at", "trades"} <= set(json.dumps(first))
+    attacks = report["autoattack"]
+    assert [a["batch_size"] for a in attacks] == [4, 8]
+    for entry in attacks:
+        norms = entry["result"]["norms"]
+        assert [n["norm"] for n in norms] == ["linf", "l2", "l1"]
+        assert all(n["wall_seconds"] > 0 and n["forward_rows_per_image"] >= 1 for n in norms)
+    assert (tmp_path / "gpu_check.log").stat().st_size > 0
+
+
+def test_gpu_check_refuses_clearly_without_arguments_or_gpu(tmp_path):
+    usage = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=REPO, capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
+    import torch
+
+    if not torch.cuda.is_available():
+        no_gpu = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(tmp_path)], cwd=REPO, capture_output=True,
+                                text=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+        assert no_gpu.returncode == 4 and "no CUDA device visible; use --cpu" in no_gpu.stderr
+        assert "Traceback" not in no_gpu.stderr

@@ -1,0 +1,114 @@
+"""rgb.models: timm names, strict weight loading, normalisation inside the model, export / load round trip."""
+
+import json
+
+import pytest
+import safetensors.torch
+import timm
+import torch
+
+from rgb.models import (
+    META_FILE,
+    WEIGHTS_FILE,
+    WeightsMismatchError,
+    create_model,
+    export_model,
+    load,
+    load_with_meta,
+)
+
+
+@pytest.fixture
+def source_weights(tmp_path):
+    """A test_resnet state dict with its 1000-class head, as a hub download would be."""
+    torch.manual_seed(1)
+    source = timm.create_model("test_resnet", pretrained=False)
+    path = tmp_path / "test_resnet.safetensors"
+    safetensors.torch.save_file(source.state_dict(), str(path))
+    return source.state_dict(), path
+
+
+def test_unknown_name_names_close_matches():
+    with pytest.raises(ValueError, match=r"unknown timm model 'resnet5O'.*resnet50"):
+        create_model("resnet5O", 10, pretrained=False)
+
+
+def test_unknown_pretrained_tag_names_existing_tags():
+    with pytest.raises(ValueError, match=r"unknown pretrained tag in 'resnet50.a1_in1kk'.*resnet50.a1_in1k"):
+        create_model("resnet50.a1_in1kk", 10, pretrained=False)
+
+
+@pytest.mark.parametrize("name", ["test_resnet", "test_efficientnet"])
+def test_normalisation_comes_from_the_timm_pretrained_cfg(name):
+    model = create_model(name, 7, pretrained=False).eval()
+    cfg = timm.models.get_pretrained_cfg(name)
+    assert model.mean == pytest.approx(list(cfg.mean)) and model.std == pytest.approx(list(cfg.std))
+    x = torch.rand(2, 3, 32, 32)
+    mean, std = torch.tensor(cfg.mean).view(1, 3, 1, 1), torch.tensor(cfg.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(model(x), model.backbone((x - mean) / std))
+    assert model.classifier.out_features == 7
+
+
+def test_local_weights_load_backbone_and_replace_head(source_weights):
+    state, path = source_weights
+    model = create_model("test_resnet", 10, weights=str(path))
+    loaded = model.backbone.state_dict()
+    for key, value in state.items():
+        if not key.startswith("fc."):
+            torch.testing.assert_close(loaded[key], value, msg=key)
+    assert loaded["fc.weight"].shape == (10, state["fc.weight"].shape[1])
+    assert "state_dict" not in model.backbone.pretrained_cfg
+
+
+def test_headless_weights_file_loads(source_weights, tmp_path):
+    state, _ = source_weights
+    path = tmp_path / "headless.pth"
+    torch.save({k: v for k, v in state.items() if not k.startswith("fc.")}, path)
+    model = create_model("test_resnet", 3, weights=str(path))
+    torch.testing.assert_close(model.backbone.state_dict()["conv1.0.weight"], state["conv1.0.weight"])
+
+
+def test_weights_with_wrong_keys_fail_naming_them(source_weights, tmp_path):
+    state, _ = source_weights
+    path = tmp_path / "prefixed.pth"
+    torch.save({f"encoder.{k}" if k.startswith("layer1.") else k: v for k, v in state.items()}, path)
+    with pytest.raises(WeightsMismatchError, match=r"Missing key\(s\).*layer1\.0\.conv1\.weight") as err:
+        create_model("test_resnet", 10, weights=str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_weights_with_wrong_shapes_fail(source_weights, tmp_path):
+    state, _ = source_weights
+    path = tmp_path / "reshaped.pth"
+    torch.save({k: (v[:1] if k == "layer1.0.conv1.weight" else v) for k, v in state.items()}, path)
+    with pytest.raises(WeightsMismatchError, match="size mismatch for layer1.0.conv1.weight"):
+        create_model("test_resnet", 10, weights=str(path))
+
+
+def test_missing_weights_file_and_contradictory_flags(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        create_model("test_resnet", 10, weights=str(tmp_path / "nope.pth"))
+    with pytest.raises(ValueError, match="pretrained=False"):
+        create_model("test_resnet", 10, pretrained=False, weights=str(tmp_path / "nope.pth"))
+
+
+@pytest.mark.parametrize("name, kwargs", [("test_resnet", {}), ("test_vit", {"img_size": 32})])
+def test_export_load_round_trip_gives_identical_logits(tmp_path, name, kwargs):
+    torch.manual_seed(0)
+    model = create_model(name, 4, pretrained=False, **kwargs).eval()
+    export_model(model, tmp_path, {"dataset": "digits", "class_names": list("abcd")})
+    x = torch.rand(3, 3, 32, 32)
+    loaded, meta = load_with_meta(tmp_path)
+    assert not loaded.training
+    assert torch.equal(loaded(x), model(x))
+    assert torch.equal(load(tmp_path / WEIGHTS_FILE)(x), model(x))
+    assert meta["timm_name"] == name and meta["num_classes"] == 4 and meta["timm_kwargs"] == kwargs
+    assert meta["class_names"] == list("abcd") and meta["mean"] == model.mean
+    assert set(meta["versions"]) == {"torch", "timm", "rgb"}
+    assert json.loads((tmp_path / META_FILE).read_text()) == meta
+
+
+def test_load_names_the_missing_file(tmp_path):
+    safetensors.torch.save_model(create_model("test_resnet", 2, pretrained=False), str(tmp_path / WEIGHTS_FILE))
+    with pytest.raises(FileNotFoundError, match=META_FILE):
+        load(tmp_path)

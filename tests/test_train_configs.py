@@ -1,0 +1,122 @@
+"""Every config under conf/ for training composes, resolves and instantiates; each experiment runs once."""
+
+import math
+from pathlib import Path
+
+import hydra
+import pytest
+import timm
+import torch
+from hydra import compose, initialize_config_dir
+from lightning.pytorch import Trainer
+from omegaconf import OmegaConf
+
+from rgb.models import NormalizedClassifier, check_model_name
+from rgb.training import train
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+FAST = ["data.batch_size=16", "data.eval_batch_size=32", "callbacks.progress_bar.refresh_rate=0"]
+# Presets small enough to build (random init) in a test; the others only have their timm name checked.
+BUILDABLE = {"tiny", "efficientnet_b0", "regnetx_004", "mobilenetv3", "resnet50", "deit_s", "vit_s16", "convnext_t"}
+PAPER_OPTIM = dict(backbone_lr=1.2165e-4, head_lr=3.996e-3, backbone_weight_decay=1.001e-6, head_weight_decay=1.619e-5)
+
+
+def options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def compose_train(*overrides, hydra_cfg=False):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=list(overrides), return_hydra_config=hydra_cfg)
+
+
+def test_plain_train_defaults_are_the_tiny_demo_with_paper_optimiser():
+    cfg = compose_train()
+    assert (cfg.model.name, cfg.model.pretrained, cfg.loss.name, cfg.strategy.name) == ("test_resnet", False, "ce", "full_finetune")
+    assert {k: cfg.optim[k] for k in PAPER_OPTIM} == PAPER_OPTIM
+    assert list(cfg.optim.betas) == [0.9, 0.95] and cfg.optim.scheduler is None
+    assert (cfg.monitor.metric, cfg.monitor.mode, cfg.ckpt_path) == ("val/loss", "min", "auto")
+
+
+def test_run_dir_is_stable_and_named_after_model_loss_strategy():
+    cfg = compose_train("loss=trades", "strategy=linear_probe", hydra_cfg=True)
+    assert cfg.hydra.run.dir == "./outputs/train/digits/test_resnet-trades-linear_probe-e10-s0"
+    assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.num}"
+
+
+@pytest.mark.parametrize("preset", options("model"))
+def test_model_preset_names_a_timm_model(preset):
+    cfg = compose_train(f"model={preset}")
+    check_model_name(cfg.model.name)
+    assert cfg.model.num_classes == 10 and cfg.model.weights is None
+    if preset == "clip_vit_b16":  # CLIP statistics come from timm's config, not from the name
+        assert timm.models.get_pretrained_cfg(cfg.model.name).mean == pytest.approx((0.4815, 0.4578, 0.4082), abs=1e-4)
+    if preset in BUILDABLE:
+        model = hydra.utils.instantiate(cfg.model, pretrained=False)
+        assert isinstance(model, NormalizedClassifier)
+        with torch.no_grad():
+            assert model.eval()(torch.rand(1, 3, 32, 32)).shape == (1, 10)
+
+
+@pytest.mark.parametrize(
+    "group, option", [(g, o) for g in ("loss", "strategy", "optim", "callbacks", "logger", "debug") for o in options(g)]
+)
+def test_group_option_composes_and_instantiates(group, option, tmp_path):
+    cfg = compose_train(f"{group}={option}", f"run_dir={tmp_path}")
+    OmegaConf.resolve(cfg)
+    for node in list((cfg.callbacks or {}).values()) + list((cfg.logger or {}).values()):
+        hydra.utils.instantiate(node)
+    assert cfg.loss.name in ("ce", "pgd_at", "trades") and cfg.strategy.name in ("full_finetune", "linear_probe")
+
+
+@pytest.mark.parametrize("option", options("trainer"), ids=lambda o: f"trainer_{o}")  # conftest reads a "gpu" id as the gpu mark
+def test_trainer_option_instantiates(option, tmp_path):
+    cfg = compose_train(f"trainer={option}", f"run_dir={tmp_path}", "trainer.accelerator=cpu")
+    trainer = hydra.utils.instantiate(cfg.trainer)
+    assert isinstance(trainer, Trainer) and not cfg.trainer.inference_mode
+    if option in ("gpu", "ddp"):
+        assert cfg.trainer.precision == "bf16-mixed"
+
+
+def test_linear_probe_strategy_sets_the_paper_lp_head_values():
+    cfg = compose_train("strategy=linear_probe")
+    assert (cfg.optim.head_lr, cfg.optim.head_weight_decay) == (1.2165e-4, 7.61e-4)
+    assert compose_train("strategy=linear_probe", "optim.head_lr=0.5").optim.head_lr == 0.5
+
+
+def test_slurm_launcher_lets_submitit_requeue_with_one_task_per_gpu():
+    site = "++local.slurm.partition=gpu-long"  # what conf/local/default.yaml (git-ignored) provides
+    cfg = compose_train("hydra/launcher=slurm", "trainer=ddp", "trainer.devices=8", site, hydra_cfg=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.max_num_timeout > 0
+    assert launcher.tasks_per_node == launcher.gpus_per_node == 8
+    assert launcher.partition == "gpu-long"
+
+
+def test_optuna_overlay_minimises_the_validation_loss():
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    cfg = compose_train("hparams_search=optuna", hydra_cfg=True)
+    assert cfg.hydra.sweeper.direction == "minimize" and cfg.monitor.metric == "val/loss"
+    assert "optim.backbone_lr" in cfg.hydra.sweeper.params
+
+
+EXPERIMENTS = {
+    "fft50_trades": ("trades", "full_finetune", 50),
+    "fft50_pgd_at": ("pgd_at", "full_finetune", 50),
+    "fft5_trades": ("trades", "full_finetune", 5),
+    "lp50_trades": ("trades", "linear_probe", 50),
+}
+
+
+def test_every_experiment_is_listed():
+    assert set(options("experiment")) == set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("experiment", sorted(EXPERIMENTS))
+def test_experiment_runs_once_with_fast_dev_run(experiment, tmp_path, mini_dir):
+    cfg = compose_train(f"experiment={experiment}", f"run_dir={tmp_path}", f"data.source={mini_dir}", "debug=fdr", *FAST)
+    assert (cfg.loss.name, cfg.strategy.name, cfg.trainer.max_epochs) == EXPERIMENTS[experiment]
+    assert cfg.effective_batch_size == 1024
+    assert math.isfinite(train(cfg))
