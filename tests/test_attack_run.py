@@ -1,7 +1,8 @@
 """attack.py and its runner: resume after SIGKILL, shards + merge, refused resumes, progress, norm subsets, export.
 
 Runs use a small ViT trained by the real training code (cached for the session) on the first images of the mini
-test split, with APGD-CE only, so a run takes seconds; the cascade itself is tested in test_autoattack.py.
+test split, mostly with APGD-CE only so that a run takes seconds (the export test runs the whole standard cascade
+at a budget APGD-CE wins at once; the cascade itself is tested in test_autoattack.py).
 """
 
 import re
