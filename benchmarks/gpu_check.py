@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# What the parts import. The H200 image has torch, timm, lightning, torchmetrics, safetensors and pytest;
-# hydra-core / omegaconf / antlr4 (pure Python) travel as wheels (docs/performance.md says how).
-REQUIRED = ("torch", "timm", "lightning", "torchmetrics", "safetensors", "hydra", "omegaconf", "pytest", "numpy")
+# What the parts import. The H200 image has torch, timm, lightning, torchmetrics, safetensors and pytest; the rest
+# (pure Python) travels as wheels made by benchmarks/gpu_wheels.sh (docs/performance.md says how).
+REQUIRED = ("torch", "timm", "lightning", "torchmetrics", "safetensors", "hydra", "omegaconf", "pytest", "numpy",
+            "datasets", "imagecorruptions", "sklearn")
 
 GPU_PLAN = {
     "train": {"model": "vit_base_patch16_224", "image_size": 224, "batch_size": 64, "steps": 10, "warmup": 3,
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_packages()
     if missing:
         print(f"gpu_check: missing Python packages: {', '.join(missing)}; install them or carry them as wheels "
-              f"(docs/performance.md, 'Reproduce')", file=sys.stderr)
+              f"(benchmarks/gpu_wheels.sh; docs/performance.md, 'Reproduce')", file=sys.stderr)
         return 3
     import torch
 

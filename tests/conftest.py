@@ -12,8 +12,6 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from rgb.data.mini import build_mini  # noqa: E402
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +25,8 @@ def _isolated_caches(tmp_path_factory):
 @pytest.fixture(scope="session")
 def mini_dir(tmp_path_factory) -> Path:
     """The mini benchmark, built once per session (about a second)."""
+    from rgb.data.mini import build_mini  # imported here: GPU machines may lack the data stack
+
     return build_mini(tmp_path_factory.mktemp("bench") / "mini")
 
 
