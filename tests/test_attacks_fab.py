@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from toy_models import assert_attack_invariants
+
 from rgb.attacks import EvalCounter, lp_norm
 from rgb.attacks.fab import (
     fab_project_l1,
@@ -152,11 +154,7 @@ def test_fab_breaks_an_undefended_model_within_budget(toy, norm):
     eps = BREAKING_EPS[norm]
     result = fab_targeted(model, x, y, norm=norm, eps=eps)
     assert result.fooled.float().mean() >= 0.8
-    assert torch.all((model(result.x_adv).argmax(dim=1) != y) == result.fooled)
-    assert not torch.isnan(result.x_adv).any()
-    assert torch.all((result.x_adv >= 0) & (result.x_adv <= 1))
-    assert torch.all(lp_norm(result.x_adv - x, norm) <= NORM_TOLERANCE[norm](eps))
-    assert torch.equal(result.x_adv[~result.fooled], x[~result.fooled])
+    assert_attack_invariants(model, x, y, result.x_adv, result.fooled, norm, eps)
     assert torch.all(result.norms[result.fooled] <= eps)
 
 

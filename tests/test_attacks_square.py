@@ -4,6 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from toy_models import assert_attack_invariants
+
 from rgb.attacks import EvalCounter, lp_norm
 from rgb.attacks.square import square, square_p, square_pattern, square_window
 
@@ -84,11 +86,7 @@ def test_square_breaks_an_undefended_model_within_budget(toy, norm):
     eps, n_queries = BREAKING_EPS[norm], 300
     result = square(model, x, y, norm=norm, eps=eps, n_queries=n_queries, generator=0)
     assert result.fooled.float().mean() >= 0.8
-    assert torch.all((model(result.x_adv).argmax(dim=1) != y) == result.fooled)
-    assert not torch.isnan(result.x_adv).any()
-    assert torch.all((result.x_adv >= 0) & (result.x_adv <= 1))
-    assert torch.all(lp_norm(result.x_adv - x, norm) <= NORM_TOLERANCE[norm](eps))
-    assert torch.equal(result.x_adv[~result.fooled], x[~result.fooled])
+    assert_attack_invariants(model, x, y, result.x_adv, result.fooled, norm, eps)
     assert torch.all((result.n_queries_used >= 1) & (result.n_queries_used <= n_queries + 1))
 
 
