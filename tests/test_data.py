@@ -15,6 +15,7 @@ from rgb.data import BenchmarkError, ImageSplit, RGBDataModule, load_split, tran
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, scale_budget
 from rgb.data.corruptions import corruption_of_row
 from rgb.data.mini import CLASS_NAMES, DATASET, TEST_SIZE, VALIDATION_SIZE, build_mini
+from rgb.data.snapshot import png_bytes, write_readme, write_split
 
 REPO = Path(__file__).resolve().parents[1]
 SPLIT_SIZES = {"train": 1797 - TEST_SIZE - VALIDATION_SIZE, "validation": VALIDATION_SIZE, "test": TEST_SIZE,
@@ -120,6 +121,21 @@ def test_coverage_table_of_the_card():
         load_split("/nonexistent-but-refused-first", "stanford_cars", "l2_2", surrogate="siglip2_so400m")
     with pytest.raises(ValueError, match="available: caltech101, fgvc-aircraft-2013b"):
         transfer_coverage("imagenet")
+
+
+def test_own_surrogate_of_a_real_dataset_loads_outside_the_coverage_table(tmp_path):
+    """attack.py exports a user's surrogate as config <dataset>-<surrogate>: it must load like the card's splits."""
+    names = ["a", "b"]
+    images = [png_bytes(np.full((4, 4, 3), v, dtype=np.uint8)) for v in (10, 200)]
+    common = {"label": [0, 1], "image_id": [5, 9]}
+    write_split(tmp_path / "data" / "stanford_cars" / "test.parquet", names, {"image": images, **common})
+    adversarial = {"image": images[::-1], "surrogate": ["my_vit"] * 2, "norm": ["l2"] * 2, **common}
+    write_split(tmp_path / "data" / "stanford_cars" / "my_vit" / "l2_2.parquet", names, adversarial)
+    write_readme(tmp_path, "own export")
+    split = load_split(str(tmp_path), "stanford_cars", "l2_2", surrogate="my_vit")
+    assert split["surrogate"] == ["my_vit"] * 2 and split["image_id"] == [5, 9]
+    with pytest.raises(BenchmarkError, match="unknown dataset config 'stanford_cars-other' .*stanford_cars-my_vit"):
+        load_split(str(tmp_path), "stanford_cars", "l2_2", surrogate="other")
 
 
 def test_data_configs_have_the_scaled_budgets():

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from rgb.data.catalog import DATASET_SPLITS, DATASETS, transfer_coverage
+from rgb.data.catalog import DATASET_SPLITS, DATASETS, SURROGATES, transfer_coverage
 
 
 class BenchmarkError(RuntimeError):
@@ -44,7 +44,9 @@ def load_split(
     """One split of config `<dataset>` (or `<dataset>-<surrogate>`), validated against `test` when perturbed."""
     source = str(source)
     config = config_name(dataset, surrogate)
-    if dataset in DATASETS and surrogate is not None:
+    # The card's surrogates only have the splits of its coverage table; any other surrogate is the user's own
+    # export (attack.py export_adversarial=true) and is looked up on disk like everything else.
+    if dataset in DATASETS and surrogate in SURROGATES:
         covered = transfer_coverage(dataset).get(surrogate, ())
         if split not in covered:
             raise BenchmarkError(
