@@ -3,7 +3,8 @@ same model, images, budgets and seed (spec §8.10: agreement within noise, not b
 
 The toy MLP is partly robust at these budgets, so every attack of the cascade has work to do. A point that the
 reference fools and we do not is where we would overstate robustness: at most one per norm is tolerated (the two
-implementations draw different random numbers), and the robust accuracies must agree within 3 points of 96.
+implementations draw different random numbers), and the robust counts must agree within 2 of 64, after APGD-CE
+as well as at the end. (Measured on this toy: identical final flags for every norm, seeds 0 and 1.)
 """
 
 import pytest
@@ -24,15 +25,15 @@ def mlp():
 @pytest.mark.slow
 @pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
 def test_robust_accuracy_agrees_with_the_reference(mlp, norm):
-    x, y = separable_data(96, seed=1)
-    ours = run_ours(mlp, x, y, norm, BUDGETS[norm], seed=0, batch_size=48, device="cpu")
-    reference = run_reference(mlp, x, y, norm, BUDGETS[norm], seed=0, batch_size=48, device="cpu")
+    x, y = separable_data(64, seed=1)
+    ours = run_ours(mlp, x, y, norm, BUDGETS[norm], seed=0, batch_size=64, device="cpu")
+    reference = run_reference(mlp, x, y, norm, BUDGETS[norm], seed=0, batch_size=64, device="cpu")
     agreement = compare(ours["robust"], reference["robust"])
     assert 0 < int(reference["robust"].sum()) < len(x)  # a budget where the attacks have work to do
     assert agreement["only_ours_robust"] <= 1, agreement
-    assert abs(int(ours["robust"].sum()) - int(reference["robust"].sum())) <= 3, agreement
-    # The reference's own per-attack log was captured: the cascade ran to its end.
-    assert list(reference["accuracy_after"])[0] == "apgd-ce"
+    assert abs(int(ours["robust"].sum()) - int(reference["robust"].sum())) <= 2, agreement
+    after_apgd_ce = [round(run["accuracy_after"]["apgd-ce"] * len(x)) for run in (ours, reference)]
+    assert abs(after_apgd_ce[0] - after_apgd_ce[1]) <= 2, after_apgd_ce
     assert reference["max_perturbation_norm"] <= BUDGETS[norm] * (1 + 1e-5) + 1e-7
 
 
