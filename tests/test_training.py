@@ -15,6 +15,7 @@ import safetensors.torch
 import timm
 import torch
 import torch.nn.functional as F
+import yaml
 from hydra import compose, initialize_config_dir
 
 from rgb.models import create_model, load, load_with_meta
@@ -309,3 +310,20 @@ def test_trades_is_robust_to_its_inner_attack(tmp_path, mini_dir):
     robust = split_accuracy(model, loader, attack=InnerAttack())
     print(f"TRADES run: clean test accuracy {clean:.3f}, under the inner attack {robust:.3f}")
     assert robust >= 0.2  # the same attack leaves a CE-trained model at 0.0
+
+
+@pytest.mark.slow
+def test_optuna_sweep_runs_trials_and_reports_the_best_validation_loss(tmp_path, mini_dir):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "sweep"
+    run_train_py(
+        "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=2",
+        "debug=limit", f"data.source={mini_dir}", f"paths.root_dir={tmp_path}", f"hydra.sweep.dir={sweep}", *FAST,
+    )
+    trials = [json.loads((sweep / str(i) / "model.json").read_text()) for i in range(2)]
+    assert trials[0]["optim"]["backbone_lr"] != trials[1]["optim"]["backbone_lr"]  # the sampler chose each trial
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    chosen = min(trials, key=lambda t: t["monitor_value"])
+    assert all(t["monitor"] == "val/loss" for t in trials)
+    assert best["best_value"] == pytest.approx(chosen["monitor_value"])  # what train() returned is what was minimised
+    assert best["best_params"]["optim.backbone_lr"] == pytest.approx(chosen["optim"]["backbone_lr"])
