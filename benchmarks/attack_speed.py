@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (dynamic batch sizes)")
+    parser.add_argument("--channels-last", action="store_true", help="channels_last weights (convnets)")
     parser.add_argument("--out", help="write the JSON here as well as to stdout")
     args = parser.parse_args(argv)
 
@@ -130,10 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model, name = create_model(args.model, args.num_classes, pretrained=False).eval(), args.model
     model = model.to(args.device)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if args.compile:
+        model.compile(dynamic=True)  # as attack.py compile=true; compile time lands in the first norm's wall time
     x, y, described = load_images(args, model, args.device)
     report = {
         "model": name, "run": args.run, "images": described, "image_size": args.image_size,
-        "batch_size": args.batch_size, "device": args.device,
+        "batch_size": args.batch_size, "device": args.device, "compile": args.compile,
+        "channels_last": args.channels_last,
         "device_name": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
         else platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(), "versions": library_versions(),

@@ -193,6 +193,17 @@ def test_model_of_another_dataset_is_refused_before_anything_is_written(surrogat
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
+def test_compiled_channels_last_model_gives_the_flags_of_the_plain_run(surrogate, small_bench, reference, tmp_path):
+    """compile / channels_last change float rounding only: same robust flags, recorded in the summary."""
+    out = tmp_path / "compiled"
+    summary = attack(overrides(surrogate, small_bench, out, "compile=true", "channels_last=true"))["linf"]
+    assert summary["compile"] is True and summary["channels_last"] is True
+    assert reference[1]["compile"] is False
+    plain, compiled = results(reference[0]), results(out)
+    assert compiled["robust"].equals(plain["robust"]) and compiled["clean_pred"].equals(plain["clean_pred"])
+
+
 def test_norm_subset_and_export_round_trip(surrogate, small_bench, tmp_path):
     out = tmp_path / "export"
     eps = 4.0  # large enough that APGD-CE fools every correctly classified image

@@ -23,7 +23,8 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     assert [r["loss"] for r in first["results"]] == ["ce", "pgd_at", "trades"]
     assert all(r["images_per_s"] > 0 for r in first["results"])
     attacks = report["autoattack"]
-    assert [a["batch_size"] for a in attacks] == [2, 4]
+    assert [(a["variant"], a["batch_size"]) for a in attacks] == [("bs2", 2), ("bs4", 4)]
+    assert [a["result"]["channels_last"] for a in attacks] == [False, True]
     for entry in attacks:
         norms = entry["result"]["norms"]
         assert [n["norm"] for n in norms] == ["linf", "l2", "l1"]

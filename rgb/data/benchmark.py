@@ -164,7 +164,7 @@ class ImageSplit(torch.utils.data.Dataset):
 
     @property
     def labels(self) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.rows.data.column("label").to_numpy())).long()
+        return torch.from_numpy(np.array(self.rows.data.column("label").to_numpy(), dtype=np.int64))
 
 
 __all__ = [

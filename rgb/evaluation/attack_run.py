@@ -110,6 +110,8 @@ class AttackSettings:
     precision: str
     batch_size: int
     device: str
+    compile: bool
+    channels_last: bool
     shard_index: int
     shard_count: int
     processes: int
@@ -134,6 +136,7 @@ class AttackSettings:
             run=run, run_name=run_name_for(run), data=OmegaConf.to_container(cfg.data, resolve=True),
             budgets=budgets, version=str(cfg.version), seed=int(cfg.seed), attacks=attacks,
             precision=str(cfg.precision), batch_size=batch_size, device=resolve_device(str(cfg.device)),
+            compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
             shard_index=index, shard_count=count, processes=process_count(cfg.shard.devices, str(cfg.device)),
             merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial),
             export_dir=Path(str(cfg.export_dir)), surrogate=surrogate, output_dir=Path(str(cfg.output_dir)),
@@ -221,7 +224,12 @@ class Target:
         if device.startswith("cuda"):  # TF32 perturbs the numerics of an attack (spec §6.3 item 10): off, recorded
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        return cls(model.to(device), meta, file_sha256(weights), datamodule, split, split_sha256(split))
+        model = model.to(device)
+        if settings.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if settings.compile:
+            model.compile(dynamic=True)  # in place; every batch size of the shrinking survivor sets, one graph
+        return cls(model, meta, file_sha256(weights), datamodule, split, split_sha256(split))
 
     def identity(self, settings: AttackSettings, budget: Budget) -> dict:
         """What the results of one budget depend on; a run directory only ever holds one identity."""
@@ -438,7 +446,8 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
         "dataset": target.datamodule.dataset, "source": target.datamodule.source, "split": "test",
         "split_sha256": target.split_sha256, "n": n, "norm": budget.norm, "eps": budget.eps,
         "version": settings.version, "attacks": attacks, "seed": settings.seed, "precision": settings.precision,
-        "tf32": False, "batch_size": settings.batch_size,
+        "tf32": False, "compile": settings.compile, "channels_last": settings.channels_last,
+        "batch_size": settings.batch_size,
         "clean_accuracy": accuracy_after["clean"], "n_clean_correct": int(columns["clean_correct"].sum()),
         "robust_accuracy": float(columns["robust"].float().mean()), "n_robust": int(columns["robust"].sum()),
         "accuracy_after": accuracy_after,
