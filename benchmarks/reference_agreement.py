@@ -48,7 +48,8 @@ class _AccuracyLog(logging.Handler):
             self.after[match.group(1).lower()] = float(match.group(2)) / 100
 
 
-def run_reference(model, x, y, norm: str, eps: float, seed: int, batch_size: int, device: str) -> dict:
+def run_reference(model, x, y, norm: str, eps: float, seed: int, batch_size: int, device: str,
+                  version: str = "standard") -> dict:
     from pyautoattack import AutoAttack as ReferenceAutoAttack
 
     log = _AccuracyLog()
@@ -56,7 +57,7 @@ def run_reference(model, x, y, norm: str, eps: float, seed: int, batch_size: int
     logger.setLevel(logging.DEBUG)
     logger.addHandler(log)
     try:
-        attack = ReferenceAutoAttack(model, norm=REFERENCE_NORM[norm], eps=eps, version="standard", seed=seed,
+        attack = ReferenceAutoAttack(model, norm=REFERENCE_NORM[norm], eps=eps, version=version, seed=seed,
                                      device=device)
         start = time.perf_counter()
         x_adv, _ = attack.run_standard_evaluation(x, y, batch_size=batch_size)
@@ -69,9 +70,10 @@ def run_reference(model, x, y, norm: str, eps: float, seed: int, batch_size: int
     return {"robust": robust, "accuracy_after": log.after, "seconds": seconds, "max_perturbation_norm": float(max_norm)}
 
 
-def run_ours(model, x, y, norm: str, eps: float, seed: int, batch_size: int, device: str) -> dict:
+def run_ours(model, x, y, norm: str, eps: float, seed: int, batch_size: int, device: str,
+             version: str = "standard") -> dict:
     start = time.perf_counter()
-    result = AutoAttack(model, norm, eps, seed=seed, device=device).run(x, y, batch_size=batch_size)
+    result = AutoAttack(model, norm, eps, version=version, seed=seed, device=device).run(x, y, batch_size=batch_size)
     seconds = time.perf_counter() - start
     return {
         "robust": result.robust, "accuracy_after": result.accuracy_after, "seconds": seconds,
@@ -122,6 +124,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=int, default=450)
     parser.add_argument("--norms", nargs="+", default=list(NORMS), choices=list(NORMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--version", default="standard", choices=["standard", "plus"])
     parser.add_argument("--batch-size", type=int, default=250)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -151,8 +154,8 @@ def main(argv=None) -> None:
     for norm in args.norms:
         eps = scale_budget(norm, WHITE_BOX_BUDGETS[norm], dim)
         for seed in args.seeds:
-            ours = run_ours(model, x, y, norm, eps, seed, args.batch_size, args.device)
-            reference = run_reference(model, x, y, norm, eps, seed, args.batch_size, args.device)
+            ours = run_ours(model, x, y, norm, eps, seed, args.batch_size, args.device, args.version)
+            reference = run_reference(model, x, y, norm, eps, seed, args.batch_size, args.device, args.version)
             record = {"norm": norm, "eps": eps, "seed": seed, "agreement": compare(ours["robust"], reference["robust"])}
             for name, outcome in (("ours", ours), ("reference", reference)):
                 robust = outcome.pop("robust")
@@ -169,7 +172,7 @@ def write(args, model_info, images, n, reference_version, records) -> None:
         "what": "our AutoAttack vs the reference (pyautoattack) on the same model, images, budget and seed",
         "machine": {"platform": platform.platform(), "device": args.device, "threads": torch.get_num_threads()},
         "versions": {**library_versions(), "pyautoattack": reference_version},
-        "model": model_info, "images": images, "n": n, "batch_size": args.batch_size,
+        "model": model_info, "images": images, "n": n, "batch_size": args.batch_size, "version": args.version,
         "summary": summarise(records), "records": records,
     }
     with open(args.out, "w") as f:

@@ -1,4 +1,4 @@
-"""FAB-T (spec §4) and its box-constrained hyperplane projections (spec §8 items 2, 3, 7, 9)."""
+"""FAB-T and untargeted FAB (spec §4) and their box-constrained hyperplane projections (spec §8 items 2, 3, 7, 9)."""
 
 import itertools
 
@@ -11,11 +11,14 @@ from toy_models import assert_attack_invariants
 
 from rgb.attacks import EvalCounter, lp_norm
 from rgb.attacks.fab import (
+    _closest_boundary,
     fab_project_l1,
     fab_project_l2,
     fab_project_linf,
+    fab_random_start,
     fab_target_classes,
     fab_targeted,
+    fab_untargeted,
 )
 
 PROJECTIONS = {"Linf": fab_project_linf, "L2": fab_project_l2, "L1": fab_project_l1}
@@ -265,3 +268,59 @@ def test_fab_rejects_bad_arguments(toy):
         fab_targeted(model, x, y, norm="L2", eps=0.1, n_targets=10)
     with pytest.raises(ValueError, match="beta"):
         fab_targeted(model, x, y, norm="L2", eps=0.1, beta=0.0)
+
+
+# ---------------------------------------------------------------- untargeted FAB (the `plus` version)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_closest_boundary_is_the_brute_force_nearest_class_of_a_linear_model(norm):
+    """For logits Wx + c the boundary of class k is exactly linear: the choice is argmin |f_k| / ||w_k||_dual."""
+    g = torch.Generator().manual_seed(3)
+    linear = nn.Linear(12, 6)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(6, 12, generator=g))
+    x, y = torch.rand(9, 12, generator=g), torch.randint(0, 6, (9,), generator=g)
+    counter = EvalCounter()
+    gap, grad = _closest_boundary(linear, x, y, norm, counter)
+    dual = {"Linf": 1, "L2": 2, "L1": float("inf")}[norm]
+    with torch.no_grad():
+        logits = linear(x)
+    weight = linear.weight.detach()
+    for i in range(9):
+        distance = {k: abs(float(logits[i, k] - logits[i, y[i]])) / float(
+            torch.linalg.vector_norm(weight[k] - weight[y[i]], ord=dual)) for k in range(6) if k != y[i]}
+        k = min(distance, key=distance.get)
+        assert float(gap[i]) == pytest.approx(float(logits[i, k] - logits[i, y[i]]), abs=1e-5)
+        torch.testing.assert_close(grad[i], weight[k] - weight[y[i]])
+    assert (counter.forward_rows, counter.backward_rows) == (9, 9 * 6)  # one backward pass per class
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_untargeted_fab_breaks_an_undefended_model_within_budget(toy, norm):
+    model, x, y = toy
+    result = fab_untargeted(model, x, y, norm=norm, eps=BREAKING_EPS[norm], n_restarts=2, n_iter=30, generator=0)
+    assert result.fooled.float().mean() >= 0.8
+    assert_attack_invariants(model, x, y, result.x_adv, result.fooled, norm, BREAKING_EPS[norm])
+    assert torch.all(result.norms[result.fooled] <= BREAKING_EPS[norm])
+
+
+def test_untargeted_fab_restarts_are_seeded_and_only_attack_survivors(toy):
+    model, x, y = toy
+    runs = [fab_untargeted(model, x, y, norm="L2", eps=0.8, n_restarts=3, n_iter=15, generator=seed)
+            for seed in (5, 5)]
+    assert torch.equal(runs[0].x_adv, runs[1].x_adv) and torch.equal(runs[0].fooled, runs[1].fooled)
+    one = EvalCounter()
+    first = fab_untargeted(model, x, y, norm="L2", eps=0.8, n_restarts=1, n_iter=15, counter=one)
+    assert torch.all(runs[0].fooled >= first.fooled)  # restart 0 is deterministic: later restarts only add
+    more = EvalCounter()
+    fab_untargeted(model, x, y, norm="L2", eps=0.8, n_restarts=3, n_iter=15, generator=5, counter=more)
+    assert more.backward_rows - one.backward_rows <= 2 * 15 * 10 * int((~first.fooled).sum())
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_random_start_has_half_the_budget_and_stays_in_the_box(norm):
+    x0 = torch.rand(16, 48, generator=torch.Generator().manual_seed(0))
+    start = fab_random_start(x0, norm, 0.3, torch.Generator().manual_seed(1))
+    assert torch.all((start >= 0) & (start <= 1))
+    assert torch.all(lp_norm(start - x0, norm) <= 0.15 + 1e-6)  # 0.15 before the box clip, at most that after

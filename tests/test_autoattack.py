@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from rgb.attacks.autoattack import AutoAttack, within_budget
+from rgb.attacks.autoattack import PLUS_ORDER, AutoAttack, within_budget
 from toy_models import separable_data
 
 MIXED_EPS = {"Linf": 0.07, "L2": 0.8, "L1": 6.0}
@@ -171,3 +171,22 @@ def test_rand_version_uses_eot_and_skips_the_randomness_check(trained_mlp, batch
     assert result.evaluations["apgd-ce"]["backward_rows"] >= 20 * 11 * int(result.clean_correct.sum()) * 0.5
     with pytest.raises(ValueError, match="subset of"):
         AutoAttack(trained_mlp, "Linf", 0.1, version="rand", attacks=["square"])
+
+
+def test_plus_version_runs_its_cascade_and_is_at_least_as_strong(trained_mlp, batch):
+    x, y = batch
+    standard = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], seed=0).run(x, y)
+    plus = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], version="plus", seed=0).run(x, y, batch_size=16)
+    check_result(trained_mlp, x, y, plus, "L2", MIXED_EPS["L2"])
+    assert plus.attacks == list(PLUS_ORDER) and plus.version == "plus"
+    assert list(plus.accuracy_after) == ["clean", *PLUS_ORDER]
+    assert 0 < plus.robust_accuracy <= standard.robust_accuracy + 1 / len(y)
+    survivors_for_fab = round(plus.accuracy_after["apgd-dlr"] * len(y))
+    if survivors_for_fab:  # untargeted FAB: one backward pass per class and step on each point it attacks
+        assert plus.evaluations["fab"]["backward_rows"] >= 10 * survivors_for_fab
+
+
+def test_plus_at_l1_warns_that_the_eps_schedule_is_off(trained_mlp, batch):
+    x, y = batch
+    with pytest.warns(UserWarning, match="'plus' at L1 runs without the L1 eps schedule"):
+        AutoAttack(trained_mlp, "L1", MIXED_EPS["L1"], version="plus", attacks=["apgd-ce"], n_iter=5).run(x, y)

@@ -1,4 +1,5 @@
-"""AutoAttack orchestration (spec §1): the standard cascade of APGD-CE, APGD-T, FAB-T and Square.
+"""AutoAttack orchestration (spec §1): the standard cascade of APGD-CE, APGD-T, FAB-T and Square (and the
+`plus` and `rand` versions).
 
 The reported number is the point-wise worst case: a point is robust only if every attack fails on it. Each
 attack starts from the clean image and only sees the points still robust after the previous one, re-batched, so
@@ -18,14 +19,19 @@ from torch import nn
 
 from rgb.attacks.apgd import apgd, apgd_targeted
 from rgb.attacks.common import EvalCounter, check_eps, lp_norm, parse_norm
-from rgb.attacks.fab import fab_targeted
+from rgb.attacks.fab import fab_targeted, fab_untargeted
 from rgb.attacks.square import square
 
 ATTACK_ORDER = ("apgd-ce", "apgd-t", "fab-t", "square")
+# The `plus` version (spec §1.1): the untargeted attacks with 5 restarts each, then the targeted ones; no L1 eps
+# schedule (the reference only warns at L1).
+PLUS_ORDER = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
+PLUS_RESTARTS = 5
 # The `rand` version, for randomised defences: untargeted APGD with CE then DLR, gradients averaged by EoT.
 RAND_ORDER = ("apgd-ce", "apgd-dlr")
 RAND_EOT_ITER = 20
-VERSIONS = ("standard", "rand")
+VERSIONS = ("standard", "plus", "rand")
+ORDERS = {"standard": ATTACK_ORDER, "plus": PLUS_ORDER, "rand": RAND_ORDER}
 PRECISIONS = ("fp32", "bf16")
 # Budget tolerances of spec §8.1 (float32 rounding of the projections).
 RELATIVE_TOLERANCE = {"L1": 1e-5, "L2": 1e-5}
@@ -75,6 +81,8 @@ class AutoAttack:
     bf16 autocast; a success only counts after an fp32 re-verification, which every success gets anyway.
     `version="rand"` (randomised defences) runs APGD-CE and APGD-DLR with 20 EoT passes per gradient and skips
     the randomness check; its robust flags are only as stable as the model's randomness allows.
+    `version="plus"` runs APGD-CE, APGD-DLR, untargeted FAB (5 restarts each), Square, APGD-T and FAB-T (9 targets
+    each), without the L1 eps schedule, as the reference does.
     """
 
     def __init__(
@@ -101,7 +109,7 @@ class AutoAttack:
             raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        order = RAND_ORDER if version == "rand" else ATTACK_ORDER
+        order = ORDERS[version]
         attacks = list(order if attacks is None else attacks)
         unknown = [a for a in attacks if a not in order]
         if unknown or not attacks:
@@ -137,12 +145,15 @@ class AutoAttack:
         clean_logits = self._logits(x, batch_size)
         n_classes = clean_logits.shape[1]
         caught += self._pre_checks(x[:batch_size], clean_logits[:batch_size], self.version != "rand")
-        n_targets_apgd = min(5 if self.norm == "L1" else 9, n_classes - 1)
+        n_targets_apgd = min(5 if self.norm == "L1" and self.version == "standard" else 9, n_classes - 1)
         n_targets_fab = min(9, n_classes - 1)
         if ("apgd-t" in self.attacks or "fab-t" in self.attacks) and n_classes < 4:
             raise ValueError(f"APGD-T/FAB-T need at least 4 classes (targeted DLR loss), the model has {n_classes}")
         if n_targets_fab < 9 and ("apgd-t" in self.attacks or "fab-t" in self.attacks):
             caught.append(f"only {n_classes} classes: target count capped at {n_targets_fab} (min(9, K-1))")
+        if self.version == "plus" and self.norm == "L1":
+            caught.append("version 'plus' at L1 runs without the L1 eps schedule (as the reference, which asks to "
+                          "check such results); the standard version is the reference's L1 evaluation")
 
         y_adv = clean_logits.argmax(dim=1)
         clean_correct = y_adv == y
@@ -198,14 +209,21 @@ class AutoAttack:
             if self.version == "rand":
                 out = apgd(self.model, x, y, loss="ce" if name == "apgd-ce" else "dlr", n_iter=self.n_iter,
                            eot_iter=RAND_EOT_ITER, generator=self.seed, clean_logits=clean_logits, **common)
+            elif self.version == "plus" and name in ("apgd-ce", "apgd-dlr"):
+                out = apgd(self.model, x, y, loss="ce" if name == "apgd-ce" else "dlr", n_iter=self.n_iter,
+                           n_restarts=PLUS_RESTARTS, generator=self.seed, clean_logits=clean_logits, **common)
+            elif name == "fab":
+                out = fab_untargeted(self.model, x, y, n_restarts=PLUS_RESTARTS, n_iter=self.n_iter,
+                                     generator=self.seed, clean_logits=clean_logits, **common)
             elif name == "apgd-ce":
                 l1 = self.norm == "L1"
                 out = apgd(self.model, x, y, loss="ce", n_iter=self.n_iter, n_restarts=5 if l1 else 1,
                            eps_schedule="largereps" if l1 else None, generator=self.seed,
                            clean_logits=clean_logits, **common)
             elif name == "apgd-t":
+                l1_schedule = self.norm == "L1" and self.version == "standard"
                 out = apgd_targeted(self.model, x, y, n_targets=n_targets_apgd, n_iter=self.n_iter,
-                                    eps_schedule="largereps" if self.norm == "L1" else None,
+                                    eps_schedule="largereps" if l1_schedule else None,
                                     generator=self.seed, clean_logits=clean_logits, **common)
             elif name == "fab-t":
                 out = fab_targeted(self.model, x, y, n_targets=n_targets_fab, n_iter=self.n_iter,

@@ -1,10 +1,12 @@
-"""Targeted FAB (FAB-T, spec §4): minimal-norm adversarial search along linearised decision boundaries.
+"""FAB (spec §4): minimal-norm adversarial search along linearised decision boundaries, targeted and untargeted.
 
-FAB-T has no random start, so it is deterministic. For each of the `n_targets` runner-up classes of the
-clean logits it iterates: linearise z_t - z_y at the current point, project both the current point x1 and the
-clean point x0 onto that hyperplane (box-constrained, minimal Lp norm), step to a convex mix of the two
-projections with overshoot `eta`, and pull adversarial iterates back towards x0 by `beta`. The smallest
-adversarial perturbation found counts as a success when its norm is within eps.
+FAB-T (the standard version's) has no random start, so it is deterministic. For each of the `n_targets`
+runner-up classes of the clean logits it iterates: linearise z_t - z_y at the current point, project both the
+current point x1 and the clean point x0 onto that hyperplane (box-constrained, minimal Lp norm), step to a
+convex mix of the two projections with overshoot `eta`, and pull adversarial iterates back towards x0 by `beta`.
+The smallest adversarial perturbation found counts as a success when its norm is within eps. Untargeted FAB
+(the `plus` version's) linearises, at every step, the boundary of the class closest in the dual norm, which
+needs the input gradient of every logit (one backward pass per class), and restarts from random points.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rgb.attacks.common import EvalCounter, check_eps, lp_norm, parse_norm
+from rgb.attacks.common import EvalCounter, check_eps, lp_norm, make_generator, parse_norm
 
 # Coordinates whose gradient entry is below this never move in the L2 and L1 projections (spec §4).
 _ZERO_WEIGHT = 1e-8
@@ -22,6 +24,8 @@ _ZERO_WEIGHT = 1e-8
 _NORM_FLOOR = 1e-8
 # With early stopping, finished rows are dropped from the batch every this many iterations (one host sync).
 _COMPACT_EVERY = 10
+# Untargeted FAB ranks boundaries by |f_k| / ||grad f_k||_q, q the dual of the attack's norm.
+_DUAL_NORM = {"Linf": "L1", "L2": "L2", "L1": "Linf"}
 
 
 @dataclass
@@ -163,14 +167,54 @@ class _TargetRun:
         return _TargetRun(*(getattr(self, name)[keep] for name in self.__dataclass_fields__))
 
 
+def _boundary_of_target(model, x1, y, target, counter):
+    """(z_t - z_y, its input gradient) at x1 (N, ...): one forward and one backward pass."""
+    with torch.enable_grad():
+        x1 = x1.detach().requires_grad_(True)
+        logits = model(x1)
+        gap = (logits.gather(1, target[:, None]) - logits.gather(1, y[:, None])).squeeze(1)
+        (grad,) = torch.autograd.grad(gap.sum(), x1)
+    counter.forward(x1.shape[0])
+    counter.backward(x1.shape[0])
+    return gap.detach(), grad.flatten(1)
+
+
+def _closest_boundary(model, x1, y, norm, counter):
+    """Untargeted FAB's choice at x1: the class k != y whose linearised boundary z_k - z_y = 0 is nearest in the
+    attack's norm, |z_k - z_y| / ||grad(z_k - z_y)||_q (first k on ties); one forward, one backward per class."""
+    with torch.enable_grad():
+        x1 = x1.detach().requires_grad_(True)
+        logits = model(x1)
+        true_logit = logits.gather(1, y[:, None]).squeeze(1)
+        n_rows, n_classes = logits.shape
+        best_distance = torch.full((n_rows,), float("inf"), dtype=x1.dtype, device=x1.device)
+        best_gap = torch.zeros_like(best_distance)
+        best_grad = torch.zeros_like(x1).flatten(1)
+        for k in range(n_classes):
+            gap = logits[:, k] - true_logit
+            (grad,) = torch.autograd.grad(gap.sum(), x1, retain_graph=k < n_classes - 1)
+            grad, gap = grad.flatten(1), gap.detach()
+            distance = gap.abs() / (lp_norm(grad, _DUAL_NORM[norm]) + 1e-12)
+            closer = (distance < best_distance) & (y != k)
+            best_distance = torch.where(closer, distance, best_distance)
+            best_gap = torch.where(closer, gap, best_gap)
+            best_grad = torch.where(closer[:, None], grad, best_grad)
+    counter.forward(n_rows)
+    counter.backward(n_rows * n_classes)
+    return best_gap, best_grad
+
+
 def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_max, eta, beta, early_stop,
-                counter):
-    """One FAB-T run towards `target` from the flattened clean points x0 -> (best_adv, best_norm)."""
+                counter, start=None):
+    """One FAB run from the flattened clean points x0 -> (best_adv, best_norm): towards `target`, or towards
+    the closest boundary at every step when `target` is None; from `start` (flattened) instead of x0 if given."""
     project = _PROJECTIONS[norm]
     image_shape = (-1, *image_shape)
+    targeted = target is not None
     best_adv, best_norm = x0.clone(), torch.full_like(x0[:, 0], float("inf"))
-    run = _TargetRun(torch.arange(x0.shape[0], device=x0.device), x0, x0.clone(), y, target,
-                     best_adv.clone(), best_norm.clone(), torch.zeros_like(y, dtype=torch.bool))
+    run = _TargetRun(torch.arange(x0.shape[0], device=x0.device), x0, x0.clone() if start is None else start, y,
+                     target if targeted else y, best_adv.clone(), best_norm.clone(),
+                     torch.zeros_like(y, dtype=torch.bool))
 
     for iteration in range(n_iter):
         if early_stop and iteration % _COMPACT_EVERY == 0 and iteration > 0:
@@ -180,16 +224,14 @@ def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_m
                 break
         n_rows = run.rows.numel()
 
-        with torch.enable_grad():
-            x1 = run.x1.detach().view(image_shape).requires_grad_(True)
-            logits = model(x1)
-            gap = (logits.gather(1, run.target[:, None]) - logits.gather(1, run.y[:, None])).squeeze(1)
-            (grad,) = torch.autograd.grad(gap.sum(), x1)
-        counter.forward(n_rows)
-        counter.backward(n_rows)
+        x1 = run.x1.view(image_shape)
+        if targeted:
+            gap, grad = _boundary_of_target(model, x1, run.y, run.target, counter)
+        else:
+            gap, grad = _closest_boundary(model, x1, run.y, norm, counter)
 
-        w = grad.flatten(1)
-        offset = (w * run.x1).sum(dim=1) - gap.detach()
+        w = grad
+        offset = (w * run.x1).sum(dim=1) - gap
         steps = project(torch.cat([run.x1, run.x0]), torch.cat([w, w]), torch.cat([offset, offset]))
         step_from_x1, step_from_x0 = steps[:n_rows], steps[n_rows:]
         size_from_x1 = lp_norm(step_from_x1, norm).clamp_min(_NORM_FLOOR)
@@ -217,6 +259,51 @@ def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_m
     return best_adv, best_norm
 
 
+def _validate(x, y, n_iter, alpha_max, eta, beta) -> None:
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
+    if n_iter < 0 or not 0 <= alpha_max <= 1 or eta <= 0 or not 0 < beta <= 1:
+        raise ValueError(f"need n_iter >= 0, 0 <= alpha_max <= 1, eta > 0 and 0 < beta <= 1, got {n_iter}, "
+                         f"{alpha_max}, {eta}, {beta}")
+
+
+def _clean_logits(model, x, clean_logits, counter) -> torch.Tensor:
+    if clean_logits is None:
+        with torch.inference_mode():
+            clean_logits = model(x)
+        counter.forward(x.shape[0])
+    elif clean_logits.shape[0] != x.shape[0]:
+        raise ValueError(f"clean_logits has {clean_logits.shape[0]} rows for {x.shape[0]} images")
+    return clean_logits
+
+
+class _Outcome:
+    """The merged result over targets or restarts: each run attacks the points no earlier run fooled."""
+
+    def __init__(self, model, x, y, clean_logits, eps, counter):
+        self.model, self.image_shape, self.y, self.eps, self.counter = model, x.shape[1:], y, eps, counter
+        self.flat_x = x.flatten(1)
+        self.x_adv = self.flat_x.clone()
+        self.fooled = clean_logits.argmax(dim=1) != y
+        self.norms = torch.where(self.fooled, 0.0, float("inf")).to(x.dtype)
+
+    def still_robust(self) -> torch.Tensor:
+        return (~self.fooled).nonzero().squeeze(1)
+
+    def merge(self, attacked, best_adv, best_norm) -> None:
+        """A success needs argmax != y at the returned point (re-checked) and a norm within eps."""
+        with torch.inference_mode():
+            still_correct = self.model(best_adv.view(-1, *self.image_shape)).argmax(dim=1) == self.y[attacked]
+        self.counter.forward(attacked.numel())
+        success = ~still_correct & (best_norm <= self.eps)
+        self.x_adv[attacked] = torch.where(success[:, None], best_adv, self.flat_x[attacked])
+        self.norms[attacked] = torch.minimum(self.norms[attacked], best_norm)
+        self.fooled[attacked] = success
+
+    def result(self) -> FABResult:
+        return FABResult(self.x_adv.view(-1, *self.image_shape), self.fooled, self.norms)
+
+
 def fab_targeted(
     model: nn.Module,
     x: torch.Tensor,
@@ -242,38 +329,76 @@ def fab_targeted(
     """
     norm = parse_norm(norm)
     check_eps(eps)
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
-    if n_iter < 0 or not 0 <= alpha_max <= 1 or eta <= 0 or not 0 < beta <= 1:
-        raise ValueError(f"need n_iter >= 0, 0 <= alpha_max <= 1, eta > 0 and 0 < beta <= 1, got {n_iter}, "
-                         f"{alpha_max}, {eta}, {beta}")
+    _validate(x, y, n_iter, alpha_max, eta, beta)
     counter = counter if counter is not None else EvalCounter()
     x = x.detach()
-    if clean_logits is None:
-        with torch.inference_mode():
-            clean_logits = model(x)
-        counter.forward(x.shape[0])
-    elif clean_logits.shape[0] != x.shape[0]:
-        raise ValueError(f"clean_logits has {clean_logits.shape[0]} rows for {x.shape[0]} images")
+    clean_logits = _clean_logits(model, x, clean_logits, counter)
     targets = fab_target_classes(clean_logits, n_targets)
-
-    flat_x = x.flatten(1)
-    x_adv = flat_x.clone()
-    fooled = clean_logits.argmax(dim=1) != y
-    norms = torch.where(fooled, 0.0, float("inf")).to(x.dtype)
+    outcome = _Outcome(model, x, y, clean_logits, eps, counter)
     for rank in range(n_targets):
-        attacked = (~fooled).nonzero().squeeze(1)
+        attacked = outcome.still_robust()
         if attacked.numel() == 0:
             break
         best_adv, best_norm = _run_target(
-            model, flat_x[attacked], y[attacked], targets[attacked, rank], image_shape=x.shape[1:], norm=norm,
-            eps=eps, n_iter=n_iter, alpha_max=alpha_max, eta=eta, beta=beta, early_stop=early_stop,
+            model, outcome.flat_x[attacked], y[attacked], targets[attacked, rank], image_shape=x.shape[1:],
+            norm=norm, eps=eps, n_iter=n_iter, alpha_max=alpha_max, eta=eta, beta=beta, early_stop=early_stop,
             counter=counter)
-        with torch.inference_mode():
-            still_correct = model(best_adv.view(-1, *x.shape[1:])).argmax(dim=1) == y[attacked]
-        counter.forward(attacked.numel())
-        success = ~still_correct & (best_norm <= eps)
-        x_adv[attacked] = torch.where(success[:, None], best_adv, flat_x[attacked])
-        norms[attacked] = torch.minimum(norms[attacked], best_norm)
-        fooled[attacked] = success
-    return FABResult(x_adv.view_as(x), fooled, norms)
+        outcome.merge(attacked, best_adv, best_norm)
+    return outcome.result()
+
+
+def fab_random_start(x0: torch.Tensor, norm: str, eps: float, generator) -> torch.Tensor:
+    """A restart's first iterate (flattened rows): x0 plus a random perturbation of norm eps/2, clipped to the
+    box; uniform in [-1,1]^d then scaled for Linf, Gaussian then scaled for L2 and L1."""
+    if norm == "Linf":
+        t = 2 * torch.rand(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype) - 1
+    else:
+        t = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+    return (x0 + 0.5 * eps * t / lp_norm(t, norm)[:, None]).clamp(0.0, 1.0)
+
+
+def fab_untargeted(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    norm: str,
+    eps: float,
+    n_restarts: int = 5,
+    n_iter: int = 100,
+    alpha_max: float = 0.1,
+    eta: float = 1.05,
+    beta: float = 0.9,
+    generator: torch.Generator | int | None = None,
+    clean_logits: torch.Tensor | None = None,
+    early_stop: bool = True,
+    counter: EvalCounter | None = None,
+) -> FABResult:
+    """Untargeted FAB (the `plus` version's "fab") on images x in [0,1] (N, ...) with labels y.
+
+    Every step linearises the boundary of the class nearest in the dual norm (K backward passes for K classes,
+    which is why the standard version uses FAB-T). The first restart starts at the clean point, later ones
+    (`fab_random_start`, drawn from `generator`: a torch.Generator on x's device or an int seed) at a random
+    point; each restart attacks only the points no earlier restart fooled. Other arguments as `fab_targeted`.
+    """
+    norm = parse_norm(norm)
+    check_eps(eps)
+    _validate(x, y, n_iter, alpha_max, eta, beta)
+    if n_restarts < 1:
+        raise ValueError(f"n_restarts must be >= 1, got {n_restarts}")
+    counter = counter if counter is not None else EvalCounter()
+    generator = make_generator(generator, x.device)
+    x = x.detach()
+    clean_logits = _clean_logits(model, x, clean_logits, counter)
+    outcome = _Outcome(model, x, y, clean_logits, eps, counter)
+    for restart in range(n_restarts):
+        attacked = outcome.still_robust()
+        if attacked.numel() == 0:
+            break
+        x0 = outcome.flat_x[attacked]
+        start = None if restart == 0 else fab_random_start(x0, norm, eps, generator)
+        best_adv, best_norm = _run_target(
+            model, x0, y[attacked], None, image_shape=x.shape[1:], norm=norm, eps=eps, n_iter=n_iter,
+            alpha_max=alpha_max, eta=eta, beta=beta, early_stop=early_stop, counter=counter, start=start)
+        outcome.merge(attacked, best_adv, best_norm)
+    return outcome.result()
