@@ -193,6 +193,14 @@ def test_model_of_another_dataset_is_refused_before_anything_is_written(surrogat
     assert not (tmp_path / "out").exists()
 
 
+def test_plus_version_runs_through_attack_py(surrogate, small_bench, tmp_path):
+    out = tmp_path / "plus"
+    summary = attack(overrides(surrogate, small_bench, out, "version=plus", "attacks=[apgd-ce,apgd-dlr,fab]"))["linf"]
+    assert summary["version"] == "plus" and summary["attacks"] == ["apgd-ce", "apgd-dlr", "fab"]
+    assert list(summary["accuracy_after"]) == ["clean", "apgd-ce", "apgd-dlr", "fab"]
+    assert summary["robust_accuracy"] <= summary["accuracy_after"]["apgd-ce"] <= summary["clean_accuracy"]
+
+
 @pytest.mark.slow
 def test_compiled_channels_last_model_gives_the_flags_of_the_plain_run(surrogate, small_bench, reference, tmp_path):
     """compile / channels_last change float rounding only: same robust flags, recorded in the summary."""

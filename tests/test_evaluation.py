@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rgb.attacks.autoattack import ATTACK_ORDER
+from rgb.attacks.autoattack import ATTACK_ORDER, PLUS_ORDER
 from rgb.data import RGBDataModule
 from rgb.evaluation.leaderboard import build_leaderboard, find_records, write_leaderboard
 from rgb.evaluation.metrics import Accuracy, class_wise_summary, per_class_accuracy, worst_k_count
@@ -204,6 +204,7 @@ def test_model_evaluation_writes_scores_plots_and_table(tmp_path, mini_dir, tiny
         ({"dataset": "flowers-102"}, "dataset 'flowers-102'"),
         ({"eps": 0.5}, "eps 0.5 instead of"),
         ({"attacks": ["apgd-ce"]}, "not the standard AutoAttack"),
+        ({"version": "plus", "attacks": list(PLUS_ORDER)}, r"not the standard AutoAttack \(plus"),
         ({"complete": False}, "an incomplete run"),
         ({"split_sha256": "0" * 64}, "other test images"),
     ],
