@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # keeps a legend placed outside the axes in the picture
     plt.close(fig)
     return path
 
@@ -35,8 +35,9 @@ def settings_bars(per_dataset: dict[str, dict[str, float | None]], path: Path, t
     ax.set_xticks(np.arange(len(datasets)) + width * (len(settings) - 1) / 2, datasets)
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
-    ax.set_title(title)
-    ax.legend(fontsize=8, ncol=min(len(settings), 5), loc="upper right")
+    ax.set_title(title, fontsize=10)
+    # Below the axes: inside, it would cover the bars of accuracies near 1.
+    ax.legend(fontsize=8, ncol=min(len(settings), 5), loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
     return _save(fig, path)
 
 
