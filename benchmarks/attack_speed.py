@@ -23,7 +23,7 @@ from rgb.attacks.autoattack import ATTACK_ORDER, AutoAttack
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
 from rgb.evaluation.attack_run import NORMS
-from rgb.models import create_model, library_versions, load_with_meta
+from rgb.models import apply_speed_options, create_model, library_versions, load_with_meta
 
 # Spec §6.1: passes per image that survives every attack in the reference (fra31/auto-attack, standard version).
 # "forward" counts forward-only passes, "forward_backward" passes with a backward; a backward costs ~2 forwards.
@@ -131,11 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         name = meta["timm_name"]
     else:
         model, name = create_model(args.model, args.num_classes, pretrained=False).eval(), args.model
-    model = model.to(args.device)
-    if args.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if args.compile:
-        model.compile(dynamic=True)  # as attack.py compile=true; compile time lands in the first norm's wall time
+    # As attack.py compile=true / channels_last=true; compile time lands in the first norm's wall time.
+    model = apply_speed_options(model.to(args.device), channels_last=args.channels_last, compile=args.compile,
+                                dynamic=True)
     x, y, described = load_images(args, model, args.device)
     report = {
         "model": name, "run": args.run, "images": described, "image_size": args.image_size,

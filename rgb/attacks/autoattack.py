@@ -117,6 +117,8 @@ class AutoAttack:
         self.attacks = [a for a in order if a in attacks]
         self.eps = float(eps)
         self.version = version
+        # Standard L1: 5 APGD-CE restarts and 5 APGD-T targets under the 3-2-1 eps schedule (spec §1.1, §3.1).
+        self.l1_schedule = self.norm == "L1" and version == "standard"
         self.seed = int(seed)
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.batch_size = int(batch_size)
@@ -145,7 +147,7 @@ class AutoAttack:
         clean_logits = self._logits(x, batch_size)
         n_classes = clean_logits.shape[1]
         caught += self._pre_checks(x[:batch_size], clean_logits[:batch_size], self.version != "rand")
-        n_targets_apgd = min(5 if self.norm == "L1" and self.version == "standard" else 9, n_classes - 1)
+        n_targets_apgd = min(5 if self.l1_schedule else 9, n_classes - 1)
         n_targets_fab = min(9, n_classes - 1)
         if ("apgd-t" in self.attacks or "fab-t" in self.attacks) and n_classes < 4:
             raise ValueError(f"APGD-T/FAB-T need at least 4 classes (targeted DLR loss), the model has {n_classes}")
@@ -216,14 +218,12 @@ class AutoAttack:
                 out = fab_untargeted(self.model, x, y, n_restarts=PLUS_RESTARTS, n_iter=self.n_iter,
                                      generator=self.seed, clean_logits=clean_logits, **common)
             elif name == "apgd-ce":
-                l1 = self.norm == "L1"
-                out = apgd(self.model, x, y, loss="ce", n_iter=self.n_iter, n_restarts=5 if l1 else 1,
-                           eps_schedule="largereps" if l1 else None, generator=self.seed,
+                out = apgd(self.model, x, y, loss="ce", n_iter=self.n_iter, n_restarts=5 if self.l1_schedule else 1,
+                           eps_schedule="largereps" if self.l1_schedule else None, generator=self.seed,
                            clean_logits=clean_logits, **common)
             elif name == "apgd-t":
-                l1_schedule = self.norm == "L1" and self.version == "standard"
                 out = apgd_targeted(self.model, x, y, n_targets=n_targets_apgd, n_iter=self.n_iter,
-                                    eps_schedule="largereps" if l1_schedule else None,
+                                    eps_schedule="largereps" if self.l1_schedule else None,
                                     generator=self.seed, clean_logits=clean_logits, **common)
             elif name == "fab-t":
                 out = fab_targeted(self.model, x, y, n_targets=n_targets_fab, n_iter=self.n_iter,

@@ -226,11 +226,10 @@ def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_m
 
         x1 = run.x1.view(image_shape)
         if targeted:
-            gap, grad = _boundary_of_target(model, x1, run.y, run.target, counter)
+            gap, w = _boundary_of_target(model, x1, run.y, run.target, counter)
         else:
-            gap, grad = _closest_boundary(model, x1, run.y, norm, counter)
+            gap, w = _closest_boundary(model, x1, run.y, norm, counter)
 
-        w = grad
         offset = (w * run.x1).sum(dim=1) - gap
         steps = project(torch.cat([run.x1, run.x0]), torch.cat([w, w]), torch.cat([offset, offset]))
         step_from_x1, step_from_x0 = steps[:n_rows], steps[n_rows:]

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from rgb.attacks.autoattack import AutoAttack, within_budget
 from rgb.data.benchmark import ImageSplit
 from rgb.data.snapshot import png_bytes, write_readme, write_split
-from rgb.models import WEIGHTS_FILE, library_versions, load_with_meta
+from rgb.models import WEIGHTS_FILE, apply_speed_options, library_versions, load_with_meta
 
 # Run-directory names of the norms -> rgb.attacks names.
 NORMS = {"linf": "Linf", "l2": "L2", "l1": "L1"}
@@ -224,11 +224,8 @@ class Target:
         if device.startswith("cuda"):  # TF32 perturbs the numerics of an attack (spec §6.3 item 10): off, recorded
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        model = model.to(device)
-        if settings.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        if settings.compile:
-            model.compile(dynamic=True)  # in place; every batch size of the shrinking survivor sets, one graph
+        model = apply_speed_options(model.to(device), channels_last=settings.channels_last,
+                                    compile=settings.compile, dynamic=True)
         return cls(model, meta, file_sha256(weights), datamodule, split, split_sha256(split))
 
     def identity(self, settings: AttackSettings, budget: Budget) -> dict:

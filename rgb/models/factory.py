@@ -130,3 +130,14 @@ def create_model(
     recipe = dict(name=name, num_classes=int(num_classes), timm_kwargs=dict(timm_kwargs))
     cfg = backbone.pretrained_cfg
     return NormalizedClassifier(backbone, tuple(cfg["mean"]), tuple(cfg["std"]), recipe)
+
+
+def apply_speed_options(model: nn.Module, *, channels_last: bool = False, compile: bool = False,
+                        dynamic: bool | None = None) -> nn.Module:
+    """channels_last weights and/or torch.compile, both in place: float rounding changes, results and state_dict
+    keys do not. `dynamic=True` suits the shrinking batches of an attack; training keeps fixed shapes."""
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    if compile:
+        model.compile(dynamic=dynamic)
+    return model

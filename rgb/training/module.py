@@ -7,7 +7,7 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from rgb.models import NormalizedClassifier
+from rgb.models import NormalizedClassifier, apply_speed_options
 from rgb.training.losses import build_loss
 from rgb.training.optim import build_optimizer, warmup_cosine
 
@@ -52,10 +52,7 @@ class RobustFinetuneModule(L.LightningModule):
             head = {id(p) for p in model.classifier.parameters()}
             for param in model.parameters():
                 param.requires_grad_(id(param) in head)
-        if channels_last:
-            self.model.to(memory_format=torch.channels_last)
-        if compile:
-            self.model.compile()
+        apply_speed_options(self.model, channels_last=channels_last, compile=compile)
         num_classes = model.recipe["num_classes"]
         self.train_loss, self.val_loss = MeanMetric(), MeanMetric()
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
