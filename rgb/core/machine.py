@@ -1,0 +1,72 @@
+"""Where computations run: the device, and how many CPU threads this process may really use.
+
+torch's default intra-op thread count is the machine's core count, which oversubscribes a shared node or a
+cgroup-limited container (an attack batch measured 70x slower under load). Every entry point calls
+`configure_threads` first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+
+class DeviceError(RuntimeError):
+    """A one-line problem with the requested device or thread count."""
+
+
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda when visible, else cpu; an explicit cuda device without CUDA is an error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError(f"device={device} but no CUDA device is visible")
+    return device
+
+
+def _cgroup_cpus() -> float | None:
+    """CPU quota of this process's cgroup (v2 `cpu.max`, or v1 quota/period), None when unlimited."""
+    v2 = Path("/sys/fs/cgroup/cpu.max")
+    try:
+        if v2.is_file():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota_file, period_file = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+        if quota_file.is_file() and period_file.is_file():
+            quota = int(quota_file.read_text())
+            return None if quota <= 0 else quota / int(period_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: the smallest of its affinity mask, its cgroup quota and SLURM_CPUS_PER_TASK."""
+    limits = [len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)]
+    quota = _cgroup_cpus()
+    if quota is not None:
+        limits.append(max(1, int(quota)))
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK")
+    if slurm and slurm.isdigit() and int(slurm) > 0:
+        limits.append(int(slurm))
+    return max(1, min(limits))
+
+
+def configure_threads(threads: int | str | None = "auto") -> int:
+    """Set torch's intra-op threads (`auto` = available_cpus(), or RGB_THREADS / an explicit count); returns it."""
+    if threads in (None, "auto"):
+        threads = os.environ.get("RGB_THREADS", "auto")
+    if threads == "auto":
+        count = available_cpus()
+    else:
+        try:
+            count = int(threads)
+        except (TypeError, ValueError):
+            raise DeviceError(f"threads must be a positive integer or 'auto', got {threads!r}") from None
+        if count < 1:
+            raise DeviceError(f"threads must be a positive integer or 'auto', got {threads!r}")
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+    return count

@@ -1,0 +1,70 @@
+"""One spelling of the threat models: a norm (Linf, L2, L1) and a budget eps in [0,1] pixel units.
+
+`Norm.LINF.value` ("Linf") is the attack-facing name, `Norm.LINF.key` ("linf") the config / run-directory
+name; `parse_norm` accepts either in any case. Everything else in the suite imports these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Norm(str, Enum):
+    LINF = "Linf"
+    L2 = "L2"
+    L1 = "L1"
+
+    @property
+    def key(self) -> str:
+        """Lower-case name used by configs, run directories and transfer split names."""
+        return self.value.lower()
+
+    @property
+    def p(self) -> float:
+        return {"Linf": math.inf, "L2": 2.0, "L1": 1.0}[self.value]
+
+    @property
+    def dual_p(self) -> float:
+        """Exponent q of the dual norm (1/p + 1/q = 1)."""
+        return {"Linf": 1.0, "L2": 2.0, "L1": math.inf}[self.value]
+
+    def __str__(self) -> str:
+        return self.value
+
+
+NORMS = tuple(Norm)
+
+
+def parse_norm(norm: str | Norm) -> Norm:
+    """The Norm named by `norm` ("Linf", "linf", "L2", "l1", ... or a Norm)."""
+    if isinstance(norm, Norm):
+        return norm
+    if isinstance(norm, str):
+        for candidate in Norm:
+            if norm.lower() == candidate.key:
+                return candidate
+    raise ValueError(f"norm must be one of {[n.value for n in Norm]} (any case), got {norm!r}")
+
+
+@dataclass(frozen=True)
+class ThreatModel:
+    """A white-box or transfer threat model: (norm, eps). `name` is the run-directory / config key."""
+
+    norm: Norm
+    eps: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "norm", parse_norm(self.norm))
+        eps = float(self.eps)
+        if not math.isfinite(eps) or eps < 0:
+            raise ValueError(f"eps must be a finite number >= 0, got {self.eps!r}")
+        object.__setattr__(self, "eps", eps)
+
+    @property
+    def name(self) -> str:
+        return self.norm.key
+
+    def __str__(self) -> str:
+        return f"{self.norm.value} eps={self.eps:.6g}"
