@@ -12,6 +12,7 @@ from rgb.models import (
     WEIGHTS_FILE,
     WeightsMismatchError,
     create_model,
+    export_factory_model,
     export_model,
     load,
     load_with_meta,
@@ -112,3 +113,59 @@ def test_load_names_the_missing_file(tmp_path):
     safetensors.torch.save_model(create_model("test_resnet", 2, pretrained=False), str(tmp_path / WEIGHTS_FILE))
     with pytest.raises(FileNotFoundError, match=META_FILE):
         load(tmp_path)
+
+
+def test_record_without_family_loads_as_timm(tmp_path):
+    """Exports written before model families existed have no `family`: they are timm models."""
+    model = create_model("test_resnet", 3, pretrained=False).eval()
+    export_model(model, tmp_path, {"dataset": "digits"})
+    record = json.loads((tmp_path / META_FILE).read_text())
+    assert record.pop("family") == "timm"
+    (tmp_path / META_FILE).write_text(json.dumps(record))
+    loaded, meta = load_with_meta(tmp_path)
+    assert meta["family"] == "timm"
+    x = torch.rand(2, 3, 32, 32)
+    assert torch.equal(loaded(x), model(x))
+
+
+def test_user_module_exports_and_loads_through_its_factory(tmp_path):
+    from user_models import build_pixel_mlp
+
+    torch.manual_seed(0)
+    model = build_pixel_mlp(num_classes=4, hidden=8).eval()
+    meta = {"dataset": "digits", "num_classes": 4, "class_names": list("abcd"), "image_size": 32}
+    export_factory_model(model, tmp_path, factory="user_models:build_pixel_mlp",
+                         kwargs={"num_classes": 4, "hidden": 8}, meta=meta)
+    loaded, record = load_with_meta(tmp_path)
+    assert record["family"] == "factory" and record["factory"] == "user_models:build_pixel_mlp"
+    assert record["kwargs"] == {"num_classes": 4, "hidden": 8} and record["class_names"] == list("abcd")
+    assert not loaded.training and type(loaded).__name__ == "PixelMLP"
+    x = torch.rand(3, 3, 32, 32)
+    assert torch.equal(loaded(x), model(x))
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("user_models.build_pixel_mlp", "must be 'module:function'"),
+    ("no_such_module_xyz:build", "cannot import 'no_such_module_xyz'"),
+    ("user_models:nope", "has no callable 'nope'"),
+])
+def test_bad_factory_is_one_line(tmp_path, factory, message):
+    from user_models import build_pixel_mlp
+
+    with pytest.raises(ValueError, match=message) as err:
+        export_factory_model(build_pixel_mlp(), tmp_path, factory=factory)
+    assert "\n" not in str(err.value) and not (tmp_path / META_FILE).exists()
+
+
+def test_factory_that_builds_another_architecture_is_refused(tmp_path):
+    from user_models import build_pixel_mlp
+
+    with pytest.raises(ValueError, match="does not match"):
+        export_factory_model(build_pixel_mlp(hidden=8), tmp_path, factory="user_models:build_pixel_mlp")
+
+
+def test_plain_module_without_family_names_the_factory_export():
+    from user_models import build_pixel_mlp
+
+    with pytest.raises(ValueError, match="export_factory_model"):
+        export_model(build_pixel_mlp(), "unused", {})

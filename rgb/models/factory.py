@@ -32,6 +32,8 @@ class NormalizedClassifier(nn.Module):
     `recipe` (timm name, num_classes, timm kwargs) rebuilds the architecture for `rgb.models.load`.
     """
 
+    family = "timm"
+
     def __init__(self, backbone: nn.Module, mean: tuple[float, ...], std: tuple[float, ...], recipe: dict):
         super().__init__()
         self.normalize = Normalize(mean, std)

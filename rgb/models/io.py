@@ -1,16 +1,20 @@
-"""Exported models: `model.safetensors` (weights) + `model.json` (how to rebuild it, and what it was trained on)."""
+"""Exported models: `model.safetensors` (weights) + `model.json` (family, how to rebuild it, what it was trained on)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import safetensors.torch
 import timm
 import torch
+from torch import nn
 
 import rgb
-from rgb.models.factory import NormalizedClassifier, create_model
+from rgb.core import atomic_write_json
+from rgb.models.families import DEFAULT_FAMILY, family_named, family_of
+from rgb.models.user_factory import build_from_factory
 
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "model.json"
@@ -21,22 +25,36 @@ def library_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "timm": timm.__version__, "rgb": rgb.__version__}
 
 
-def export_model(model: NormalizedClassifier, out_dir: str | Path, meta: dict) -> Path:
-    """Write `model.safetensors` and `model.json` (recipe, mean/std, versions, plus the caller's `meta`)."""
+def _write_export(model: nn.Module, out_dir: str | Path, record: dict) -> Path:
+    """Weights, then the record (each written whole: temp file + rename); the record last, so a model.json always
+    has its weights beside it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {
-        **meta,
-        "timm_name": model.recipe["name"],
-        "num_classes": model.recipe["num_classes"],
-        "timm_kwargs": model.recipe["timm_kwargs"],
-        "mean": model.mean,
-        "std": model.std,
-        "versions": library_versions(),
-    }
-    safetensors.torch.save_model(model, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out_dir / META_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return out_dir / WEIGHTS_FILE
+    weights = out_dir / WEIGHTS_FILE
+    tmp = weights.with_name(f"{weights.name}.tmp.{os.getpid()}")
+    safetensors.torch.save_model(model, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, weights)
+    atomic_write_json(out_dir / META_FILE, {**record, "versions": library_versions()})
+    return weights
+
+
+def export_model(model: nn.Module, out_dir: str | Path, meta: dict) -> Path:
+    """Write `model.safetensors` and `model.json` (family, its rebuild fields, versions, plus the caller's `meta`)."""
+    family = family_of(model)
+    return _write_export(model, out_dir, {**meta, "family": family.name, **family.describe(model)})
+
+
+def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kwargs: dict | None = None,
+                         meta: dict | None = None) -> Path:
+    """Export any `nn.Module` on [0,1] images: `factory` ("module:function") called with `kwargs` rebuilds it.
+
+    The factory is called once here, so a record that would not load is refused now rather than at attack time."""
+    kwargs = dict(kwargs or {})
+    rebuilt = build_from_factory(factory, kwargs)
+    mine, theirs = model.state_dict(), rebuilt.state_dict()
+    if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
+        raise ValueError(f"factory {factory!r} builds a module whose state_dict does not match the model's")
+    return _write_export(model, out_dir, {**(meta or {}), "family": "factory", "factory": factory, "kwargs": kwargs})
 
 
 def _locate(path: Path) -> tuple[Path, Path]:
@@ -50,15 +68,28 @@ def _locate(path: Path) -> tuple[Path, Path]:
     return weights, meta
 
 
-def load_with_meta(path: str | Path) -> tuple[NormalizedClassifier, dict]:
-    """(eval-mode model for [0,1] inputs, export record) from a train run dir or an exported safetensors file."""
+def rebuild(record: dict) -> nn.Module:
+    """The architecture of an export record (or a model's `recipe` plus `family`), weights not loaded."""
+    return family_named(record.get("family", DEFAULT_FAMILY)).rebuild(record)
+
+
+def rebuild_like(model: nn.Module) -> nn.Module:
+    """A fresh copy of `model`'s architecture (weights not copied), e.g. to load a checkpoint's state into."""
+    family = family_of(model)
+    return family.rebuild(family.describe(model))
+
+
+def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
+    """(eval-mode model for [0,1] inputs, export record) from a train run dir or an exported safetensors file.
+    A record without `family` is a timm export (written before families existed)."""
     weights, meta_file = _locate(Path(path))
     meta = json.loads(meta_file.read_text())
-    model = create_model(meta["timm_name"], meta["num_classes"], pretrained=False, **meta["timm_kwargs"])
+    meta.setdefault("family", DEFAULT_FAMILY)
+    model = rebuild(meta)
     safetensors.torch.load_model(model, str(weights), strict=True)
     return model.eval(), meta
 
 
-def load(path: str | Path) -> NormalizedClassifier:
+def load(path: str | Path) -> nn.Module:
     """Eval-mode model for [0,1] inputs from a train run dir or an exported `model.safetensors`."""
     return load_with_meta(path)[0]

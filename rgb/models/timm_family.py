@@ -1,0 +1,32 @@
+"""The timm family: a `NormalizedClassifier` rebuilt from its timm name, class count and timm kwargs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from rgb.models.factory import NormalizedClassifier, create_model
+
+
+@dataclass(frozen=True)
+class TimmFamily:
+    name: str = "timm"
+
+    def describe(self, model: NormalizedClassifier) -> dict:
+        return {
+            "timm_name": model.recipe["name"],
+            "num_classes": model.recipe["num_classes"],
+            "timm_kwargs": model.recipe["timm_kwargs"],
+            "mean": model.mean,
+            "std": model.std,
+        }
+
+    def rebuild(self, record: dict) -> NormalizedClassifier:
+        return create_model(record["timm_name"], record["num_classes"], pretrained=False, **record["timm_kwargs"])
+
+    def head(self, model: NormalizedClassifier) -> nn.Module:
+        return model.classifier
+
+
+FAMILY = TimmFamily()
