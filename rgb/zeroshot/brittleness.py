@@ -148,7 +148,7 @@ def _check_collection(image_features: torch.Tensor) -> None:
 
 def query_table(image_features: torch.Tensor, query_features: torch.Tensor, perturbed_features: torch.Tensor,
                 perturbations: Sequence[Perturbation], *, ks: Sequence[int] = DEFAULT_KS, p: float = DEFAULT_P,
-                batch_size: int = 1024) -> dict[str, np.ndarray]:
+                batch_size: int = 256) -> dict[str, np.ndarray]:
     """One row per perturbation: its tags, intra distance, inter distance, instability, overlap@k and B.
 
     image_features (N, D) of the collection; query_features (Q, D) of the original queries; perturbed_features

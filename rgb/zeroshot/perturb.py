@@ -59,13 +59,13 @@ class Perturbation:
 
 # type -> key (a whole query, or a class name) -> alternative perturbed texts, from the user's JSONL file.
 UserEdits = Mapping[str, Mapping[str, Sequence[str]]]
-Edit = Callable[[Query, random.Random, UserEdits], "str | None"]
+Edit = Callable[[Query, "random.Random | None", UserEdits], "str | None"]
 
 
 @dataclass(frozen=True)
 class PerturbationType:
     """`edit` returns the perturbed text, or None where the type does not apply to the query.
-    `seeded` is False for deterministic edits, which are generated once (tagged with the first seed)."""
+    `seeded` is False for deterministic edits: they get no RNG and are generated once (tagged with the first seed)."""
 
     name: str
     perturbation_class: str
@@ -153,15 +153,15 @@ def _keywords(query: Query) -> list[str]:
     return [m.group() for m, in_class in _words(query) if in_class or m.group().lower() not in ENGLISH_STOP_WORDS]
 
 
-def _lowercase(query: Query, rng: random.Random, user: UserEdits) -> str:
+def _lowercase(query: Query, rng: None, user: UserEdits) -> str:
     return query.text.lower()
 
 
-def _uppercase(query: Query, rng: random.Random, user: UserEdits) -> str:
+def _uppercase(query: Query, rng: None, user: UserEdits) -> str:
     return query.text.upper()
 
 
-def _title_case(query: Query, rng: random.Random, user: UserEdits) -> str:
+def _title_case(query: Query, rng: None, user: UserEdits) -> str:
     return string.capwords(query.text)
 
 
@@ -212,19 +212,19 @@ def _char_swap(query: Query, rng: random.Random, user: UserEdits) -> str | None:
     return text[:i] + text[i + 1] + text[i] + text[i + 2:]
 
 
-def _punctuation(query: Query, rng: random.Random, user: UserEdits) -> str:
+def _punctuation(query: Query, rng: None, user: UserEdits) -> str:
     """Trailing punctuation removed where there is some, else a trailing period added."""
     stripped = query.text.rstrip()
     kept = stripped.rstrip(string.punctuation)
     return kept.rstrip() if kept != stripped else stripped + "."
 
 
-def _keywords_only(query: Query, rng: random.Random, user: UserEdits) -> str | None:
+def _keywords_only(query: Query, rng: None, user: UserEdits) -> str | None:
     keywords = _keywords(query)
     return " ".join(keywords) if keywords else None
 
 
-def _class_name_only(query: Query, rng: random.Random, user: UserEdits) -> str | None:
+def _class_name_only(query: Query, rng: None, user: UserEdits) -> str | None:
     return query.class_name or None
 
 
@@ -362,7 +362,8 @@ def generate(queries: Sequence[Query], types: Sequence[str] = DEFAULT_TYPES, see
     for kind in kinds:
         for seed in seeds if kind.seeded else seeds[:1]:
             for index, query in enumerate(queries):
-                text = kind.edit(query, edit_rng(query.text, kind.name, seed), user_edits)
+                rng = edit_rng(query.text, kind.name, seed) if kind.seeded else None
+                text = kind.edit(query, rng, user_edits)
                 if text is not None:
                     perturbations.append(
                         Perturbation(index, query.text, text, kind.perturbation_class, kind.name, seed))
