@@ -140,12 +140,6 @@ def rank_images(query_features: torch.Tensor, image_features: torch.Tensor) -> t
     return torch.sort(similarity, dim=1, descending=True, stable=True).indices
 
 
-def _check_collection(image_features: torch.Tensor) -> None:
-    n_images = torch.as_tensor(image_features).shape[0]
-    if n_images < 2:
-        raise ValueError(f"a collection of {n_images} image(s): ranking instability needs at least 2 images")
-
-
 def query_table(image_features: torch.Tensor, query_features: torch.Tensor, perturbed_features: torch.Tensor,
                 perturbations: Sequence[Perturbation], *, ks: Sequence[int] = DEFAULT_KS, p: float = DEFAULT_P,
                 batch_size: int = 256) -> dict[str, np.ndarray]:
@@ -156,37 +150,38 @@ def query_table(image_features: torch.Tensor, query_features: torch.Tensor, pert
     arrays (pandas.DataFrame(table) works). overlap@k is NaN where k > N (the collection is shorter than k).
     Encode identical texts / token sequences once, so that edits that tokenize identically get identical
     features, intra = 0 and an undefined B, as the spec intends."""
-    _check_collection(image_features)
-    if torch.as_tensor(query_features).shape[0] == 0 or not perturbations:
+    image_features, query_features, perturbed_features = (
+        torch.as_tensor(t) for t in (image_features, query_features, perturbed_features))
+    n_queries, n_images = query_features.shape[0], image_features.shape[0]
+    if n_images < 2:
+        raise ValueError(f"a collection of {n_images} image(s): ranking instability needs at least 2 images")
+    if n_queries == 0 or not perturbations:
         raise ValueError("empty query set: no queries or no perturbations to measure")
-    if torch.as_tensor(perturbed_features).shape[0] != len(perturbations):
-        raise ValueError(f"{torch.as_tensor(perturbed_features).shape[0]} perturbed feature rows for "
-                         f"{len(perturbations)} perturbations")
-    dims = {torch.as_tensor(t).shape[-1] for t in (image_features, query_features, perturbed_features)}
+    if perturbed_features.shape[0] != len(perturbations):
+        raise ValueError(f"{perturbed_features.shape[0]} perturbed feature rows for {len(perturbations)} perturbations")
+    dims = {t.shape[-1] for t in (image_features, query_features, perturbed_features)}
     if len(dims) != 1:
         raise ValueError(f"image, query and perturbed features must share one feature size, got {sorted(dims)}")
     source = torch.tensor([item.query_index for item in perturbations], dtype=torch.long)
-    n_queries, n_images = torch.as_tensor(query_features).shape[0], torch.as_tensor(image_features).shape[0]
     if bool((source < 0).any()) or bool((source >= n_queries).any()):
         raise ValueError(f"a perturbation's query_index is outside the {n_queries} original queries")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batch_size < 1 or any(k < 1 for k in ks):
+        raise ValueError(f"batch_size and every k must be >= 1, got batch_size={batch_size}, ks={tuple(ks)}")
     _check_p(p)
 
     original_rankings = torch.cat([rank_images(query_features[i:i + batch_size], image_features)
                                    for i in range(0, n_queries, batch_size)]).to(torch.int32)
     inter = inter_distance(query_features) if n_queries > 1 else math.nan
-    intra = text_distance(torch.as_tensor(query_features)[source], perturbed_features)
-    instabilities, overlaps = [], {k: [] for k in ks}
+    intras, instabilities, overlaps = [], [], {k: [] for k in ks}
     for start in range(0, len(perturbations), batch_size):
-        rows = source[start:start + batch_size]
-        counts = overlap_counts(original_rankings[rows],
-                                rank_images(perturbed_features[start:start + batch_size], image_features))
+        rows, edited = source[start:start + batch_size], perturbed_features[start:start + batch_size]
+        intras.append(text_distance(query_features[rows], edited))
+        counts = overlap_counts(original_rankings[rows], rank_images(edited, image_features))
         instabilities.append(instability_from_counts(counts, p))
         for k in ks:
             overlaps[k].append(counts[:, k - 1].to(torch.float64) / k if k <= n_images
                                else torch.full((len(rows),), math.nan, dtype=torch.float64))
-    instability_values = torch.cat(instabilities)
+    intra, instability_values = torch.cat(intras), torch.cat(instabilities)
     table = {
         "query_index": source.numpy(),
         "query": np.array([item.query for item in perturbations], dtype=object),
