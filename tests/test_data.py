@@ -9,12 +9,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from rgb.core.threat import Norm
 from rgb.data import BenchmarkError, ImageSplit, RGBDataModule, load_split, transfer_coverage
-from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, scale_budget
+from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.corruptions import corruption_of_row
 from rgb.data.mini import CLASS_NAMES, DATASET, TEST_SIZE, VALIDATION_SIZE, build_mini
+from rgb.data.resolvers import register_resolvers
 from rgb.data.snapshot import png_bytes, write_readme, write_split
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,31 +128,51 @@ def test_coverage_table_of_the_card():
 
 def test_own_surrogate_of_a_real_dataset_loads_outside_the_coverage_table(tmp_path):
     """attack.py exports a user's surrogate as config <dataset>-<surrogate>: it must load like the card's splits."""
-    names = ["a", "b"]
-    images = [png_bytes(np.full((4, 4, 3), v, dtype=np.uint8)) for v in (10, 200)]
-    common = {"label": [0, 1], "image_id": [5, 9]}
+    names = [f"car{i}" for i in range(DATASETS["stanford_cars"].num_classes)]
+    n = DATASETS["stanford_cars"].test_size  # the card's size: anything else is refused
+    images = [png_bytes(np.full((4, 4, 3), v, dtype=np.uint8)) for v in (10, 200)] * (n // 2)
+    common = {"label": [i % len(names) for i in range(n)], "image_id": list(range(n))}
     write_split(tmp_path / "data" / "stanford_cars" / "test.parquet", names, {"image": images, **common})
-    adversarial = {"image": images[::-1], "surrogate": ["my_vit"] * 2, "norm": ["l2"] * 2, **common}
+    adversarial = {"image": images[::-1], "surrogate": ["my_vit"] * n, "norm": ["l2"] * n, **common}
     write_split(tmp_path / "data" / "stanford_cars" / "my_vit" / "l2_2.parquet", names, adversarial)
     write_readme(tmp_path, "own export")
     split = load_split(str(tmp_path), "stanford_cars", "l2_2", surrogate="my_vit")
-    assert split["surrogate"] == ["my_vit"] * 2 and split["image_id"] == [5, 9]
+    assert split["surrogate"] == ["my_vit"] * n and split["image_id"] == list(range(n))
     with pytest.raises(BenchmarkError, match="unknown dataset config 'stanford_cars-other' .*stanford_cars-my_vit"):
         load_split(str(tmp_path), "stanford_cars", "l2_2", surrogate="other")
 
 
-def test_data_configs_have_the_scaled_budgets():
-    mini = yaml.safe_load((REPO / "conf/data/mini.yaml").read_text())
-    dim = 3 * mini["image_size"] ** 2
-    for norm, eps in (("l1", 75.0), ("l2", 2.0), ("linf", 4 / 255)):
-        assert mini["budgets"][norm] == pytest.approx(scale_budget(norm, eps, dim), rel=1e-12)
-    base = yaml.safe_load((REPO / "conf/data/_benchmark.yaml").read_text())
-    assert base["budgets"] == pytest.approx({"l1": 75.0, "l2": 2.0, "linf": 4 / 255})
-    for split, eps in mini["transfer_budgets"].items():
-        norm, full = split.split("_")
-        full = float(full) / 255 if norm == "linf" else float(full)
-        assert eps == pytest.approx(scale_budget(norm, full, dim), rel=1e-12)
-        assert base["transfer_budgets"][split] == pytest.approx(full)
+# The budgets of the data configs before they were derived from the catalog: the resolvers must give these bits.
+MINI_BUDGETS = {"l1": 1.530612244897959, "l2": 0.2857142857142857, "linf": 0.01568627450980392}
+MINI_TRANSFER_BUDGETS = {"l1_75": 1.530612244897959, "l1_300": 6.122448979591836, "l2_2": 0.2857142857142857,
+                         "l2_8": 1.1428571428571428, "linf_4": 0.01568627450980392, "linf_8": 0.03137254901960784,
+                         "linf_30": 0.11764705882352941}
+REAL_BUDGETS = {"l1": 75.0, "l2": 2.0, "linf": 0.01568627450980392}
+REAL_TRANSFER_BUDGETS = {"l1_75": 75.0, "l1_300": 300.0, "l2_2": 2.0, "l2_8": 8.0, "linf_4": 0.01568627450980392,
+                         "linf_8": 0.03137254901960784, "linf_30": 0.11764705882352941}
+
+
+def compose_data(*overrides):
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return OmegaConf.to_container(compose("train", overrides=list(overrides)).data, resolve=True)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml")))
+def test_data_configs_have_the_catalog_budgets_bit_for_bit(name):
+    data = compose_data(f"data={name}")
+    mini = data["image_size"] == 32
+    assert data["budgets"] == (MINI_BUDGETS if mini else REAL_BUDGETS)  # exact: no rounding drift
+    assert data["transfer_budgets"] == (MINI_TRANSFER_BUDGETS if mini else REAL_TRANSFER_BUDGETS)
+    dim = 3 * data["image_size"] ** 2
+    for norm, eps in WHITE_BOX_BUDGETS.items():
+        assert data["budgets"][norm] == scale_budget(norm, eps, dim)
+    assert set(data["budgets"]) == {n.key for n in Norm}
+
+
+def test_one_budget_stays_overridable():
+    data = compose_data("data=mini", "data.budgets.linf=0.03", "data.image_size=64")
+    assert data["budgets"]["linf"] == 0.03 and data["budgets"]["l1"] == scale_budget("l1", 75.0, 3 * 64 * 64)
 
 
 def test_datamodule_loaders_cover_whole_splits_in_order(mini_dir):

@@ -1,27 +1,50 @@
 """Load RobustGenBench splits from the hub or a local snapshot through one code path: `datasets.load_dataset`.
 
 A perturbed split is only useful if row i is a perturbed copy of test row i, so every perturbed split is checked
-against `test` (image_id and label, row by row) before anyone computes an accuracy on it.
+against `test` (image_id and label, row by row) before anyone computes an accuracy on it. Every split also has
+the row count the card gives it (a truncated split would be scored as the whole), labels within the classes
+and an image in every row.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 from pathlib import Path
 
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from rgb.data.catalog import DATASET_SPLITS, DATASETS, SURROGATES, transfer_coverage
+from rgb.data.catalog import DATASET_SPLITS, DATASETS, MINI, SURROGATES, transfer_coverage
+from rgb.data.snapshot import is_mini_build
+
+# The first line of the message a DataLoader worker re-raises an exception with (its traceback follows).
+WORKER_PREFIX = "Caught "
 
 
 class BenchmarkError(RuntimeError):
-    """A one-line, actionable problem with the benchmark data (missing, corrupt, misaligned)."""
+    """A one-line, actionable problem with the benchmark data (missing, corrupt, misaligned).
+
+    The message is always one line: a DataLoader worker re-raises it as `Caught BenchmarkError in DataLoader
+    worker ...` + the worker's traceback, of which only the original message (the last line) is kept.
+    """
+
+    def __init__(self, message: str = ""):
+        super().__init__(one_line(str(message)))
+
+
+def one_line(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith(WORKER_PREFIX):
+        return lines[-1].split(f"{BenchmarkError.__name__}: ", 1)[-1]
+    return " ".join(lines)
 
 
 def config_name(dataset: str, surrogate: str | None = None) -> str:
@@ -56,18 +79,72 @@ def load_split(
     if is_local(source) and not Path(source).expanduser().is_dir():
         raise BenchmarkError(f"benchmark directory not found: {source}")
     ds = _load(source, config, split, cache_dir)
+    name = f"{config}/{split}"
+    if validate:
+        check_rows(ds, name, expected_rows(source, dataset, split, surrogate))
+        check_labels(ds, name)
+        check_images_present(ds, name)
     if validate and (surrogate is not None or split not in ("train", "validation", "test")):
         test = _load(source, config_name(dataset), "test", cache_dir)
-        check_aligned(test, ds, f"{config}/{split}")
+        check_aligned(test, ds, name)
     return ds
 
 
+def expected_rows(source: str, dataset: str, split: str, surrogate: str | None) -> int | None:
+    """Rows the card gives this split (the six datasets), or the mini builder (a snapshot it wrote); else None."""
+    info = DATASETS.get(dataset)
+    if info is None and dataset == MINI.name and is_local(source) and is_mini_build(Path(source).expanduser()):
+        info = MINI
+    return None if info is None else info.split_rows(split, surrogate)
+
+
+def check_rows(ds: datasets.Dataset, name: str, expected: int | None) -> None:
+    if expected is not None and len(ds) != expected:
+        raise BenchmarkError(
+            f"split {name} has {len(ds)} rows, expected {expected}: the snapshot is truncated or not the "
+            f"benchmark; re-download (or rebuild) it"
+        )
+
+
+def _first_row(ds: datasets.Dataset, mask: np.ndarray) -> tuple[int, object]:
+    """Index and image_id of the first row where `mask` holds."""
+    row = int(np.flatnonzero(mask)[0])
+    return row, ds.data.column("image_id")[row].as_py()
+
+
+def check_labels(ds: datasets.Dataset, name: str) -> None:
+    """Every label is one of the split's classes (an out-of-range label would be counted as misclassified)."""
+    labels = ds.data.column("label")
+    n_classes = len(class_names(ds))
+    values = np.asarray(labels.fill_null(-1).to_numpy())
+    bad = (values < 0) | (values >= n_classes)
+    if bad.any():
+        row, image_id = _first_row(ds, bad)
+        found = labels[row].as_py()
+        raise BenchmarkError(
+            f"split {name} row {row} (image_id {image_id}) has label {found}, outside the {n_classes} classes "
+            f"0..{n_classes - 1}"
+        )
+
+
+def check_images_present(ds: datasets.Dataset, name: str) -> None:
+    """Every row has image bytes (bytes that do not decode are named by ImageSplit when read)."""
+    images = ds.data.column("image")
+    missing = pc.or_(images.is_null(), pc.struct_field(images, "bytes").is_null())
+    mask = np.asarray(missing.fill_null(True).to_numpy(zero_copy_only=False))
+    if mask.any():
+        row, image_id = _first_row(ds, mask)
+        raise BenchmarkError(f"split {name} row {row} (image_id {image_id}) has no image")
+
+
 def _load(source: str, config: str, split: str, cache_dir: str | None) -> datasets.Dataset:
-    path = str(Path(source).expanduser()) if is_local(source) else source
+    path = str(Path(source).expanduser().resolve()) if is_local(source) else source
     try:
         available = datasets.get_dataset_config_names(path)
         if config not in available:
             raise BenchmarkError(f"unknown dataset config {config!r} in {source}; available: {', '.join(available)}")
+        if is_local(source):
+            cache_dir = snapshot_cache_dir(path, config, cache_dir)
         return datasets.load_dataset(path, name=config, split=split, cache_dir=cache_dir)
     except BenchmarkError:
         raise
@@ -83,6 +160,23 @@ def _load(source: str, config: str, split: str, cache_dir: str | None) -> datase
     except Exception as err:  # the hub client raises many types; all mean "cannot read this source"
         broken = _describe_broken_files(path, config, err) if is_local(source) else None
         raise (BenchmarkError(broken) if broken else _source_error(source, err)) from err
+
+
+def snapshot_cache_dir(path: str, config: str, cache_dir: str | None) -> str:
+    """A datasets cache of its own for one local snapshot config as its files are now.
+
+    The datasets cache names a local snapshot's entry by folder basename and config only, so another snapshot
+    with the same folder name, or parquet files changed in place, would be served from the first one's Arrow
+    files. Keying on the resolved path and every data file's path, size and mtime gives each its own entry.
+    """
+    root = Path(cache_dir or os.environ.get("HF_DATASETS_CACHE") or datasets.config.HF_DATASETS_CACHE)
+    files = datasets.load_dataset_builder(path, name=config, cache_dir=str(root)).config.data_files
+    stats = {
+        split: [(file, os.stat(file).st_size, os.stat(file).st_mtime_ns) for file in files[split]]
+        for split in sorted(files)
+    }
+    key = hashlib.sha256(json.dumps([path, config, stats]).encode()).hexdigest()[:24]
+    return str(root / "rgb-snapshots" / key)
 
 
 def _source_error(source: str, err: Exception) -> BenchmarkError:
@@ -144,20 +238,29 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
 
 
 class ImageSplit(torch.utils.data.Dataset):
-    """A benchmark split as (image in [0,1], label, image_id) items, decoded lazily in the worker."""
+    """A benchmark split as (image in [0,1], label, image_id) items, decoded lazily in the worker.
 
-    def __init__(self, hf_dataset: datasets.Dataset, image_size: int, transform=None):
+    `name` (default `<config>/<split>` of the Hugging Face dataset) names the split in errors.
+    """
+
+    def __init__(self, hf_dataset: datasets.Dataset, image_size: int, transform=None, name: str | None = None):
         self.rows = hf_dataset.cast_column("image", datasets.Image(decode=False))
         self.image_size = image_size
         self.transform = transform
         self.class_names = class_names(hf_dataset)
+        self.name = name or f"{hf_dataset.info.config_name}/{hf_dataset.split}"
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, index: int):
         row = self.rows[index]
-        image = decode_image(row["image"], self.image_size)
+        try:
+            image = decode_image(row["image"], self.image_size)
+        except Exception as err:  # PIL raises UnidentifiedImageError, OSError, ValueError, ... for bad bytes
+            present = bool((row["image"] or {}).get("bytes"))
+            reason = f"has an image that does not decode ({type(err).__name__})" if present else "has no image"
+            raise BenchmarkError(f"split {self.name} row {index} (image_id {row['image_id']}) {reason}") from err
         if self.transform is not None:
             image = self.transform(image)
         return to_tensor(image), int(row["label"]), int(row["image_id"])

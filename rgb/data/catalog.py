@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rgb.core.threat import Norm, parse_norm
+
 DEFAULT_REPO_ID = "legolasflagstaff/RobustGenBench"
 
 CLEAN_SPLITS = ("train", "validation", "test")
@@ -35,17 +37,20 @@ CORRUPTION_SEVERITY = 3
 REFERENCE_DIM = 3 * 224 * 224
 
 # Budgets of the transfer splits on the real benchmark, pixel units in [0, 1].
+# Keys are `Norm.key` ("l1", "l2", "linf"), the one spelling of configs and run directories.
 TRANSFER_BUDGETS = {
-    "l1_75": ("l1", 75.0),
-    "l1_300": ("l1", 300.0),
-    "l2_2": ("l2", 2.0),
-    "l2_8": ("l2", 8.0),
-    "linf_4": ("linf", 4 / 255),
-    "linf_8": ("linf", 8 / 255),
-    "linf_30": ("linf", 30 / 255),
+    "l1_75": (Norm.L1.key, 75.0),
+    "l1_300": (Norm.L1.key, 300.0),
+    "l2_2": (Norm.L2.key, 2.0),
+    "l2_8": (Norm.L2.key, 8.0),
+    "linf_4": (Norm.LINF.key, 4 / 255),
+    "linf_8": (Norm.LINF.key, 8 / 255),
+    "linf_30": (Norm.LINF.key, 30 / 255),
 }
 # White-box budgets of the five-setting protocol.
-WHITE_BOX_BUDGETS = {"l1": 75.0, "l2": 2.0, "linf": 4 / 255}
+WHITE_BOX_BUDGETS = {Norm.L1.key: 75.0, Norm.L2.key: 2.0, Norm.LINF.key: 4 / 255}
+# How a budget grows with the number of values d of an image at a fixed per-pixel budget: eps * (d/d_ref)**k.
+BUDGET_DIM_EXPONENT = {Norm.L1: 1.0, Norm.L2: 0.5, Norm.LINF: 0.0}
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,15 @@ class DatasetInfo:
     train_size: int
     validation_size: int
     test_size: int
+
+    def split_rows(self, split: str, surrogate: str | None = None) -> int:
+        """Rows the card gives split `split`: every perturbed split (common, random noise, any surrogate's
+        transfer split) holds one perturbed copy of each test image."""
+        if surrogate is None and split == "train":
+            return self.train_size
+        if surrogate is None and split == "validation":
+            return self.validation_size
+        return self.test_size
 
 
 DATASETS = {
@@ -70,6 +84,10 @@ DATASETS = {
         DatasetInfo("uc-merced-land-use-dataset", "UC Merced Land Use", "coarse", 21, 1428, 252, 420),
     )
 }
+
+# The suite's embedded mini benchmark (rgb.data.mini): scikit-learn's 1797 digits, 32x32. Not a card dataset; its
+# split sizes are those of its builder, checked only on a snapshot that builder wrote.
+MINI = DatasetInfo("digits", "RobustGenBench mini (scikit-learn digits, 32x32)", "coarse", 10, 1077, 270, 450)
 
 SURROGATES = {
     "clip_vitb16": "CLIP ViT-B/16 (open_clip ViT-B-16 / laion2b_s34b_b88k)",
@@ -110,6 +128,6 @@ def split_budget(split: str, scale_dim: int = REFERENCE_DIM) -> tuple[str, float
     return norm, scale_budget(norm, eps, scale_dim)
 
 
-def scale_budget(norm: str, eps: float, dim: int) -> float:
-    ratio = dim / REFERENCE_DIM
-    return {"l1": eps * ratio, "l2": eps * ratio**0.5, "linf": eps}[norm]
+def scale_budget(norm: str | Norm, eps: float, dim: int) -> float:
+    """`eps` of the 224x224 benchmark for images of `dim` values, at the same per-pixel budget."""
+    return eps * (dim / REFERENCE_DIM) ** BUDGET_DIM_EXPONENT[parse_norm(norm)]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
+from rgb.core.threat import parse_norm
 from rgb.data.benchmark import ImageSplit, load_split
+from rgb.data.mini import ensure_mini
 
 
 def paper_augmentation(hflip: bool = True, color_jitter: float = 0.25, rotation: float = 2.0):
@@ -25,6 +29,8 @@ class RGBDataModule(L.LightningDataModule):
 
     `budgets` holds the white-box eps per norm (l1, l2, linf) in [0,1] pixel units for this dataset's image
     size; `transfer_budgets` the eps of each transfer split. Images come out in [0,1]; never normalised here.
+    With `build_mini_if_missing` (the mini config), an absent `source` is built as the mini benchmark first, so
+    the default configuration serves on a fresh clone.
     """
 
     def __init__(
@@ -42,13 +48,14 @@ class RGBDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         augment: dict | None = None,
         cache_dir: str | None = None,
+        build_mini_if_missing: bool = False,
     ):
         super().__init__()
         self.source = str(source)
         self.dataset = dataset
         self.image_size = int(image_size)
         self.num_classes = int(num_classes)
-        self.budgets = {k.lower(): float(v) for k, v in dict(budgets).items()}
+        self.budgets = {parse_norm(k).key: float(v) for k, v in dict(budgets).items()}
         self.transfer_budgets = {k: float(v) for k, v in dict(transfer_budgets or {}).items()}
         self.surrogates = list(surrogates or [])
         self.batch_size = batch_size
@@ -57,12 +64,15 @@ class RGBDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.augment = dict(augment or {})
         self.cache_dir = cache_dir
+        self.build_mini_if_missing = bool(build_mini_if_missing)
         self._splits: dict[tuple[str, str | None], ImageSplit] = {}
 
     def split(self, split: str, surrogate: str | None = None, train_transform: bool = False) -> ImageSplit:
         """A validated split as a torch Dataset (cached; training transform only for `train`)."""
         key = (split, surrogate)
         if key not in self._splits:
+            if self.build_mini_if_missing and not Path(self.source).expanduser().exists():
+                ensure_mini(Path(self.source))
             rows = load_split(self.source, self.dataset, split, surrogate=surrogate, cache_dir=self.cache_dir)
             self._splits[key] = ImageSplit(rows, self.image_size)
         found = self._splits[key]

@@ -2,13 +2,16 @@
 
 `python -m rgb.data.mini OUT_DIR` writes config `digits` (train / validation / test / common / random_linf_30)
 at 32x32 RGB. The build is deterministic: the same bytes on every run, so results on it are comparable.
+It writes only into a new or empty folder or over a previous mini build (`--force`): never over anything else.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,15 +20,17 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from rgb.data.catalog import CORRUPTION_SEVERITY
+from rgb.data.benchmark import BenchmarkError
+from rgb.data.catalog import CORRUPTION_SEVERITY, MINI
 from rgb.data.corruptions import apply_corruption, corruption_of_row
-from rgb.data.snapshot import png_bytes, write_readme, write_split
+from rgb.data.snapshot import is_mini_build, png_bytes, write_readme, write_split
 
-DATASET = "digits"
+DATASET = MINI.name
 IMAGE_SIZE = 32
 CLASS_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-TEST_SIZE = 450  # 11 blocks of 40 for `common`, and a remainder of 10 that wraps to the first corruption
-VALIDATION_SIZE = 270
+# 450 test images: 11 blocks of 40 for `common`, and a remainder of 10 that wraps to the first corruption.
+TEST_SIZE = MINI.test_size
+VALIDATION_SIZE = MINI.validation_size
 SEED = 0
 RANDOM_LINF = 30  # in 1/255 units, as the real `random_linf_30`
 
@@ -86,32 +91,67 @@ def random_linf_columns(images: np.ndarray, labels: np.ndarray) -> dict[str, lis
     return columns
 
 
-def build_mini(out_dir: Path) -> Path:
-    """Write the mini benchmark to `out_dir` (replacing a previous build only once the new one is complete)."""
-    out_dir = Path(out_dir)
-    staging = out_dir.with_name(out_dir.name + ".building")
-    shutil.rmtree(staging, ignore_errors=True)
+def write_mini(root: Path) -> None:
+    """Write every split and the README of the mini benchmark into the (new) folder `root`."""
     images, labels = digit_images()
     for split, index in stratified_splits(labels).items():
         columns = clean_columns(images[index], labels[index])
-        write_split(staging / "data" / DATASET / f"{split}.parquet", CLASS_NAMES, columns)
+        write_split(root / "data" / DATASET / f"{split}.parquet", CLASS_NAMES, columns)
         if split == "test":
-            write_split(staging / "data" / DATASET / "common.parquet", CLASS_NAMES, common_columns(images[index], labels[index]))
             write_split(
-                staging / "data" / DATASET / "random_linf_30.parquet",
+                root / "data" / DATASET / "common.parquet", CLASS_NAMES, common_columns(images[index], labels[index])
+            )
+            write_split(
+                root / "data" / DATASET / "random_linf_30.parquet",
                 CLASS_NAMES,
                 random_linf_columns(images[index], labels[index]),
             )
-    write_readme(staging, "RobustGenBench mini (scikit-learn digits, 32x32)")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
+    write_readme(root, MINI.title)
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """Refuse any `out_dir` but a new or empty folder or a previous mini build: user files are never deleted."""
+    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())) or is_mini_build(out_dir):
+        return
+    raise BenchmarkError(
+        f"{out_dir} is not empty and is not a mini benchmark build: nothing written; choose a new or empty folder"
+    )
+
+
+def build_mini(out_dir: Path) -> Path:
+    """Write the mini benchmark to `out_dir` (replacing a previous mini build only once the new one is complete)."""
+    out_dir = Path(out_dir).expanduser()
+    check_replaceable(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    try:
+        write_mini(staging)
+        install(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
 
+def install(staging: Path, out_dir: Path) -> None:
+    """Move a finished build into place; a previous build is moved aside first and deleted only after."""
+    check_replaceable(out_dir)  # again: the folder may have changed while the build ran
+    previous = None
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        previous = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.previous-", dir=out_dir.parent)) / out_dir.name
+        os.rename(out_dir, previous)
+    try:
+        os.rename(staging, out_dir)
+    except OSError:
+        if not is_mini_build(out_dir):  # another process finished the same build first: keep it
+            raise
+    if previous is not None:
+        shutil.rmtree(previous.parent, ignore_errors=True)
+
+
 def ensure_mini(out_dir: Path) -> Path:
-    """Build the mini benchmark unless a complete build is already there."""
-    out_dir = Path(out_dir)
-    if not (out_dir / "README.md").is_file():
+    """Build the mini benchmark unless a mini build is already there."""
+    out_dir = Path(out_dir).expanduser()
+    if not is_mini_build(out_dir):
         build_mini(out_dir)
     return out_dir
 
@@ -119,12 +159,19 @@ def ensure_mini(out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    parser.add_argument("--force", action="store_true", help="rebuild over a previous mini build")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    (build_mini if args.force else ensure_mini)(args.out_dir)
+    if is_mini_build(args.out_dir) and not args.force:
+        print(f"mini benchmark already at {args.out_dir} (--force rebuilds it)")
+        return 0
+    try:
+        build_mini(args.out_dir)
+    except BenchmarkError as err:
+        print(f"rgb.data.mini: error: {err}", file=sys.stderr)
+        return 2
     size = sum(f.stat().st_size for f in args.out_dir.rglob("*") if f.is_file())
-    print(f"mini benchmark at {args.out_dir} ({size / 1e6:.2f} MB, {time.perf_counter() - start:.1f}s)")
+    print(f"mini benchmark built at {args.out_dir} ({size / 1e6:.2f} MB, {time.perf_counter() - start:.1f}s)")
     return 0
 
 

@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+from rgb.data.catalog import MINI
+
 
 def benchmark_features(class_names: list[str]) -> datasets.Features:
     """The card's "Data fields", in its order."""
@@ -72,3 +74,18 @@ def write_readme(root: Path, title: str) -> None:
     tmp = root / "README.md.tmp"
     tmp.write_text("\n".join(lines))
     os.replace(tmp, root / "README.md")
+
+
+def readme_title(root: Path) -> str | None:
+    """The title (first `# ` line) of a snapshot's README.md; kept when its config list is rewritten."""
+    readme = Path(root) / "README.md"
+    if readme.is_file():
+        for line in readme.read_text(errors="replace").splitlines():
+            if line.startswith("# "):
+                return line[2:]
+    return None
+
+
+def is_mini_build(root: Path) -> bool:
+    """Whether `root` was written by the mini benchmark builder (transfer splits added later included)."""
+    return readme_title(root) == MINI.title and (Path(root) / "data" / MINI.name).is_dir()

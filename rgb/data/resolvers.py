@@ -1,0 +1,51 @@
+"""OmegaConf resolvers that give the data configs their budgets from the catalog, so no number is written twice.
+
+    budgets:
+      linf: ${rgb.budget:linf,${..image_size}}           # WHITE_BOX_BUDGETS["linf"] at this image size
+    transfer_budgets:
+      l2_8: ${rgb.transfer_budget:l2_8,${..image_size}}  # TRANSFER_BUDGETS["l2_8"] at this image size
+
+One resolver per value (not one per dict), so a single budget stays overridable: `data.budgets.linf=0.03`.
+Entry points (and tests that compose configs) call `register_resolvers()` before resolving a config.
+"""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from rgb.core.threat import parse_norm
+from rgb.data.catalog import TRANSFER_BUDGETS, WHITE_BOX_BUDGETS, scale_budget, split_budget
+
+
+def image_dim(image_size: int) -> int:
+    """Values in one RGB image of side `image_size`."""
+    return 3 * int(image_size) ** 2
+
+
+def budgets(kind: str, image_size: int) -> dict[str, float]:
+    """Every budget of `kind` ("white_box": norm key -> eps, "transfer": split -> eps) at this image size."""
+    dim = image_dim(image_size)
+    if kind == "white_box":
+        return {norm: scale_budget(norm, eps, dim) for norm, eps in WHITE_BOX_BUDGETS.items()}
+    if kind == "transfer":
+        return {split: split_budget(split, dim)[1] for split in TRANSFER_BUDGETS}
+    raise ValueError(f"budget kind must be 'white_box' or 'transfer', got {kind!r}")
+
+
+def white_box_budget(norm: str, image_size: int) -> float:
+    """The protocol's white-box eps for `norm` ("l1", "l2", "linf"), at the per-pixel budget of 224x224."""
+    return budgets("white_box", image_size)[parse_norm(norm).key]
+
+
+def transfer_budget(split: str, image_size: int) -> float:
+    """The eps of transfer split `split` (l1_75 ... linf_30) at this image size."""
+    return split_budget(split, image_dim(image_size))[1]
+
+
+RESOLVERS = {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget}
+
+
+def register_resolvers() -> None:
+    """Register the `rgb.*` resolvers (idempotent)."""
+    for name, resolver in RESOLVERS.items():
+        OmegaConf.register_new_resolver(name, resolver, replace=True)
