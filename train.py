@@ -1,16 +1,8 @@
-"""Fine-tune a timm classifier on a RobustGenBench dataset: `python train.py data=flowers102 model=convnext_b
-experiment=fft50_trades trainer=gpu`. Plain `python train.py` trains the tiny CPU demo on the mini benchmark."""
+"""Fine-tune a classifier on a RobustGenBench dataset: `python train.py data=flowers102 model=convnext_b
+experiment=fft50_trades trainer=gpu`. Plain `python train.py` trains the tiny CPU demo on the mini benchmark.
+Same command as the installed `rgb-train`."""
 
-import hydra
-from omegaconf import DictConfig
-
-from rgb.training import train
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def main(cfg: DictConfig) -> float:
-    return train(cfg)
-
+from rgb.cli import train_main
 
 if __name__ == "__main__":
-    main()
+    train_main()

@@ -16,6 +16,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _config_resolvers():
+    """The `${rgb.*:...}` config resolvers, as every entry point registers them."""
+    from rgb.cli import register_resolvers
+    from rgb.data.resolvers import register_resolvers as register_data_resolvers
+
+    register_resolvers()
+    register_data_resolvers()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _isolated_caches(tmp_path_factory):
     """Keep the Hugging Face Arrow cache of the tests out of the user's home."""
     os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf_cache"))

@@ -22,8 +22,9 @@ from hydra import compose, initialize_config_dir
 from rgb.data import load_split
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.snapshot import write_readme, write_split
-from rgb.evaluation import AttackRunError, attack_from_config, quantise_within_budget
-from rgb.evaluation.attack_run import shard_position
+from rgb.data.export import quantise_within_budget
+from rgb.runs.runner import attack_from_config
+from rgb.runs.settings import AttackRunError, shard_position
 from rgb.models import create_model, export_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ def compose_attack(items: list[str]):
 
 
 def attack(items: list[str]) -> dict:
-    return attack_from_config(compose_attack(items))
+    return {name: summary.to_json() for name, summary in attack_from_config(compose_attack(items)).items()}
 
 
 def results(out: Path, norm: str = "linf") -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Mini transfer splits (rgb.data.transfer): written into the benchmark, loadable through `load_split`, aligned
+"""Mini transfer splits (rgb.runs.transfer): written into the benchmark, loadable through `load_split`, aligned
 with test, within their budgets after PNG quantisation, and modified exactly where the attack succeeded."""
 
 import numpy as np
@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import TRANSFER_SPLITS, split_budget
 from rgb.data.mini import DATASET
-from rgb.data.transfer import make_transfer_splits
-from rgb.evaluation import AttackRunError
+from rgb.runs.settings import AttackRunError
+from rgb.runs.transfer import make_transfer_splits as make_transfer_summaries
 from rgb.models import load
 from test_attack_run import REPO, head_of_test_split, trained_surrogate
 
@@ -20,6 +20,10 @@ N_IMAGES = 24
 # Two splits whose attack is quick on the test surrogate; L1 (5 restarts x 103 steps on every robust point) and the
 # small budgets are in the slow test of all seven.
 FAST_SPLITS = ("l2_8", "linf_30")
+
+
+def make_transfer_splits(cfg) -> dict:
+    return {name: summary.to_json() for name, summary in make_transfer_summaries(cfg).items()}
 
 
 def compose_transfer(items: list[str]):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from imagecorruptions import corrupt
 
 from rgb.data.catalog import CORRUPTIONS
 
@@ -12,6 +11,9 @@ def apply_corruption(image: np.ndarray, name: str, severity: int, seed: int) -> 
     """Corrupt one uint8 HxWx3 image reproducibly: the library draws from NumPy's global RNG, so seed it here."""
     if name not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {name!r}; available: {', '.join(CORRUPTIONS)}")
+    # Imported here: it pulls OpenCV, which needs libGL; attack.py and evaluate.py must start without it.
+    from imagecorruptions import corrupt
+
     np.random.seed(seed % 2**32)
     extra = {"seed": seed % 2**32} if name == "impulse_noise" else {}
     return corrupt(image, severity=severity, corruption_name=name, **extra)

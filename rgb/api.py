@@ -1,0 +1,120 @@
+"""One call to score any classifier under the benchmark's protocol, as RobustBench users expect:
+
+    import rgb
+    record = rgb.benchmark(my_model, dataset="flowers102", source="/data/RobustGenBench")
+
+`my_model` is any `nn.Module` mapping [0,1] images (N,3,H,W) to logits. Its weights are exported next to the
+results (so the run store ties every result to them), the white-box attacks go through the same resumable run
+store as attack.py, and the record is the one evaluate.py writes. Re-running the call resumes; a changed model
+is a new set of weights and is refused in the old run directories.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf, open_dict
+from torch import nn
+
+from rgb.cli import CONFIG_DIR, register_resolvers
+from rgb.core.configs import data_config_for, data_configs
+from rgb.core.machine import configure_threads, resolve_device
+from rgb.core.threat import parse_norm
+from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
+from rgb.models import META_FILE, WEIGHTS_FILE, library_versions
+from rgb.runs.runner import InMemoryModel, execute
+from rgb.runs.settings import AttackSettings, white_box_budgets
+
+SETTINGS = ("test", "common", "l1", "l2", "linf")
+
+
+def _data_config_name(dataset: str) -> str:
+    """`flowers102` (a config name) or `flowers-102` (a dataset id) -> the data config name."""
+    names = set(data_configs().values())
+    if dataset in names:
+        return dataset
+    name = data_config_for(dataset)
+    if name is None:
+        raise EvaluationError(f"unknown dataset {dataset!r}; data configs: {sorted(names)}")
+    return name
+
+
+def _compose(config: str, overrides: list[str]):
+    register_resolvers()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config, overrides=overrides)
+
+
+def _export(model: nn.Module, run_dir: Path, meta: dict) -> Path:
+    """Weights + record of an in-memory model (rewritten only when the weights changed, so runs resume)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    weights = run_dir / WEIGHTS_FILE
+    tmp = weights.with_name(weights.name + ".tmp")
+    safetensors.torch.save_model(model, str(tmp), metadata={"format": "pt"})
+    if weights.is_file() and weights.read_bytes() == tmp.read_bytes():
+        tmp.unlink()
+    else:
+        tmp.replace(weights)
+    (run_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return weights
+
+
+def benchmark(
+    model: nn.Module,
+    dataset: str = "mini",
+    *,
+    source: str | None = None,
+    settings: Sequence[str] = SETTINGS,
+    name: str | None = None,
+    output_dir: str | Path = "outputs",
+    seed: int = 0,
+    device: str = "auto",
+    batch_size: int | None = None,
+    threads: int | str = "auto",
+    progress: bool = True,
+    overrides: Sequence[str] = (),
+):
+    """Score `model` on one dataset: clean and common accuracy, and standard AutoAttack at the norms named in
+    `settings` (any of l1, l2, linf), over whole splits. Returns the scores record that evaluate.py writes
+    (`<output_dir>/eval/<dataset>/<name>/scores.json`); settings left out are reported missing, never guessed.
+    `overrides`: further Hydra overrides of the attack and evaluate configs (e.g. "data.eval_batch_size=64")."""
+    unknown = [s for s in settings if s not in SETTINGS]
+    if unknown or not settings:
+        raise EvaluationError(f"settings must be a non-empty subset of {SETTINGS}, got {list(settings)}")
+    norms = [parse_norm(s).key for s in settings if s not in ("test", "common")]
+    data = _data_config_name(dataset)
+    name = name or type(model).__name__
+    configure_threads(threads)
+    common = [f"data={data}", f"paths.output_dir={output_dir}", f"device={device}", f"seed={seed}"]
+    common += [f"data.source={source}"] if source else []
+    common += [f"batch_size={batch_size}"] if batch_size else []
+    eval_cfg = _compose("evaluate", [*common, f"run={Path(output_dir) / 'models' / data / name}", *overrides])
+    datamodule = instantiate(eval_cfg.data)
+    test = datamodule.split("test")
+    run_dir = Path(str(eval_cfg.run))
+    meta = {"family": "python", "name": type(model).__module__ + "." + type(model).__qualname__,
+            "run_name": name, "dataset": datamodule.dataset, "num_classes": len(test.class_names),
+            "class_names": test.class_names, "image_size": datamodule.image_size, "loss": None, "strategy": None,
+            "versions": library_versions()}
+    weights = _export(model, run_dir, meta)
+    model = model.eval()
+    if norms:
+        attack_cfg = _compose("attack", [*common, f"run={run_dir}", f"norms=[{','.join(norms)}]",
+                                         f"progress={str(progress).lower()}", *overrides])
+        with open_dict(attack_cfg):
+            attack_cfg.data = OmegaConf.to_container(eval_cfg.data, resolve=True)
+        budgets = white_box_budgets(attack_cfg.norms, attack_cfg.data)
+        execute(AttackSettings.from_config(attack_cfg, budgets, surrogate=name, threads=torch.get_num_threads()),
+                model=InMemoryModel(model, meta))
+    options = EvalOptions(
+        attack_dir=Path(str(eval_cfg.attack_dir)), out_dir=Path(str(eval_cfg.output_dir)),
+        worst_k=tuple(OmegaConf.to_container(eval_cfg.worst_k)), device=resolve_device(device),
+        batch_size=int(eval_cfg.batch_size),
+    )
+    return evaluate_model(model, meta, weights, datamodule, options)

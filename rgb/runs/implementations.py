@@ -1,0 +1,160 @@
+"""Which AutoAttack code attacks a batch: ours (`impl=ours`, the default) or the authors' reference package
+(`impl=reference`, `pyautoattack`, an optional extra) through the same run store, so a surprising number can be
+cross-checked with one flag. Adding an implementation = one class + one entry of IMPLEMENTATIONS.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import metadata
+
+import torch
+from torch import nn
+
+import rgb
+from rgb.attacks.autoattack import AutoAttack, AutoAttackResult
+from rgb.core.threat import ThreatModel
+from rgb.runs.settings import AttackRunError
+
+REFERENCE_PACKAGE = "pyautoattack"
+# The reference reports only the final outcome per image: one pseudo-attack stands for its whole cascade.
+REFERENCE_CASCADE = "autoattack-reference"
+
+
+def _standard_settings(settings) -> bool:
+    """The protocol's number: the standard version, the whole cascade, fp32 (bf16 is not equivalent, spec §6.3)."""
+    return settings.version == "standard" and settings.attacks is None and settings.precision == "fp32"
+
+
+class OursImplementation:
+    name = "ours"
+
+    @staticmethod
+    def version() -> str:
+        return rgb.__version__
+
+    @staticmethod
+    def is_standard(settings) -> bool:
+        return _standard_settings(settings)
+
+    @staticmethod
+    def _attack(model, threat: ThreatModel, settings, device=None, progress=None) -> AutoAttack:
+        return AutoAttack(model, threat.norm.value, threat.eps, version=settings.version, seed=settings.seed,
+                          device=device, attacks=None if settings.attacks is None else list(settings.attacks),
+                          precision=settings.precision, progress=progress)
+
+    def check(self, model, threat: ThreatModel, settings) -> None:
+        """Fail on a bad version, attack list or precision before any directory is written."""
+        try:
+            self._attack(model, threat, settings)
+        except ValueError as err:
+            raise AttackRunError(f"{threat.name}: {err}") from err
+
+    def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress) -> AutoAttackResult:
+        # A fresh instance per batch: no RNG state carries over between batches.
+        return self._attack(model, threat, settings, device, progress).run(x, y, batch_size=settings.batch_size)
+
+
+class _RowCounter(nn.Module):
+    """Counts the rows that go through the model forward and backward (the reference does not count them)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.forward_rows = 0
+        self.backward_rows = 0
+
+    def forward(self, x):
+        out = self.model(x)
+        self.forward_rows += x.shape[0]
+        if out.requires_grad:
+            rows = x.shape[0]
+
+            def count(grad):
+                self.backward_rows += rows
+                return grad
+
+            out.register_hook(count)
+        return out
+
+
+class _Log(logging.Handler):
+    """Collects the reference's warnings (it logs them instead of raising)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+class ReferenceImplementation:
+    name = "reference"
+
+    @staticmethod
+    def version() -> str:
+        try:
+            return metadata.version(REFERENCE_PACKAGE)
+        except metadata.PackageNotFoundError:
+            raise AttackRunError(f"impl=reference needs the reference AutoAttack: pip install "
+                                 f"'robustgenbench[reference]' (package {REFERENCE_PACKAGE})") from None
+
+    @staticmethod
+    def is_standard(settings) -> bool:
+        return _standard_settings(settings)
+
+    def check(self, model, threat: ThreatModel, settings) -> None:
+        self.version()
+        if settings.precision != "fp32":
+            raise AttackRunError("impl=reference runs in fp32 only (precision=fp32)")
+        if settings.version not in ("standard", "plus", "rand"):
+            raise AttackRunError(f"impl=reference has versions standard, plus, rand; got {settings.version!r}")
+
+    def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress) -> AutoAttackResult:
+        from pyautoattack import AutoAttack as ReferenceAutoAttack
+
+        counter = _RowCounter(model)
+        log = _Log()
+        logger = logging.getLogger("auto-attack")
+        logger.addHandler(log)
+        try:
+            progress(REFERENCE_CASCADE)
+            kwargs = {} if settings.attacks is None else {"attacks": list(settings.attacks)}
+            attack = ReferenceAutoAttack(counter, norm=threat.norm.value, eps=threat.eps, version=settings.version,
+                                         seed=settings.seed, device=device, **kwargs)
+            x_adv, _ = attack.run_standard_evaluation(x.to(device), y.to(device), batch_size=settings.batch_size)
+        finally:
+            logger.removeHandler(log)
+        x_adv = x_adv.detach().cpu().float()
+        with torch.no_grad():  # our own fp32 verdicts on the images it returned
+            clean_pred = model(x.to(device)).argmax(1).cpu()
+            adv_pred = model(x_adv.to(device)).argmax(1).cpu()
+        clean_correct = clean_pred == y
+        x_adv = torch.where(clean_correct.view(-1, 1, 1, 1), x_adv, x)  # clean-wrong points are not attacked
+        y_adv = torch.where(clean_correct, adv_pred, clean_pred)
+        robust = y_adv == y
+        fooled_by = torch.where(robust, -1, torch.where(clean_correct, 1, 0)).long()
+        n = len(y)
+        delta = (x_adv - x).flatten(1)
+        norm = {"linf": delta.abs().amax(1), "l2": delta.norm(dim=1), "l1": delta.abs().sum(1)}[threat.name]
+        return AutoAttackResult(
+            x_adv=x_adv, y_adv=y_adv, clean_correct=clean_correct, robust=robust, fooled_by=fooled_by,
+            perturbation_norm=norm, attacks=[REFERENCE_CASCADE],
+            accuracy_after={"clean": float(clean_correct.float().mean()), REFERENCE_CASCADE: float(robust.float().mean())},
+            evaluations={REFERENCE_CASCADE: {"forward_rows": counter.forward_rows,
+                                             "backward_rows": counter.backward_rows}},
+            forward_rows=torch.full((n,), counter.forward_rows / n, dtype=torch.float64),
+            backward_rows=torch.full((n,), counter.backward_rows / n, dtype=torch.float64),
+            norm=threat.norm.value, eps=threat.eps, version=settings.version, seed=settings.seed,
+            precision=settings.precision, warnings=log.messages,
+        )
+
+
+IMPLEMENTATIONS = {impl.name: impl for impl in (OursImplementation(), ReferenceImplementation())}
+
+
+def attack_implementation(name: str):
+    if name not in IMPLEMENTATIONS:
+        raise AttackRunError(f"impl must be one of {list(IMPLEMENTATIONS)}, got {name!r}")
+    return IMPLEMENTATIONS[name]

@@ -1,0 +1,261 @@
+"""The attack run store: the only code that knows the layout of a run directory and the summary.json schema.
+
+One threat model's directory holds `run.json` (the identity of what its results depend on), per-batch tensor
+files of every shard (`shard-<i>-of-<n>/batch-<start>.pt`, atomic), and after merging `results.parquet` plus
+`summary.json`. Evaluation reads results only through `read_run`, which checks what it reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256
+from rgb.runs.settings import AttackRunError
+
+MANIFEST = "run.json"
+RESULTS_FILE = "results.parquet"
+SUMMARY_FILE = "summary.json"
+RESULT_COLUMNS = (
+    "image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust", "fooled_by", "perturbation_norm",
+    "forward_rows", "backward_rows",
+)
+SUMMARY_SCHEMA = 2
+
+
+@dataclass
+class RunSummary:
+    """summary.json of one merged threat-model run (schema 2). `from_json` refuses records missing a field."""
+
+    run: str
+    run_name: str
+    weights_sha256: str
+    model_family: str | None
+    model_name: str | None
+    loss: str | None
+    strategy: str | None
+    dataset: str
+    source: str
+    split: str
+    split_sha256: str
+    n: int
+    norm: str
+    eps: float
+    impl: str
+    impl_version: str
+    version: str
+    standard: bool
+    attacks: list[str]
+    seed: int
+    precision: str
+    tf32: bool
+    compile: bool
+    channels_last: bool
+    batch_size: int
+    threads: int
+    clean_accuracy: float
+    n_clean_correct: int
+    robust_accuracy: float
+    n_robust: int
+    accuracy_after: dict[str, float]
+    attack_seconds: float
+    forward_rows_per_image: float
+    backward_rows_per_image: float
+    results_sha256: str
+    versions: dict[str, str]
+    complete: bool
+    schema: int = SUMMARY_SCHEMA
+    export: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict, where: Path | str = "summary.json") -> RunSummary:
+        names = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        missing = sorted(required - set(record))
+        if missing or record.get("schema") != SUMMARY_SCHEMA:
+            raise AttackRunError(f"{where}: not a summary of this rgb version (schema {record.get('schema')}, "
+                                 f"missing {missing}); re-run `python attack.py ... merge_only=true`")
+        return cls(**{k: v for k, v in record.items() if k in names})
+
+    def line(self) -> str:
+        label = "" if self.standard else f" [{self.version}: not standard]"
+        impl = "" if self.impl == "ours" else f" [impl {self.impl} {self.impl_version}]"
+        return (
+            f"{self.norm} eps={self.eps:.6g}: robust accuracy {self.robust_accuracy:.2%} ({self.n_robust}/{self.n}), "
+            f"clean {self.clean_accuracy:.2%}, {self.attack_seconds:.1f}s wall time (sum over batches), "
+            f"{self.forward_rows_per_image:.0f} forward + {self.backward_rows_per_image:.0f} backward rows "
+            f"per image{label}{impl}"
+        )
+
+
+class RunDirectory:
+    """One threat model's run directory: manifest, per-batch result files of every shard, merged results."""
+
+    def __init__(self, directory: Path, identity: dict):
+        self.directory = Path(directory)
+        self.identity = identity
+        self.key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).digest()
+        self.starts = list(range(0, identity["n_images"], identity["batch_size"]))
+
+    def claim(self, create: bool = True) -> None:
+        """Adopt the directory (writing its manifest if `create`), refusing one made for another model,
+        dataset, budget, seed or version."""
+        manifest = self.directory / MANIFEST
+        if manifest.is_file():
+            try:
+                found = json.loads(manifest.read_text())
+            except ValueError as err:
+                raise AttackRunError(f"unreadable {manifest}: {err}; delete the directory to start over") from err
+            differ = [f"{k} {found.get(k)!r} (this run: {v!r})" for k, v in self.identity.items() if found.get(k) != v]
+            if differ:
+                raise AttackRunError(
+                    f"{self.directory} was made for another run: {'; '.join(differ)}; use another output_dir "
+                    f"or delete it"
+                )
+        elif create:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(manifest, self.identity)
+
+    def shard_starts(self, index: int, count: int) -> list[int]:
+        """Contiguous batches of shard `index` of `count` (whole batches, so sharding never changes a batch)."""
+        n = len(self.starts)
+        return self.starts[index * n // count: (index + 1) * n // count]
+
+    def shard_dir(self, index: int, count: int) -> Path:
+        return self.directory / f"shard-{index}-of-{count}"
+
+    def shard_of(self, start: int, count: int) -> int:
+        return next(i for i in range(count) if start in self.shard_starts(i, count))
+
+    def batch_files(self) -> dict[int, Path]:
+        """Finished batches, whichever shard layout wrote them."""
+        found: dict[int, Path] = {}
+        for path in sorted(self.directory.glob("shard-*-of-*/batch-*.pt")):
+            found.setdefault(int(path.stem.removeprefix("batch-")), path)
+        return found
+
+    def missing_batches(self) -> list[int]:
+        files = self.batch_files()
+        return [s for s in self.starts if s not in files]
+
+    def clear_temporary(self, index: int, count: int) -> None:
+        """Remove temp files left by a killed process of this shard."""
+        for stale in self.shard_dir(index, count).glob("*.tmp.*"):
+            stale.unlink()
+
+    def save(self, index: int, count: int, start: int, record: dict[str, torch.Tensor]) -> None:
+        shard_dir = self.shard_dir(index, count)
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save({**record, "identity": torch.tensor(list(self.key), dtype=torch.uint8)}, buffer)
+        atomic_write_bytes(shard_dir / f"batch-{start:06d}.pt", buffer.getvalue())
+
+    def load(self, path: Path, start: int) -> dict[str, torch.Tensor]:
+        try:
+            record = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # truncated or foreign file: name it, never guess
+            raise AttackRunError(f"unreadable batch file {path}: {type(err).__name__}: {err}; delete it to "
+                                 f"recompute that batch") from err
+        if not isinstance(record, dict) or bytes(record.get("identity", torch.empty(0)).tolist()) != self.key:
+            raise AttackRunError(f"{path} was written by another run than {self.directory / MANIFEST} describes")
+        n = min(self.identity["batch_size"], self.identity["n_images"] - start)
+        if not torch.equal(record["image_id"], torch.arange(start, start + n)):
+            raise AttackRunError(f"{path} does not hold images {start}..{start + n - 1}")
+        return record
+
+    def load_all(self, shard_count: int) -> list[dict[str, torch.Tensor]]:
+        """Every batch in image order; refuses (naming the missing shards) while any is missing."""
+        missing = self.missing_batches()
+        if missing:
+            raise AttackRunError(f"{self.directory}: cannot merge, {self.describe_missing(missing, shard_count)}")
+        files = self.batch_files()
+        return [self.load(files[s], s) for s in self.starts]
+
+    def describe_missing(self, missing: list[int], count: int) -> str:
+        by_shard: dict[int, list[int]] = {}
+        for start in missing:
+            by_shard.setdefault(self.shard_of(start, count), []).append(start)
+        parts = [
+            f"shard {i} of {count} ({len(starts)} batches, first {self.directory.name}/shard-{i}-of-{count}/"
+            f"batch-{starts[0]:06d}.pt)"
+            for i, starts in by_shard.items()
+        ]
+        return f"{len(missing)} of {len(self.starts)} batches missing: " + "; ".join(parts)
+
+    def write_results(self, columns: dict[str, torch.Tensor]) -> str:
+        """results.parquet (one row per image, RESULT_COLUMNS); returns its sha256 for the summary."""
+        table = pa.table({name: columns[name].numpy() for name in RESULT_COLUMNS})
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue().to_pybytes()
+        atomic_write_bytes(self.directory / RESULTS_FILE, data)
+        return hashlib.sha256(data).hexdigest()
+
+    def write_summary(self, summary: RunSummary) -> None:
+        atomic_write_json(self.directory / SUMMARY_FILE, summary.to_json())
+
+
+@dataclass
+class RunResult:
+    """A merged run as evaluation sees it: the summary and the per-image columns, cross-checked."""
+
+    directory: Path
+    summary: RunSummary
+    columns: dict[str, np.ndarray]
+
+
+def read_run(directory: Path) -> RunResult | None:
+    """The merged result of one threat-model run; None if there is none; AttackRunError if it is unfinished,
+    unreadable, or its files disagree with each other (a hand-edited results file or summary)."""
+    directory = Path(directory)
+    summary_file, results_file = directory / SUMMARY_FILE, directory / RESULTS_FILE
+    if not summary_file.is_file():
+        if directory.is_dir():
+            raise AttackRunError(f"attack run {directory} is not merged/complete (no {SUMMARY_FILE}): finish it or "
+                                 f"run `python attack.py ... merge_only=true`")
+        return None
+    try:
+        summary = RunSummary.from_json(json.loads(summary_file.read_text()), summary_file)
+        table = pq.read_table(results_file)
+    except (OSError, ValueError, pa.ArrowException) as err:
+        raise AttackRunError(f"unreadable attack result in {directory}: {str(err).splitlines()[0]}") from err
+    if file_sha256(results_file) != summary.results_sha256:
+        raise AttackRunError(f"refusing {directory}: {RESULTS_FILE} is not the file its {SUMMARY_FILE} was written "
+                             f"for (edited or replaced); re-run `python attack.py ... merge_only=true`")
+    missing = [c for c in RESULT_COLUMNS if c not in table.column_names]
+    if missing:
+        raise AttackRunError(f"refusing {directory}: {RESULTS_FILE} lacks columns {missing}")
+    columns = {c: np.asarray(table.column(c).to_numpy(zero_copy_only=False)) for c in RESULT_COLUMNS}
+    problems = []
+    if table.num_rows != summary.n or not summary.complete:
+        problems.append(f"{table.num_rows} rows for n={summary.n} (complete={summary.complete})")
+    if not np.array_equal(columns["image_id"], np.arange(table.num_rows)):
+        problems.append("image ids are not 0..n-1 in order")
+    robust, clean_correct = columns["robust"].astype(bool), columns["clean_correct"].astype(bool)
+    if (robust & ~clean_correct).any():
+        problems.append(f"{int((robust & ~clean_correct).sum())} images robust but misclassified clean")
+    if not np.array_equal(clean_correct, columns["clean_pred"] == columns["label"]):
+        problems.append("clean_correct disagrees with clean_pred == label")
+    if not np.array_equal(robust, columns["adv_pred"] == columns["label"]):
+        problems.append("robust disagrees with adv_pred == label")
+    if int(robust.sum()) != summary.n_robust or int(clean_correct.sum()) != summary.n_clean_correct:
+        problems.append(f"counts ({int(robust.sum())} robust, {int(clean_correct.sum())} clean) differ from the "
+                        f"summary ({summary.n_robust}, {summary.n_clean_correct})")
+    if problems:
+        raise AttackRunError(f"refusing {directory}: {'; '.join(problems)}")
+    return RunResult(directory, summary, columns)
+
+
+__all__ = ["MANIFEST", "RESULT_COLUMNS", "RunDirectory", "RunResult", "RunSummary", "read_run"]

@@ -1,0 +1,55 @@
+"""The public API: `from rgb import AutoAttack, benchmark, load_model`, and `rgb.benchmark` scoring a plain user
+nn.Module (not timm) on the mini benchmark through the same run store and records as attack.py / evaluate.py."""
+
+import json
+
+import pytest
+
+import rgb
+from rgb.evaluation.model_eval import EvaluationError
+from user_models import trained_small_cnn
+
+
+def test_public_names():
+    from rgb import AutoAttack, benchmark, load_model
+
+    assert AutoAttack is rgb.attacks.AutoAttack and load_model is rgb.models.load and callable(benchmark)
+
+
+@pytest.fixture(scope="module")
+def user_model(mini_dir):
+    return trained_small_cnn(mini_dir)
+
+
+def test_benchmark_scores_a_user_module_and_resumes(user_model, mini_dir, tmp_path):
+    rgb.benchmark(user_model, "mini", source=str(mini_dir), settings=("test", "common", "linf"),
+                           name="cnn", output_dir=tmp_path, progress=False)
+    scores = json.loads((tmp_path / "eval" / "digits" / "cnn" / "scores.json").read_text())
+    settings = scores["white_box"]["settings"]
+    assert settings["test"]["total"] == 450 and settings["common"]["total"] == 450
+    clean, robust = settings["test"]["accuracy"], settings["autoattack_linf"]["accuracy"]
+    assert clean > 0.5 and robust < clean  # a trained model that the attack partly breaks
+    assert settings["autoattack_l1"] is None and "autoattack_l1" in scores["white_box"]["missing"]
+    summary = json.loads((tmp_path / "attack" / "digits" / "cnn" / "linf" / "summary.json").read_text())
+    assert summary["standard"] and summary["model_family"] == "python" and summary["n"] == 450
+    assert summary["n_robust"] == settings["autoattack_linf"]["correct"]
+    batches = sorted((tmp_path / "attack" / "digits" / "cnn" / "linf").glob("shard-*/batch-*.pt"))
+    stamps = [p.stat().st_mtime_ns for p in batches]
+    rgb.benchmark(user_model, "digits", source=str(mini_dir), settings=("test", "common", "linf"), name="cnn",
+                  output_dir=tmp_path, progress=False)  # the dataset id works too; nothing is recomputed
+    assert [p.stat().st_mtime_ns for p in batches] == stamps
+
+
+def test_benchmark_refuses_changed_weights_in_an_old_run(user_model, mini_dir, tmp_path):
+    kwargs = dict(source=str(mini_dir), settings=("linf",), name="cnn", output_dir=tmp_path, progress=False)
+    rgb.benchmark(user_model, "mini", **kwargs)
+    changed = trained_small_cnn(mini_dir, epochs=1, seed=1)
+    with pytest.raises(rgb.runs.AttackRunError, match="made for another run: weights_sha256"):
+        rgb.benchmark(changed, "mini", **kwargs)
+
+
+def test_benchmark_bad_arguments_are_one_line(user_model, mini_dir, tmp_path):
+    with pytest.raises(EvaluationError, match="unknown dataset 'imagenet'"):
+        rgb.benchmark(user_model, "imagenet", output_dir=tmp_path)
+    with pytest.raises(EvaluationError, match="settings must be a non-empty subset"):
+        rgb.benchmark(user_model, "mini", settings=("linf", "l3"), output_dir=tmp_path)
