@@ -1,7 +1,13 @@
-"""PNG figures next to the scores: where people would rather look than read."""
+"""PNG figures next to the scores: where people would rather look than read.
+
+Every bar carries its value (a zero bar is drawn as a visible sliver labelled 0.00, a missing one as a hatched
+outline labelled "missing"), class indices are integers, and model names each get a row of their own.
+The `*_figure` functions return the figure (tests read it); `record_figures` saves those of one record.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -9,9 +15,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from rgb.evaluation.records import BlackBoxScore, ScoresRecord  # noqa: E402
+
+ZERO_SLIVER = 0.006  # height (in accuracy units) that keeps a zero bar visible
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")  # keeps a legend placed outside the axes in the picture
@@ -19,56 +30,150 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def settings_bars(per_dataset: dict[str, dict[str, float | None]], path: Path, title: str) -> Path:
-    """Accuracy per setting, grouped by dataset; a missing setting is drawn as a hatched 'missing' bar."""
-    datasets = list(per_dataset)
-    settings = list(dict.fromkeys(s for d in datasets for s in per_dataset[d]))
-    width = 0.8 / max(len(settings), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(datasets) * max(1, len(settings) / 4)), 4))
-    for j, setting in enumerate(settings):
-        xs = np.arange(len(datasets)) + j * width
-        values = [per_dataset[d].get(setting) for d in datasets]
-        ax.bar(xs, [v if v is not None else 0 for v in values], width, label=setting)
-        for x, v in zip(xs, values):
-            if v is None:
-                ax.text(x, 0.02, "missing", rotation=90, ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(np.arange(len(datasets)) + width * (len(settings) - 1) / 2, datasets)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
-    ax.set_title(title, fontsize=10)
+def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | None]],
+                 horizontal: bool = False) -> None:
+    """Bars of series[name][i] in group i, each labelled with its value; None is a hatched 'missing' outline."""
+    width = 0.8 / max(len(series), 1)
+    bar = ax.barh if horizontal else ax.bar
+    for j, (name, values) in enumerate(series.items()):
+        positions = np.arange(len(groups)) + (j - (len(series) - 1) / 2) * width
+        heights = [ZERO_SLIVER if v is None or v == 0 else v for v in values]
+        bars = bar(positions, heights, width, label=name)
+        color = bars.patches[0].get_facecolor() if bars.patches else None
+        for patch, value in zip(bars.patches, values):
+            if value is None:
+                patch.set_facecolor("none")
+                patch.set_edgecolor(color)
+                patch.set_hatch("//")
+            elif value == 0:
+                patch.set_edgecolor(color)  # a sliver with an outline stays visible at any size
+        labels = ["missing" if v is None else f"{v:.2f}" for v in values]
+        ax.bar_label(bars, labels, padding=2, fontsize=7, rotation=0 if horizontal else 90)
+    (ax.set_yticks if horizontal else ax.set_xticks)(np.arange(len(groups)), groups)
+    (ax.set_xlim if horizontal else ax.set_ylim)(0, 1.15)  # headroom for the labels above bars near 1
+    (ax.set_xlabel if horizontal else ax.set_ylabel)("accuracy")
+    if horizontal:
+        ax.invert_yaxis()  # first row on top
+
+
+def _legend_below(ax, entries: int) -> None:
     # Below the axes: inside, it would cover the bars of accuracies near 1.
-    ax.legend(fontsize=8, ncol=min(len(settings), 5), loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
-    return _save(fig, path)
+    ax.legend(fontsize=8, ncol=min(entries, 5), loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
 
 
-def attack_stages(stages_by_norm: dict[str, dict[str, float]], path: Path, title: str) -> Path:
-    """Robust accuracy after each AutoAttack stage (clean first), one line per norm."""
+def settings_figure(per_group: dict[str, dict[str, float | None]], title: str):
+    """Accuracy per setting, grouped (by dataset for one record)."""
+    groups = list(per_group)
+    settings = list(dict.fromkeys(s for g in groups for s in per_group[g]))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(settings) / 2), 4.2))
+    grouped_bars(ax, groups, {s: [per_group[g].get(s) for g in groups] for s in settings})
+    ax.set_title(title, fontsize=10)
+    _legend_below(ax, len(settings))
+    return fig
+
+
+def leaderboard_figure(per_model: dict[str, dict[str, float | None]], title: str):
+    """One row per model (names never overlap), one bar per setting."""
+    models = list(per_model)
+    settings = list(dict.fromkeys(s for m in models for s in per_model[m]))
+    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.28 * max(len(models), 1) * max(len(settings), 1)))
+    grouped_bars(ax, models, {s: [per_model[m].get(s) for m in models] for s in settings}, horizontal=True)
+    ax.set_title(title, fontsize=10)
+    _legend_below(ax, len(settings))
+    return fig
+
+
+def attack_stages_figure(stages_by_norm: dict[str, dict[str, float]], title: str):
+    """Robust accuracy after each AutoAttack stage (clean first), one line per norm, values at the points."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for norm, stages in stages_by_norm.items():
         ax.plot(list(stages), list(stages.values()), marker="o", label=norm)
-    ax.set_ylim(0, 1)
+        for x, y in zip(stages, stages.values()):
+            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+    ax.set_ylim(0, 1.1)
     ax.set_ylabel("accuracy")
     ax.set_xlabel("after attack stage")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
-def class_accuracy(per_class: dict[str, list[float]], class_names: list[str], path: Path, title: str,
-                   n_named: int = 5) -> Path:
-    """Per-class accuracy distribution per setting, sorted, with the worst classes of each named."""
+def class_accuracy_figure(per_class: dict[str, list[float | None]], class_names: list[str], title: str,
+                          n_named: int = 5):
+    """Per-class accuracy per setting, sorted worst first (integer class ranks), the worst classes named."""
     fig, axes = plt.subplots(1, len(per_class), figsize=(3.2 * len(per_class), 3.6), squeeze=False)
     for ax, (setting, values) in zip(axes[0], per_class.items()):
-        values = np.asarray(values, dtype=float)
+        values = np.asarray([np.nan if v is None else v for v in values], dtype=float)
         order = np.argsort(np.nan_to_num(values, nan=np.inf))
-        present = [i for i in order if not np.isnan(values[i])]
-        ax.bar(range(len(present)), values[present], color="tab:blue")
+        present = [int(i) for i in order if not np.isnan(values[i])]
+        heights = [max(values[i], ZERO_SLIVER) for i in present]
+        ax.bar(range(1, len(present) + 1), heights, color="tab:blue", edgecolor="tab:blue")
         ax.set_ylim(0, 1)
+        ax.set_xlim(0.4, len(present) + 0.6)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(setting, fontsize=9)
-        ax.set_xlabel("classes, worst first", fontsize=8)
-        worst = ", ".join(f"{class_names[i]} {values[i]:.2f}" for i in present[:n_named])
-        ax.text(0.02, 0.98, "worst: " + worst, transform=ax.transAxes, va="top", fontsize=6, wrap=True)
+        ax.set_xlabel("class rank, worst first", fontsize=8)
+        worst = "\n".join(f"{class_names[i]}: {values[i]:.2f}" for i in present[:n_named])
+        ax.text(0.02, 0.98, "worst:\n" + worst, transform=ax.transAxes, va="top", fontsize=6)
     axes[0][0].set_ylabel("accuracy")
-    fig.suptitle(title)
-    return _save(fig, path)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def severity_figure(sweep: dict[str, dict[int, float]], title: str):
+    """Accuracy against corruption severity (1-5), one line per corruption, the value at severity 5 labelled."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for corruption, by_severity in sweep.items():
+        severities = sorted(by_severity)
+        line, = ax.plot(severities, [by_severity[s] for s in severities], marker="o", label=corruption)
+        last = severities[-1]
+        ax.annotate(f"{by_severity[last]:.2f}", (last, by_severity[last]), textcoords="offset points",
+                    xytext=(4, 0), va="center", fontsize=7, color=line.get_color())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("severity")
+    ax.set_ylabel("accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.08, 0.5), frameon=False)
+    return fig
+
+
+def black_box_figure(black_box: BlackBoxScore, title: str):
+    """Accuracy on each transfer split per surrogate (the card's and others'), absent ones marked missing."""
+    splits = list(black_box.by_surrogate)
+    surrogates = sorted({s for split in splits for s in (*black_box.by_surrogate[split],
+                                                           *black_box.absent_surrogates.get(split, ()),
+                                                           *black_box.other_surrogates.get(split, {}))})
+    def value(split, surrogate):
+        found = black_box.by_surrogate[split].get(surrogate) or black_box.other_surrogates.get(split, {}).get(surrogate)
+        return None if found is None else found.value
+
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(splits) * max(len(surrogates), 1)), 4.2))
+    grouped_bars(ax, splits, {s: [value(split, s) for split in splits] for s in surrogates})
+    ax.set_title(title, fontsize=10)
+    _legend_below(ax, len(surrogates))
+    return fig
+
+
+def record_figures(record: ScoresRecord, class_names: list[str], out: Path) -> list[Path]:
+    """Every figure of one scores record, saved under `out`."""
+    title = record.title
+    settings = {s: (a.value if a else None) for s, a in record.white_box.settings.items()}
+    figures = [save(settings_figure({record.dataset: settings}, f"five settings: {title}"), out / "settings.png")]
+    stages = {n: a.accuracy_after for n, a in record.attacks.items()}
+    stages.update({f"{n} [{a.label()}]": a.accuracy_after for n, a in record.non_standard.items()})
+    if stages:
+        figures.append(save(attack_stages_figure(stages, f"AutoAttack stages: {title}"), out / "attack_stages.png"))
+    per_class = {k: v.per_class for k, v in record.class_wise.items()
+                 if k in ("test", "common") or k.startswith("autoattack")}
+    figures.append(save(class_accuracy_figure(per_class, class_names, f"per-class accuracy: {title}"),
+                        out / "class_accuracy.png"))
+    if record.severity_sweep:
+        sweep = {c: {s: a.value for s, a in by.items()} for c, by in record.severity_sweep.items()}
+        figures.append(save(severity_figure(sweep, f"severity sweep: {title}"), out / "severity_sweep.png"))
+    if record.black_box is not None:
+        figures.append(save(black_box_figure(record.black_box, f"black-box transfer: {title}"),
+                            out / "black_box.png"))
+    return figures

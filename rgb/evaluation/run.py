@@ -1,26 +1,38 @@
-"""What evaluate.py does with its config: score one model, or rank a pool of scored models."""
+"""What evaluate.py does with its config: score one model, or rank a pool of scored models.
+
+What it reports goes through `logging` (Hydra writes it to the console and to evaluate.log alike).
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.evaluation.attack_run import resolve_device
-from rgb.evaluation.leaderboard import find_records, to_markdown, write_leaderboard
+from rgb.core.machine import resolve_device
+from rgb.evaluation.leaderboard import LeaderboardError, find_records, to_markdown, write_leaderboard
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table
+from rgb.evaluation.records import RecordError
 from rgb.models import load_with_meta
 from rgb.models.io import WEIGHTS_FILE
+
+log = logging.getLogger(__name__)
 
 
 def run_evaluation(cfg: DictConfig) -> float | None:
     """Returns the (white-box) score of the model, for sweepers; None in pool mode or while incomplete."""
     if cfg.pool:
-        records = find_records(list(cfg.pool))
-        board = write_leaderboard(records, Path(cfg.leaderboard_dir), str(cfg.protocol))
-        print(to_markdown(board), end="")
-        print(f"leaderboard written to {cfg.leaderboard_dir}")
+        datasets = cfg.get("leaderboard_datasets")
+        try:
+            board = write_leaderboard(find_records(list(cfg.pool)), Path(cfg.leaderboard_dir), str(cfg.protocol),
+                                      None if datasets is None else [str(d) for d in datasets],
+                                      str(cfg.get("rank_by", "borda")))
+        except (LeaderboardError, RecordError) as err:
+            raise EvaluationError(str(err)) from err
+        log.info("%s", to_markdown(board).rstrip("\n"))
+        log.info("leaderboard written to %s", cfg.leaderboard_dir)
         return None
     if cfg.run is None:
         raise EvaluationError("nothing to evaluate: give run=<train output dir or .safetensors> or pool=[DIR,...]")
@@ -36,10 +48,10 @@ def run_evaluation(cfg: DictConfig) -> float | None:
         device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
     )
     record = evaluate_model(model, meta, run / WEIGHTS_FILE if run.is_dir() else run, instantiate(cfg.data), options)
-    print(format_table(record))
-    print(f"results in {options.out_dir}")
+    log.info("%s", format_table(record))
+    log.info("results in %s", options.out_dir)
     if cfg.wandb.enabled:
         from rgb.evaluation.wandb_report import log_evaluation
 
         log_evaluation(record, options.out_dir, str(cfg.wandb.project))
-    return record["white_box"]["score"]
+    return record.white_box.score

@@ -1,49 +1,57 @@
-"""The benchmark's aggregates: per-dataset scores, the Sum score, Borda ranks and the black-box protocol.
+"""The benchmark's aggregates: the Sum score over the card's datasets, Borda points and the black-box protocol.
 
 A missing setting stays missing (None) and is listed; it never counts as 0 and is never skipped silently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from rgb.data.catalog import TRANSFER_SPLITS
-from rgb.evaluation.metrics import Accuracy
+from rgb.data.catalog import DATASETS, TRANSFER_SPLITS
+from rgb.evaluation.records import PROTOCOLS, Accuracy, BlackBoxScore, JsonRecord, ProtocolScore
 
-WHITE_BOX_SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoattack_linf")
-BLACK_BOX_SETTINGS = ("test", "common", *TRANSFER_SPLITS)
-PROTOCOLS = {"white_box": WHITE_BOX_SETTINGS, "black_box": BLACK_BOX_SETTINGS}
-
-
-def dataset_score(settings: Mapping[str, Accuracy | None], protocol: str = "white_box") -> dict:
-    """Sum of one dataset's accuracies over the protocol's settings (max 5 white-box, 9 black-box)."""
-    names = PROTOCOLS[protocol]
-    missing = [s for s in names if settings.get(s) is None]
-    present = {s: settings[s] for s in names if settings.get(s) is not None}
-    return {
-        "score": None if missing else sum(a.value for a in present.values()),
-        "partial_sum": sum(a.value for a in present.values()),
-        "max": len(names),
-        "missing": missing,
-        "partial": any(a.partial for a in present.values()),
-    }
+# The benchmark Sum is over the card's six datasets (x five white-box settings = 30).
+BENCHMARK_DATASETS = tuple(DATASETS)
 
 
-def sum_score(per_dataset: Mapping[str, Mapping[str, Accuracy | None]], datasets, protocol="white_box") -> dict:
-    """Sum score over `datasets` (max 30 white-box on six datasets); None while anything is missing."""
-    missing, total, partial = [], 0.0, False
+@dataclass(frozen=True)
+class SumScore(JsonRecord):
+    """Sum of a model's settings over a list of datasets; `score` only when every (dataset, setting) is scored,
+    else the partial sum over `covered` of `max` settings, with what is missing listed."""
+
+    protocol: str
+    datasets: list[str]
+    partial_sum: float
+    covered: int
+    missing: list[str]
+    partial: bool
+
+    @property
+    def max(self) -> int:
+        return len(PROTOCOLS[self.protocol]) * len(self.datasets)
+
+    @property
+    def score(self) -> float | None:
+        return None if self.missing else self.partial_sum
+
+    def describe(self, digits: int = 2) -> str:
+        if self.score is not None:
+            return f"{self.score:.{digits}f}"
+        return f"{self.partial_sum:.{digits}f} / {self.covered} (partial, of {self.max})"
+
+
+def sum_score(per_dataset: Mapping[str, ProtocolScore | None], datasets: Sequence[str],
+              protocol: str = "white_box") -> SumScore:
+    """Sum over `datasets`; a dataset without a record counts all its settings as missing."""
+    missing, total, covered, partial = [], 0.0, 0, False
     for dataset in datasets:
-        scored = dataset_score(per_dataset.get(dataset, {}), protocol)
-        missing += [f"{dataset}/{s}" for s in scored["missing"]]
-        total += scored["partial_sum"]
-        partial |= scored["partial"]
-    return {
-        "score": None if missing else total,
-        "partial_sum": total,
-        "max": len(PROTOCOLS[protocol]) * len(list(datasets)),
-        "missing": missing,
-        "partial": partial,
-    }
+        found = per_dataset.get(dataset) or ProtocolScore(protocol, {})
+        missing += [f"{dataset}/{s}" for s in found.incomplete]
+        total += sum(a.value for a in found.scored.values())
+        covered += len(found.scored)
+        partial |= found.partial
+    return SumScore(protocol, list(datasets), total, covered, missing, partial)
 
 
 def borda_scores(pool: Mapping[str, Mapping[tuple[str, str], float]]) -> dict:
@@ -73,12 +81,26 @@ def strongest_surrogate(by_surrogate: Mapping[str, Accuracy | None]) -> tuple[st
     return name, available[name]
 
 
-def black_box_settings(
-    clean: Accuracy | None, common: Accuracy | None, transfer: Mapping[str, Mapping[str, Accuracy | None]]
-) -> tuple[dict[str, Accuracy | None], dict[str, str | None]]:
-    """The 9 black-box settings of one dataset from transfer[split][surrogate], and which surrogate won each."""
+def black_box_score(
+    clean: Accuracy | None,
+    common: Accuracy | None,
+    transfer: Mapping[str, Mapping[str, Accuracy]],
+    card: Mapping[str, Sequence[str]] | None,
+) -> BlackBoxScore:
+    """The 9 black-box settings of one dataset from transfer[split][surrogate] (the splits found).
+
+    `card`: surrogate -> splits the card lists for this dataset; only those surrogates enter the score, and one
+    of them absent makes that split's minimum an upper bound (named in `absent_surrogates`). Others are reported
+    beside. None (a dataset the card does not describe): every surrogate found counts.
+    """
     settings: dict[str, Accuracy | None] = {"test": clean, "common": common}
-    chosen: dict[str, str | None] = {}
+    chosen, by, absent, others = {}, {}, {}, {}
     for split in TRANSFER_SPLITS:
-        chosen[split], settings[split] = strongest_surrogate(transfer.get(split, {}))
-    return settings, chosen
+        found = transfer.get(split, {})
+        listed = sorted(found) if card is None else sorted(s for s, splits in card.items() if split in splits)
+        by[split] = {s: found[s] for s in listed if s in found}
+        absent[split] = [s for s in listed if s not in found]
+        others[split] = {s: a for s, a in sorted(found.items()) if s not in listed}
+        chosen[split], settings[split] = strongest_surrogate(by[split])
+    return BlackBoxScore("black_box", settings, chosen, by, {k: v for k, v in absent.items() if v},
+                         {k: v for k, v in others.items() if v})
