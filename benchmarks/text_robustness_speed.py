@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Classification view: per type, a head from the sum of each class's edited prompts.
     class_of = torch.arange(len(queries)) % args.classes
+    type_rows = {name: torch.tensor([item.type == name for item in perturbations]) for name in DEFAULT_TYPES}
     original_head = torch.zeros(args.classes, args.dim).index_add_(0, class_of, query_features)
 
     runs = []
@@ -82,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize(table)
         summary_s = time.perf_counter() - start
         start = time.perf_counter()
-        for type_name in DEFAULT_TYPES:
-            rows = torch.tensor([item.type == type_name for item in perturbations])
+        for rows in type_rows.values():
             head = torch.zeros(args.classes, args.dim).index_add_(0, class_of[source[rows]], perturbed_features[rows])
             classification_view(images, original_head, head, labels)
         classification_s = time.perf_counter() - start

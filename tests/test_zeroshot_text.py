@@ -206,6 +206,8 @@ def test_query_table_bad_inputs():
         query_table(torch.randn(5, 4), queries, queries[:1], items)
     with pytest.raises(ValueError, match="outside the 2 original queries"):
         query_table(images, queries, queries[:1], [_perturbation(2, "lowercase")])
+    with pytest.raises(ValueError, match="every k must be >= 1"):
+        query_table(images, queries, queries[:1], items, ks=(0,))
 
 
 def test_classification_view_by_hand():

@@ -4,7 +4,11 @@ Every edit is a `Perturbation` tagged (class, type, seed). Its randomness comes 
 (query text, type, seed) alone, so the same seed gives the same edits whatever the order, batching or subset of the
 queries. Types live in one registry, `PERTURBATION_TYPES` (name -> class, edit function).
 
-- Class 1 lexical and Class 2 syntactic edits are generated here.
+- Class 1 lexical and Class 2 syntactic edits are generated here (the 12 `DEFAULT_TYPES`). Choices the spec
+  leaves open: punctuation is one type that removes trailing punctuation or, where there is none, adds a period;
+  keyword extraction drops scikit-learn stop words but keeps the class name's words; there is no offline
+  part-of-speech tagger, so the seed's noun-only extraction becomes class-name-only (filled templates know their
+  class name; free-text queries get no such edit); word_shuffle shuffles the extracted keywords, as the seed does.
 - Class 3 semantic: `template_synonym` swaps one template word (photo, picture, ...) from a small built-in table;
   `synonym` and `paraphrase` come from a user JSONL file (`load_user_edits`), since no offline resource covers
   synonyms of class names or paraphrases.
