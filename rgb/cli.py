@@ -36,12 +36,13 @@ def register_resolvers() -> None:
     register_data_resolvers()
 
 
-HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c")
+HELP_FLAGS = ("--help", "-h", "--hydra-help")
+INSPECTION_FLAGS = ("--cfg", "-c", "--info", "-i")
 
 
 def _asks_for_help(argv: list[str]) -> bool:
-    """Hydra's help and config printing do not resolve interpolations: skip the resolvers' imports then."""
-    return any(a in HELP_FLAGS or a.startswith("--info") for a in argv)
+    """Hydra's help does not resolve interpolations: the resolvers' imports are skipped then."""
+    return any(a in HELP_FLAGS for a in argv)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -99,8 +100,9 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
     def entry() -> None:
         if infer_data:
             sys.argv[1:] = _infer_data_override(sys.argv[1:])
-        if not _asks_for_help(sys.argv[1:]):
-            missing = _missing_required(config_name, sys.argv[1:])
+        argv = sys.argv[1:]
+        if not _asks_for_help(argv):
+            missing = None if any(a in INSPECTION_FLAGS for a in argv) else _missing_required(config_name, argv)
             if missing:
                 sys.exit(f"{name}: error: {missing}")
             register_resolvers()

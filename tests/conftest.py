@@ -19,10 +19,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def _config_resolvers():
     """The `${rgb.*:...}` config resolvers, as every entry point registers them."""
     from rgb.cli import register_resolvers
-    from rgb.data.resolvers import register_resolvers as register_data_resolvers
 
     register_resolvers()
-    register_data_resolvers()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,6 +5,7 @@ test split, mostly with APGD-CE only so that a run takes seconds (the export tes
 at a budget APGD-CE wins at once; the cascade itself is tested in test_autoattack.py).
 """
 
+import logging
 import re
 import signal
 import subprocess
@@ -146,11 +147,12 @@ def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate,
 
 
 def test_two_shards_merge_to_the_single_shard_result_and_merge_names_a_missing_shard(
-    surrogate, small_bench, reference, tmp_path, capsys
+    surrogate, small_bench, reference, tmp_path, caplog
 ):
     out = tmp_path / "sharded"
+    caplog.set_level(logging.INFO, logger="rgb")
     assert attack(overrides(surrogate, small_bench, out, "shard.index=0", "shard.count=2")) == {}
-    assert "merge waits for" in capsys.readouterr().out
+    assert "merge waits for" in caplog.text
     with pytest.raises(AttackRunError, match=rf"shard 1 of 2 \({N_BATCHES // 2} batches"):
         attack(overrides(surrogate, small_bench, out, "merge_only=true", "shard.count=2"))
     assert not (out / "linf" / "results.parquet").exists()
@@ -189,7 +191,7 @@ def test_resume_with_other_weights_is_refused(small_bench, reference, tmp_path):
 
 
 def test_model_of_another_dataset_is_refused_before_anything_is_written(surrogate, tmp_path):
-    with pytest.raises(AttackRunError, match="trained on dataset 'digits' but the data config is 'flowers-102'"):
+    with pytest.raises(AttackRunError, match=r"on dataset 'digits' \(data=mini\) but the data config is data=flowers102"):
         attack([f"run={surrogate}", "data=flowers102", f"output_dir={tmp_path / 'out'}"])
     assert not (tmp_path / "out").exists()
 

@@ -3,11 +3,6 @@
 from rgb.data.benchmark import BenchmarkError, ImageSplit, check_aligned, class_names, config_name, load_split
 from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, TRANSFER_SPLITS, transfer_coverage
 from rgb.data.datamodule import RGBDataModule, paper_augmentation
-from rgb.data.resolvers import register_resolvers
-
-# The data configs' budgets are `${rgb.budget:...}` interpolations: whoever imports the data layer can resolve them
-# (entry points also register them explicitly, before composing; registering is idempotent).
-register_resolvers()
 
 __all__ = [
     "BenchmarkError",

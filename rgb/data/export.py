@@ -15,7 +15,7 @@ from PIL import Image
 
 from rgb.core.threat import ThreatModel
 from rgb.data.benchmark import BenchmarkError
-from rgb.data.snapshot import png_bytes, write_readme, write_split
+from rgb.data.snapshot import png_bytes, readme_title, write_readme, write_split
 
 # Exported 8-bit images must satisfy the budget up to the float32 precision of the stored eps (relative).
 QUANTISED_TOLERANCE = 1e-6
@@ -81,15 +81,6 @@ def export_adversarial_split(split, *, dataset: str, image_size: int, root: Path
         write_split(test_path, names, {k: rows[k] for k in rows.column_names if k != "image"} | {"image": clean})
     path = root / "data" / dataset / surrogate / f"{split_name}.parquet"
     write_split(path, names, columns)
-    write_readme(root, _readme_title(root) or f"{dataset} adversarial images from {surrogate}")
+    write_readme(root, readme_title(root) or f"{dataset} adversarial images from {surrogate}")
     return path
 
-
-def _readme_title(root: Path) -> str | None:
-    """The title of an existing snapshot README (kept when its config list is rewritten)."""
-    readme = root / "README.md"
-    if readme.is_file():
-        for line in readme.read_text().splitlines():
-            if line.startswith("# "):
-                return line[2:]
-    return None

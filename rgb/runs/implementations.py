@@ -13,6 +13,7 @@ from torch import nn
 
 import rgb
 from rgb.attacks.autoattack import AutoAttack, AutoAttackResult
+from rgb.attacks.registry import is_standard
 from rgb.core.threat import ThreatModel
 from rgb.runs.settings import AttackRunError
 
@@ -22,8 +23,9 @@ REFERENCE_CASCADE = "autoattack-reference"
 
 
 def _standard_settings(settings) -> bool:
-    """The protocol's number: the standard version, the whole cascade, fp32 (bf16 is not equivalent, spec §6.3)."""
-    return settings.version == "standard" and settings.attacks is None and settings.precision == "fp32"
+    """The protocol's number: a standard version of the attack table, the whole cascade, fp32 (bf16 is not
+    equivalent, spec §6.3 item 10)."""
+    return is_standard(settings.version) and settings.attacks is None and settings.precision == "fp32"
 
 
 class OursImplementation:

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from rgb.attacks.autoattack import AutoAttack, within_budget
+from rgb.core.configs import describe_data_config
 from rgb.core.files import file_sha256
 from rgb.core.machine import configure_threads
 from rgb.data.benchmark import ImageSplit
@@ -66,9 +67,10 @@ class Target:
         weights = settings.run / WEIGHTS_FILE if settings.run.is_dir() else settings.run
         datamodule = hydra.utils.instantiate(settings.data)
         if meta.get("dataset") != datamodule.dataset:
+            trained, given = describe_data_config(meta.get("dataset")), describe_data_config(datamodule.dataset)
             raise AttackRunError(
-                f"{settings.run} was trained on dataset {meta.get('dataset')!r} but the data config is "
-                f"{datamodule.dataset!r}: pass the data config of {meta.get('dataset')!r} (data=...)"
+                f"{settings.run} was trained on dataset {meta.get('dataset')!r} ({trained}) but the data config is "
+                f"{given} (dataset {datamodule.dataset!r}): pass {trained} or leave data= out"
             )
         split = datamodule.split("test")
         for key, expected in (("num_classes", len(split.class_names)), ("image_size", datamodule.image_size),
