@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from rgb.evaluation.records import BlackBoxScore, ScoresRecord  # noqa: E402
@@ -31,8 +32,10 @@ def save(fig, path: Path) -> Path:
 
 
 def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | None]],
-                 horizontal: bool = False) -> None:
-    """Bars of series[name][i] in group i, each labelled with its value; None is a hatched 'missing' outline."""
+                 horizontal: bool = False) -> list[Patch]:
+    """Bars of series[name][i] in group i, each labelled with its value; None is a hatched 'missing' outline.
+    Returns one legend handle per series (a legend built from the bars would copy a missing bar's hatch)."""
+    handles = []
     width = 0.8 / max(len(series), 1)
     bar = ax.barh if horizontal else ax.bar
     for j, (name, values) in enumerate(series.items()):
@@ -40,6 +43,7 @@ def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | N
         heights = [ZERO_SLIVER if v is None or v == 0 else v for v in values]
         bars = bar(positions, heights, width, label=name)
         color = bars.patches[0].get_facecolor() if bars.patches else None
+        handles.append(Patch(facecolor=color, label=name))
         for patch, value in zip(bars.patches, values):
             if value is None:
                 patch.set_facecolor("none")
@@ -54,11 +58,13 @@ def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | N
     (ax.set_xlabel if horizontal else ax.set_ylabel)("accuracy")
     if horizontal:
         ax.invert_yaxis()  # first row on top
+    return handles
 
 
-def _legend_below(ax, entries: int) -> None:
+def _legend_below(ax, handles: list[Patch]) -> None:
     # Below the axes: inside, it would cover the bars of accuracies near 1.
-    ax.legend(fontsize=8, ncol=min(entries, 5), loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
+    ax.legend(handles=handles, fontsize=8, ncol=min(len(handles), 5), loc="upper center",
+              bbox_to_anchor=(0.5, -0.12), frameon=False)
 
 
 def settings_figure(per_group: dict[str, dict[str, float | None]], title: str):
@@ -66,9 +72,9 @@ def settings_figure(per_group: dict[str, dict[str, float | None]], title: str):
     groups = list(per_group)
     settings = list(dict.fromkeys(s for g in groups for s in per_group[g]))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(settings) / 2), 4.2))
-    grouped_bars(ax, groups, {s: [per_group[g].get(s) for g in groups] for s in settings})
+    handles = grouped_bars(ax, groups, {s: [per_group[g].get(s) for g in groups] for s in settings})
     ax.set_title(title, fontsize=10)
-    _legend_below(ax, len(settings))
+    _legend_below(ax, handles)
     return fig
 
 
@@ -77,9 +83,10 @@ def leaderboard_figure(per_model: dict[str, dict[str, float | None]], title: str
     models = list(per_model)
     settings = list(dict.fromkeys(s for m in models for s in per_model[m]))
     fig, ax = plt.subplots(figsize=(8, 1.0 + 0.28 * max(len(models), 1) * max(len(settings), 1)))
-    grouped_bars(ax, models, {s: [per_model[m].get(s) for m in models] for s in settings}, horizontal=True)
+    handles = grouped_bars(ax, models, {s: [per_model[m].get(s) for m in models] for s in settings},
+                           horizontal=True)
     ax.set_title(title, fontsize=10)
-    _legend_below(ax, len(settings))
+    _legend_below(ax, handles)
     return fig
 
 
@@ -122,38 +129,41 @@ def class_accuracy_figure(per_class: dict[str, list[float | None]], class_names:
 
 
 def severity_figure(sweep: dict[str, dict[int, float]], title: str):
-    """Accuracy against corruption severity (1-5), one line per corruption, the value at severity 5 labelled."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for corruption, by_severity in sweep.items():
-        severities = sorted(by_severity)
-        line, = ax.plot(severities, [by_severity[s] for s in severities], marker="o", label=corruption)
-        last = severities[-1]
-        ax.annotate(f"{by_severity[last]:.2f}", (last, by_severity[last]), textcoords="offset points",
-                    xytext=(4, 0), va="center", fontsize=7, color=line.get_color())
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylim(0, 1.05)
+    """Accuracy per corruption (rows) and severity (columns) as a heat map with the value in every cell."""
+    corruptions = list(sweep)
+    severities = sorted({s for by in sweep.values() for s in by})
+    grid = np.array([[sweep[c].get(s, np.nan) for s in severities] for c in corruptions], dtype=float)
+    fig, ax = plt.subplots(figsize=(1.1 * len(severities) + 3, 0.38 * len(corruptions) + 1.4))
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    for (i, j), value in np.ndenumerate(grid):
+        ax.text(j, i, "missing" if np.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=8,
+                color="black" if value > 0.6 else "white")
+    ax.set_xticks(range(len(severities)), [str(s) for s in severities])
+    ax.set_yticks(range(len(corruptions)), corruptions)
     ax.set_xlabel("severity")
-    ax.set_ylabel("accuracy")
     ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.08, 0.5), frameon=False)
+    fig.colorbar(image, ax=ax, label="accuracy")
     return fig
 
 
 def black_box_figure(black_box: BlackBoxScore, title: str):
-    """Accuracy on each transfer split per surrogate (the card's and others'), absent ones marked missing."""
+    """Accuracy on each transfer split per surrogate: the card's (an absent one drawn missing) and, marked, those
+    outside the card (never in the score)."""
     splits = list(black_box.by_surrogate)
-    surrogates = sorted({s for split in splits for s in (*black_box.by_surrogate[split],
-                                                           *black_box.absent_surrogates.get(split, ()),
-                                                           *black_box.other_surrogates.get(split, {}))})
-    def value(split, surrogate):
-        found = black_box.by_surrogate[split].get(surrogate) or black_box.other_surrogates.get(split, {}).get(surrogate)
-        return None if found is None else found.value
+    card = sorted({s for split in splits for s in (*black_box.by_surrogate[split],
+                                                    *black_box.absent_surrogates.get(split, ()))})
+    others = sorted({s for by in black_box.other_surrogates.values() for s in by})
 
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(splits) * max(len(surrogates), 1)), 4.2))
-    grouped_bars(ax, splits, {s: [value(split, s) for split in splits] for s in surrogates})
+    def values(surrogate: str, found: dict[str, dict]) -> list[float | None]:
+        return [found.get(split, {})[surrogate].value if surrogate in found.get(split, {}) else None
+                for split in splits]
+
+    series = {s: values(s, black_box.by_surrogate) for s in card}
+    series.update({f"{s} (not the card's)": values(s, black_box.other_surrogates) for s in others})
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(splits) * max(len(series), 1)), 4.2))
+    handles = grouped_bars(ax, splits, series)
     ax.set_title(title, fontsize=10)
-    _legend_below(ax, len(surrogates))
+    _legend_below(ax, handles)
     return fig
 
 
