@@ -31,7 +31,7 @@ DEFAULT_KS = (10, 50, 100)
 
 def _as_batch(ranking: torch.Tensor) -> torch.Tensor:
     ranking = torch.as_tensor(ranking)
-    if ranking.dim() not in (1, 2) or ranking.shape[-1] == 0:
+    if ranking.dim() not in (1, 2) or ranking.numel() == 0:
         raise ValueError(f"a ranking is a non-empty (D,) or (Q, D) tensor of item indices, got shape {tuple(ranking.shape)}")
     if ranking.dtype.is_floating_point or ranking.dtype == torch.bool:
         raise ValueError(f"rankings hold integer item indices, got {ranking.dtype}")
@@ -49,7 +49,8 @@ def _positions(ranking: torch.Tensor, n_items: int) -> torch.Tensor:
 
 
 def overlap_counts(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """X[..., d - 1] = |A_d ∩ B_d| for d = 1..D, for rankings a, b of equal length D (item indices >= 0).
+    """X[..., d - 1] = |A_d ∩ B_d| for d = 1..D, for rankings a, b of equal length D (item indices >= 0, such as
+    collection row indices: the work and memory grow with the largest index).
 
     An item enters both top-d sets at depth max(position in a, position in b) + 1, so X is the cumulative
     histogram of those depths."""
