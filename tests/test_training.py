@@ -180,34 +180,6 @@ def test_linear_probe_leaves_backbone_parameters_and_bn_buffers_unchanged(tmp_pa
         assert not set(bn_stats) & set(unchanged)
 
 
-def test_resume_continues_at_the_right_epoch_and_checkpoints_are_weights_only(tmp_path, mini_dir):
-    overrides = ["debug=limit", "optim.scheduler=cosine", "optim.warmup_epochs=1", *FAST]
-    train(compose_train(tmp_path, mini_dir, *overrides))
-    last = tmp_path / "checkpoints" / "last.ckpt"
-    first = torch.load(last, weights_only=True)
-    assert (first["epoch"], first["global_step"]) == (1, 6)
-    primitive = (str, int, float, bool, type(None), list, dict)
-    stack = [first["hyper_parameters"]]
-    while stack:
-        node = stack.pop()
-        assert isinstance(node, primitive), type(node)
-        stack.extend(node.values() if isinstance(node, dict) else node if isinstance(node, list) else [])
-
-    train(compose_train(tmp_path, mini_dir, *overrides, "trainer.max_epochs=3"))  # ckpt_path=auto
-    resumed = torch.load(last, weights_only=True)
-    assert (resumed["epoch"], resumed["global_step"]) == (2, 9)
-    val_epochs = [[row["epoch"] for row in read_metrics(tmp_path, v) if row["val/loss"]] for v in (0, 1)]
-    assert val_epochs == [["0", "1"], ["2"]]  # the second start trained epoch 2 only
-
-    model, meta = load_with_meta(tmp_path)
-    best = torch.load(meta["checkpoint"], weights_only=True)["state_dict"]
-    reference = create_model("test_resnet", 10, pretrained=False).eval()
-    reference.load_state_dict({k.removeprefix("model."): v for k, v in best.items() if k.startswith("model.")})
-    x = torch.rand(5, 3, 32, 32)
-    assert torch.equal(model(x), reference(x))
-    assert meta["epochs"] == 3 and meta["weights"] == "best"
-
-
 def test_wandb_offline_writes_run_files_and_always_closes(tmp_path, mini_dir, monkeypatch):
     import wandb
 

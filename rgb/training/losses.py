@@ -76,13 +76,16 @@ class TRADES(TrainingLoss):
         return F.cross_entropy(clean.float(), y) + self.beta * kl
 
 
+# Loss name -> class; the ones with an `attack` take the inner attack as their first argument.
+LOSSES: dict[str, type[TrainingLoss]] = {"ce": CrossEntropy, "pgd_at": PGDAT, "trades": TRADES}
+
+
 def build_loss(name: str, attack: dict | None = None, **options) -> TrainingLoss:
     """Loss from its config (`conf/loss/<name>.yaml`): plain values only, so checkpoints stay weights-only."""
-    if name == "ce":
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
+    if LOSSES[name] is CrossEntropy:
         if attack is not None or options:
             raise ValueError(f"loss 'ce' takes no attack or options, got attack={attack} {options}")
         return CrossEntropy()
-    if name not in ("pgd_at", "trades"):
-        raise ValueError(f"unknown loss {name!r}; choose ce, pgd_at or trades")
-    inner = InnerAttack(**(attack or {}))
-    return PGDAT(inner, **options) if name == "pgd_at" else TRADES(inner, **options)
+    return LOSSES[name](InnerAttack(**(attack or {})), **options)

@@ -9,7 +9,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from rgb.models import NormalizedClassifier, apply_speed_options
 from rgb.training.losses import build_loss
-from rgb.training.optim import build_optimizer, warmup_cosine
+from rgb.training.optim import SCHEDULERS, build_optimizer, warmup_cosine
 
 STRATEGIES = ("full_finetune", "linear_probe")
 
@@ -116,8 +116,8 @@ class RobustFinetuneModule(L.LightningModule):
         optimizer = build_optimizer(self.model, **optim)
         if scheduler is None:
             return optimizer
-        if scheduler != "cosine":
-            raise ValueError(f"unknown scheduler {scheduler!r}; choose null or cosine")
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {SCHEDULERS}")
         total = self.trainer.estimated_stepping_batches
         warmup = round(total * warmup_epochs / max(1, self.trainer.max_epochs))
         lr_lambda = warmup_cosine(total, warmup)

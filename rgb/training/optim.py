@@ -8,6 +8,9 @@ import torch
 
 from rgb.models import NormalizedClassifier
 
+# Learning-rate schedules of `optim.scheduler` (None: constant, as in the paper).
+SCHEDULERS = (None, "cosine")
+
 
 def parameter_groups(
     model: NormalizedClassifier,

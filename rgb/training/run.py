@@ -1,4 +1,5 @@
-"""One training run from a composed Hydra config: fit (resuming if possible), export the best weights, report."""
+"""One training run from a composed Hydra config: check it, own its run dir, fit (resuming if possible), export the
+best weights with the record of what produced them."""
 
 from __future__ import annotations
 
@@ -9,14 +10,19 @@ from pathlib import Path
 
 import hydra
 import lightning as L
-import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from hydra.errors import InstantiationException
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.models import NormalizedClassifier, create_model, export_model
+from rgb.core import configure_threads
+from rgb.core.machine import DeviceError
+from rgb.models import META_FILE, NormalizedClassifier, create_model, export_model
+from rgb.training.config import TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
+from rgb.training.rundir import AtomicCheckpointIO, RunManifest, load_checkpoint_file, locked, start_record
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +33,7 @@ def accumulation_steps(effective_batch_size: int | None, batch_size: int, world_
         return 1
     per_step = batch_size * world_size
     if effective_batch_size % per_step:
-        raise ValueError(
+        raise TrainingConfigError(
             f"effective_batch_size {effective_batch_size} is not a multiple of batch_size x devices = {per_step}"
         )
     return effective_batch_size // per_step
@@ -91,38 +97,81 @@ def best_state_dict(best: ModelCheckpoint | None, module: RobustFinetuneModule) 
     """Weights of the best checkpoint (the module's own when no checkpoint was written, e.g. fast_dev_run)."""
     if best is None or not best.best_model_path:
         return module.model.state_dict(), "final"
-    state = torch.load(best.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
+    state = load_checkpoint_file(best.best_model_path)["state_dict"]
     return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, "best"
 
 
 def export_best(
-    cfg: DictConfig, datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, run_dir: Path
+    datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, run_dir: Path, record: dict
 ) -> Path:
+    """Export the best weights with what produced them: the run's stored identity and starts (`record`, from
+    run.json), never the command line of the start that happens to export."""
     recipe = module.model.recipe
     model: NormalizedClassifier = create_model(
         recipe["name"], recipe["num_classes"], pretrained=False, **recipe["timm_kwargs"]
     )
     state, which = best_state_dict(best, module)
     model.load_state_dict(state, strict=True)
+    identity = record["identity"]
     meta = {
         "class_names": datamodule.class_names,
         "dataset": datamodule.dataset,
         "data_source": datamodule.source,
         "image_size": datamodule.image_size,
-        "loss": OmegaConf.to_container(cfg.loss, resolve=True),
-        "strategy": cfg.strategy.name,
-        "optim": OmegaConf.to_container(cfg.optim, resolve=True),
+        "loss": section(identity, "loss"),
+        "strategy": identity["strategy.name"],
+        "optim": section(identity, "optim"),
         "epochs": module.current_epoch,
-        "effective_batch_size": cfg.effective_batch_size,
-        "precision": str(module.trainer.precision),
-        "seed": cfg.seed,
+        "effective_batch_size": identity["effective_batch_size"],
+        "precision": identity["trainer.precision"],
+        "seed": identity["seed"],
         "weights": which,
         "checkpoint": best.best_model_path if best is not None else "",
-        "monitor": cfg.monitor.metric,
+        "monitor": identity["monitor.metric"],
         "monitor_value": None if best is None or best.best_model_score is None
         else float(best.best_model_score),
+        "training": {"identity": identity, "starts": record["starts"]},
     }
     return export_model(model, run_dir, meta)
+
+
+def section(identity: dict, name: str) -> dict:
+    """The nested config group `name` back from the flat identity."""
+    nested: dict = {}
+    for key, value in identity.items():
+        if key.startswith(f"{name}."):
+            *parents, leaf = key.removeprefix(f"{name}.").split(".")
+            node = nested
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            node[leaf] = value
+    return nested
+
+
+class StartProgress(Callback):
+    """The global step at which this start began training (None when it had nothing left to train)."""
+
+    def __init__(self):
+        self.first_step: int | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.first_step = trainer.global_step
+
+    def trained(self, trainer) -> bool:
+        return self.first_step is not None and trainer.global_step > self.first_step
+
+
+def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
+    """The configured callbacks; a callback refusing its settings is reported as its own one-line error."""
+    callbacks = []
+    for node in (callbacks_cfg or {}).values():
+        try:
+            callbacks.append(hydra.utils.instantiate(node))
+        except InstantiationException as err:
+            if isinstance(err.__cause__, TrainingError):
+                raise err.__cause__ from None
+            raise
+    return callbacks
 
 
 def monitored_value(trainer: L.Trainer, best: ModelCheckpoint | None, metric: str) -> float:
@@ -135,8 +184,26 @@ def monitored_value(trainer: L.Trainer, best: ModelCheckpoint | None, metric: st
 
 def train(cfg: DictConfig) -> float:
     """Fit the configured run, export `model.safetensors` + `model.json` into the run dir, return the monitored
-    metric (best value when checkpointing, for Hydra sweepers)."""
+    metric (best value when checkpointing, for Hydra sweepers).
+
+    Before anything starts: the config is validated, the CPU threads set, the run dir locked and its identity
+    checked against run.json (process of rank 0; the other DDP ranks run under its lock)."""
+    validate_config(cfg)
+    try:
+        threads = configure_threads(cfg.get("threads", "auto"))
+    except DeviceError as err:
+        raise TrainingConfigError(str(err)) from None
     run_dir = Path(cfg.run_dir)
+    if rank_zero_only.rank != 0:
+        return fit_and_export(cfg, run_dir, threads, None, None)
+    with locked(run_dir):
+        manifest = RunManifest(run_dir)
+        return fit_and_export(cfg, run_dir, threads, manifest, manifest.claim(training_identity(cfg)))
+
+
+def fit_and_export(
+    cfg: DictConfig, run_dir: Path, threads: int, manifest: RunManifest | None, record: dict | None
+) -> float:
     if cfg.seed is not None:
         L.seed_everything(cfg.seed, workers=True)
     datamodule = hydra.utils.instantiate(cfg.data)
@@ -149,13 +216,15 @@ def train(cfg: DictConfig) -> float:
         channels_last=cfg.channels_last,
         compile=cfg.compile,
     )
-    callbacks = [hydra.utils.instantiate(c) for c in (cfg.callbacks or {}).values()]
+    progress = StartProgress()
+    callbacks = [*instantiate_callbacks(cfg.callbacks), progress]
     best = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
     loggers = build_loggers(cfg.logger, run_dir)
     status, summary = "failed", {}
     try:
         trainer: L.Trainer = hydra.utils.instantiate(
-            cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=cluster_plugins()
+            cfg.trainer, callbacks=callbacks, logger=loggers or False,
+            plugins=[*cluster_plugins(), AtomicCheckpointIO()],
         )
         trainer.accumulate_grad_batches = accumulation_steps(
             cfg.effective_batch_size, cfg.data.batch_size, trainer.world_size
@@ -165,11 +234,15 @@ def train(cfg: DictConfig) -> float:
         ckpt_path = resume_path(cfg.ckpt_path, last_checkpoint_file(callbacks))
         if ckpt_path is not None:
             log.info("resuming from %s", ckpt_path)
+        if manifest is not None:
+            record = manifest.add_start(record, start_record(threads, trainer, ckpt_path))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         value = monitored_value(trainer, best, cfg.monitor.metric)
-        if trainer.is_global_zero:
-            exported = export_best(cfg, datamodule, module, best, run_dir)
+        if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
+            exported = export_best(datamodule, module, best, run_dir, record)
             log.info("exported %s (%s = %.4f)", exported, cfg.monitor.metric, value)
+        elif trainer.is_global_zero:
+            log.info("nothing left to train in %s: %s unchanged", run_dir, META_FILE)
         summary = {f"best/{cfg.monitor.metric}": value, "epochs": module.current_epoch}
         status = "success"
         return value

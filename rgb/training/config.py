@@ -1,0 +1,158 @@
+"""What a training config must satisfy before anything starts, and which of its keys identify the weights.
+
+`validate_config` refuses nonsense hyper-parameters in one line (they used to train and export: a negative
+learning rate gave val/loss 1.2e9 and exit 0). `training_identity` is the resolved config minus the keys listed in
+`RESUMABLE_KEYS` (where things run and are written, how fast, how they are logged): a run dir keeps the identity
+of its first start in `run.json`, and a resume under another identity is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from fnmatch import fnmatchcase
+
+from omegaconf import DictConfig, OmegaConf
+
+from rgb.core import parse_norm
+from rgb.training.losses import LOSSES
+from rgb.training.module import STRATEGIES
+from rgb.training.optim import SCHEDULERS
+
+
+class TrainingError(RuntimeError):
+    """A one-line problem with a training run (its run dir, its checkpoints); the entry points print it as is."""
+
+
+class TrainingConfigError(TrainingError, ValueError):
+    """A training config that must not start: names the key, the rule and the value."""
+
+
+# Keys that may differ between starts of one run: they change where a run runs, writes or logs, or how fast, never
+# which weights it produces. Everything else is the run's identity. fnmatch patterns over dotted keys.
+RESUMABLE_KEYS = (
+    "run_name",
+    "run_dir",
+    "ckpt_path",
+    "threads",
+    "channels_last",
+    "compile",
+    "paths.*",
+    "logger.*",
+    "data.num_workers",
+    "data.pin_memory",
+    "data.cache_dir",
+    "data.eval_batch_size",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.max_time",
+    "trainer.default_root_dir",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "callbacks.progress_bar.*",
+    "callbacks.*.dirpath",
+    "callbacks.robust_val.batch_size",
+)
+
+
+def resumable(key: str) -> bool:
+    return any(fnmatchcase(key, pattern) or key.startswith(f"{pattern}.") for pattern in RESUMABLE_KEYS)
+
+
+def flatten(node, prefix: str = "") -> dict:
+    """{"a.b": leaf}; lists and empty mappings are leaves."""
+    if not isinstance(node, dict) or not node:
+        return {prefix: node}
+    flat = {}
+    for key, value in node.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def resolved(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def training_identity(cfg: DictConfig) -> dict:
+    """The resolved config without the resumable keys, as {dotted key: value}, sorted."""
+    return {key: value for key, value in sorted(flatten(resolved(cfg)).items()) if not resumable(key)}
+
+
+def identity_changes(stored: dict, current: dict) -> list[str]:
+    """`key stored -> current` for every key whose value differs (or exists on one side only)."""
+    missing = "(absent)"
+    return [
+        f"{key} {stored.get(key, missing)!r} -> {current.get(key, missing)!r}"
+        for key in sorted(set(stored) | set(current))
+        if stored.get(key, missing) != current.get(key, missing)
+    ]
+
+
+# ---------------------------------------------------------------- validation
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _norm(value) -> bool:
+    try:
+        parse_norm(value)
+    except ValueError:
+        return False
+    return True
+
+
+# key -> (rule, what the rule says). Missing keys are skipped: the instantiation names those.
+Rule = tuple[Callable[[object], bool], str]
+POSITIVE: Rule = (lambda v: _number(v) and v > 0, "a finite number > 0")
+NON_NEGATIVE: Rule = (lambda v: _number(v) and v >= 0, "a finite number >= 0")
+POSITIVE_INT: Rule = (lambda v: _integer(v) and v >= 1, "an integer >= 1")
+RULES: dict[str, Rule] = {
+    # The new head starts random: it must learn. A zero backbone lr keeps the backbone weights (its BN statistics
+    # still adapt under full_finetune): a meaningful ablation, so 0 is allowed there.
+    "optim.head_lr": POSITIVE,
+    "optim.backbone_lr": NON_NEGATIVE,
+    "optim.head_weight_decay": NON_NEGATIVE,
+    "optim.backbone_weight_decay": NON_NEGATIVE,
+    "optim.betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v),
+                    "two numbers in [0, 1)"),
+    "optim.scheduler": (lambda v: v in SCHEDULERS, f"one of {list(SCHEDULERS)}"),
+    "optim.warmup_epochs": NON_NEGATIVE,
+    "loss.name": (lambda v: v in LOSSES, f"one of {sorted(LOSSES)}"),
+    # beta = 0 is plain CE on clean images (with a wasted inner attack): allowed, the limit of the family.
+    "loss.beta": NON_NEGATIVE,
+    "loss.attack.norm": (_norm, "Linf, L2 or L1"),
+    "loss.attack.eps": POSITIVE,
+    "loss.attack.n_iter": POSITIVE_INT,
+    "strategy.name": (lambda v: v in STRATEGIES, f"one of {list(STRATEGIES)}"),
+    "data.batch_size": POSITIVE_INT,
+    "data.eval_batch_size": POSITIVE_INT,
+    "trainer.max_epochs": POSITIVE_INT,
+    "effective_batch_size": (lambda v: v is None or (_integer(v) and v >= 1), "null or an integer >= 1"),
+    "seed": (lambda v: v is None or _integer(v), "null or an integer"),
+    "monitor.mode": (lambda v: v in ("min", "max"), "min or max"),
+    "monitor.metric": (lambda v: isinstance(v, str) and bool(v), "a metric name"),
+    "threads": (lambda v: v == "auto" or (_integer(v) and v >= 1), "auto or an integer >= 1"),
+}
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise TrainingConfigError naming every key that breaks its rule (one line)."""
+    flat = flatten(resolved(cfg))
+    problems = [f"{key} must be {what}, got {flat[key]!r}" for key, (ok, what) in RULES.items()
+                if key in flat and not ok(flat[key])]
+    batch, effective = flat.get("data.batch_size"), flat.get("effective_batch_size")
+    if not problems and effective is not None and effective % batch:
+        problems.append(f"effective_batch_size {effective} must be a multiple of data.batch_size {batch}")
+    warmup, epochs = flat.get("optim.warmup_epochs"), flat.get("trainer.max_epochs")
+    if not problems and flat.get("optim.scheduler") and warmup is not None and warmup > epochs:
+        problems.append(f"optim.warmup_epochs {warmup} must not exceed trainer.max_epochs {epochs}")
+    if problems:
+        raise TrainingConfigError("invalid training config: " + "; ".join(problems))

@@ -1,0 +1,166 @@
+"""A train run dir that one process owns, that remembers which config it was made for, and whose checkpoints are
+whole or absent.
+
+- `run.lock`: an exclusive `flock` held while a run trains. The kernel drops it when its process dies, so a lock
+  left by a killed run on this host is simply taken over; a live holder is named (pid, host) in the refusal.
+- `run.json`: the training identity of the first start (rgb.training.config) and one record per start (time, host,
+  threads, devices, resumed checkpoint). A start under another identity is refused, naming the differing keys.
+- `AtomicCheckpointIO`: Lightning checkpoints via temp file + rename (a full disk leaves the previous checkpoint),
+  and a checkpoint that does not load is named in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import io
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from rgb.core import atomic_write_bytes, atomic_write_json
+from rgb.training.config import TrainingError, identity_changes
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "run.lock"
+MANIFEST = "run.json"
+CHECKPOINT_DIR = "checkpoints"
+# Keep the list of changes in a refusal readable.
+SHOWN_CHANGES = 6
+
+
+def _holder(lock_file: Path) -> str:
+    try:
+        record = json.loads(lock_file.read_text() or "{}")
+    except (OSError, ValueError):
+        record = {}
+    return f"pid {record.get('pid', '?')} on host {record.get('host', '?')} (since {record.get('since', '?')})"
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path):
+    """Hold `<run_dir>/run.lock` for the block; refuse in one line when another live process holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_file = run_dir / LOCK_FILE
+    handle = open(lock_file, "a+")  # never truncate before holding the lock: the holder's record stays readable
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise TrainingError(f"cannot lock {lock_file} ({err.strerror}): this filesystem has no flock") from err
+            raise TrainingError(
+                f"{run_dir} is in use by another training run: {_holder(lock_file)}; wait for it to finish or "
+                f"choose another run_name"
+            ) from None
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the flock
+
+
+def start_record(threads: int, trainer, resumed_from: str | None) -> dict:
+    """What this start ran on: recorded in run.json and, through it, in model.json."""
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "host": socket.gethostname(),
+        "threads": threads,
+        "accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
+        "devices": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "precision": str(trainer.precision),
+        "resumed_from": resumed_from,
+    }
+
+
+class RunManifest:
+    """`run.json` of a train run dir: {"task": "train", "identity": {...}, "starts": [...]}."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / MANIFEST
+
+    def read(self) -> dict | None:
+        if not self.path.is_file():
+            return None
+        try:
+            record = json.loads(self.path.read_text())
+        except (OSError, ValueError) as err:
+            raise TrainingError(f"unreadable {self.path} ({err}); delete the run dir {self.run_dir} to start over")
+        if not isinstance(record, dict) or record.get("task") != "train" or "identity" not in record:
+            raise TrainingError(f"{self.path} is not a training run record; use another run_name")
+        return record
+
+    def claim(self, identity: dict) -> dict:
+        """The stored record, written now if this is the run dir's first start; refuse another identity, and
+        checkpoints that no record describes (a run dir from before run.json, or foreign files)."""
+        record = self.read()
+        fresh = f"start fresh with another run_name, or delete {self.run_dir}"
+        if record is None:
+            checkpoints = sorted((self.run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
+            if checkpoints:
+                raise TrainingError(
+                    f"{self.run_dir} holds checkpoints ({checkpoints[0].name}, ...) but no {MANIFEST}, so the config "
+                    f"that made them is unknown; {fresh}"
+                )
+            record = {"task": "train", "identity": identity, "starts": []}
+            atomic_write_json(self.path, record)
+            return record
+        changes = identity_changes(record["identity"], identity)
+        if changes:
+            shown = ", ".join(changes[:SHOWN_CHANGES])
+            more = f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
+            raise TrainingError(f"{self.run_dir} was made by another training config: {shown}{more}; {fresh}")
+        return record
+
+    def add_start(self, record: dict, start: dict) -> dict:
+        record = {**record, "starts": [*record.get("starts", []), start]}
+        atomic_write_json(self.path, record)
+        return record
+
+
+def unreadable_checkpoint(path, err: BaseException) -> TrainingError:
+    reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+    return TrainingError(
+        f"cannot read checkpoint {path} ({reason}); it is truncated or not a checkpoint: delete it to start this run "
+        f"over, or pass ckpt_path=<another checkpoint of this run>"
+    )
+
+
+def load_checkpoint_file(path, map_location="cpu") -> dict:
+    """A Lightning checkpoint, weights-only (plain values); an unreadable file is a one-line TrainingError."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # truncated zip, foreign pickle, ...: name the file, never a 46-line traceback
+        raise unreadable_checkpoint(path, err) from err
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written whole (serialised in memory, temp file in the same dir, rename) and read weights-only."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(Path(path), buffer.getvalue())
+
+    def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only=None) -> dict:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"checkpoint {path} not found")
+        return load_checkpoint_file(path, map_location=map_location)

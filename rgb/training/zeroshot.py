@@ -1,0 +1,108 @@
+"""Heads built from prompts instead of gradients: `strategy=zeroshot` (the whole run) and `head_init=zeroshot`
+(fine-tuning starts from the prompt-built head). The prompts come from the `prompts` config group (rgb.zeroshot);
+labels are read only to report the validation accuracy of the finished head."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import hydra
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from rgb.core import resolve_device
+from rgb.models import export_model, load_clip_of
+from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
+
+log = logging.getLogger(__name__)
+
+
+def check_zeroshot_capable(model: torch.nn.Module) -> None:
+    if getattr(model, "family", None) != "openclip":
+        raise ValueError(
+            f"a zero-shot head needs a CLIP text tower: model family {getattr(model, 'family', 'factory')!r} has none "
+            "(use an open_clip model, e.g. model=openclip_vit_b16 or model=openclip_mini)"
+        )
+
+
+def prompt_head(model, cfg: DictConfig, datamodule, device: str = "cpu") -> ZeroShotHead:
+    """The head that `cfg.prompts` builds for `model`'s CLIP on the data's class names (unlabelled split images)."""
+    check_zeroshot_capable(model)
+    settings = PromptSettings.from_config(OmegaConf.to_container(cfg.prompts, resolve=True))
+    unlabelled = features_of(model, datamodule.eval_dataloader(settings.split), device)
+    return build_zeroshot_head(load_clip_of(model), datamodule.class_names, settings, datamodule.dataset,
+                               unlabelled, device)
+
+
+def log_head(head: ZeroShotHead) -> None:
+    """The ensemble's template weights, the kept templates and the worst classes by pseudo-Cmm."""
+    log.info("zero-shot head: %s ensemble over %d templates, %d kept, %d classes, logit scale %.2f",
+             head.ensemble, len(head.templates), int(head.kept.sum()), len(head.class_names), head.logit_scale)
+    ranked = sorted(zip(head.templates, head.weights.tolist(), head.kept.tolist()), key=lambda r: -r[1])
+    for template, weight, kept in ranked:
+        log.info("  template weight %.4f %s %r", weight, "kept   " if kept else "dropped", template)
+    if head.pseudo_cmm is not None:
+        cmm = dict(zip(head.class_names, head.pseudo_cmm))
+        log.info("worst classes by pseudo-Cmm (%d unlabelled images): %s", head.unlabelled_images,
+                 ", ".join(f"{c} ({cmm[c]:.3f})" for c in head.worst_classes))
+        without = sum(math.isnan(v) for v in head.pseudo_cmm)
+        if without:
+            log.info("%d classes have no pseudo-labelled image (left out of Cmm)", without)
+        for name, question in head.questions.items():
+            log.info("  ask a language model for %r: %s", name, question)
+    if head.enriched:
+        log.info("described classes: %s", ", ".join(head.enriched))
+
+
+def init_head_from_prompts(model, cfg: DictConfig, datamodule) -> ZeroShotHead:
+    """`head_init=zeroshot`: the image tower's head = logit_scale * W from the prompts, bias 0."""
+    head = prompt_head(model, cfg, datamodule, resolve_device("auto"))
+    model.set_head(head.logit_scale * head.head)
+    log_head(head)
+    return head
+
+
+def validation_metrics(model, datamodule, device: str) -> dict[str, float]:
+    """val/acc and val/loss (cross-entropy) of the finished head, for the log and for sweepers."""
+    model = model.to(device).eval()
+    correct, loss, count = 0, 0.0, 0
+    with torch.inference_mode():
+        for x, y, *_ in datamodule.eval_dataloader("validation"):
+            logits = model(x.to(device)).float().cpu()
+            correct += int((logits.argmax(1) == y).sum())
+            loss += float(F.cross_entropy(logits, y, reduction="sum"))
+            count += len(y)
+    return {"val/acc": correct / count, "val/loss": loss / count}
+
+
+def train_zeroshot(cfg: DictConfig) -> float:
+    """`strategy=zeroshot`: build the head (no gradient step), export the run dir like a trained run, return the
+    monitored validation metric."""
+    run_dir = Path(cfg.run_dir)
+    datamodule = hydra.utils.instantiate(cfg.data)
+    model = hydra.utils.instantiate(cfg.model)
+    head = init_head_from_prompts(model, cfg, datamodule)
+    device = resolve_device("auto")
+    metrics = validation_metrics(model, datamodule, device)
+    if cfg.monitor.metric not in metrics:
+        raise KeyError(f"monitored metric {cfg.monitor.metric!r} is not reported by strategy=zeroshot: {sorted(metrics)}")
+    meta = {
+        "class_names": datamodule.class_names,
+        "dataset": datamodule.dataset,
+        "data_source": datamodule.source,
+        "image_size": datamodule.image_size,
+        "loss": None,
+        "strategy": "zeroshot",
+        "epochs": 0,
+        "seed": cfg.seed,
+        "weights": "zeroshot",
+        "monitor": cfg.monitor.metric,
+        "monitor_value": metrics[cfg.monitor.metric],
+        "zeroshot": head.record(),
+    }
+    exported = export_model(model.cpu().eval(), run_dir, meta)
+    log.info("exported %s (val/acc %.4f, val/loss %.4f)", exported, metrics["val/acc"], metrics["val/loss"])
+    return metrics[cfg.monitor.metric]

@@ -1,0 +1,277 @@
+"""A train run dir never mixes runs: config identity on resume, what model.json records, the run-dir lock, whole
+checkpoints, and configs refused before anything starts (issue 13, training items)."""
+
+import csv
+import errno
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from rgb.core import file_sha256
+from rgb.models import create_model, load_with_meta
+from rgb.training import (
+    RESUMABLE_KEYS,
+    AtomicCheckpointIO,
+    RobustFinetuneModule,
+    TrainingConfigError,
+    TrainingError,
+    train,
+    training_identity,
+    validate_config,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ["data.batch_size=16", "data.eval_batch_size=32", "callbacks.progress_bar.refresh_rate=0"]
+SHORT = ["debug=limit", "trainer.max_epochs=1", *FAST]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """train() sets torch's thread count for the process; give the next test the session's."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def compose_train(run_dir, mini_dir, *overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("train", overrides=[f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides])
+
+
+def one_line(err) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def snapshot(run_dir):
+    return {name: file_sha256(run_dir / name) for name in ("model.safetensors", "model.json", "checkpoints/last.ckpt")}
+
+
+# ---------------------------------------------------------------- 1. resume under another config
+
+
+def test_resume_with_another_training_config_is_refused_and_changes_nothing(tmp_path, mini_dir):
+    train(compose_train(tmp_path, mini_dir, *SHORT))
+    before = snapshot(tmp_path)
+    with pytest.raises(TrainingError) as err:
+        train(compose_train(tmp_path, mini_dir, *SHORT, "loss=trades", "optim.head_lr=0.5"))
+    message = one_line(err)
+    assert "loss.name 'ce' -> 'trades'" in message and "optim.head_lr 0.003996 -> 0.5" in message
+    assert "loss.beta" in message and "another run_name" in message and str(tmp_path) in message
+    assert snapshot(tmp_path) == before
+    assert json.loads((tmp_path / "model.json").read_text())["loss"] == {"name": "ce"}
+
+
+def test_resumable_keys_may_change_and_are_listed_once(tmp_path, mini_dir):
+    cfg = compose_train(tmp_path, mini_dir, *SHORT)
+    moved = compose_train(tmp_path / "elsewhere", mini_dir, *SHORT, "threads=1", "data.num_workers=1",
+                          "data.eval_batch_size=8", "logger=wandb", "trainer.devices=1", "callbacks.progress_bar.refresh_rate=5")
+    assert training_identity(cfg) == training_identity(moved)
+    assert "loss.name" in training_identity(cfg) and "trainer.max_epochs" in training_identity(cfg)
+    assert {"threads", "logger.*", "paths.*", "trainer.devices", "trainer.max_time"} <= set(RESUMABLE_KEYS)
+
+
+def test_checkpoints_without_run_record_are_not_adopted(tmp_path, mini_dir):
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"epoch": 0}, tmp_path / "checkpoints" / "last.ckpt")
+    with pytest.raises(TrainingError, match="holds checkpoints .*but no run.json"):
+        train(compose_train(tmp_path, mini_dir, *SHORT))
+
+
+# ---------------------------------------------------------------- 2. model.json: what produced the weights
+
+
+class Interrupted(Exception):
+    pass
+
+
+def train_interrupted(cfg, monkeypatch, at_epoch: int) -> None:
+    """A job killed as epoch `at_epoch` starts: its last.ckpt holds epoch `at_epoch - 1`."""
+
+    def stop(self):
+        if self.current_epoch == at_epoch:
+            raise Interrupted
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RobustFinetuneModule, "on_train_epoch_start", stop, raising=False)
+        with pytest.raises(Interrupted):
+            train(cfg)
+
+
+def test_resume_continues_at_the_right_epoch_and_checkpoints_are_weights_only(tmp_path, mini_dir, monkeypatch):
+    overrides = ["debug=limit", "trainer.max_epochs=3", "optim.scheduler=cosine", "optim.warmup_epochs=1", *FAST]
+    train_interrupted(compose_train(tmp_path, mini_dir, *overrides), monkeypatch, at_epoch=2)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    first = torch.load(last, weights_only=True)
+    assert (first["epoch"], first["global_step"]) == (1, 6)
+    primitive = (str, int, float, bool, type(None), list, dict)
+    stack = [first["hyper_parameters"]]
+    while stack:
+        node = stack.pop()
+        assert isinstance(node, primitive), type(node)
+        stack.extend(node.values() if isinstance(node, dict) else node if isinstance(node, list) else [])
+
+    train(compose_train(tmp_path, mini_dir, *overrides))  # ckpt_path=auto
+    resumed = torch.load(last, weights_only=True)
+    assert (resumed["epoch"], resumed["global_step"]) == (2, 9)
+    val_epochs = []
+    for version in (0, 1):
+        with open(tmp_path / "csv" / f"version_{version}" / "metrics.csv") as f:
+            val_epochs.append([row["epoch"] for row in csv.DictReader(f) if row["val/loss"]])
+    assert val_epochs == [["0", "1"], ["2"]]  # the second start trained epoch 2 only
+
+    model, meta = load_with_meta(tmp_path)
+    best = torch.load(meta["checkpoint"], weights_only=True)["state_dict"]
+    reference = create_model("test_resnet", 10, pretrained=False).eval()
+    reference.load_state_dict({k.removeprefix("model."): v for k, v in best.items() if k.startswith("model.")})
+    x = torch.rand(5, 3, 32, 32)
+    assert torch.equal(model(x), reference(x))
+    assert meta["epochs"] == 3 and meta["weights"] == "best"
+
+
+def test_model_json_records_the_starts_that_trained_the_weights_not_a_later_command(tmp_path, mini_dir, monkeypatch):
+    two_epochs = ["debug=limit", *FAST]
+    train_interrupted(compose_train(tmp_path, mini_dir, *two_epochs, "threads=2"), monkeypatch, at_epoch=1)
+    assert not (tmp_path / "model.json").exists()
+
+    train(compose_train(tmp_path, mini_dir, *two_epochs, "threads=1"))  # the requeued job finishes epoch 1
+    assert torch.get_num_threads() == 1
+    meta = json.loads((tmp_path / "model.json").read_text())
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert meta["training"]["identity"] == run["identity"]
+    assert [s["threads"] for s in meta["training"]["starts"]] == [2, 1]
+    assert meta["training"]["starts"][1]["resumed_from"].endswith("last.ckpt")
+    assert meta["epochs"] == 2 and meta["loss"] == {"name": "ce"}
+
+    exported = snapshot(tmp_path)
+    train(compose_train(tmp_path, mini_dir, *two_epochs, "threads=2", "logger=wandb"))  # nothing left to train
+    assert snapshot(tmp_path) == exported
+    assert len(json.loads((tmp_path / "run.json").read_text())["starts"]) == 3
+
+
+# ---------------------------------------------------------------- 3. one process per run dir
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from rgb.training import locked
+with locked(Path(sys.argv[1])):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_second_run_on_a_locked_run_dir_refuses_naming_the_holder(tmp_path, mini_dir):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(TrainingError) as err:
+            train(compose_train(tmp_path, mini_dir, *SHORT))
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in one_line(err)
+        assert not (tmp_path / "run.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died without cleaning up: its lock file stays and is taken over.
+    assert json.loads((tmp_path / "run.lock").read_text())["pid"] == holder.pid
+    train(compose_train(tmp_path, mini_dir, *SHORT))
+    assert (tmp_path / "model.json").is_file()
+
+
+# ---------------------------------------------------------------- 4. whole checkpoints, unreadable ones named
+
+
+def test_checkpoint_write_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"epoch": 0, "w": torch.ones(1000)}, path)
+
+    def disk_full(self, data):
+        with open(self, "wb") as handle:
+            handle.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        io.save_checkpoint({"epoch": 1, "w": torch.zeros(1000)}, path)
+    monkeypatch.undo()
+    assert io.load_checkpoint(path)["epoch"] == 0
+
+
+def test_training_writes_checkpoints_through_the_atomic_io(tmp_path, mini_dir, monkeypatch):
+    import rgb.training.rundir as rundir
+
+    written = []
+    original = rundir.atomic_write_bytes
+    monkeypatch.setattr(rundir, "atomic_write_bytes", lambda path, data: (written.append(path.name),
+                                                                           original(path, data)))
+    train(compose_train(tmp_path, mini_dir, *SHORT))
+    assert "last.ckpt" in written and any(name.startswith("best-epoch") for name in written)
+
+
+def test_truncated_last_checkpoint_is_named_in_one_line(tmp_path, mini_dir):
+    train(compose_train(tmp_path, mini_dir, *SHORT))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with pytest.raises(TrainingError) as err:
+        train(compose_train(tmp_path, mini_dir, *SHORT))
+    assert f"cannot read checkpoint {last}" in one_line(err) and "delete it" in one_line(err)
+
+
+# ---------------------------------------------------------------- 5. nonsense refused before anything starts
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["optim.head_lr=-0.1"], "optim.head_lr must be a finite number > 0"),
+        (["optim.head_lr=0"], "optim.head_lr must be a finite number > 0"),
+        (["optim.backbone_lr=-1e-4"], "optim.backbone_lr must be a finite number >= 0"),
+        (["optim.backbone_weight_decay=-1"], "optim.backbone_weight_decay must be"),
+        (["optim.head_weight_decay=nan"], "optim.head_weight_decay must be"),
+        (["optim.betas=[0.9,1.5]"], "optim.betas must be two numbers in [0, 1)"),
+        (["optim.scheduler=linear"], "optim.scheduler must be one of"),
+        (["loss=trades", "loss.beta=-1"], "loss.beta must be a finite number >= 0"),
+        (["loss=pgd_at", "loss.attack.eps=0"], "loss.attack.eps must be a finite number > 0"),
+        (["loss=pgd_at", "loss.attack.n_iter=0"], "loss.attack.n_iter must be an integer >= 1"),
+        (["loss=pgd_at", "loss.attack.norm=L3"], "loss.attack.norm must be Linf, L2 or L1"),
+        (["data.batch_size=0"], "data.batch_size must be an integer >= 1"),
+        (["trainer.max_epochs=0"], "trainer.max_epochs must be an integer >= 1"),
+        (["effective_batch_size=100"], "effective_batch_size 100 must be a multiple of data.batch_size 16"),
+        (["threads=0"], "threads must be auto or an integer >= 1"),
+        (["monitor.mode=maximum"], "monitor.mode must be min or max"),
+    ],
+)
+def test_nonsense_hyperparameters_are_refused_before_anything_starts(tmp_path, mini_dir, overrides, key):
+    with pytest.raises(TrainingConfigError) as err:
+        train(compose_train(tmp_path / "run", mini_dir, *FAST, *overrides))
+    assert key in one_line(err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_problem_is_named_and_zero_backbone_lr_and_beta_are_allowed(tmp_path, mini_dir):
+    with pytest.raises(TrainingConfigError) as err:
+        validate_config(compose_train(tmp_path, mini_dir, "optim.head_lr=-1", "data.batch_size=0"))
+    assert "optim.head_lr" in one_line(err) and "data.batch_size" in one_line(err)
+    validate_config(compose_train(tmp_path, mini_dir, "optim.backbone_lr=0", "loss=trades", "loss.beta=0"))
+
+
+# ---------------------------------------------------------------- threads
+
+
+def test_threads_are_set_and_recorded(tmp_path, mini_dir, monkeypatch):
+    monkeypatch.setenv("RGB_THREADS", "1")
+    train(compose_train(tmp_path, mini_dir, *SHORT))  # threads=auto reads RGB_THREADS
+    starts = json.loads((tmp_path / "model.json").read_text())["training"]["starts"]
+    assert [s["threads"] for s in starts] == [1] and torch.get_num_threads() == 1
+    assert starts[0]["host"] == socket.gethostname() and starts[0]["resumed_from"] is None
+    assert time.strptime(starts[0]["started"], "%Y-%m-%dT%H:%M:%S")
