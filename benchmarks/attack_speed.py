@@ -20,9 +20,9 @@ import time
 import torch
 
 from rgb.attacks.autoattack import ATTACK_ORDER, AutoAttack
+from rgb.core.threat import Norm, parse_norm
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
-from rgb.evaluation.attack_run import NORMS
 from rgb.models import apply_speed_options, create_model, library_versions, load_with_meta
 
 # Spec §6.1: passes per image that survives every attack in the reference (fra31/auto-attack, standard version).
@@ -75,7 +75,7 @@ def measure(model, x, y, norm: str, args, device: str) -> dict:
             started[name] = time.perf_counter()
             print(f"{norm}: {name} ...", file=sys.stderr, flush=True)
 
-    attack = AutoAttack(model, NORMS[norm], eps, seed=args.seed, device=device, attacks=args.attacks, progress=mark)
+    attack = AutoAttack(model, parse_norm(norm), eps, seed=args.seed, device=device, attacks=args.attacks, progress=mark)
     sync(device)
     began = time.perf_counter()
     result = attack.run(x, y, batch_size=args.batch_size)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=64, help="images of the mini test split (from the start)")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--num-classes", type=int, default=10, help="head size for --model")
-    parser.add_argument("--norms", nargs="+", default=list(NORMS), choices=list(NORMS))
+    parser.add_argument("--norms", nargs="+", default=[n.key for n in Norm], choices=[n.key for n in Norm])
     parser.add_argument("--attacks", nargs="+", choices=ATTACK_ORDER, help="a subset (default: the standard cascade)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)

@@ -27,11 +27,10 @@ import torch
 
 from attack_speed import load_images
 from rgb.attacks.autoattack import AutoAttack
+from rgb.core.threat import Norm, parse_norm
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
-from rgb.evaluation.attack_run import NORMS
 from rgb.models import create_model, library_versions, load_with_meta
 
-REFERENCE_NORM = {"l1": "L1", "l2": "L2", "linf": "Linf"}
 _AFTER = re.compile(r"robust accuracy after (\S+): ([0-9.]+)%")
 
 
@@ -57,7 +56,7 @@ def run_reference(model, x, y, norm: str, eps: float, seed: int, batch_size: int
     logger.setLevel(logging.DEBUG)
     logger.addHandler(log)
     try:
-        attack = ReferenceAutoAttack(model, norm=REFERENCE_NORM[norm], eps=eps, version=version, seed=seed,
+        attack = ReferenceAutoAttack(model, norm=parse_norm(norm).value, eps=eps, version=version, seed=seed,
                                      device=device)
         start = time.perf_counter()
         x_adv, _ = attack.run_standard_evaluation(x, y, batch_size=batch_size)
@@ -122,7 +121,7 @@ def main(argv=None) -> None:
     parser.add_argument("--synthetic", type=int, default=64, help="uniform random images, when no --mini is given")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--n", type=int, default=450)
-    parser.add_argument("--norms", nargs="+", default=list(NORMS), choices=list(NORMS))
+    parser.add_argument("--norms", nargs="+", default=[n.key for n in Norm], choices=[n.key for n in Norm])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--version", default="standard", choices=["standard", "plus"])
     parser.add_argument("--batch-size", type=int, default=250)

@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from rgb.attacks.autoattack import PLUS_ORDER, AutoAttack, within_budget
+import subprocess
+import sys
+
+from rgb.attacks import ATTACKS, VERSIONS, AttackError, AttackResult, is_standard
+from rgb.attacks.autoattack import ATTACK_ORDER, PLUS_ORDER, AutoAttack, check_threat_model, within_budget
+from rgb.attacks.registry import AttackEntry, Step
 from toy_models import separable_data
 
 MIXED_EPS = {"Linf": 0.07, "L2": 0.8, "L1": 6.0}
@@ -100,7 +105,7 @@ def test_mode_restored_and_bad_inputs_refused(trained_mlp, batch):
     with pytest.raises(ValueError, match="eps must be positive"):
         AutoAttack(trained_mlp, "L2", 0.0)
     with pytest.raises(ValueError, match="version must be one of"):
-        AutoAttack(trained_mlp, "L2", 0.5, version="fast")
+        AutoAttack(trained_mlp, "L2", 0.5, version="strongest")
 
 
 class Probabilities(nn.Module):
@@ -190,3 +195,53 @@ def test_plus_at_l1_warns_that_the_eps_schedule_is_off(trained_mlp, batch):
     x, y = batch
     with pytest.warns(UserWarning, match="'plus' at L1 runs without the L1 eps schedule"):
         AutoAttack(trained_mlp, "L1", MIXED_EPS["L1"], version="plus", attacks=["apgd-ce"], n_iter=5).run(x, y)
+
+
+def test_versions_are_built_from_the_attack_table():
+    assert ATTACK_ORDER == ("apgd-ce", "apgd-t", "fab-t", "square") and VERSIONS["standard"].attacks == ATTACK_ORDER
+    assert is_standard("standard") and not any(is_standard(v) for v in VERSIONS if v != "standard")
+    assert not is_standard("no-such-version")
+    assert all(step.attack in ATTACKS for version in VERSIONS.values() for step in version.steps)
+    l1_targets = VERSIONS["standard"].steps[1].params_at("L1")
+    assert l1_targets == {"n_targets": 5, "eps_schedule": "largereps"}
+    assert VERSIONS["standard"].steps[1].params_at("Linf") == {"n_targets": 9}
+    assert VERSIONS["standard"].steps[0].params_at("L2") == {"loss": "ce"}
+    with pytest.raises(ValueError, match="unknown attack"):
+        Step("no-such-attack")
+    with pytest.raises(ValueError, match="unknown cascade inputs"):
+        AttackEntry(ATTACKS["square"].attack, frozenset({"temperature"}))
+    with pytest.raises(TypeError):
+        ATTACKS["apgd-ce"].params["loss"] = "dlr"  # table rows are shared and read-only
+
+
+def test_every_table_attack_follows_the_protocol(trained_mlp, batch):
+    x, y = batch[0][:6], batch[1][:6]
+    shared = {"clean_logits": trained_mlp(x), "generator": 0, "n_iter": 3, "n_queries": 5}
+    for name, entry in ATTACKS.items():
+        inputs = {key: value for key, value in shared.items() if key in entry.inputs}
+        result = entry.attack(trained_mlp, x, y, norm="L2", eps=0.5, **inputs, **entry.params)
+        assert isinstance(result, AttackResult), name
+        assert result.x_adv.shape == x.shape and result.fooled.shape == y.shape, name
+        assert result.forward_rows > 0 and result.backward_rows >= 0, name
+
+
+def test_threat_model_checks_are_errors(batch):
+    x = batch[0][:4]
+    check_threat_model(x, x.clone(), "Linf", 0.1, unchanged=torch.ones(4, dtype=torch.bool))
+    with pytest.raises(AttackError, match="exceeds the Linf budget"):
+        check_threat_model(x, (x + 0.2).clamp(0, 1), "Linf", 0.1)
+    with pytest.raises(AttackError, match=r"leaves \[0, 1\]"):
+        check_threat_model(x, x + 2, "L2", 100.0)
+    with pytest.raises(AttackError, match="NaN"):
+        check_threat_model(x, torch.full_like(x, float("nan")), "L1", 1.0)
+    moved = x.clone()
+    moved[0, 0, 0, 0] = 1 - moved[0, 0, 0, 0]
+    with pytest.raises(AttackError, match="robust point was returned perturbed"):
+        check_threat_model(x, moved, "L1", 1.0, unchanged=torch.tensor([True, False, False, False]))
+
+
+def test_threat_model_check_holds_under_python_O():
+    script = ("import torch\nfrom rgb.attacks import AttackError, check_threat_model\nx = torch.full((2, 3, 4, 4), 0.5)\n"
+              "try:\n    check_threat_model(x, x + 0.3, 'Linf', 0.1)\nexcept AttackError:\n    print('refused')\n")
+    out = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "refused"

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from rgb.attacks.common import EvalCounter, as_column, check_eps, make_generator, parse_norm, per_sample
+from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, as_column, check_eps, make_generator, per_sample
 from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
 from rgb.attacks.projections import project_l1_ball_box, project_l2, project_linf
+from rgb.core.threat import parse_norm
 
 LOSSES = ("ce", "dlr", "dlr-targeted")
 # Iterations between host syncs that drop fooled points (early_stop) and stop once all are fooled.
@@ -25,15 +26,11 @@ COMPACT_EVERY = 5
 
 
 @dataclass
-class APGDResult:
-    """x_best: highest-loss iterate per sample; x_adv: adversarial image where `fooled`, else exactly x."""
+class APGDResult(AttackResult):
+    """x_best: highest-loss iterate per sample (the training inner attack's output), loss_best its loss."""
 
     x_best: torch.Tensor
     loss_best: torch.Tensor
-    x_adv: torch.Tensor
-    fooled: torch.Tensor
-    forward_rows: int
-    backward_rows: int
 
 
 def checkpoint_schedule(n_iter: int) -> list[int]:
@@ -65,19 +62,17 @@ class _Objective:
     passes (Expectation over Transformation); logits and loss are those of the last pass, as in the reference.
     """
 
-    def __init__(self, model: nn.Module, loss: str, counters: list[EvalCounter], eot_iter: int = 1):
-        self.model, self.loss, self.counters, self.eot_iter = model, loss, counters, eot_iter
+    def __init__(self, model: nn.Module, loss: str, counter: EvalCounter, eot_iter: int = 1):
+        self.model, self.loss, self.counter, self.eot_iter = model, loss, counter, eot_iter
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        for counter in self.counters:
-            counter.forward(x.shape[0])
+        self.counter.forward(x.shape[0])
         with torch.no_grad():
             return self.model(x).float()
 
     def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor, y_target: torch.Tensor | None):
-        for counter in self.counters:
-            counter.forward(x.shape[0] * self.eot_iter)
-            counter.backward(x.shape[0] * self.eot_iter)
+        self.counter.forward(x.shape[0] * self.eot_iter)
+        self.counter.backward(x.shape[0] * self.eot_iter)
         x = x.detach().requires_grad_(True)
         grad = torch.zeros_like(x)
         for _ in range(self.eot_iter):
@@ -157,19 +152,14 @@ def _run(
         s["loss_best_last"] = loss.clone()
         checkpoints = checkpoint_schedule(n_iter)
         lengths = dict(zip(checkpoints, [checkpoints[0] + 1] + [b - a for a, b in zip(checkpoints, checkpoints[1:])]))
-    outputs = {name: s[name].clone() for name in ("x_best", "loss_best", "fooled", "x_adv")}
-    positions = torch.arange(n_rows, device=x.device)
+    live = LiveRows(s, outputs=("x_best", "loss_best", "fooled", "x_adv"))
+    s = live.state
 
     for i in range(n_iter):
         if early_stop and i % COMPACT_EVERY == 0:
-            for name in outputs:
-                outputs[name][positions] = s[name]
-            keep = (~s["fooled"]).nonzero().squeeze(1)
-            if keep.numel() == 0:
+            if live.keep(~live["fooled"]) == 0:
                 break
-            if keep.numel() < positions.numel():
-                s = {name: value[keep] for name, value in s.items()}
-                positions = positions[keep]
+            s = live.state
         x, eps = s["x"], s["eps"]
         x_k, step_col = s["x_k"], per_sample(s["step"], s["x"])
         if norm == "L1":
@@ -226,9 +216,7 @@ def _run(
                 "stage": stage, "iteration": i, "rows": s["rows"].clone(), "step_size": s["step"].clone(),
                 "loss": loss.clone(), "loss_best": s["loss_best"].clone(), "fooled": s["fooled"].clone(),
             })
-    for name in outputs:
-        outputs[name][positions] = s[name]
-    return outputs
+    return live.sync()
 
 
 def _restart_from_best(s: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
@@ -293,10 +281,10 @@ def apgd(
     eps = per_sample(eps, x).reshape(-1).clone()
     first_step = first_step if first_step is not None else (1.0 if norm == "L1" else 2.0)
     generator = make_generator(generator, x.device)
-    call_counter = EvalCounter()
+    call_counter = EvalCounter(parent=counter)
     if eot_iter < 1:
         raise ValueError(f"eot_iter must be >= 1, got {eot_iter}")
-    objective = _Objective(model, loss, [call_counter] + ([counter] if counter is not None else []), eot_iter)
+    objective = _Objective(model, loss, call_counter, eot_iter)
     if clean_logits is None and random_start:
         clean_logits = objective.logits(x)
     if clean_logits is not None:
@@ -338,7 +326,8 @@ def apgd(
         better = run["loss_best"] > loss_best[rows]
         x_best[rows] = torch.where(as_column(better, x), run["x_best"], x_best[rows])
         loss_best[rows] = torch.where(better, run["loss_best"], loss_best[rows])
-    return APGDResult(x_best, loss_best, x_adv, fooled, call_counter.forward_rows, call_counter.backward_rows)
+    return APGDResult(x_adv=x_adv, fooled=fooled, forward_rows=call_counter.forward_rows,
+                      backward_rows=call_counter.backward_rows, x_best=x_best, loss_best=loss_best)
 
 
 def apgd_targeted(
@@ -354,36 +343,62 @@ def apgd_targeted(
     counter: EvalCounter | None = None,
     **apgd_kwargs,
 ) -> APGDResult:
-    """APGD-T (spec §2.5): for target ranks 2..n_targets+1 of the clean logits, one targeted-DLR run on the
-    points not yet fooled. Success means argmax != y. x_best/loss_best come from the last run on each point.
-    Remaining keyword arguments go to `apgd` (n_iter, eps_schedule, early_stop, random_start, ...)."""
-    if "n_restarts" in apgd_kwargs or "loss" in apgd_kwargs or "y_target" in apgd_kwargs:
-        raise ValueError("apgd_targeted fixes loss='dlr-targeted', one restart per target and the targets itself")
+    """APGD-T (spec §2.5): the targets are the clean-logit ranks 2..n_targets+1, tried in that order by
+    `apgd_over_targets`. Remaining keyword arguments go to `apgd` (n_iter, eps_schedule, early_stop, ...)."""
     x = x.detach().float()
-    call_counter = EvalCounter()
+    call_counter = EvalCounter(parent=counter)
     if clean_logits is None:
-        clean_logits = _Objective(model, "ce", [call_counter]).logits(x)
+        clean_logits = _Objective(model, "ce", call_counter).logits(x)
     n_classes = clean_logits.shape[1]
-    if n_classes < 4:
-        raise ValueError(f"targeted DLR loss needs at least 4 classes, got {n_classes}")
+    _check_targeted_classes(n_classes)
     if not 1 <= n_targets <= n_classes - 1:
         raise ValueError(f"n_targets must be in [1, {n_classes - 1}] for {n_classes} classes, got {n_targets}")
+    targets = clean_logits.argsort(dim=1, descending=True)[:, 1:n_targets + 1]
+    result = apgd_over_targets(model, x, y, targets, norm=norm, eps=eps, clean_logits=clean_logits,
+                               generator=generator, counter=call_counter, **apgd_kwargs)
+    return replace(result, forward_rows=call_counter.forward_rows, backward_rows=call_counter.backward_rows)
+
+
+def apgd_over_targets(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    norm: str,
+    eps: float | torch.Tensor,
+    clean_logits: torch.Tensor,
+    generator: torch.Generator | int | None = None,
+    counter: EvalCounter | None = None,
+    **apgd_kwargs,
+) -> APGDResult:
+    """Targeted-DLR APGD against each column of `targets` (N, k) in turn, each run only on the points no earlier
+    run fooled. Success means argmax != y. x_best/loss_best come from the last run on each point."""
+    if "n_restarts" in apgd_kwargs or "loss" in apgd_kwargs or "y_target" in apgd_kwargs:
+        raise ValueError("targeted APGD fixes loss='dlr-targeted', one restart per target and the targets itself")
+    _check_targeted_classes(clean_logits.shape[1])
+    if targets.dim() != 2 or targets.shape[0] != x.shape[0]:
+        raise ValueError(f"targets must have shape ({x.shape[0]}, k), got {tuple(targets.shape)}")
+    x = x.detach().float()
+    call_counter = EvalCounter(parent=counter)
     generator = make_generator(generator, x.device)
-    ranking = clean_logits.argsort(dim=1, descending=True)
     fooled = clean_logits.argmax(dim=1) != y
     eps = per_sample(eps, x).reshape(-1)
     x_best, x_adv = x.clone(), x.clone()
     loss_best = torch.full((x.shape[0],), -torch.inf, device=x.device)
-    for rank in range(2, n_targets + 2):
+    for column in range(targets.shape[1]):
         rows = (~fooled).nonzero().squeeze(1)
         if rows.numel() == 0:
             break
         run = apgd(model, x[rows], y[rows], norm=norm, eps=eps[rows], loss="dlr-targeted",
-                   y_target=ranking[rows, rank - 1], clean_logits=clean_logits[rows], generator=generator,
+                   y_target=targets[rows, column], clean_logits=clean_logits[rows], generator=generator,
                    counter=call_counter, **apgd_kwargs)
         x_adv[rows], fooled[rows] = run.x_adv, run.fooled
         x_best[rows], loss_best[rows] = run.x_best, run.loss_best
-    if counter is not None:
-        counter.forward(call_counter.forward_rows)
-        counter.backward(call_counter.backward_rows)
-    return APGDResult(x_best, loss_best, x_adv, fooled, call_counter.forward_rows, call_counter.backward_rows)
+    return APGDResult(x_adv=x_adv, fooled=fooled, forward_rows=call_counter.forward_rows,
+                      backward_rows=call_counter.backward_rows, x_best=x_best, loss_best=loss_best)
+
+
+def _check_targeted_classes(n_classes: int) -> None:
+    if n_classes < 4:
+        raise ValueError(f"targeted DLR loss needs at least 4 classes, got {n_classes}")

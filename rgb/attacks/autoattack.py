@@ -1,10 +1,10 @@
-"""AutoAttack orchestration (spec §1): the standard cascade of APGD-CE, APGD-T, FAB-T and Square (and the
-`plus` and `rand` versions).
+"""AutoAttack orchestration (spec §1): the versions of `rgb.attacks.registry.VERSIONS` (the standard cascade
+of APGD-CE, APGD-T, FAB-T and Square; `plus`, `rand`) run as a cascade.
 
 The reported number is the point-wise worst case: a point is robust only if every attack fails on it. Each
 attack starts from the clean image and only sees the points still robust after the previous one, re-batched, so
 batches stay full as points drop out. Every success is re-verified in fp32 and every returned image is checked
-against the budget and the [0,1] box: asserted, not hoped.
+against the budget and the [0,1] box with errors that hold under `python -O`, not hoped.
 """
 
 from __future__ import annotations
@@ -17,25 +17,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rgb.attacks.apgd import apgd, apgd_targeted
-from rgb.attacks.common import EvalCounter, check_eps, lp_norm, parse_norm
-from rgb.attacks.fab import fab_targeted, fab_untargeted
-from rgb.attacks.square import square
+from rgb.attacks.common import AttackError, EvalCounter, check_eps, lp_norm
+from rgb.attacks.registry import ATTACKS, VERSIONS
+from rgb.core.threat import Norm, parse_norm
 
-ATTACK_ORDER = ("apgd-ce", "apgd-t", "fab-t", "square")
-# The `plus` version (spec §1.1): the untargeted attacks with 5 restarts each, then the targeted ones; no L1 eps
-# schedule (the reference only warns at L1).
-PLUS_ORDER = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
-PLUS_RESTARTS = 5
-# The `rand` version, for randomised defences: untargeted APGD with CE then DLR, gradients averaged by EoT.
-RAND_ORDER = ("apgd-ce", "apgd-dlr")
-RAND_EOT_ITER = 20
-VERSIONS = ("standard", "plus", "rand")
-ORDERS = {"standard": ATTACK_ORDER, "plus": PLUS_ORDER, "rand": RAND_ORDER}
+ATTACK_ORDER = VERSIONS["standard"].attacks
+PLUS_ORDER = VERSIONS["plus"].attacks
 PRECISIONS = ("fp32", "bf16")
 # Budget tolerances of spec §8.1 (float32 rounding of the projections).
-RELATIVE_TOLERANCE = {"L1": 1e-5, "L2": 1e-5}
+RELATIVE_TOLERANCE = {Norm.L1: 1e-5, Norm.L2: 1e-5}
 LINF_TOLERANCE = 1e-7
+# A black-box attack that lowers the accuracy by more than this below every other attack hints at masking.
+MASKING_MARGIN = 0.002
 
 
 @dataclass
@@ -65,30 +58,46 @@ class AutoAttackResult:
         return float(self.robust.float().mean()) if self.robust.numel() else 0.0
 
 
-def within_budget(delta: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
+def within_budget(delta: torch.Tensor, norm: str | Norm, eps: float) -> torch.Tensor:
     """Per-sample: is ||delta||_p <= eps up to the float32 tolerance of spec §8.1?"""
     norm = parse_norm(norm)
-    limit = eps + LINF_TOLERANCE if norm == "Linf" else eps * (1 + RELATIVE_TOLERANCE[norm])
+    limit = eps + LINF_TOLERANCE if norm == Norm.LINF else eps * (1 + RELATIVE_TOLERANCE[norm])
     return lp_norm(delta, norm) <= limit
+
+
+def check_threat_model(x: torch.Tensor, x_adv: torch.Tensor, norm: str | Norm, eps: float,
+                       unchanged: torch.Tensor | None = None) -> None:
+    """Raise AttackError unless every x_adv is free of NaN, inside [0,1] and within the budget around x, and
+    (where `unchanged` (N,) is True) exactly x. An error, not an assert: it must hold under `python -O`."""
+    if torch.isnan(x_adv).any():
+        raise AttackError("x_adv contains NaN")
+    if x_adv.numel() and (x_adv.min() < 0 or x_adv.max() > 1):
+        raise AttackError("x_adv leaves [0, 1]")
+    outside = ~within_budget(x_adv - x, norm, eps)
+    if outside.any():
+        raise AttackError(f"x_adv exceeds the {parse_norm(norm)} budget {eps:g} at {int(outside.sum())} image(s)")
+    if unchanged is not None and not torch.equal(x_adv[unchanged], x[unchanged]):
+        raise AttackError("a robust point was returned perturbed")
 
 
 class AutoAttack:
     """`AutoAttack(model, norm, eps).run(x, y)` for any model mapping [0,1] images to logits.
 
-    `version="standard"` runs the spec's table for `norm` (L1: 5 APGD-CE restarts and 5 APGD-T targets with the
-    3-2-1 eps schedule, Square-L1 included). `attacks` picks a subset in the standard order (for diagnostics;
-    a subset is not AutoAttack and is labelled as such by the caller). `precision="bf16"` runs the attacks under
-    bf16 autocast; a success only counts after an fp32 re-verification, which every success gets anyway.
-    `version="rand"` (randomised defences) runs APGD-CE and APGD-DLR with 20 EoT passes per gradient and skips
-    the randomness check; its robust flags are only as stable as the model's randomness allows.
-    `version="plus"` runs APGD-CE, APGD-DLR, untargeted FAB (5 restarts each), Square, APGD-T and FAB-T (9 targets
-    each), without the L1 eps schedule, as the reference does.
+    `version` names an entry of `rgb.attacks.registry.VERSIONS`: "standard" runs the spec's table for `norm`
+    (L1: 5 APGD-CE restarts and 5 APGD-T targets with the 3-2-1 eps schedule, Square-L1 included); "plus" runs
+    APGD-CE, APGD-DLR, untargeted FAB (5 restarts each), Square, APGD-T and FAB-T (9 targets each) without the
+    L1 eps schedule, as the reference does; "rand" (randomised defences) runs APGD-CE and APGD-DLR with 20 EoT
+    passes per gradient and skips the randomness check, so its flags are only as stable as the model's
+    randomness allows. "fast" (screening, never the benchmark's number) runs APGD-CE as standard, then APGD-T
+    over the MALT targets (`rgb.attacks.malt`), without FAB-T and Square. `attacks` picks a subset in the version's order (for diagnostics; a subset is not
+    AutoAttack and is labelled as such by the caller). `precision="bf16"` runs the attacks under bf16 autocast;
+    a success only counts after an fp32 re-verification, which every success gets anyway.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        norm: str,
+        norm: str | Norm,
         eps: float,
         version: str = "standard",
         seed: int = 0,
@@ -106,19 +115,19 @@ class AutoAttack:
         if not float(eps) > 0:
             raise ValueError(f"eps must be positive, got {eps}")
         if version not in VERSIONS:
-            raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+            raise ValueError(f"version must be one of {tuple(VERSIONS)}, got {version!r}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        order = ORDERS[version]
+        self.spec = VERSIONS[version]
+        order = self.spec.attacks
         attacks = list(order if attacks is None else attacks)
         unknown = [a for a in attacks if a not in order]
         if unknown or not attacks:
             raise ValueError(f"attacks of version {version!r} must be a non-empty subset of {order}, got {attacks}")
-        self.attacks = [a for a in order if a in attacks]
+        self.steps = [step for step in self.spec.steps if step.attack in attacks]
+        self.attacks = [step.attack for step in self.steps]
         self.eps = float(eps)
         self.version = version
-        # Standard L1: 5 APGD-CE restarts and 5 APGD-T targets under the 3-2-1 eps schedule (spec §1.1, §3.1).
-        self.l1_schedule = self.norm == "L1" and version == "standard"
         self.seed = int(seed)
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.batch_size = int(batch_size)
@@ -142,20 +151,31 @@ class AutoAttack:
         finally:
             self.model.train(was_training)
 
+    def _step_params(self, n_classes: int, caught: list[str]) -> dict[str, dict]:
+        """Each attack's keyword arguments at this norm; target counts capped at K-1 (with a warning)."""
+        params = {}
+        for step in self.steps:
+            entry = ATTACKS[step.attack]
+            if n_classes < entry.min_classes:
+                raise ValueError(f"{step.attack} needs at least {entry.min_classes} classes, the model has "
+                                 f"{n_classes}")
+            params[step.attack] = step.params_at(self.norm)
+            requested = params[step.attack].get("n_targets")
+            if requested is not None and requested > n_classes - 1:
+                params[step.attack]["n_targets"] = n_classes - 1
+                message = f"only {n_classes} classes: target count capped at {n_classes - 1} (min({requested}, K-1))"
+                if message not in caught:
+                    caught.append(message)
+        return params
+
     def _run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> AutoAttackResult:
         caught: list[str] = []
         clean_logits = self._logits(x, batch_size)
-        n_classes = clean_logits.shape[1]
-        caught += self._pre_checks(x[:batch_size], clean_logits[:batch_size], self.version != "rand")
-        n_targets_apgd = min(5 if self.l1_schedule else 9, n_classes - 1)
-        n_targets_fab = min(9, n_classes - 1)
-        if ("apgd-t" in self.attacks or "fab-t" in self.attacks) and n_classes < 4:
-            raise ValueError(f"APGD-T/FAB-T need at least 4 classes (targeted DLR loss), the model has {n_classes}")
-        if n_targets_fab < 9 and ("apgd-t" in self.attacks or "fab-t" in self.attacks):
-            caught.append(f"only {n_classes} classes: target count capped at {n_targets_fab} (min(9, K-1))")
-        if self.version == "plus" and self.norm == "L1":
-            caught.append("version 'plus' at L1 runs without the L1 eps schedule (as the reference, which asks to "
-                          "check such results); the standard version is the reference's L1 evaluation")
+        caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
+                                                  self.spec.deterministic_model))
+        params = self._step_params(clean_logits.shape[1], caught)
+        if self.norm in self.spec.notes:
+            caught.append(self.spec.notes[self.norm])
 
         y_adv = clean_logits.argmax(dim=1)
         clean_correct = y_adv == y
@@ -175,8 +195,7 @@ class AutoAttack:
                 if self.progress is not None:
                     self.progress(name, start, todo.numel())
                 spent = (counter.forward_rows, counter.backward_rows)
-                candidate = self._attack(name, x[rows], y[rows], clean_logits[rows], counter,
-                                         n_targets_apgd, n_targets_fab)
+                candidate = self._attack(name, x[rows], y[rows], clean_logits[rows], counter, params[name])
                 pred = self._logits(candidate, batch_size)  # fp32 verification of every returned image
                 counter.forward(len(rows))
                 forward_rows[rows] += (counter.forward_rows - spent[0]) / len(rows)
@@ -187,11 +206,7 @@ class AutoAttack:
                 robust[hit], fooled_by[hit] = False, k
             evaluations[name] = {"forward_rows": counter.forward_rows, "backward_rows": counter.backward_rows}
             accuracy_after[name] = float(robust.float().mean())
-        if "square" in self.attacks:
-            earlier = [v for a, v in accuracy_after.items() if a != "square"]
-            if accuracy_after["square"] < min(earlier) - 0.002:
-                caught.append("Square (black-box) lowered the accuracy below the white-box attacks: check for "
-                              "gradient masking")
+        caught += self._caveated(self._masking_checks(accuracy_after))
         self._final_checks(x, y, x_adv, robust, batch_size)
         for message in caught:
             warnings.warn(f"AutoAttack: {message}", stacklevel=3)
@@ -199,40 +214,26 @@ class AutoAttack:
             x_adv=x_adv, y_adv=y_adv, clean_correct=clean_correct, robust=robust, fooled_by=fooled_by,
             perturbation_norm=lp_norm(x_adv - x, self.norm), attacks=list(self.attacks),
             accuracy_after=accuracy_after, evaluations=evaluations, forward_rows=forward_rows,
-            backward_rows=backward_rows, norm=self.norm, eps=self.eps,
+            backward_rows=backward_rows, norm=self.norm.value, eps=self.eps,
             version=self.version, seed=self.seed, precision=self.precision, warnings=caught,
         )
 
-    def _attack(self, name, x, y, clean_logits, counter, n_targets_apgd, n_targets_fab) -> torch.Tensor:
+    def _attack(self, name, x, y, clean_logits, counter, params) -> torch.Tensor:
         """One attack on one batch of still-robust points; returns candidates on the CPU (clean where it failed)."""
         x, y, clean_logits = x.to(self.device), y.to(self.device), clean_logits.to(self.device)
-        common = dict(norm=self.norm, eps=self.eps, counter=counter)
+        entry = ATTACKS[name]
+        available = {"clean_logits": clean_logits, "generator": self.seed, "n_iter": self.n_iter,
+                     "n_queries": self.n_queries}
+        inputs = {key: value for key, value in available.items() if key in entry.inputs}
         with self._autocast():
-            if self.version == "rand":
-                out = apgd(self.model, x, y, loss="ce" if name == "apgd-ce" else "dlr", n_iter=self.n_iter,
-                           eot_iter=RAND_EOT_ITER, generator=self.seed, clean_logits=clean_logits, **common)
-            elif self.version == "plus" and name in ("apgd-ce", "apgd-dlr"):
-                out = apgd(self.model, x, y, loss="ce" if name == "apgd-ce" else "dlr", n_iter=self.n_iter,
-                           n_restarts=PLUS_RESTARTS, generator=self.seed, clean_logits=clean_logits, **common)
-            elif name == "fab":
-                out = fab_untargeted(self.model, x, y, n_restarts=PLUS_RESTARTS, n_iter=self.n_iter,
-                                     generator=self.seed, clean_logits=clean_logits, **common)
-            elif name == "apgd-ce":
-                out = apgd(self.model, x, y, loss="ce", n_iter=self.n_iter, n_restarts=5 if self.l1_schedule else 1,
-                           eps_schedule="largereps" if self.l1_schedule else None, generator=self.seed,
-                           clean_logits=clean_logits, **common)
-            elif name == "apgd-t":
-                out = apgd_targeted(self.model, x, y, n_targets=n_targets_apgd, n_iter=self.n_iter,
-                                    eps_schedule="largereps" if self.l1_schedule else None,
-                                    generator=self.seed, clean_logits=clean_logits, **common)
-            elif name == "fab-t":
-                out = fab_targeted(self.model, x, y, n_targets=n_targets_fab, n_iter=self.n_iter,
-                                   clean_logits=clean_logits, **common)
-            else:
-                out = square(self.model, x, y, n_queries=self.n_queries, generator=self.seed, **common)
+            out = entry.attack(self.model, x, y, norm=self.norm, eps=self.eps, counter=counter, **inputs, **params)
         return torch.where(out.fooled.view(-1, 1, 1, 1), out.x_adv.float(), x).cpu()
 
     # -- helpers -----------------------------------------------------------------------------------------
+    def _caveated(self, found: list[str]) -> list[str]:
+        """The version's caveat on each warning of the reference's checks (a cheap version cannot settle them)."""
+        return [f"{message} ({self.spec.caveat})" if self.spec.caveat else message for message in found]
+
     def _autocast(self):
         if self.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
@@ -265,16 +266,25 @@ class AutoAttack:
             found.append("the model seems to output probabilities (softmax); attacks need logits")
         return found
 
+    def _masking_checks(self, accuracy_after: dict[str, float]) -> list[str]:
+        """The reference's check (spec §1.2): a black-box attack beating every other attack hints at masking."""
+        found = []
+        for name in self.attacks:
+            if ATTACKS[name].black_box and len(accuracy_after) > 2:
+                others = min(v for a, v in accuracy_after.items() if a != name)
+                if accuracy_after[name] < others - MASKING_MARGIN:
+                    found.append(f"{name} (black-box) lowered the accuracy below the white-box attacks: check "
+                                 "for gradient masking")
+        return found
+
     def _final_checks(self, x, y, x_adv, robust, batch_size) -> None:
         """Budget, box, NaN and the cascade rule: robust == (fp32 prediction on x_adv is correct)."""
-        assert not torch.isnan(x_adv).any(), "x_adv contains NaN"
-        assert x_adv.min() >= 0 and x_adv.max() <= 1, "x_adv leaves [0, 1]"
-        assert within_budget(x_adv - x, self.norm, self.eps).all(), "x_adv exceeds the budget"
-        assert torch.equal(x_adv[robust], x[robust]), "a robust point was returned perturbed"
-        if self.version == "rand":  # a randomised model may answer differently on a second look
+        check_threat_model(x, x_adv, self.norm, self.eps, unchanged=robust)
+        if not self.spec.deterministic_model:  # a randomised model may answer differently on a second look
             return
         correct = self._logits(x_adv, batch_size).argmax(dim=1) == y
-        assert torch.equal(correct, robust), "robust flags disagree with an fp32 re-evaluation of x_adv"
+        if not torch.equal(correct, robust):
+            raise AttackError("robust flags disagree with an fp32 re-evaluation of x_adv")
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -1,30 +1,49 @@
-"""Helpers shared by every attack: norm names, per-sample norms, eps broadcasting, RNG, eval counting."""
+"""What every attack shares: the attack protocol and its result, per-sample norms, eps broadcasting, RNG,
+evaluation counting and the live-row bookkeeping of loops that drop finished points."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+from torch import nn
 
-NORMS = ("Linf", "L2", "L1")
-
-
-def parse_norm(norm: str) -> str:
-    """Canonical norm name ("Linf", "L2" or "L1") from any capitalisation."""
-    if isinstance(norm, str):
-        for name in NORMS:
-            if norm.lower() == name.lower():
-                return name
-    raise ValueError(f"norm must be one of {NORMS} (any case), got {norm!r}")
+from rgb.core.threat import Norm, parse_norm
 
 
-def lp_norm(delta: torch.Tensor, norm: str) -> torch.Tensor:
+@dataclass
+class AttackResult:
+    """What every attack returns. x_adv: the adversarial image where `fooled` (argmax != y within the budget),
+    else exactly the clean image; forward_rows / backward_rows: model evaluations this call spent, in rows."""
+
+    x_adv: torch.Tensor
+    fooled: torch.Tensor
+    forward_rows: int
+    backward_rows: int
+
+
+class Attack(Protocol):
+    """An attack: images x in [0,1] (N, ...) with labels y under an (norm, eps) budget -> AttackResult.
+
+    Other keyword arguments are the attack's own; `counter`, if given, is also charged every evaluation."""
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, norm: str | Norm,
+                 eps: float | torch.Tensor, counter: EvalCounter | None = None, **params) -> AttackResult: ...
+
+
+class AttackError(RuntimeError):
+    """A returned adversarial image breaks the threat model (budget, [0,1] box, NaN, or the cascade rule)."""
+
+
+def lp_norm(delta: torch.Tensor, norm: str | Norm) -> torch.Tensor:
     """Per-sample norm of `delta` (leading batch dim, any trailing shape) -> shape (N,)."""
     flat = delta.flatten(1)
     norm = parse_norm(norm)
-    if norm == "Linf":
+    if norm == Norm.LINF:
         return flat.abs().amax(dim=1)
-    if norm == "L2":
+    if norm == Norm.L2:
         return flat.norm(p=2, dim=1)
     return flat.abs().sum(dim=1)
 
@@ -63,21 +82,67 @@ def make_generator(generator: torch.Generator | int | None, device: torch.device
 class EvalCounter:
     """Model evaluations spent by attacks, in rows (one row = one image through the model).
 
-    Attacks call `forward(n)` for every forward pass over n rows and `backward(n)` for every
-    backward pass, so a caller can report the cost per attacked image.
+    Attacks call `forward(n)` for every forward pass over n rows and `backward(n)` for every backward pass,
+    so a caller can report the cost per attacked image. A counter with a `parent` also charges the parent:
+    an attack counts its own call while the caller's counter keeps the running total.
     """
 
     forward_rows: int = 0
     backward_rows: int = 0
+    parent: EvalCounter | None = None
 
     def forward(self, n_rows: int) -> None:
         self.forward_rows += int(n_rows)
+        if self.parent is not None:
+            self.parent.forward(n_rows)
 
     def backward(self, n_rows: int) -> None:
         self.backward_rows += int(n_rows)
+        if self.parent is not None:
+            self.parent.backward(n_rows)
 
     def per_image(self, n_images: int) -> dict[str, float]:
         """Forward and backward rows per attacked image."""
         if n_images <= 0:
             raise ValueError(f"n_images must be positive, got {n_images}")
         return {"forward": self.forward_rows / n_images, "backward": self.backward_rows / n_images}
+
+
+class LiveRows:
+    """The rows of a batch that an attack loop still works on: drop finished points without losing their results.
+
+    `state` maps names to per-row tensors of the live rows only; `results` holds the tensors named in `outputs`
+    for every row of the batch, brought up to date by `sync`. Dropping rows assumes the model treats samples
+    independently (eval mode).
+    """
+
+    def __init__(self, state: dict[str, torch.Tensor], outputs: Iterable[str]):
+        self.state = dict(state)
+        first = next(iter(self.state.values()))
+        self.positions = torch.arange(first.shape[0], device=first.device)
+        self.results = {name: self.state[name].clone() for name in outputs}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.state[name]
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self.state[name] = value
+
+    def __len__(self) -> int:
+        return self.positions.numel()
+
+    def sync(self) -> dict[str, torch.Tensor]:
+        """Write the live rows' outputs into `results` (which is returned)."""
+        for name, full in self.results.items():
+            full[self.positions] = self.state[name]
+        return self.results
+
+    def keep(self, mask: torch.Tensor) -> int:
+        """Sync, then keep only the live rows where `mask` holds (one host sync); returns how many remain."""
+        self.sync()
+        kept = mask.nonzero().squeeze(1)
+        if kept.numel() < self.positions.numel():
+            self.state = {name: value[kept] for name, value in self.state.items()}
+            self.positions = self.positions[kept]
+        return kept.numel()
+

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rgb.attacks.common import EvalCounter, check_eps, lp_norm, make_generator, parse_norm
+from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, check_eps, lp_norm, make_generator
+from rgb.core.threat import parse_norm
 
 # Coordinates whose gradient entry is below this never move in the L2 and L1 projections (spec §4).
 _ZERO_WEIGHT = 1e-8
@@ -29,13 +30,10 @@ _DUAL_NORM = {"Linf": "L1", "L2": "L2", "L1": "Linf"}
 
 
 @dataclass
-class FABResult:
-    """x_adv: adversarial image where `fooled`, else the clean image; fooled: argmax != y within eps;
-    norms: smallest adversarial perturbation norm FAB-T found per sample (0 for points misclassified
-    to begin with, inf where it found none; with early_stop the search stops at the first norm within eps)."""
+class FABResult(AttackResult):
+    """norms: smallest adversarial perturbation norm FAB found per sample (0 for points misclassified to begin
+    with, inf where it found none; with early_stop the search stops at the first norm within eps)."""
 
-    x_adv: torch.Tensor
-    fooled: torch.Tensor
     norms: torch.Tensor
 
 
@@ -150,23 +148,6 @@ def fab_target_classes(clean_logits: torch.Tensor, n_targets: int) -> torch.Tens
     return order[:, 1:n_targets + 1]
 
 
-@dataclass
-class _TargetRun:
-    """State of one FAB-T run over the rows still in the batch (`rows` index the run's inputs)."""
-
-    rows: torch.Tensor
-    x0: torch.Tensor
-    x1: torch.Tensor
-    y: torch.Tensor
-    target: torch.Tensor
-    best_adv: torch.Tensor
-    best_norm: torch.Tensor
-    done: torch.Tensor
-
-    def select(self, keep: torch.Tensor) -> _TargetRun:
-        return _TargetRun(*(getattr(self, name)[keep] for name in self.__dataclass_fields__))
-
-
 def _boundary_of_target(model, x1, y, target, counter):
     """(z_t - z_y, its input gradient) at x1 (N, ...): one forward and one backward pass."""
     with torch.enable_grad():
@@ -211,32 +192,30 @@ def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_m
     project = _PROJECTIONS[norm]
     image_shape = (-1, *image_shape)
     targeted = target is not None
-    best_adv, best_norm = x0.clone(), torch.full_like(x0[:, 0], float("inf"))
-    run = _TargetRun(torch.arange(x0.shape[0], device=x0.device), x0, x0.clone() if start is None else start, y,
-                     target if targeted else y, best_adv.clone(), best_norm.clone(),
-                     torch.zeros_like(y, dtype=torch.bool))
+    run = LiveRows({"x0": x0, "x1": x0.clone() if start is None else start, "y": y,
+                    "target": target if targeted else y, "best_adv": x0.clone(),
+                    "best_norm": torch.full_like(x0[:, 0], float("inf")),
+                    "done": torch.zeros_like(y, dtype=torch.bool)}, outputs=("best_adv", "best_norm"))
 
     for iteration in range(n_iter):
-        if early_stop and iteration % _COMPACT_EVERY == 0 and iteration > 0:
-            best_adv[run.rows], best_norm[run.rows] = run.best_adv, run.best_norm
-            run = run.select(~run.done)
-            if run.rows.numel() == 0:
-                break
-        n_rows = run.rows.numel()
+        if early_stop and iteration % _COMPACT_EVERY == 0 and iteration > 0 and run.keep(~run["done"]) == 0:
+            break
+        n_rows = len(run)
 
-        x1 = run.x1.view(image_shape)
+        x1 = run["x1"].view(image_shape)
         if targeted:
-            gap, w = _boundary_of_target(model, x1, run.y, run.target, counter)
+            gap, w = _boundary_of_target(model, x1, run["y"], run["target"], counter)
         else:
-            gap, w = _closest_boundary(model, x1, run.y, norm, counter)
+            gap, w = _closest_boundary(model, x1, run["y"], norm, counter)
 
-        offset = (w * run.x1).sum(dim=1) - gap
-        steps = project(torch.cat([run.x1, run.x0]), torch.cat([w, w]), torch.cat([offset, offset]))
+        offset = (w * run["x1"]).sum(dim=1) - gap
+        steps = project(torch.cat([run["x1"], run["x0"]]), torch.cat([w, w]), torch.cat([offset, offset]))
         step_from_x1, step_from_x0 = steps[:n_rows], steps[n_rows:]
         size_from_x1 = lp_norm(step_from_x1, norm).clamp_min(_NORM_FLOOR)
         size_from_x0 = lp_norm(step_from_x0, norm).clamp_min(_NORM_FLOOR)
         alpha = (size_from_x1 / (size_from_x1 + size_from_x0)).clamp(0.0, alpha_max)[:, None]
-        candidate = ((1 - alpha) * (run.x1 + eta * step_from_x1) + alpha * (run.x0 + eta * step_from_x0)).clamp(0, 1)
+        candidate = ((1 - alpha) * (run["x1"] + eta * step_from_x1)
+                     + alpha * (run["x0"] + eta * step_from_x0)).clamp(0, 1)
 
         # A separate forward: reusing it as the next gradient pass would only help non-adversarial iterates,
         # but FAB-T iterates are adversarial (hence pulled back, needing a new gradient) on >90% of steps.
@@ -244,18 +223,18 @@ def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_m
             predicted = model(candidate.view(image_shape)).argmax(dim=1)
         counter.forward(n_rows)
 
-        adversarial = (predicted != run.y) & ~run.done
-        distance = lp_norm(candidate - run.x0, norm)
-        improved = adversarial & (distance < run.best_norm)
-        run.best_adv = torch.where(improved[:, None], candidate, run.best_adv)
-        run.best_norm = torch.where(improved, distance, run.best_norm)
-        pulled_back = torch.where(adversarial[:, None], run.x0 + beta * (candidate - run.x0), candidate)
-        run.x1 = torch.where(run.done[:, None], run.x1, pulled_back)
+        adversarial = (predicted != run["y"]) & ~run["done"]
+        distance = lp_norm(candidate - run["x0"], norm)
+        improved = adversarial & (distance < run["best_norm"])
+        run["best_adv"] = torch.where(improved[:, None], candidate, run["best_adv"])
+        run["best_norm"] = torch.where(improved, distance, run["best_norm"])
+        pulled_back = torch.where(adversarial[:, None], run["x0"] + beta * (candidate - run["x0"]), candidate)
+        run["x1"] = torch.where(run["done"][:, None], run["x1"], pulled_back)
         if early_stop:
-            run.done = run.done | (run.best_norm <= eps)
+            run["done"] = run["done"] | (run["best_norm"] <= eps)
 
-    best_adv[run.rows], best_norm[run.rows] = run.best_adv, run.best_norm
-    return best_adv, best_norm
+    results = run.sync()
+    return results["best_adv"], results["best_norm"]
 
 
 def _validate(x, y, n_iter, alpha_max, eta, beta) -> None:
@@ -300,7 +279,9 @@ class _Outcome:
         self.fooled[attacked] = success
 
     def result(self) -> FABResult:
-        return FABResult(self.x_adv.view(-1, *self.image_shape), self.fooled, self.norms)
+        return FABResult(x_adv=self.x_adv.view(-1, *self.image_shape), fooled=self.fooled,
+                         forward_rows=self.counter.forward_rows, backward_rows=self.counter.backward_rows,
+                         norms=self.norms)
 
 
 def fab_targeted(
@@ -329,7 +310,7 @@ def fab_targeted(
     norm = parse_norm(norm)
     check_eps(eps)
     _validate(x, y, n_iter, alpha_max, eta, beta)
-    counter = counter if counter is not None else EvalCounter()
+    counter = EvalCounter(parent=counter)
     x = x.detach()
     clean_logits = _clean_logits(model, x, clean_logits, counter)
     targets = fab_target_classes(clean_logits, n_targets)
@@ -385,7 +366,7 @@ def fab_untargeted(
     _validate(x, y, n_iter, alpha_max, eta, beta)
     if n_restarts < 1:
         raise ValueError(f"n_restarts must be >= 1, got {n_restarts}")
-    counter = counter if counter is not None else EvalCounter()
+    counter = EvalCounter(parent=counter)
     generator = make_generator(generator, x.device)
     x = x.detach()
     clean_logits = _clean_logits(model, x, clean_logits, counter)

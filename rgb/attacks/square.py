@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rgb.attacks.common import EvalCounter, check_eps, make_generator, parse_norm
+from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, check_eps, make_generator
 from rgb.attacks.projections import project_l1_ball_box, project_linf
+from rgb.core.threat import parse_norm
 
 # Iteration indices after which p halves (resc_schedule = False: the raw iteration index is used).
 _P_HALVING_AFTER = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
@@ -29,12 +30,9 @@ _COMPACT_EVERY = 10
 
 
 @dataclass
-class SquareResult:
-    """x_adv: adversarial image where `fooled`, else the clean image; fooled: argmax != y at x_adv;
-    n_queries_used: model queries spent on each point (initial query included, at most n_queries + 1)."""
+class SquareResult(AttackResult):
+    """n_queries_used: model queries spent on each point (initial query included, at most n_queries + 1)."""
 
-    x_adv: torch.Tensor
-    fooled: torch.Tensor
     n_queries_used: torch.Tensor
 
 
@@ -91,26 +89,6 @@ def _margin(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.T
         best_other = logits.scatter(1, y[:, None], float("-inf")).amax(dim=1)
         margin, predicted = true_logit - best_other, logits.argmax(dim=1)
     return margin.clone(), predicted.clone()
-
-
-@dataclass
-class _SearchState:
-    """Per-point search state of the rows still in the batch (`rows` index the attack's inputs)."""
-
-    rows: torch.Tensor
-    x: torch.Tensor
-    y: torch.Tensor
-    best: torch.Tensor
-    margin: torch.Tensor
-    predicted: torch.Tensor
-    queries: torch.Tensor
-
-    def select(self, keep: torch.Tensor) -> _SearchState:
-        return _SearchState(*(getattr(self, name)[keep] for name in self.__dataclass_fields__))
-
-    def write_into(self, full: _SearchState) -> None:
-        for name in ("best", "margin", "predicted", "queries"):
-            getattr(full, name)[self.rows] = getattr(self, name)
 
 
 def _window_mask(top: torch.Tensor, left: torch.Tensor, side: int, h: int, w: int) -> torch.Tensor:
@@ -252,7 +230,7 @@ def square(
         raise ValueError(f"Square-{norm} needs images of at least {_INIT_GRID}x{_INIT_GRID}, got {h}x{w}")
     if isinstance(generator, torch.Generator) and generator.device.type != x.device.type:
         raise ValueError(f"the generator is on {generator.device.type}, the images on {x.device.type}")
-    counter = counter if counter is not None else EvalCounter()
+    counter = EvalCounter(parent=counter)
     generator = make_generator(generator, x.device)
     x = x.detach()
 
@@ -260,37 +238,35 @@ def square(
     margin, predicted = _margin(model, x_best, y)
     counter.forward(n)
     queries = torch.ones(n, dtype=torch.long, device=x.device)
-    full = _SearchState(torch.arange(n, device=x.device), x, y, x_best, margin, predicted, queries)
-    state = full.select(full.rows)
+    state = LiveRows({"x": x, "y": y, "best": x_best, "margin": margin, "predicted": predicted, "queries": queries},
+                     outputs=("best", "predicted", "queries"))
     patterns = {}
     for iteration in range(n_queries):
-        if early_stop and iteration % _COMPACT_EVERY == 0:
-            state.write_into(full)
-            state = state.select(state.margin > 0)
-            if state.rows.numel() == 0:
-                break
+        if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["margin"] > 0) == 0:
+            break
 
         side = square_window(square_p(iteration, p_init), h, w, norm)
         if norm == "Linf":
             uniform = torch.rand(2 + c, generator=generator, device=x.device)
-            candidate = _propose_linf(state.x, state.best, side, eps, uniform, c)
+            candidate = _propose_linf(state["x"], state["best"], side, eps, uniform, c)
         else:
             uniform = torch.rand(5 + n * c, generator=generator, device=x.device)
-            signs = _signs(uniform[5:].view(n, c))[state.rows]
+            signs = _signs(uniform[5:].view(n, c))[state.positions]
             if side not in patterns:
                 patterns[side] = square_pattern(side, norm).to(x)
-            candidate = _propose_lp(state.x, state.best, side, eps, norm, uniform, signs, patterns[side])
+            candidate = _propose_lp(state["x"], state["best"], side, eps, norm, uniform, signs, patterns[side])
 
-        candidate_margin, candidate_predicted = _margin(model, candidate, state.y)
-        counter.forward(state.rows.numel())
-        attacking = state.margin > 0
-        accept = attacking & ((candidate_margin < state.margin) | (candidate_margin <= 0))
-        state.best = torch.where(accept[:, None, None, None], candidate, state.best)
-        state.margin = torch.where(accept, candidate_margin, state.margin)
-        state.predicted = torch.where(accept, candidate_predicted, state.predicted)
-        state.queries = state.queries + attacking
-    state.write_into(full)
+        candidate_margin, candidate_predicted = _margin(model, candidate, state["y"])
+        counter.forward(len(state))
+        attacking = state["margin"] > 0
+        accept = attacking & ((candidate_margin < state["margin"]) | (candidate_margin <= 0))
+        state["best"] = torch.where(accept[:, None, None, None], candidate, state["best"])
+        state["margin"] = torch.where(accept, candidate_margin, state["margin"])
+        state["predicted"] = torch.where(accept, candidate_predicted, state["predicted"])
+        state["queries"] = state["queries"] + attacking
+    full = state.sync()
 
-    fooled = full.predicted != y
-    x_adv = torch.where(fooled[:, None, None, None], full.best, x)
-    return SquareResult(x_adv, fooled, full.queries)
+    fooled = full["predicted"] != y
+    x_adv = torch.where(fooled[:, None, None, None], full["best"], x)
+    return SquareResult(x_adv=x_adv, fooled=fooled, forward_rows=counter.forward_rows,
+                        backward_rows=counter.backward_rows, n_queries_used=full["queries"])

@@ -1,0 +1,131 @@
+"""The attack table and the AutoAttack versions built from it.
+
+An attack is a function following `rgb.attacks.common.Attack`; its entry in `ATTACKS` says which of the
+cascade's shared inputs it takes (the batch's clean logits, the seed as `generator`, the iteration or query
+budget). A version is an ordered list of steps, each an attack name with its parameters (optionally different
+at one norm). Adding an attack or a version is one module and one entry here; nothing else branches on names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from rgb.attacks.apgd import apgd, apgd_targeted
+from rgb.attacks.common import Attack
+from rgb.attacks.fab import fab_targeted, fab_untargeted
+from rgb.attacks.malt import apgd_malt
+from rgb.attacks.square import square
+from rgb.core.threat import Norm
+
+# The inputs AutoAttack can hand an attack besides (model, x, y, norm, eps, counter).
+CASCADE_INPUTS = frozenset({"clean_logits", "generator", "n_iter", "n_queries"})
+_GRADIENT_INPUTS = frozenset({"clean_logits", "generator", "n_iter"})
+
+
+def _freeze(record, *names: str) -> None:
+    """Make the named mapping fields of a frozen dataclass read-only (table rows are shared)."""
+    for name in names:
+        object.__setattr__(record, name, MappingProxyType(dict(getattr(record, name))))
+
+
+@dataclass(frozen=True)
+class AttackEntry:
+    """One row of the attack table. `params`: fixed keyword arguments; `inputs`: the cascade inputs it takes;
+    `min_classes`: fewer classes is an error; `black_box`: a success where white-box attacks failed hints at
+    gradient masking (AutoAttack warns)."""
+
+    attack: Attack
+    inputs: frozenset[str]
+    params: Mapping = field(default_factory=dict)
+    min_classes: int = 2
+    black_box: bool = False
+
+    def __post_init__(self):
+        _freeze(self, "params")
+        unknown = self.inputs - CASCADE_INPUTS
+        if unknown:
+            raise ValueError(f"unknown cascade inputs {sorted(unknown)}; known: {sorted(CASCADE_INPUTS)}")
+
+
+ATTACKS: Mapping[str, AttackEntry] = MappingProxyType({
+    "apgd-ce": AttackEntry(apgd, _GRADIENT_INPUTS, {"loss": "ce"}),
+    "apgd-dlr": AttackEntry(apgd, _GRADIENT_INPUTS, {"loss": "dlr"}, min_classes=3),
+    "apgd-t": AttackEntry(apgd_targeted, _GRADIENT_INPUTS, min_classes=4),
+    "apgd-t-malt": AttackEntry(apgd_malt, _GRADIENT_INPUTS, min_classes=4),
+    "fab-t": AttackEntry(fab_targeted, frozenset({"clean_logits", "n_iter"}), min_classes=4),
+    "fab": AttackEntry(fab_untargeted, _GRADIENT_INPUTS),
+    "square": AttackEntry(square, frozenset({"generator", "n_queries"}), black_box=True),
+})
+
+@dataclass(frozen=True)
+class Step:
+    """One attack of a version: its name in ATTACKS, its parameters, and overrides at particular norms."""
+
+    attack: str
+    params: Mapping = field(default_factory=dict)
+    at_norm: Mapping[Norm, Mapping] = field(default_factory=dict)
+
+    def __post_init__(self):
+        _freeze(self, "params", "at_norm")
+        if self.attack not in ATTACKS:
+            raise ValueError(f"unknown attack {self.attack!r}; the table has {list(ATTACKS)}")
+
+    def params_at(self, norm: Norm) -> dict:
+        return {**ATTACKS[self.attack].params, **self.params, **self.at_norm.get(norm, {})}
+
+
+@dataclass(frozen=True)
+class Version:
+    """An AutoAttack version. `standard`: its numbers are the benchmark's (only the `standard` version);
+    `deterministic_model`: assumes a deterministic model (checks it, and re-verifies the flags in fp32);
+    `notes`: a warning every run at that norm carries; `caveat`: appended to the warnings of the reference's sanity checks."""
+
+    steps: tuple[Step, ...]
+    standard: bool = False
+    deterministic_model: bool = True
+    notes: Mapping[Norm, str] = field(default_factory=dict)
+    caveat: str = ""
+
+    def __post_init__(self):
+        _freeze(self, "notes")
+
+    @property
+    def attacks(self) -> tuple[str, ...]:
+        return tuple(step.attack for step in self.steps)
+
+
+_L1_SCHEDULE = {"eps_schedule": "largereps"}
+_TARGETED = {"n_targets": 9}
+_RESTARTED = {"n_restarts": 5}
+_EOT = {"eot_iter": 20}
+
+VERSIONS: Mapping[str, Version] = MappingProxyType({
+    # Spec §1.1: at L1, 5 APGD-CE restarts and 5 APGD-T targets under the 3-2-1 eps schedule.
+    "standard": Version(standard=True, steps=(
+        Step("apgd-ce", at_norm={Norm.L1: {"n_restarts": 5, **_L1_SCHEDULE}}),
+        Step("apgd-t", _TARGETED, at_norm={Norm.L1: {"n_targets": 5, **_L1_SCHEDULE}}),
+        Step("fab-t", _TARGETED),
+        Step("square"),
+    )),
+    # The untargeted attacks with 5 restarts each, then the targeted ones; no L1 eps schedule (the reference
+    # only warns at L1).
+    "plus": Version(
+        steps=(Step("apgd-ce", _RESTARTED), Step("apgd-dlr", _RESTARTED), Step("fab", _RESTARTED), Step("square"),
+               Step("apgd-t", _TARGETED), Step("fab-t", _TARGETED)),
+        notes={Norm.L1: "version 'plus' at L1 runs without the L1 eps schedule (as the reference, which asks to "
+                        "check such results); the standard version is the reference's L1 evaluation"}),
+    # Cheap screening (checkpoint choice, sweeps): APGD-CE as standard, then APGD-T over the MALT targets; no
+    # FAB-T, no Square. Never the benchmark's number.
+    "fast": Version(
+        steps=(Step("apgd-ce", at_norm={Norm.L1: {"n_restarts": 5, **_L1_SCHEDULE}}),
+               Step("apgd-t-malt", _TARGETED, at_norm={Norm.L1: {"n_targets": 5, **_L1_SCHEDULE}})),
+        caveat="version 'fast' runs neither FAB-T nor Square and cannot rule this out: run the standard version"),
+    # Randomised defences: untargeted APGD with CE then DLR, each gradient averaged over 20 EoT passes.
+    "rand": Version(deterministic_model=False, steps=(Step("apgd-ce", _EOT), Step("apgd-dlr", _EOT))),
+})
+
+def is_standard(version: str) -> bool:
+    """Are `version`'s numbers the benchmark's (the standard AutoAttack)? Unknown versions are not."""
+    return version in VERSIONS and VERSIONS[version].standard
