@@ -1,11 +1,9 @@
 """Scores, integrity checks, class-wise metrics, leaderboards, plots and W&B files of the evaluation."""
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch

@@ -2,6 +2,7 @@
 aggregation exactly; and readable outputs (plots, leaderboard.md)."""
 
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -254,19 +255,29 @@ def test_class_ticks_are_integers_and_model_names_get_their_own_rows():
     assert large.get_size_inches()[1] > small.get_size_inches()[1]  # the figure grows with the pool
 
 
-def test_severity_sweep_and_black_box_are_plotted(tmp_path, mini_dir, tiny_run, monkeypatch):
+def test_black_box_from_transfer_splits_on_disk_and_sweep_are_plotted(tmp_path, mini_dir, tiny_run, monkeypatch):
+    from rgb.data import RGBDataModule
+    from rgb.data.snapshot import readme_title, write_readme
     from rgb.evaluation import model_eval
 
+    source = tmp_path / "mini"
+    shutil.copytree(mini_dir, source)
+    (source / "data" / "digits" / "mine").mkdir()
+    for split in ("linf_4", "l2_2"):  # a user's surrogate (rows aligned with test, like every transfer split)
+        shutil.copy(source / "data" / "digits" / "random_linf_30.parquet", source / "data" / "digits" / "mine" /
+                    f"{split}.parquet")
+    write_readme(source, readme_title(source))
+    dm = RGBDataModule(source=str(source), dataset="digits", image_size=32, num_classes=10,
+                       budgets=datamodule(mini_dir).budgets, eval_batch_size=256)
     sweep = {c: {s: Accuracy(100 - 10 * s, 100) for s in range(1, 6)} for c in CORRUPTIONS}
-    monkeypatch.setattr(model_eval, "severity_sweep", lambda *args: sweep)
-    transfer = {s: {"mine": Accuracy(30, 100)} for s in TRANSFER_SPLITS}
-    monkeypatch.setattr(model_eval, "_black_box",
-                        lambda model, dm, opts, settings, per_sample: black_box_score(
-                            settings["test"], settings["common"], transfer, None))
+    monkeypatch.setattr(model_eval, "severity_sweep", lambda *args: sweep)  # the real one corrupts 24750 images
     model, meta = load_with_meta(tiny_run)
-    result = evaluate_model(model, meta, tiny_run / "model.safetensors", datamodule(mini_dir),
+    result = evaluate_model(model, meta, tiny_run / "model.safetensors", dm,
                             options(tmp_path, transfer=True, severity_sweep=True))
+    bb = result.black_box
+    assert bb.strongest_surrogate["linf_4"] == "mine" and bb.by_surrogate["l2_2"]["mine"].total == 450
+    assert bb.settings["linf_8"] is None and "linf_8" in bb.missing and bb.score is None  # missing, never 0
     assert {"severity_sweep.png", "black_box.png"} <= set(result.plots)
     for plot in result.plots:
         assert (tmp_path / "eval" / plot).stat().st_size > 5000
-    assert "black-box score" in format_table(result)
+    assert "black-box score    incomplete" in format_table(result)
