@@ -28,6 +28,7 @@ from rgb.models.openclip import (
     classifier_from_clip,
     create_openclip_classifier,
     load_clip,
+    load_clip_of,
     register_architecture,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "library_versions",
     "load",
     "load_clip",
+    "load_clip_of",
     "load_with_meta",
     "rebuild",
     "rebuild_like",

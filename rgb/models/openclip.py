@@ -199,7 +199,7 @@ class LoadedCLIP:
 def load_clip(name: str, pretrained: str | None = None, weights: str | None = None,
               image_size: int | None = None) -> LoadedCLIP:
     """Any open_clip architecture by name, weights from a pretrained tag or a local checkpoint (`weights`), or
-    random init when neither is given. `image_size` resizes the tower's input (position embeddings resampled)."""
+    random init (seed 0) when neither is given. `image_size` resizes the tower's input (position embeddings resampled)."""
     import open_clip
 
     check_architecture(name, pretrained)
@@ -213,9 +213,11 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
     if image_size is not None:
         config["vision_cfg"]["image_size"] = int(image_size)
     try:
-        model = open_clip.create_model(
-            name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False, pretrained_image=False
-        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # random init (no weights) is reproducible: a reload has the same text tower
+            model = open_clip.create_model(
+                name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False, pretrained_image=False
+            )
     except RuntimeError as err:
         if "Error(s) in loading state_dict" not in str(err):
             raise
@@ -235,6 +237,13 @@ def create_openclip_classifier(name: str, num_classes: int, pretrained: str | No
     """Hydra target of the openclip presets: the image tower of `name` with a fresh head (see rgb.zeroshot for
     a head built from prompts). `image_size` = the tower's input size (null: its own; inputs are resized to it)."""
     return classifier_from_clip(load_clip(name, pretrained, weights, image_size), num_classes)
+
+
+def load_clip_of(model: OpenCLIPClassifier) -> LoadedCLIP:
+    """The whole CLIP (text tower included) that `model`'s image tower came from, from its recipe."""
+    recipe = model.recipe
+    return load_clip(recipe["name"], recipe["pretrained"], recipe["weights"],
+                     recipe["open_clip_config"]["vision_cfg"]["image_size"])
 
 
 def _vision_tower(config: dict) -> nn.Module:

@@ -1,0 +1,178 @@
+"""The openclip family and zero-shot heads on a tiny random-weight open_clip model (the embedded architecture,
+untrained): names, weights files, the classifier's arithmetic, export/load bit-identical, prompts and caches."""
+
+import json
+
+import pytest
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+
+from rgb.models import (
+    META_FILE,
+    OpenCLIPWeightsError,
+    WeightsMismatchError,
+    export_model,
+    load_clip,
+    load_with_meta,
+)
+from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture
+from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, check_class_names, zeroshot_classifier
+from rgb.zeroshot.prompts import PromptError, assemble_templates, check_templates
+
+CLASSES = ["zero", "one", "two", "three", "four_ish"]
+
+
+@pytest.fixture(scope="module")
+def clip():
+    register_embedded_architecture()
+    return load_clip(EMBEDDED_ARCH)
+
+
+def images(n=12, seed=0):
+    return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def settings(tmp_path, **changes):
+    base = dict(pool="none", templates=("a photo of a {}.", "a drawing of a {}.", "{} written by hand.", "the {}"),
+                single_template="a photo of a {}.", cache_dir=str(tmp_path / "cache"))
+    return PromptSettings(**{**base, **changes})
+
+
+def test_unknown_architecture_and_tag_name_close_matches():
+    with pytest.raises(ValueError, match=r"unknown open_clip architecture 'ViT-B-61'; close matches: .*ViT-B-16"):
+        load_clip("ViT-B-61")
+    with pytest.raises(ValueError, match=r"unknown pretrained tag 'laion2b_s34b_b89k'.*laion2b_s34b_b88k") as err:
+        load_clip("ViT-B-16", pretrained="laion2b_s34b_b89k")
+    assert "\n" not in str(err.value)
+
+
+def test_offline_missing_tag_weights_name_the_file_and_how_to_fetch_them(monkeypatch):
+    import open_clip
+
+    def offline(*args, **kwargs):
+        raise OSError("offline: no cached file")
+
+    monkeypatch.setattr(open_clip, "download_pretrained", offline)
+    with pytest.raises(OpenCLIPWeightsError, match=r"laion/CLIP-ViT-B-32-laion2B-s34B-b79K.*model\.weights=PATH") as err:
+        load_clip("ViT-B-32", pretrained="laion2b_s34b_b79k")
+    assert "\n" not in str(err.value)
+
+
+def test_local_checkpoint_loads_through_the_same_path(clip, tmp_path):
+    path = tmp_path / "clip.safetensors"
+    state = {k: v + 0.01 for k, v in clip.model.state_dict().items()}
+    safetensors.torch.save_file(state, str(path))
+    loaded = load_clip(EMBEDDED_ARCH, weights=str(path))
+    torch.testing.assert_close(loaded.model.state_dict()["visual.conv1.weight"], state["visual.conv1.weight"])
+    with pytest.raises(OpenCLIPWeightsError, match="does not exist"):
+        load_clip(EMBEDDED_ARCH, weights=str(tmp_path / "missing.pt"))
+    del state["visual.conv1.weight"]
+    safetensors.torch.save_file(state, str(path))
+    with pytest.raises(WeightsMismatchError, match="visual.conv1.weight") as err:
+        load_clip(EMBEDDED_ARCH, weights=str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_classifier_is_image_tower_plus_one_matmul(clip, tmp_path):
+    head = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "digits")
+    model = zeroshot_classifier(clip, head)
+    x = images()
+    mean = torch.tensor(clip.preprocess["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(clip.preprocess["std"]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        f = F.normalize(clip.model.encode_image((x - mean) / std), dim=-1)
+        torch.testing.assert_close(model(x), head.logit_scale * f @ head.head.T)
+        big = F.interpolate(x, size=(48, 48), mode="bilinear")  # other sizes are resized inside the model
+        assert model(big).shape == (12, len(CLASSES))
+    assert head.class_names[-1] == "four ish"  # `_` -> space
+
+
+@pytest.mark.parametrize("ensemble", ["single", "mean", "zpe", "cpe"])
+def test_export_load_round_trip_is_bit_identical(clip, tmp_path, ensemble):
+    unlabelled = None
+    if ensemble in ("zpe", "cpe"):
+        probe = zeroshot_classifier(clip, build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "d"))
+        with torch.no_grad():
+            unlabelled = probe.image_features(images(20, seed=1))
+    head = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble=ensemble), "digits", unlabelled)
+    model = zeroshot_classifier(clip, head)
+    export_model(model, tmp_path / "run", {"dataset": "digits", "class_names": CLASSES, "zeroshot": head.record()})
+    loaded, meta = load_with_meta(tmp_path / "run")
+    x = images()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    assert meta["family"] == "openclip" and meta["openclip_name"] == EMBEDDED_ARCH and not loaded.training
+    record = meta["zeroshot"]
+    assert [t["template"] for t in record["templates"]] == head.templates
+    assert [t["weight"] for t in record["templates"]] == head.weights.tolist()
+    assert record["class_names"] == head.class_names and record["ensemble"] == ensemble
+    assert json.loads((tmp_path / "run" / META_FILE).read_text()) == meta
+    if ensemble == "single":
+        assert [t["kept"] for t in record["templates"]] == [True, False, False, False]
+
+
+def test_text_features_are_cached_per_tower_and_prompts(clip, tmp_path):
+    from rgb.zeroshot.text import TextFeatureCache
+
+    cache = TextFeatureCache(clip, tmp_path / "cache")
+    first = cache.prompt_features(["a photo of a {}."], CLASSES)
+    assert cache.computed == len(CLASSES)
+    again = TextFeatureCache(clip, tmp_path / "cache")
+    assert torch.equal(again.prompt_features(["a photo of a {}."], CLASSES), first) and again.computed == 0
+    again.prompt_features(["a drawing of a {}."], CLASSES)
+    assert again.computed == len(CLASSES) and len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def test_descriptions_enrich_the_worst_classes(clip, tmp_path):
+    probe = zeroshot_classifier(clip, build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "d"))
+    with torch.no_grad():
+        unlabelled = probe.image_features(images(30, seed=2))
+    base = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="cpe", enrich_worst=2), "digits", unlabelled)
+    ranked = sorted((v, c) for c, v in zip(base.class_names, base.pseudo_cmm) if v == v)  # NaN: no pseudo-label
+    assert base.worst_classes == [c for _, c in ranked[:2]] and set(base.questions) == set(base.worst_classes)
+    worst = base.worst_classes[0]
+    assert base.questions[worst] == f"What are useful visual features for distinguishing a {worst} in a photo?"
+    path = tmp_path / "descriptions.json"
+    path.write_text(json.dumps({name: ["round edges", "a long stroke"] for name in CLASSES}))
+    enriched = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="cpe", enrich_worst=2,
+                                                           descriptions=str(path)), "digits", unlabelled)
+    assert enriched.enriched == base.worst_classes
+    assert torch.equal(enriched.weights, base.weights)
+    changed = [base.class_names[c] for c in range(len(CLASSES)) if not torch.equal(enriched.head[c], base.head[c])]
+    assert sorted(changed) == sorted(enriched.enriched)
+
+
+@pytest.mark.parametrize("templates, message", [
+    (["a photo of a thing."], r"has 0 '\{\}' slots"),
+    (["a {} next to a {}."], r"has 2 '\{\}' slots"),
+    ([], "template pool is empty"),
+])
+def test_bad_templates_are_one_line(templates, message):
+    with pytest.raises(PromptError, match=message) as err:
+        check_templates(templates)
+    assert "\n" not in str(err.value)
+
+
+def test_the_pool_is_open_clips_shipped_imagenet_templates():
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+    pool = assemble_templates("imagenet80")
+    assert len(pool) == 80 and pool == [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]
+    assert "a photo of a {}." in pool
+
+
+def test_bad_prompt_inputs_are_one_line(clip, tmp_path):
+    path = tmp_path / "descriptions.json"
+    path.write_text(json.dumps({"zeroo": ["round"], "one": ["a stroke"]}))
+    with pytest.raises(PromptError, match=r"names 1 unknown class\(es\): 'zeroo' \(did you mean 'zero'\?\)"):
+        build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean", descriptions=str(path)), "digits")
+    with pytest.raises(PromptError, match="cpe needs unlabelled images: the validation split has none"):
+        build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="cpe"), "digits", torch.zeros(0, 64))
+    with pytest.raises(PromptError, match="template pool is empty"):
+        build_zeroshot_head(clip, CLASSES, settings(tmp_path, templates=()), "digits")
+    head = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "digits")
+    check_class_names(head.record(), CLASSES)
+    with pytest.raises(PromptError, match=r"other class names than the dataset's .*'zero' != 'nought'") as err:
+        check_class_names(head.record(), ["nought", *CLASSES[1:]])
+    assert "\n" not in str(err.value)
