@@ -187,3 +187,66 @@ def record_figures(record: ScoresRecord, class_names: list[str], out: Path) -> l
         figures.append(save(black_box_figure(record.black_box, f"black-box transfer: {title}"),
                             out / "black_box.png"))
     return figures
+
+
+# --- text robustness of zero-shot models (rgb.evaluation.text_robustness) --------------------------------------------
+
+MAX_SCATTER_POINTS = 4000  # per perturbation type: enough to see the cloud, few enough for a small PNG
+
+
+def overlap_curves_figure(curves: dict[str, tuple[Sequence[int], Sequence[float]]], title: str):
+    """Mean overlap@k against k (log axis), one line per perturbation type."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for name, (ks, values) in curves.items():
+        ax.plot(ks, values, marker="o", markersize=3, label=name)
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("k (top-k images)")
+    ax.set_ylabel("mean overlap@k")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    return fig
+
+
+def instability_distance_figure(points: dict[str, tuple[np.ndarray, np.ndarray]], title: str):
+    """Instability against intra / inter distance per edit, one colour per perturbation type (a fixed sample of
+    at most MAX_SCATTER_POINTS per type). Edits at distance 0 tokenize like the query: their B is undefined."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    rng = np.random.default_rng(0)
+    for name, (x, y) in points.items():
+        shown = rng.permutation(len(x))[:MAX_SCATTER_POINTS] if len(x) > MAX_SCATTER_POINTS else slice(None)
+        ax.scatter(np.asarray(x)[shown], np.asarray(y)[shown], s=6, alpha=0.5, label=name, rasterized=True)
+    ax.set_xlabel("intra / inter text distance")
+    ax.set_ylabel("instability = 1 - RBO_ext")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, markerscale=2, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig
+
+
+def brittleness_heatmap_figure(panels: dict[str, dict[str, dict[str, float]]], title: str):
+    """One heat map per panel (e.g. mean instability, mean finite B): models as rows, perturbation types as
+    columns, the value in every cell ("undef" where no finite value exists, "missing" where not measured)."""
+    first = next(iter(panels.values()))
+    models = list(first)
+    types = list(dict.fromkeys(t for panel in panels.values() for by in panel.values() for t in by))
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
+                             figsize=(max(6.0, 0.75 * len(types) + 2.5), len(panels) * (0.45 * len(models) + 1.6)))
+    for ax, (label, panel) in zip(axes[:, 0], panels.items()):
+        grid = np.array([[np.nan if panel[m].get(t) is None else panel[m][t] for t in types] for m in models],
+                        dtype=float)
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap="magma", aspect="auto")
+        middle = np.nanmean(grid) if np.isfinite(grid).any() else 0.0
+        for (i, j), value in np.ndenumerate(grid):
+            text = ("missing" if panel[models[i]].get(types[j]) is None else "undef") if np.isnan(value) else f"{value:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="black" if np.isfinite(value) and value > middle else "white")
+        ax.set_facecolor("0.6")  # undefined cells
+        ax.set_xticks(range(len(types)), types, rotation=40, ha="right", fontsize=8)
+        ax.set_yticks(range(len(models)), models, fontsize=8)
+        fig.colorbar(image, ax=ax, label=label)
+        ax.set_title(label, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    return fig

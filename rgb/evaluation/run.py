@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 
 def run_evaluation(cfg: DictConfig) -> float | None:
     """Returns the (white-box) score of the model, for sweepers; None in pool mode or while incomplete."""
+    if cfg.get("text_robustness"):
+        from rgb.evaluation.text_robustness import run_text_robustness
+
+        return run_text_robustness(cfg)
     if cfg.pool:
         datasets = cfg.get("leaderboard_datasets")
         try:

@@ -35,3 +35,30 @@ def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: 
         return Path(run.dir).parent
     finally:
         run.finish()
+
+
+def log_text_robustness(result, project: str) -> Path:
+    """Log one model's text robustness (rgb.evaluation.text_robustness.TextRobustnessResult): the summary and
+    classification view as tables, their numbers as the run summary, the plots as images."""
+    out_dir = result.out_dir
+    run = wandb.init(project=project, name=f"{result.model}@text_robustness", group=result.record["dataset"],
+                     job_type="text_robustness", dir=str(out_dir), id=run_id(out_dir), resume="allow",
+                     config={key: result.record[key] for key in ("model", "weights_sha256", "dataset", "split",
+                                                                 "queries", "types", "seeds", "ks", "p")})
+    try:
+        run.summary.update({f"text_robustness/{row['perturbation_type']}/{key}": value
+                            for row in result.summary for key, value in row.items()
+                            if key not in ("perturbation_class", "perturbation_type")})
+        logged = {}
+        for name, rows in (("summary", result.summary), ("classification", result.classification)):
+            if rows:
+                table = wandb.Table(columns=list(rows[0]))
+                for row in rows:
+                    table.add_data(*row.values())
+                logged[f"text_robustness/{name}"] = table
+        for plot in result.plots:
+            logged[f"text_robustness/plots/{Path(plot).stem}"] = wandb.Image(str(plot))
+        run.log(logged)
+        return Path(run.dir).parent
+    finally:
+        run.finish()
