@@ -19,9 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import configure_threads
 from rgb.core.machine import DeviceError
-from rgb.models import META_FILE, NormalizedClassifier, create_model, export_model
+from rgb.models import META_FILE, export_model, rebuild_like
 from rgb.training.config import TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
+from rgb.training.zeroshot import initialise_head, train_zeroshot
 from rgb.training.rundir import AtomicCheckpointIO, RunManifest, load_checkpoint_file, locked, start_record
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,7 @@ def export_best(
 ) -> Path:
     """Export the best weights with what produced them: the run's stored identity and starts (`record`, from
     run.json), never the command line of the start that happens to export."""
-    recipe = module.model.recipe
-    model: NormalizedClassifier = create_model(
-        recipe["name"], recipe["num_classes"], pretrained=False, **recipe["timm_kwargs"]
-    )
+    model = rebuild_like(module.model)
     state, which = best_state_dict(best, module)
     model.load_state_dict(state, strict=True)
     identity = record["identity"]
@@ -188,6 +186,8 @@ def train(cfg: DictConfig) -> float:
 
     Before anything starts: the config is validated, the CPU threads set, the run dir locked and its identity
     checked against run.json (process of rank 0; the other DDP ranks run under its lock)."""
+    if cfg.strategy.name == "zeroshot":  # a head from prompts: no fit, no checkpoints (rgb.training.zeroshot)
+        return train_zeroshot(cfg)
     validate_config(cfg)
     try:
         threads = configure_threads(cfg.get("threads", "auto"))
@@ -208,6 +208,7 @@ def fit_and_export(
         L.seed_everything(cfg.seed, workers=True)
     datamodule = hydra.utils.instantiate(cfg.data)
     model = hydra.utils.instantiate(cfg.model)
+    initialise_head(model, cfg, datamodule)
     module = RobustFinetuneModule(
         model,
         loss=OmegaConf.to_container(cfg.loss, resolve=True),

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.core import resolve_device
+from rgb.core import configure_threads, resolve_device
 from rgb.models import export_model, load_clip_of
 from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
 
@@ -65,6 +65,19 @@ def init_head_from_prompts(model, cfg: DictConfig, datamodule) -> ZeroShotHead:
     return head
 
 
+HEAD_INITS = {"zeroshot": init_head_from_prompts}
+
+
+def initialise_head(model, cfg: DictConfig, datamodule) -> None:
+    """Apply `head_init` (config group conf/head_init/; absent = the model's own fresh head)."""
+    head_init = cfg.get("head_init")
+    if head_init is None:
+        return
+    if head_init.name not in HEAD_INITS:
+        raise ValueError(f"unknown head_init {head_init.name!r}; choose one of {', '.join(HEAD_INITS)}")
+    HEAD_INITS[head_init.name](model, cfg, datamodule)
+
+
 def validation_metrics(model, datamodule, device: str) -> dict[str, float]:
     """val/acc and val/loss (cross-entropy) of the finished head, for the log and for sweepers."""
     model = model.to(device).eval()
@@ -82,6 +95,7 @@ def train_zeroshot(cfg: DictConfig) -> float:
     """`strategy=zeroshot`: build the head (no gradient step), export the run dir like a trained run, return the
     monitored validation metric."""
     run_dir = Path(cfg.run_dir)
+    configure_threads(cfg.get("threads", "auto"))
     datamodule = hydra.utils.instantiate(cfg.data)
     model = hydra.utils.instantiate(cfg.model)
     head = init_head_from_prompts(model, cfg, datamodule)

@@ -1,0 +1,74 @@
+"""strategy=zeroshot and head_init=zeroshot through the real configs, on the mini benchmark with a tiny
+random-weight open_clip model (the embedded architecture untrained: every path, seconds)."""
+
+import logging
+from pathlib import Path
+
+import hydra
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from rgb.models import load_with_meta
+from rgb.training import train
+from rgb.training.zeroshot import initialise_head, validation_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_CLIP = ["model=openclip_mini", "model.random_init=true", "data.eval_batch_size=128",
+             "callbacks.progress_bar.refresh_rate=0"]
+
+
+def compose_train(tmp_path, mini_dir, *overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("train", overrides=[f"run_dir={tmp_path / 'run'}", f"data.source={mini_dir}",
+                                           f"paths.data_dir={tmp_path / 'data'}", *TINY_CLIP, *overrides])
+
+
+def test_zeroshot_strategy_exports_a_run_that_loads_and_logs_the_ensemble(tmp_path, mini_dir, caplog):
+    cfg = compose_train(tmp_path, mini_dir, "strategy=zeroshot", "prompts=cpe", "monitor.metric=val/acc")
+    with caplog.at_level(logging.INFO, logger="rgb.training.zeroshot"):
+        value = train(cfg)
+    model, meta = load_with_meta(tmp_path / "run")
+    assert isinstance(model, torch.nn.Module) and not model.training
+    assert (meta["family"], meta["strategy"], meta["dataset"], meta["epochs"]) == ("openclip", "zeroshot", "digits", 0)
+    record = meta["zeroshot"]
+    assert record["ensemble"] == "cpe" and len(record["templates"]) == 80 + 2  # imagenet80 + the digits extras
+    weights = torch.tensor([t["weight"] for t in record["templates"]])
+    kept = torch.tensor([t["kept"] for t in record["templates"]])
+    assert weights.sum().item() == pytest.approx(1.0, abs=1e-5) and torch.equal(kept, weights >= weights.quantile(0.5))  # even M: mean of the middle two
+    assert record["unlabelled_images"] == 270 and record["worst_classes"]
+    log = caplog.text
+    assert "cpe ensemble over 82 templates" in log and "worst classes by pseudo-Cmm" in log and "template weight" in log
+    datamodule = hydra.utils.instantiate(cfg.data)
+    assert validation_metrics(model, datamodule, "cpu")["val/acc"] == pytest.approx(value)
+
+
+def test_head_init_zeroshot_gives_the_zeroshot_accuracy_at_step_0(tmp_path, mini_dir):
+    zeroshot = compose_train(tmp_path / "zs", mini_dir, "strategy=zeroshot", "prompts=mean", "monitor.metric=val/acc")
+    zeroshot_acc = train(zeroshot)
+    cfg = compose_train(tmp_path / "ft", mini_dir, "strategy=linear_probe", "head_init=zeroshot", "prompts=mean")
+    datamodule = hydra.utils.instantiate(cfg.data)
+    model = hydra.utils.instantiate(cfg.model)
+    initialise_head(model, cfg, datamodule)
+    assert validation_metrics(model, datamodule, "cpu")["val/acc"] == zeroshot_acc
+    exported, _ = load_with_meta(tmp_path / "zs" / "run")
+    x = torch.rand(4, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x), exported(x))
+
+
+def test_fine_tuning_from_the_zeroshot_head_trains_and_exports(tmp_path, mini_dir):
+    cfg = compose_train(tmp_path, mini_dir, "strategy=linear_probe", "head_init=zeroshot", "debug=fdr",
+                        "data.batch_size=16")
+    train(cfg)
+    model, meta = load_with_meta(tmp_path / "run")
+    assert meta["family"] == "openclip" and meta["strategy"] == "linear_probe"
+    assert model(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_head_init_zeroshot_on_a_timm_model_is_one_line(tmp_path, mini_dir):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"run_dir={tmp_path}", f"data.source={mini_dir}", "head_init=zeroshot"])
+    with pytest.raises(ValueError, match=r"zero-shot head needs a CLIP text tower: model family 'timm'") as err:
+        initialise_head(hydra.utils.instantiate(cfg.model), cfg, hydra.utils.instantiate(cfg.data))
+    assert "\n" not in str(err.value)
