@@ -18,8 +18,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet -e .
 	touch $@
 
+# rbo (the reference RBO implementation the text-robustness test agrees with) pins numpy<2 though it runs on 2:
+# installed without its dependencies, test-only.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet --no-deps rbo
 	touch $@
 
 venv install: $(VENV)/.installed

@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.core.configs import config_dir, data_config_for
+from rgb.core.configs import config_dir, data_config_for, data_configs
 
 log = logging.getLogger("rgb")
 CONFIG_DIR = str(config_dir())
@@ -102,14 +102,38 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             sys.argv[1:] = _infer_data_override(sys.argv[1:])
         argv = sys.argv[1:]
         if not _asks_for_help(argv):
-            missing = None if any(a in INSPECTION_FLAGS for a in argv) else _missing_required(config_name, argv)
-            if missing:
-                sys.exit(f"{name}: error: {missing}")
             register_resolvers()
+            inspecting = any(a in INSPECTION_FLAGS for a in argv)
+            problem = None if inspecting else _missing_required(config_name, argv) or _compose_error(config_name, argv)
+            if problem:
+                sys.exit(f"{name}: error: {problem}")
         main()
 
     entry.__name__ = name.replace("-", "_")
     return entry
+
+
+def _compose_error(config_name: str, argv: list[str]) -> str | None:
+    """Compose the config once before Hydra runs it: an unknown option, a base config used as a dataset or a
+    broken interpolation is one line here instead of Hydra's multi-line report or traceback."""
+    if any(a in ("-m", "--multirun") or a.startswith(("--config", "-c", "-cp", "-cn")) for a in argv):
+        return None  # sweeps and other config dirs: Hydra itself reports those
+    overrides = [a for a in argv if not a.startswith("-")]
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == "data" and value.startswith("_"):
+            return (f"data={value} holds the settings shared by the real datasets and is not one: use one of "
+                    f"{', '.join(sorted(data_configs().values()))}")
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name=config_name):
+            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+        OmegaConf.to_container(cfg.data, resolve=True)
+        str(cfg.hydra.run.dir)
+    except Exception as err:  # any composition failure is the user's config: shown, not raised
+        return f"config: {_one_line(err).split(' Config search path:')[0]}"
+    return None
 
 
 def _missing_required(config_name: str, argv: list[str]) -> str | None:

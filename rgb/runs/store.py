@@ -253,6 +253,10 @@ def read_run(directory: Path) -> RunResult | None:
     if int(robust.sum()) != summary.n_robust or int(clean_correct.sum()) != summary.n_clean_correct:
         problems.append(f"counts ({int(robust.sum())} robust, {int(clean_correct.sum())} clean) differ from the "
                         f"summary ({summary.n_robust}, {summary.n_clean_correct})")
+    n = max(table.num_rows, 1)
+    for name, count in (("robust_accuracy", int(robust.sum())), ("clean_accuracy", int(clean_correct.sum()))):
+        if abs(getattr(summary, name) - count / n) > 1e-6:  # float32 means in older runs: 1e-6, not exact
+            problems.append(f"{name} {getattr(summary, name)} is not {count}/{table.num_rows}")
     if problems:
         raise AttackRunError(f"refusing {directory}: {'; '.join(problems)}")
     return RunResult(directory, summary, columns)
