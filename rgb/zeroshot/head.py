@@ -12,11 +12,12 @@ from rgb.models.openclip import LoadedCLIP, OpenCLIPClassifier, classifier_from_
 from rgb.zeroshot.ensembles import ensemble_head, ensemble_weights, matching_margins, pseudo_labels
 from rgb.zeroshot.prompts import (
     PromptError,
-    assemble_templates,
+    check_templates,
     described,
     description_question,
     load_descriptions,
     prompt_class_names,
+    template_pool,
 )
 from rgb.zeroshot.text import TextFeatureCache
 
@@ -52,9 +53,12 @@ class PromptSettings:
 
     def template_list(self, dataset: str) -> tuple[list[str], int]:
         """(the pool + this dataset's extras + the user's, index of `single_template` in it (appended if absent))."""
-        templates = assemble_templates(self.pool, [*self.dataset_templates.get(dataset, ()), *self.templates])
+        templates = [*template_pool(self.pool), *self.dataset_templates.get(dataset, ()), *self.templates]
+        if self.ensemble == "single" and self.single_template not in templates:
+            templates.append(self.single_template)  # `single` alone needs no pool
+        templates = check_templates(templates)
         if self.single_template not in templates:
-            templates = assemble_templates("none", [*templates, self.single_template])
+            templates = check_templates([*templates, self.single_template])
         return templates, templates.index(self.single_template)
 
 
