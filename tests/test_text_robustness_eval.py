@@ -105,19 +105,28 @@ def test_every_class_1_and_2_type_end_to_end(tiny_runs, mini_dir, tmp_path):
 
     test = RGBDataModule(str(mini_dir), "digits", 32, 10, {"linf": 4 / 255}).split("test")
     with torch.inference_mode():
-        own = float((model(torch.stack([test[i][0] for i in range(len(test))])).argmax(1) == test.labels).double().mean())
+        predicted = model(torch.stack([test[i][0] for i in range(len(test))])).argmax(1)
+    own = float((predicted == test.labels).double().mean())
     views = {row["perturbation_type"]: row for row in record["classification"]}
     assert set(views) == set(DEFAULT_TYPES)
     assert all(math.isclose(v["accuracy"], own) for v in views.values())
-    assert views["lowercase"]["flip_rate"] == 0 and views["lowercase"]["perturbed_accuracy"] == views["lowercase"]["accuracy"]
+    assert views["lowercase"]["flip_rate"] == 0
+    assert views["lowercase"]["perturbed_accuracy"] == views["lowercase"]["accuracy"]
     assert views["uppercase"]["flip_rate"] == 0
-    assert views["class_name_only"]["edited_prompts"] == len(TEMPLATES) * 10 and views["class_name_only"]["flip_rate"] > 0
+    assert views["class_name_only"]["edited_prompts"] == len(TEMPLATES) * 10
+    assert views["class_name_only"]["flip_rate"] > 0
 
-    # a second evaluation reads both feature caches: no image and no text goes through the model again
-    run_evaluation(evaluate_config(mini_dir, tmp_path, f"run={run}"))
+    # a second evaluation reads both feature caches (no image, no text through the model again), logged to W&B
+    run_evaluation(evaluate_config(mini_dir, tmp_path, f"run={run}", "wandb.enabled=true", "wandb.project=rgb-tests"))
     again = json.loads((out / "text_robustness.json").read_text())
     assert again["image_features"] == "cache" and again["texts_encoded"] == 0 and record["image_features"] == "computed"
     assert again["summary"] == record["summary"]
+    import wandb
+
+    wandb.teardown()  # the service may still be writing the record file after finish() under load
+    logged = next(out.rglob("*.wandb")).read_bytes()
+    assert b"text_robustness/char_swap/instability_mean" in logged and b"text_robustness/classification" in logged
+    assert len(list(out.rglob("media/images/text_robustness/plots/*.png"))) == 3
 
 
 def test_pool_of_models_on_free_text_queries_and_user_edits(tiny_runs, mini_dir, tmp_path):
@@ -128,14 +137,17 @@ def test_pool_of_models_on_free_text_queries_and_user_edits(tiny_runs, mini_dir,
     edits.write_text('{"query": "seven", "type": "synonym", "perturbed": "7"}\n')
     run_evaluation(evaluate_config(
         mini_dir, tmp_path, f"pool=[{tiny_runs[0]},{tiny_runs[1]}]", f"text_robustness_options.queries={queries}",
-        f"text_robustness_options.user_edits={edits}", "text_robustness_options.types=[class_name_only,synonym,char_swap]",
+        f"text_robustness_options.user_edits={edits}",
+        "text_robustness_options.types=[class_name_only,synonym,char_swap]",
         "text_robustness_options.seeds=[0,1]", "text_robustness_options.split=validation"))
     pool = pa_csv.read_csv(tmp_path / "leaderboard" / "text_robustness" / "pool.csv").to_pydict()
     assert pool["model"] == ["clip_a"] * 3 + ["clip_b"] * 3
     assert pool["perturbation_type"] == ["class_name_only", "synonym", "char_swap"] * 2
     # class_name_only: the 2 queries that name a class; synonym: 1 query x 2 seeds; char_swap: 3 queries x 2 seeds
     assert pool["n"] == [2, 2, 6] * 2
-    assert (tmp_path / "leaderboard" / "text_robustness" / "brittleness_heatmap.png").stat().st_size > 0
+    for name in ("brittleness_heatmap.png", "pool.parquet", "pool.md"):
+        assert (tmp_path / "leaderboard" / "text_robustness" / name).stat().st_size > 0
+    assert "| char_swap |" in (tmp_path / "leaderboard" / "text_robustness" / "pool.md").read_text()
     for name in ("clip_a", "clip_b"):
         out = tmp_path / "eval" / "digits" / name / "text_robustness"
         record = json.loads((out / "text_robustness.json").read_text())

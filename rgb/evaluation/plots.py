@@ -194,11 +194,18 @@ def record_figures(record: ScoresRecord, class_names: list[str], out: Path) -> l
 MAX_SCATTER_POINTS = 4000  # per perturbation type: enough to see the cloud, few enough for a small PNG
 
 
+def _series_style(i: int) -> dict:
+    """Colour, marker and line style of series i: the 10 colours again with another marker and dash after 10,
+    so the 12 perturbation types never share a look."""
+    cycle = i // 10 % 3
+    return {"color": plt.get_cmap("tab10")(i % 10), "marker": "os^"[cycle], "linestyle": ("-", "--", ":")[cycle]}
+
+
 def overlap_curves_figure(curves: dict[str, tuple[Sequence[int], Sequence[float]]], title: str):
     """Mean overlap@k against k (log axis), one line per perturbation type."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for name, (ks, values) in curves.items():
-        ax.plot(ks, values, marker="o", markersize=3, label=name)
+    for i, (name, (ks, values)) in enumerate(curves.items()):
+        ax.plot(ks, values, markersize=3, label=name, **_series_style(i))
     ax.set_xscale("log")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("k (top-k images)")
@@ -214,9 +221,11 @@ def instability_distance_figure(points: dict[str, tuple[np.ndarray, np.ndarray]]
     at most MAX_SCATTER_POINTS per type). Edits at distance 0 tokenize like the query: their B is undefined."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     rng = np.random.default_rng(0)
-    for name, (x, y) in points.items():
+    for i, (name, (x, y)) in enumerate(points.items()):
         shown = rng.permutation(len(x))[:MAX_SCATTER_POINTS] if len(x) > MAX_SCATTER_POINTS else slice(None)
-        ax.scatter(np.asarray(x)[shown], np.asarray(y)[shown], s=6, alpha=0.5, label=name, rasterized=True)
+        style = _series_style(i)
+        ax.scatter(np.asarray(x)[shown], np.asarray(y)[shown], s=6, alpha=0.5, label=name, rasterized=True,
+                   color=style["color"], marker=style["marker"])
     ax.set_xlabel("intra / inter text distance")
     ax.set_ylabel("instability = 1 - RBO_ext")
     ax.set_ylim(-0.02, 1.02)
@@ -238,11 +247,11 @@ def brittleness_heatmap_figure(panels: dict[str, dict[str, dict[str, float]]], t
         grid = np.array([[np.nan if panel[m].get(t) is None else panel[m][t] for t in types] for m in models],
                         dtype=float)
         image = ax.imshow(np.ma.masked_invalid(grid), cmap="magma", aspect="auto")
-        middle = np.nanmean(grid) if np.isfinite(grid).any() else 0.0
         for (i, j), value in np.ndenumerate(grid):
-            text = ("missing" if panel[models[i]].get(types[j]) is None else "undef") if np.isnan(value) else f"{value:.2f}"
+            text = f"{value:.2f}" if np.isfinite(value) else (
+                "missing" if panel[models[i]].get(types[j]) is None else "undef")
             ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                    color="black" if np.isfinite(value) and value > middle else "white")
+                    color="black" if np.isfinite(value) and image.norm(value) > 0.6 else "white")  # light cells
         ax.set_facecolor("0.6")  # undefined cells
         ax.set_xticks(range(len(types)), types, rotation=40, ha="right", fontsize=8)
         ax.set_yticks(range(len(models)), models, fontsize=8)

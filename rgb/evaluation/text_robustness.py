@@ -90,13 +90,12 @@ class TextRobustnessOptions:
     @classmethod
     def from_config(cls, cfg: DictConfig) -> TextRobustnessOptions:
         block = OmegaConf.to_container(cfg.text_robustness_options, resolve=True)
-        optional_path = lambda value: None if value is None else Path(str(value))  # noqa: E731
-        return cls(split=str(block["split"]), queries=optional_path(block["queries"]),
-                   types=tuple(str(t) for t in block["types"] or DEFAULT_TYPES),
-                   seeds=tuple(int(s) for s in block["seeds"]), user_edits=optional_path(block["user_edits"]),
-                   ks=tuple(int(k) for k in block["ks"]), p=float(block["p"]),
-                   cache_dir=optional_path(block["cache_dir"]), device=resolve_device(str(cfg.device)),
-                   batch_size=int(cfg.batch_size))
+        paths = {key: None if block[key] is None else Path(str(block[key]))
+                 for key in ("queries", "user_edits", "cache_dir")}
+        return cls(split=str(block["split"]), types=tuple(str(t) for t in block["types"] or DEFAULT_TYPES),
+                   seeds=tuple(int(s) for s in block["seeds"]), ks=tuple(int(k) for k in block["ks"]),
+                   p=float(block["p"]), device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
+                   **paths)
 
 
 def zero_shot_record(meta: dict, run: Path) -> dict:
@@ -146,7 +145,8 @@ def _clip_of(model):
     return load_clip_of(model)
 
 
-def cached_image_features(model, split, weights_sha256: str, options: TextRobustnessOptions) -> tuple[torch.Tensor, bool]:
+def cached_image_features(model, split, weights_sha256: str,
+                          options: TextRobustnessOptions) -> tuple[torch.Tensor, bool]:
     """(N, D) L2-normalised features of the split's images, and whether they came from the cache. The cache key is
     (weights sha256, split fingerprint): other weights or other images never reuse them."""
     fingerprint = split_sha256(split)
@@ -199,7 +199,8 @@ def classification_rows(record: dict, model, image_features: torch.Tensor, label
     head predicts what the exported model does (1 unless descriptions enriched some classes' prompts)."""
     head, heads = _prompt_heads(record, text, perturbations, perturbed)
     model_head = model.classifier.weight.detach().float().cpu()
-    agreement = float(((image_features @ head.T).argmax(1) == (image_features @ model_head.T).argmax(1)).double().mean())
+    rebuilt, exported = ((image_features @ matrix.T).argmax(1) for matrix in (head, model_head))
+    agreement = float((rebuilt == exported).double().mean())
     classes = {item.type: item.perturbation_class for item in perturbations}
     rows = [{"perturbation_class": classes[type_name], "perturbation_type": type_name, "seed": seed,
              "edited_prompts": count, "prompts": text.shape[0],
@@ -398,10 +399,24 @@ def pool_rows(results: Sequence[TextRobustnessResult]) -> list[dict]:
             for r in results for row in r.summary]
 
 
+def pool_markdown(results: Sequence[TextRobustnessResult]) -> str:
+    """Perturbation types as rows, per model its mean instability and mean finite B (with the undefined count)."""
+    types = list(dict.fromkeys(row["perturbation_type"] for r in results for row in r.summary))
+    by_model = [{row["perturbation_type"]: row for row in r.summary} for r in results]
+    header = ["type", *[f"{r.model} {what}" for r in results for what in ("instab.", "B (undef.)")]]
+    rows = [[name, *[cell for found in by_model for cell in (
+        (_cell(found[name]["instability_mean"]),
+         f"{_cell(found[name]['brittleness_mean'])} ({found[name]['brittleness_undefined']})")
+        if name in found else ("missing", "missing"))]] for name in types]
+    lines = ["# Text robustness side by side: mean instability, mean finite B (undefined count)", ""]
+    return "\n".join(lines + markdown_table(header, rows, ["---"] + ["---:"] * (len(header) - 1))) + "\n"
+
+
 def compare_models(results: Sequence[TextRobustnessResult], out: Path) -> list[Path]:
     """The pool's CSV (and parquet) and the model x perturbation-type heatmaps."""
     out.mkdir(parents=True, exist_ok=True)
     _write_table(_rows_table(pool_rows(results)), out / "pool")
+    atomic_write_bytes(out / "pool.md", pool_markdown(results).encode())
     panels = {label: {r.model: {row["perturbation_type"]: row[key] for row in r.summary} for r in results}
               for key, label in POOL_METRICS.items()}
     return [plots.save(plots.brittleness_heatmap_figure(panels, "text brittleness per model and perturbation type"),
@@ -427,6 +442,7 @@ def run_text_robustness(cfg: DictConfig) -> None:
     if cfg.pool:
         pool_dir = Path(str(cfg.text_robustness_options.pool_dir))
         compare_models(results, pool_dir)
+        log.info("%s", pool_markdown(results).rstrip("\n"))
         log.info("models side by side in %s", pool_dir)
 
 
