@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from rgb.attacks.autoattack import ATTACK_ORDER
+from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.core.threat import Norm
 from rgb.data import RGBDataModule
@@ -43,7 +43,8 @@ from rgb.runs.store import RunResult, read_run
 
 log = logging.getLogger(__name__)
 NORMS = tuple(n.key for n in (Norm.L1, Norm.L2, Norm.LINF))
-STANDARD_CASCADES = (list(ATTACK_ORDER), [REFERENCE_CASCADE])
+# The attack lists of standard runs: the cascade of a standard version of the table, or the reference's.
+STANDARD_CASCADES = [list(VERSIONS[v].attacks) for v in VERSIONS if is_standard(v)] + [[REFERENCE_CASCADE]]
 
 
 class EvaluationError(RuntimeError):
@@ -164,7 +165,7 @@ def read_attack(norm: str, options: EvalOptions, expected: AttackExpectation) ->
         return None
     _check_identity(found, norm, expected)
     summary = found.summary
-    standard = (summary.standard and summary.version == "standard" and summary.precision == "fp32"
+    standard = (summary.standard and is_standard(summary.version) and summary.precision == "fp32"
                 and summary.attacks in STANDARD_CASCADES)
     robust = found.columns["robust"].astype(bool)
     if options.max_images is not None:
