@@ -178,6 +178,7 @@ QUERY_FILE = ["text_robustness_options.queries=QUERIES"]
     (None, ["text_robustness_options.types=[lowercase,typo]"],
      "unknown perturbation type 'typo'; known: lowercase, uppercase"),
     (None, ["text_robustness_options.types=[synonym]"], "come from a user file"),
+    (None, ["text_robustness_options.types=[]"], "types and .seeds must not be empty"),
     (None, ["pool=[RUN,RUN]"], "distinct run names"),
 ])
 def test_bad_input_is_one_line(lines, overrides, expected, tiny_runs, mini_dir, tmp_path):

@@ -92,7 +92,8 @@ class TextRobustnessOptions:
         block = OmegaConf.to_container(cfg.text_robustness_options, resolve=True)
         paths = {key: None if block[key] is None else Path(str(block[key]))
                  for key in ("queries", "user_edits", "cache_dir")}
-        return cls(split=str(block["split"]), types=tuple(str(t) for t in block["types"] or DEFAULT_TYPES),
+        types = DEFAULT_TYPES if block["types"] is None else tuple(str(t) for t in block["types"])
+        return cls(split=str(block["split"]), types=types,
                    seeds=tuple(int(s) for s in block["seeds"]), ks=tuple(int(k) for k in block["ks"]),
                    p=float(block["p"]), device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
                    **paths)
