@@ -176,3 +176,20 @@ def test_bad_prompt_inputs_are_one_line(clip, tmp_path):
     with pytest.raises(PromptError, match=r"other class names than the dataset's .*'zero' != 'nought'") as err:
         check_class_names(head.record(), ["nought", *CLASSES[1:]])
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("preset", ["openclip_vit_b16", "openclip_vit_b32", "openclip_vit_l14"])
+def test_openclip_presets_name_an_architecture_and_tag(preset):
+    from pathlib import Path
+
+    import open_clip
+    from hydra import compose, initialize_config_dir
+
+    from rgb.models.openclip import check_architecture
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model={preset}", "strategy=zeroshot"])
+    check_architecture(cfg.model.name, cfg.model.pretrained)
+    assert cfg.model._target_ == "rgb.models.create_openclip_classifier" and cfg.model.weights is None
+    assert open_clip.get_pretrained_cfg(cfg.model.name, cfg.model.pretrained)["hf_hub"]
+    assert (cfg.strategy.name, cfg.prompts.ensemble, cfg.prompts.pool) == ("zeroshot", "cpe", "imagenet80")
