@@ -26,3 +26,20 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def read_jsonl(path: Path, error: type[Exception], what: str):
+    """(line number, decoded value) of every non-blank line of a JSON-lines file; an unreadable file or a line
+    that is not JSON raises `error` naming `path:line`."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise error(f"cannot read {what} {path}: {getattr(err, 'strerror', None) or err}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as err:
+            raise error(f"{path}:{number}: not valid JSON ({err.msg})") from None

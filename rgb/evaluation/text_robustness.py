@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256, resolve_device
+from rgb.core.files import read_jsonl
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import _table as markdown_table
@@ -113,24 +114,14 @@ def zero_shot_record(meta: dict, run: Path) -> dict:
 def load_queries(path: Path) -> list[Query]:
     """Free-text queries, one JSON object per line: {"query": text, "class_name": optional class name}; blank
     lines skipped. A malformed or repeated line is named."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise EvaluationError(f"cannot read query file {path}: {error}") from None
     queries, first_line = [], {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise EvaluationError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+    for number, record in read_jsonl(path, EvaluationError, "query file"):
         class_name = record.get("class_name") if isinstance(record, dict) else None
         if (not isinstance(record, dict) or set(record) - set(QUERY_FILE_FIELDS)
                 or not isinstance(record.get("query"), str) or not record["query"].strip()
                 or not (class_name is None or isinstance(class_name, str) and class_name.strip())):
             raise EvaluationError(f"{path}:{number}: expected {{\"query\": non-empty text, \"class_name\": optional "
-                                  f"non-empty text}}, got {line.strip()[:80]}")
+                                  f"non-empty text}}, got {json.dumps(record)[:80]}")
         if record["query"] in first_line:
             raise EvaluationError(f"{path}:{number}: repeats the query of line {first_line[record['query']]}")
         first_line[record["query"]] = number

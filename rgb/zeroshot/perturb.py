@@ -21,7 +21,6 @@ would break the per-edit RNG contract, or pull a large unmaintained stack (`nlpa
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 import string
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+from rgb.core.files import read_jsonl
 
 LEXICAL, SYNTACTIC, SEMANTIC = "lexical", "syntactic", "semantic"
 
@@ -317,18 +318,8 @@ def load_user_edits(path: str | Path) -> dict[str, dict[str, list[str]]]:
     """Read a JSONL file of {"query": ..., "type": "synonym"|"paraphrase", "perturbed": ...} lines (blank lines
     skipped); `query` is a whole query or a class name. Returns type -> query -> perturbed texts."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise PerturbationError(f"cannot read perturbation file {path}: {error.strerror}") from None
     edits: dict[str, dict[str, list[str]]] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise PerturbationError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+    for number, record in read_jsonl(path, PerturbationError, "perturbation file"):
         if (not isinstance(record, dict)
                 or not all(isinstance(record.get(key), str) and record[key].strip() for key in USER_FILE_FIELDS)):
             raise PerturbationError(
