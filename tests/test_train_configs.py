@@ -104,6 +104,14 @@ def test_optuna_overlay_minimises_the_validation_loss():
     assert "optim.backbone_lr" in cfg.hydra.sweeper.params
 
 
+def test_robust_optuna_overlay_maximises_the_clean_robust_score():
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    cfg = compose_train("hparams_search=optuna_robust", "callbacks.robust_val.every_n_epochs=2", hydra_cfg=True)
+    assert cfg.hydra.sweeper.direction == "maximize" and (cfg.monitor.metric, cfg.monitor.mode) == ("val/robust_score", "max")
+    assert cfg.callbacks.robust_val._target_.endswith("RobustValidation") and "optim.head_lr" in cfg.hydra.sweeper.params
+    assert cfg.callbacks.best_checkpoint.every_n_epochs == 2  # checkpoints only where the robust score is fresh
+
+
 EXPERIMENTS = {
     "fft50_trades": ("trades", "full_finetune", 50),
     "fft50_pgd_at": ("pgd_at", "full_finetune", 50),

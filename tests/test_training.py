@@ -22,6 +22,7 @@ from rgb.models import create_model, load, load_with_meta
 from rgb.training import (
     InnerAttack,
     RobustFinetuneModule,
+    TrainingConfigError,
     accumulation_steps,
     build_loss,
     parameter_groups,
@@ -285,17 +286,93 @@ def test_trades_is_robust_to_its_inner_attack(tmp_path, mini_dir):
 
 
 @pytest.mark.slow
-def test_optuna_sweep_runs_trials_and_reports_the_best_validation_loss(tmp_path, mini_dir):
+@pytest.mark.parametrize("overlay, metric, best_of, extra", [
+    ("optuna", "val/loss", min, []),
+    ("optuna_robust", "val/robust_score", max, ["callbacks.robust_val.n_images=16", "callbacks.robust_val.n_iter=10"]),
+])
+def test_optuna_sweep_runs_trials_and_reports_the_best_monitored_value(tmp_path, mini_dir, overlay, metric, best_of,
+                                                                     extra):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tmp_path / "sweep"
     run_train_py(
-        "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=2",
+        "-m", f"hparams_search={overlay}", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=2",
         "debug=limit", f"data.source={mini_dir}", f"paths.root_dir={tmp_path}", f"hydra.sweep.dir={sweep}", *FAST,
+        *extra,
     )
     trials = [json.loads((sweep / str(i) / "model.json").read_text()) for i in range(2)]
     assert trials[0]["optim"]["backbone_lr"] != trials[1]["optim"]["backbone_lr"]  # the sampler chose each trial
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
-    chosen = min(trials, key=lambda t: t["monitor_value"])
-    assert all(t["monitor"] == "val/loss" for t in trials)
-    assert best["best_value"] == pytest.approx(chosen["monitor_value"])  # what train() returned is what was minimised
+    chosen = best_of(trials, key=lambda t: t["monitor_value"])
+    assert all(t["monitor"] == metric for t in trials)
+    assert best["best_value"] == pytest.approx(chosen["monitor_value"])  # what train() returned is what was optimised
     assert best["best_params"]["optim.backbone_lr"] == pytest.approx(chosen["optim"]["backbone_lr"])
+
+
+# ---------------------------------------------------------------- robust validation (issue 12 items 2 and 3)
+
+ROBUST = ["callbacks=robust_val", "callbacks.robust_val.n_images=16", "callbacks.robust_val.n_iter=10", "debug=limit",
+          "trainer.max_epochs=3", *FAST]
+
+
+def subset_robust_accuracy(model, mini_dir, n_images, n_iter, seed=0):
+    """AutoAttack APGD-CE at the Linf budget on the callback's seeded validation subset, recomputed here."""
+    from rgb.attacks.autoattack import AutoAttack
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        data = hydra.utils.instantiate(compose("train", overrides=[f"data.source={mini_dir}"]).data)
+    split = data.split("validation")
+    picked = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:n_images].sort().values
+    x = torch.stack([split[int(i)][0] for i in picked])
+    y = torch.tensor([split[int(i)][1] for i in picked])
+    attack = AutoAttack(model, "Linf", data.budgets["linf"], attacks=["apgd-ce"], seed=seed, n_iter=n_iter)
+    return attack.run(x, y).robust_accuracy
+
+
+def test_robust_validation_logs_its_metric_and_selects_the_checkpoint(tmp_path, mini_dir):
+    cfg = compose_train(tmp_path, mini_dir, *ROBUST, "monitor.metric=val/robust_acc_linf", "monitor.mode=max")
+    value = train(cfg)
+    rows = [row for row in read_metrics(tmp_path) if row.get("val/robust_acc_linf")]
+    assert [row["epoch"] for row in rows] == ["0", "1", "2"]
+    robust = [float(row["val/robust_acc_linf"]) for row in rows]
+    for row, acc in zip(rows, robust):
+        assert 0 <= acc <= 1 and float(row["val/robust_seconds"]) > 0
+        assert float(row["val/robust_score"]) == pytest.approx(0.5 * float(row["val/acc"]) + 0.5 * acc)
+    model, meta = load_with_meta(tmp_path)
+    best_epoch = robust.index(max(robust))
+    assert value == meta["monitor_value"] == pytest.approx(max(robust))
+    assert (meta["monitor"], Path(meta["checkpoint"]).name) == ("val/robust_acc_linf", f"best-epoch{best_epoch:03d}.ckpt")
+    assert subset_robust_accuracy(model, mini_dir, 16, 10) == pytest.approx(max(robust))  # exported = selected epoch
+
+
+def test_robust_validation_every_n_epochs_and_a_mismatched_checkpoint_cadence(tmp_path, mini_dir):
+    train(compose_train(tmp_path, mini_dir, *ROBUST, "callbacks.robust_val.every_n_epochs=2"))
+    logged = [row["epoch"] for row in read_metrics(tmp_path) if row.get("val/robust_acc_linf")]
+    assert logged == ["1"]  # epochs 0 and 2 skipped; val/loss still selects among epoch 1 only
+    with pytest.raises(TrainingConfigError, match="runs every 1 epoch.*robust validation every 2"):
+        train(compose_train(tmp_path / "mismatch", mini_dir, *ROBUST, "callbacks.robust_val.every_n_epochs=2",
+                            "callbacks.best_checkpoint.every_n_epochs=1", "monitor.metric=val/robust_acc_linf",
+                            "monitor.mode=max"))
+    assert not (tmp_path / "mismatch").exists()
+
+
+@pytest.mark.slow
+def test_robust_validation_fast_version_on_two_norms(tmp_path, mini_dir):
+    cfg = compose_train(tmp_path, mini_dir, *ROBUST, "trainer.max_epochs=1", "callbacks.robust_val.version=fast",
+                        "callbacks.robust_val.attacks=null", "callbacks.robust_val.norms=[linf,l2]",
+                        "callbacks.robust_val.n_images=8")
+    train(cfg)
+    (row,) = [row for row in read_metrics(tmp_path) if row.get("val/robust_acc_linf")]
+    assert 0 <= float(row["val/robust_acc_l2"]) <= 1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("callbacks.robust_val.version=bogus", "version must be one of"),
+    ("callbacks.robust_val.attacks=[square-x]", "must be a non-empty subset"),
+    ("callbacks.robust_val.n_images=0", "n_images must be an integer >= 1"),
+    ("callbacks.robust_val.norms=[l3]", "norm must be one of"),
+    ("callbacks.robust_val.clean_weight=2", "clean_weight must be a number in"),
+])
+def test_robust_validation_settings_are_refused_in_one_line(tmp_path, mini_dir, override, message):
+    with pytest.raises(TrainingConfigError, match=message) as err:
+        train(compose_train(tmp_path, mini_dir, *ROBUST, override))
+    assert "\n" not in str(err.value) and not (tmp_path / "run.json").exists()

@@ -79,6 +79,15 @@ def test_resumable_keys_may_change_and_are_listed_once(tmp_path, mini_dir):
     assert {"threads", "logger.*", "paths.*", "trainer.devices", "trainer.max_time"} <= set(RESUMABLE_KEYS)
 
 
+def test_a_start_that_failed_before_training_does_not_bind_the_run_dir(tmp_path, mini_dir):
+    typo = ["model.pretrained=true", f"model.weights={tmp_path / 'nowhere.safetensors'}"]
+    with pytest.raises(Exception, match="nowhere"):
+        train(compose_train(tmp_path, mini_dir, *SHORT, *typo))
+    assert (tmp_path / "run.json").is_file()
+    train(compose_train(tmp_path, mini_dir, *SHORT))  # the corrected command is not refused
+    assert json.loads((tmp_path / "run.json").read_text())["identity"]["model.weights"] is None
+
+
 def test_checkpoints_without_run_record_are_not_adopted(tmp_path, mini_dir):
     (tmp_path / "checkpoints").mkdir()
     torch.save({"epoch": 0}, tmp_path / "checkpoints" / "last.ckpt")

@@ -22,6 +22,7 @@ from rgb.core.machine import DeviceError
 from rgb.models import META_FILE, export_model, rebuild_like
 from rgb.training.config import TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
+from rgb.training.robust_val import RobustValidation
 from rgb.training.zeroshot import initialise_head, train_zeroshot
 from rgb.training.rundir import AtomicCheckpointIO, RunManifest, load_checkpoint_file, locked, start_record
 
@@ -169,6 +170,9 @@ def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
             if isinstance(err.__cause__, TrainingError):
                 raise err.__cause__ from None
             raise
+    for callback in callbacks:
+        if isinstance(callback, RobustValidation):
+            callback.check_checkpoints(callbacks)
     return callbacks
 
 
@@ -193,16 +197,18 @@ def train(cfg: DictConfig) -> float:
         threads = configure_threads(cfg.get("threads", "auto"))
     except DeviceError as err:
         raise TrainingConfigError(str(err)) from None
+    callbacks = instantiate_callbacks(cfg.callbacks)  # they check their own settings: before the run dir is claimed
     run_dir = Path(cfg.run_dir)
     if rank_zero_only.rank != 0:
-        return fit_and_export(cfg, run_dir, threads, None, None)
+        return fit_and_export(cfg, run_dir, threads, callbacks, None, None)
     with locked(run_dir):
         manifest = RunManifest(run_dir)
-        return fit_and_export(cfg, run_dir, threads, manifest, manifest.claim(training_identity(cfg)))
+        return fit_and_export(cfg, run_dir, threads, callbacks, manifest, manifest.claim(training_identity(cfg)))
 
 
 def fit_and_export(
-    cfg: DictConfig, run_dir: Path, threads: int, manifest: RunManifest | None, record: dict | None
+    cfg: DictConfig, run_dir: Path, threads: int, callbacks: list[Callback], manifest: RunManifest | None,
+    record: dict | None,
 ) -> float:
     if cfg.seed is not None:
         L.seed_everything(cfg.seed, workers=True)
@@ -218,7 +224,7 @@ def fit_and_export(
         compile=cfg.compile,
     )
     progress = StartProgress()
-    callbacks = [*instantiate_callbacks(cfg.callbacks), progress]
+    callbacks = [*callbacks, progress]
     best = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
     loggers = build_loggers(cfg.logger, run_dir)
     status, summary = "failed", {}

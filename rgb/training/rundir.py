@@ -26,6 +26,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from rgb.core import atomic_write_bytes, atomic_write_json
+from rgb.models import WEIGHTS_FILE
 from rgb.training.config import TrainingError, identity_changes
 
 log = logging.getLogger(__name__)
@@ -104,25 +105,25 @@ class RunManifest:
         return record
 
     def claim(self, identity: dict) -> dict:
-        """The stored record, written now if this is the run dir's first start; refuse another identity, and
-        checkpoints that no record describes (a run dir from before run.json, or foreign files)."""
+        """The stored record, (re)written now if nothing in the run dir was trained yet; refuse another identity
+        once checkpoints or weights exist, and checkpoints that no record describes (a run dir from before
+        run.json, or foreign files)."""
         record = self.read()
+        checkpoints = sorted((self.run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
         fresh = f"start fresh with another run_name, or delete {self.run_dir}"
-        if record is None:
-            checkpoints = sorted((self.run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
-            if checkpoints:
-                raise TrainingError(
-                    f"{self.run_dir} holds checkpoints ({checkpoints[0].name}, ...) but no {MANIFEST}, so the config "
-                    f"that made them is unknown; {fresh}"
-                )
-            record = {"task": "train", "identity": identity, "starts": []}
-            atomic_write_json(self.path, record)
-            return record
-        changes = identity_changes(record["identity"], identity)
-        if changes:
+        if record is None and checkpoints:
+            raise TrainingError(
+                f"{self.run_dir} holds checkpoints ({checkpoints[0].name}, ...) but no {MANIFEST}, so the config "
+                f"that made them is unknown; {fresh}"
+            )
+        changes = identity_changes(record["identity"], identity) if record is not None else []
+        if changes and (checkpoints or (self.run_dir / WEIGHTS_FILE).is_file()):
             shown = ", ".join(changes[:SHOWN_CHANGES])
             more = f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
             raise TrainingError(f"{self.run_dir} was made by another training config: {shown}{more}; {fresh}")
+        if record is None or changes:  # first start, or earlier starts that failed before training anything
+            record = {"task": "train", "identity": identity, "starts": []}
+            atomic_write_json(self.path, record)
         return record
 
     def add_start(self, record: dict, start: dict) -> dict:
