@@ -219,10 +219,38 @@ def test_every_table_attack_follows_the_protocol(trained_mlp, batch):
     shared = {"clean_logits": trained_mlp(x), "generator": 0, "n_iter": 3, "n_queries": 5}
     for name, entry in ATTACKS.items():
         inputs = {key: value for key, value in shared.items() if key in entry.inputs}
-        result = entry.attack(trained_mlp, x, y, norm="L2", eps=0.5, **inputs, **entry.params)
+        steps = []
+        result = entry.attack(trained_mlp, x, y, norm="L2", eps=0.5, progress=lambda *p: steps.append(p), **inputs,
+                              **entry.params)
         assert isinstance(result, AttackResult), name
         assert result.x_adv.shape == x.shape and result.fooled.shape == y.shape, name
         assert result.forward_rows > 0 and result.backward_rows >= 0, name
+        assert steps and steps == sorted(steps) and all(p[-2] <= p[-1] for p in steps), name
+
+
+def test_progress_reports_stages_and_steps_within_a_batch(trained_mlp, batch):
+    """Issue 13 item 22: a long batch is never silent: every stage starts with its name, then step positions."""
+    x, y = batch
+    calls = []
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, n_queries=40, progress_interval=0,
+                        progress=lambda name, *position: calls.append((name, position))).run(x, y, batch_size=32)
+    assert 0 < result.robust_accuracy  # every stage ran on the one batch
+    stages = list(dict.fromkeys(name for name, _ in calls))
+    assert stages == result.attacks == ["apgd-ce", "apgd-t", "fab-t", "square"]
+    for stage in stages:
+        positions = [position for name, position in calls if name == stage]
+        assert positions[0] == ()  # the stage's start
+        steps = positions[1:]
+        assert len(steps) >= 10 and steps == sorted(steps) and len(set(steps)) == len(steps), stage
+        assert all(step[-2] <= step[-1] for step in steps), stage
+    assert {len(p) for name, p in calls if name in ("apgd-t", "fab-t") and p} == {4}  # target, n_targets, step, n
+    assert [p for name, p in calls if name == "apgd-ce"][1:3] == [(1, 100), (2, 100)]
+    assert [p for name, p in calls if name == "fab-t"][1][1] == 9
+
+    throttled = []
+    AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, n_queries=40, progress_interval=3600,
+               progress=lambda name, *position: throttled.append((name, position))).run(x, y, batch_size=32)
+    assert throttled == [(stage, ()) for stage in stages]  # nothing between the stage starts within an hour
 
 
 def test_threat_model_checks_are_errors(batch):

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, as_column, check_eps, make_generator, per_sample
+from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, as_column, check_eps, make_generator,
+                                nested, per_sample)
 from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
 from rgb.attacks.projections import project_l1_ball_box, project_l2, project_linf
 from rgb.core.threat import parse_norm
@@ -122,9 +123,13 @@ def _run(
     sparse_from_init: bool,
     trace: list | None,
     stage: int,
+    progress: Progress | None,
+    done_before: int,
+    total: int,
 ) -> dict[str, torch.Tensor]:
     """One APGD run from state["x_k"] (the start point). `state` holds per-row tensors: x, y, eps, x_k,
     pre_fooled (rows never attacked: returned clean) and optionally y_target, rows (indices for the trace).
+    `progress` hears (done_before + iterations of this run, total) after every iteration.
     Returns x_best, loss_best, fooled and x_adv for every input row."""
     s = dict(state)
     x, eps = s["x"], s["eps"]
@@ -211,6 +216,8 @@ def _run(
                 s["reduced_last"], s["loss_best_last"] = reduce, s["loss_best"].clone()
                 s["step"] = torch.where(reduce, s["step"] / 2, s["step"])
                 _restart_from_best(s, reduce)
+        if progress is not None:
+            progress(done_before + i + 1, total)
         if trace is not None:
             trace.append({
                 "stage": stage, "iteration": i, "rows": s["rows"].clone(), "step_size": s["step"].clone(),
@@ -248,6 +255,7 @@ def apgd(
     counter: EvalCounter | None = None,
     trace: list | None = None,
     eot_iter: int = 1,
+    progress: Progress | None = None,
 ) -> APGDResult:
     """APGD with `loss` in {"ce", "dlr", "dlr-targeted"} (the last needs `y_target`), all maximised.
 
@@ -259,6 +267,7 @@ def apgd(
     `eot_iter` averages each gradient over that many passes (the `rand` version for randomised models).
     `generator` is a torch.Generator on x.device or an int seed; `trace`, if a list, receives one dict per
     iteration (stage, iteration, rows, step_size, loss, loss_best, fooled) for diagnostics and tests.
+    `progress` hears (iterations done, n_restarts * n_iter) over restarts and eps stages.
     The model's train/eval mode is left alone and parameter .grad is never touched.
     """
     norm = parse_norm(norm)
@@ -296,7 +305,8 @@ def apgd(
     x_best, x_adv = x.clone(), x.clone()
     loss_best = torch.full((n,), -torch.inf, device=x.device)
     fooled = pre_fooled.clone()
-    settings = dict(norm=norm, first_step=first_step, momentum=momentum, rho=rho, trace=trace)
+    settings = dict(norm=norm, first_step=first_step, momentum=momentum, rho=rho, trace=trace, progress=progress,
+                    total=n_restarts * n_iter)
     for restart in range(n_restarts):
         rows = torch.arange(n, device=x.device) if restart == 0 else (~fooled).nonzero().squeeze(1)
         if rows.numel() == 0:
@@ -304,6 +314,7 @@ def apgd(
         state = {"x": x[rows], "y": y[rows], "eps": eps[rows], "pre_fooled": pre_fooled[rows], "rows": rows}
         if y_target is not None:
             state["y_target"] = y_target[rows]
+        done_before = restart * n_iter
         if eps_schedule == "largereps":
             start = state["x"]
             if random_start:
@@ -314,12 +325,13 @@ def apgd(
                 state_s = dict(state, eps=stage_eps, x_k=_project(norm, state["x"], start, stage_eps))
                 last = stage == 2
                 run = _run(objective, state_s, n_iter=stage_iter, early_stop=early_stop and last,
-                           sparse_from_init=True, stage=stage, **settings)
+                           sparse_from_init=True, stage=stage, done_before=done_before, **settings)
                 start = run["x_best"]
+                done_before += stage_iter
         else:
             start = _random_start(state["x"], state["eps"], norm, generator) if random_start else state["x"]
             run = _run(objective, dict(state, x_k=start), n_iter=n_iter, early_stop=early_stop,
-                       sparse_from_init=False, stage=0, **settings)
+                       sparse_from_init=False, stage=0, done_before=done_before, **settings)
         newly = run["fooled"] & ~fooled[rows]
         x_adv[rows] = torch.where(as_column(newly, x), run["x_adv"], x_adv[rows])
         fooled[rows] = fooled[rows] | run["fooled"]
@@ -341,6 +353,7 @@ def apgd_targeted(
     clean_logits: torch.Tensor | None = None,
     generator: torch.Generator | int | None = None,
     counter: EvalCounter | None = None,
+    progress: Progress | None = None,
     **apgd_kwargs,
 ) -> APGDResult:
     """APGD-T (spec §2.5): the targets are the clean-logit ranks 2..n_targets+1, tried in that order by
@@ -355,7 +368,7 @@ def apgd_targeted(
         raise ValueError(f"n_targets must be in [1, {n_classes - 1}] for {n_classes} classes, got {n_targets}")
     targets = clean_logits.argsort(dim=1, descending=True)[:, 1:n_targets + 1]
     result = apgd_over_targets(model, x, y, targets, norm=norm, eps=eps, clean_logits=clean_logits,
-                               generator=generator, counter=call_counter, **apgd_kwargs)
+                               generator=generator, counter=call_counter, progress=progress, **apgd_kwargs)
     return replace(result, forward_rows=call_counter.forward_rows, backward_rows=call_counter.backward_rows)
 
 
@@ -370,10 +383,12 @@ def apgd_over_targets(
     clean_logits: torch.Tensor,
     generator: torch.Generator | int | None = None,
     counter: EvalCounter | None = None,
+    progress: Progress | None = None,
     **apgd_kwargs,
 ) -> APGDResult:
     """Targeted-DLR APGD against each column of `targets` (N, k) in turn, each run only on the points no earlier
-    run fooled. Success means argmax != y. x_best/loss_best come from the last run on each point."""
+    run fooled. Success means argmax != y. x_best/loss_best come from the last run on each point.
+    `progress` hears (target, k, iterations done, iterations)."""
     if "n_restarts" in apgd_kwargs or "loss" in apgd_kwargs or "y_target" in apgd_kwargs:
         raise ValueError("targeted APGD fixes loss='dlr-targeted', one restart per target and the targets itself")
     _check_targeted_classes(clean_logits.shape[1])
@@ -392,7 +407,7 @@ def apgd_over_targets(
             break
         run = apgd(model, x[rows], y[rows], norm=norm, eps=eps[rows], loss="dlr-targeted",
                    y_target=targets[rows, column], clean_logits=clean_logits[rows], generator=generator,
-                   counter=call_counter, **apgd_kwargs)
+                   counter=call_counter, progress=nested(progress, column + 1, targets.shape[1]), **apgd_kwargs)
         x_adv[rows], fooled[rows] = run.x_adv, run.fooled
         x_best[rows], loss_best[rows] = run.x_best, run.loss_best
     return APGDResult(x_adv=x_adv, fooled=fooled, forward_rows=call_counter.forward_rows,

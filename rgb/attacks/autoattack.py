@@ -10,6 +10,7 @@ against the budget and the [0,1] box with errors that hold under `python -O`, no
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rgb.attacks.common import AttackError, EvalCounter, check_eps, lp_norm
+from rgb.attacks.common import AttackError, EvalCounter, Progress, check_eps, lp_norm
 from rgb.attacks.registry import ATTACKS, VERSIONS
 from rgb.core.threat import Norm, parse_norm
 
@@ -29,6 +30,8 @@ RELATIVE_TOLERANCE = {Norm.L1: 1e-5, Norm.L2: 1e-5}
 LINF_TOLERANCE = 1e-7
 # A black-box attack that lowers the accuracy by more than this below every other attack hints at masking.
 MASKING_MARGIN = 0.002
+# Seconds between two step reports to the `progress` callback (the start of each attack is always reported).
+PROGRESS_INTERVAL = 0.5
 
 
 @dataclass
@@ -92,6 +95,10 @@ class AutoAttack:
     over the MALT targets (`rgb.attacks.malt`), without FAB-T and Square. `attacks` picks a subset in the version's order (for diagnostics; a subset is not
     AutoAttack and is labelled as such by the caller). `precision="bf16"` runs the attacks under bf16 autocast;
     a success only counts after an fp32 re-verification, which every success gets anyway.
+
+    `progress(name, *position)`, if given, hears `progress(name)` when attack `name` starts on a batch and then,
+    at most every `progress_interval` seconds, the position of its current step (`rgb.attacks.common.Progress`:
+    e.g. `("apgd-t", 3, 9, 40, 100)` for target 3 of 9, iteration 40 of 100), so a long batch is never silent.
     """
 
     def __init__(
@@ -107,7 +114,8 @@ class AutoAttack:
         precision: str = "fp32",
         n_iter: int = 100,
         n_queries: int = 5000,
-        progress: Callable[[str, int, int], None] | None = None,
+        progress: Callable[..., None] | None = None,
+        progress_interval: float = PROGRESS_INTERVAL,
     ):
         self.model = model
         self.norm = parse_norm(norm)
@@ -135,6 +143,7 @@ class AutoAttack:
         self.n_iter = int(n_iter)
         self.n_queries = int(n_queries)
         self.progress = progress
+        self.progress_interval = float(progress_interval)
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
@@ -193,7 +202,7 @@ class AutoAttack:
             for start in range(0, todo.numel(), batch_size):
                 rows = todo[start : start + batch_size]
                 if self.progress is not None:
-                    self.progress(name, start, todo.numel())
+                    self.progress(name)
                 spent = (counter.forward_rows, counter.backward_rows)
                 candidate = self._attack(name, x[rows], y[rows], clean_logits[rows], counter, params[name])
                 pred = self._logits(candidate, batch_size)  # fp32 verification of every returned image
@@ -226,10 +235,26 @@ class AutoAttack:
                      "n_queries": self.n_queries}
         inputs = {key: value for key, value in available.items() if key in entry.inputs}
         with self._autocast():
-            out = entry.attack(self.model, x, y, norm=self.norm, eps=self.eps, counter=counter, **inputs, **params)
+            out = entry.attack(self.model, x, y, norm=self.norm, eps=self.eps, counter=counter,
+                               progress=self._step_reporter(name), **inputs, **params)
         return torch.where(out.fooled.view(-1, 1, 1, 1), out.x_adv.float(), x).cpu()
 
     # -- helpers -----------------------------------------------------------------------------------------
+    def _step_reporter(self, name: str) -> Progress | None:
+        """The attack's step hook: forwards a position to `self.progress` at most every `progress_interval` s."""
+        if self.progress is None:
+            return None
+        callback, interval, due = self.progress, self.progress_interval, time.monotonic() + self.progress_interval
+
+        def report(*position: int) -> None:
+            nonlocal due
+            now = time.monotonic()
+            if now >= due:
+                due = now + interval
+                callback(name, *position)
+
+        return report
+
     def _caveated(self, found: list[str]) -> list[str]:
         """The version's caveat on each warning of the reference's checks (a cheap version cannot settle them)."""
         return [f"{message} ({self.spec.caveat})" if self.spec.caveat else message for message in found]

@@ -3,7 +3,8 @@ evaluation counting and the live-row bookkeeping of loops that drop finished poi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,13 +25,26 @@ class AttackResult:
     backward_rows: int
 
 
+Progress = Callable[..., None]
+"""An attack's progress hook, called as `progress(*position)` once per step with plain ints that locate the step,
+outermost first: (step, n_steps), or (target, n_targets, step, n_steps) for a targeted attack. Positions only
+grow during one call. Attacks never compute anything for it (no host sync); callers throttle it."""
+
+
+def nested(progress: Progress | None, *outer: int) -> Progress | None:
+    """The hook for an inner loop: its positions prefixed by the outer loop's `outer` ones."""
+    return None if progress is None else functools.partial(progress, *outer)
+
+
 class Attack(Protocol):
     """An attack: images x in [0,1] (N, ...) with labels y under an (norm, eps) budget -> AttackResult.
 
-    Other keyword arguments are the attack's own; `counter`, if given, is also charged every evaluation."""
+    Other keyword arguments are the attack's own; `counter`, if given, is also charged every evaluation, and
+    `progress`, if given, hears every step (see `Progress`)."""
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, norm: str | Norm,
-                 eps: float | torch.Tensor, counter: EvalCounter | None = None, **params) -> AttackResult: ...
+                 eps: float | torch.Tensor, counter: EvalCounter | None = None, progress: Progress | None = None,
+                 **params) -> AttackResult: ...
 
 
 class AttackError(RuntimeError):

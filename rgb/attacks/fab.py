@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, check_eps, lp_norm, make_generator
+from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, lp_norm, make_generator, nested
 from rgb.core.threat import parse_norm
 
 # Coordinates whose gradient entry is below this never move in the L2 and L1 projections (spec §4).
@@ -186,9 +186,10 @@ def _closest_boundary(model, x1, y, norm, counter):
 
 
 def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_max, eta, beta, early_stop,
-                counter, start=None):
+                counter, progress, start=None):
     """One FAB run from the flattened clean points x0 -> (best_adv, best_norm): towards `target`, or towards
-    the closest boundary at every step when `target` is None; from `start` (flattened) instead of x0 if given."""
+    the closest boundary at every step when `target` is None; from `start` (flattened) instead of x0 if given.
+    `progress` hears (iteration, n_iter) after every iteration."""
     project = _PROJECTIONS[norm]
     image_shape = (-1, *image_shape)
     targeted = target is not None
@@ -232,6 +233,8 @@ def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_m
         run["x1"] = torch.where(run["done"][:, None], run["x1"], pulled_back)
         if early_stop:
             run["done"] = run["done"] | (run["best_norm"] <= eps)
+        if progress is not None:
+            progress(iteration + 1, n_iter)
 
     results = run.sync()
     return results["best_adv"], results["best_norm"]
@@ -299,13 +302,14 @@ def fab_targeted(
     clean_logits: torch.Tensor | None = None,
     early_stop: bool = True,
     counter: EvalCounter | None = None,
+    progress: Progress | None = None,
 ) -> FABResult:
     """FAB-T (spec §4) on images x in [0,1] (N, ...) with labels y; targets are clean-logit ranks 2..n_targets+1.
 
     Each target attacks only the points no earlier target fooled. `clean_logits` (N, n_classes) saves the
     clean forward pass. `early_stop` freezes a point once it has an adversarial within eps (the success flag
     is then certain; only its norm could still shrink). Gradients are taken w.r.t. the input only, and the
-    model's train/eval mode is left as it is.
+    model's train/eval mode is left as it is. `progress` hears (target, n_targets, iteration, n_iter).
     """
     norm = parse_norm(norm)
     check_eps(eps)
@@ -322,7 +326,7 @@ def fab_targeted(
         best_adv, best_norm = _run_target(
             model, outcome.flat_x[attacked], y[attacked], targets[attacked, rank], image_shape=x.shape[1:],
             norm=norm, eps=eps, n_iter=n_iter, alpha_max=alpha_max, eta=eta, beta=beta, early_stop=early_stop,
-            counter=counter)
+            counter=counter, progress=nested(progress, rank + 1, n_targets))
         outcome.merge(attacked, best_adv, best_norm)
     return outcome.result()
 
@@ -353,13 +357,15 @@ def fab_untargeted(
     clean_logits: torch.Tensor | None = None,
     early_stop: bool = True,
     counter: EvalCounter | None = None,
+    progress: Progress | None = None,
 ) -> FABResult:
     """Untargeted FAB (the `plus` version's "fab") on images x in [0,1] (N, ...) with labels y.
 
     Every step linearises the boundary of the class nearest in the dual norm (K backward passes for K classes,
     which is why the standard version uses FAB-T). The first restart starts at the clean point, later ones
     (`fab_random_start`, drawn from `generator`: a torch.Generator on x's device or an int seed) at a random
-    point; each restart attacks only the points no earlier restart fooled. Other arguments as `fab_targeted`.
+    point; each restart attacks only the points no earlier restart fooled. `progress` hears (restart,
+    n_restarts, iteration, n_iter). Other arguments as `fab_targeted`.
     """
     norm = parse_norm(norm)
     check_eps(eps)
@@ -379,6 +385,7 @@ def fab_untargeted(
         start = None if restart == 0 else fab_random_start(x0, norm, eps, generator)
         best_adv, best_norm = _run_target(
             model, x0, y[attacked], None, image_shape=x.shape[1:], norm=norm, eps=eps, n_iter=n_iter,
-            alpha_max=alpha_max, eta=eta, beta=beta, early_stop=early_stop, counter=counter, start=start)
+            alpha_max=alpha_max, eta=eta, beta=beta, early_stop=early_stop, counter=counter,
+            progress=nested(progress, restart + 1, n_restarts), start=start)
         outcome.merge(attacked, best_adv, best_norm)
     return outcome.result()

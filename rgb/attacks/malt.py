@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.functional import one_hot
 
 from rgb.attacks.apgd import APGDResult, apgd_over_targets
-from rgb.attacks.common import EvalCounter
+from rgb.attacks.common import EvalCounter, Progress
 from rgb.core.threat import Norm, parse_norm
 
 # Candidate classes ranked by MALT (the authors' default).
@@ -78,6 +78,7 @@ def apgd_malt(
     clean_logits: torch.Tensor | None = None,
     generator: torch.Generator | int | None = None,
     counter: EvalCounter | None = None,
+    progress: Progress | None = None,
     **apgd_kwargs,
 ) -> APGDResult:
     """APGD-T (targeted DLR, any misclassification counts) against the MALT targets of each point, nearest
@@ -91,5 +92,5 @@ def apgd_malt(
     targets = malt_targets(model, x, y, clean_logits, norm=norm, n_targets=n_targets, n_candidates=n_candidates,
                            counter=call_counter)
     result = apgd_over_targets(model, x, y, targets, norm=norm, eps=eps, clean_logits=clean_logits,
-                               generator=generator, counter=call_counter, **apgd_kwargs)
+                               generator=generator, counter=call_counter, progress=progress, **apgd_kwargs)
     return replace(result, forward_rows=call_counter.forward_rows, backward_rows=call_counter.backward_rows)

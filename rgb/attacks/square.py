@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, check_eps, make_generator
+from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
 from rgb.attacks.projections import project_l1_ball_box, project_linf
 from rgb.core.threat import parse_norm
 
@@ -209,6 +209,7 @@ def square(
     generator: torch.Generator | int | None = None,
     early_stop: bool = True,
     counter: EvalCounter | None = None,
+    progress: Progress | None = None,
 ) -> SquareResult:
     """Untargeted Square Attack (spec §5) on images x in [0,1] (N, C, H, W) with labels y.
 
@@ -216,6 +217,7 @@ def square(
     torch.Generator on x's device, an int seed for a fresh one, or None for the device's global RNG.
     `early_stop` drops fooled points from the batch and ends the loop once all are fooled (a host sync
     every few iterations); without it the loop keeps fixed shapes and never syncs. Results are identical.
+    `progress` hears (queries done, n_queries) after every query.
     """
     norm = parse_norm(norm)
     check_eps(eps)
@@ -264,6 +266,8 @@ def square(
         state["margin"] = torch.where(accept, candidate_margin, state["margin"])
         state["predicted"] = torch.where(accept, candidate_predicted, state["predicted"])
         state["queries"] = state["queries"] + attacking
+        if progress is not None:
+            progress(iteration + 1, n_queries)
     full = state.sync()
 
     fooled = full["predicted"] != y
