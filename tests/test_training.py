@@ -314,8 +314,8 @@ ROBUST = ["callbacks=robust_val", "callbacks.robust_val.n_images=16", "callbacks
           "trainer.max_epochs=3", *FAST]
 
 
-def subset_robust_accuracy(model, mini_dir, n_images, n_iter, seed=0):
-    """AutoAttack APGD-CE at the Linf budget on the callback's seeded validation subset, recomputed here."""
+def subset_robust_accuracy(model, mini_dir, eps, n_images, n_iter, seed=0):
+    """AutoAttack APGD-CE at Linf `eps` on the callback's seeded validation subset, recomputed here."""
     from rgb.attacks.autoattack import AutoAttack
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -324,12 +324,14 @@ def subset_robust_accuracy(model, mini_dir, n_images, n_iter, seed=0):
     picked = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:n_images].sort().values
     x = torch.stack([split[int(i)][0] for i in picked])
     y = torch.tensor([split[int(i)][1] for i in picked])
-    attack = AutoAttack(model, "Linf", data.budgets["linf"], attacks=["apgd-ce"], seed=seed, n_iter=n_iter)
+    attack = AutoAttack(model, "Linf", eps, attacks=["apgd-ce"], seed=seed, n_iter=n_iter)
     return attack.run(x, y).robust_accuracy
 
 
 def test_robust_validation_logs_its_metric_and_selects_the_checkpoint(tmp_path, mini_dir):
-    cfg = compose_train(tmp_path, mini_dir, *ROBUST, "monitor.metric=val/robust_acc_linf", "monitor.mode=max")
+    # A small budget and more batches per epoch: robust accuracy moves between epochs, so the choice is a real one.
+    cfg = compose_train(tmp_path, mini_dir, *ROBUST, "monitor.metric=val/robust_acc_linf", "monitor.mode=max",
+                        "data.budgets.linf=0.002", "trainer.limit_train_batches=8")
     value = train(cfg)
     rows = [row for row in read_metrics(tmp_path) if row.get("val/robust_acc_linf")]
     assert [row["epoch"] for row in rows] == ["0", "1", "2"]
@@ -337,11 +339,12 @@ def test_robust_validation_logs_its_metric_and_selects_the_checkpoint(tmp_path, 
     for row, acc in zip(rows, robust):
         assert 0 <= acc <= 1 and float(row["val/robust_seconds"]) > 0
         assert float(row["val/robust_score"]) == pytest.approx(0.5 * float(row["val/acc"]) + 0.5 * acc)
+    assert len(set(robust)) > 1, robust
     model, meta = load_with_meta(tmp_path)
     best_epoch = robust.index(max(robust))
     assert value == meta["monitor_value"] == pytest.approx(max(robust))
     assert (meta["monitor"], Path(meta["checkpoint"]).name) == ("val/robust_acc_linf", f"best-epoch{best_epoch:03d}.ckpt")
-    assert subset_robust_accuracy(model, mini_dir, 16, 10) == pytest.approx(max(robust))  # exported = selected epoch
+    assert subset_robust_accuracy(model, mini_dir, 0.002, 16, 10) == pytest.approx(max(robust))  # exported = selected epoch
 
 
 def test_robust_validation_every_n_epochs_and_a_mismatched_checkpoint_cadence(tmp_path, mini_dir):
