@@ -88,6 +88,15 @@ def test_a_start_that_failed_before_training_does_not_bind_the_run_dir(tmp_path,
     assert json.loads((tmp_path / "run.json").read_text())["identity"]["model.weights"] is None
 
 
+def test_resume_from_a_checkpoint_of_another_config_is_refused(tmp_path, mini_dir):
+    train(compose_train(tmp_path / "ce", mini_dir, *SHORT))
+    foreign = tmp_path / "ce" / "checkpoints" / "last.ckpt"
+    with pytest.raises(TrainingError) as err:
+        train(compose_train(tmp_path / "other", mini_dir, *SHORT, "optim.head_lr=0.5", f"ckpt_path={foreign}"))
+    assert "other hyper-parameters: optim.head_lr 0.003996 -> 0.5" in one_line(err)
+    assert not (tmp_path / "other" / "model.json").exists()
+
+
 def test_checkpoints_without_run_record_are_not_adopted(tmp_path, mini_dir):
     (tmp_path / "checkpoints").mkdir()
     torch.save({"epoch": 0}, tmp_path / "checkpoints" / "last.ckpt")
@@ -272,6 +281,12 @@ def test_every_problem_is_named_and_zero_backbone_lr_and_beta_are_allowed(tmp_pa
         validate_config(compose_train(tmp_path, mini_dir, "optim.head_lr=-1", "data.batch_size=0"))
     assert "optim.head_lr" in one_line(err) and "data.batch_size" in one_line(err)
     validate_config(compose_train(tmp_path, mini_dir, "optim.backbone_lr=0", "loss=trades", "loss.beta=0"))
+
+
+def test_a_diverged_run_is_not_exported(tmp_path, mini_dir):
+    with pytest.raises(TrainingError, match="training diverged: best val/loss is inf; nothing exported"):
+        train(compose_train(tmp_path, mini_dir, *SHORT, "optim.head_lr=1e8", "optim.backbone_lr=1e8"))
+    assert not (tmp_path / "model.json").exists()
 
 
 # ---------------------------------------------------------------- threads

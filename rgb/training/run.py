@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -24,7 +25,14 @@ from rgb.training.config import TrainingConfigError, TrainingError, training_ide
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
 from rgb.training.zeroshot import initialise_head, train_zeroshot
-from rgb.training.rundir import AtomicCheckpointIO, RunManifest, load_checkpoint_file, locked, start_record
+from rgb.training.rundir import (
+    AtomicCheckpointIO,
+    RunManifest,
+    SameHyperparameters,
+    load_checkpoint_file,
+    locked,
+    start_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +232,7 @@ def fit_and_export(
         compile=cfg.compile,
     )
     progress = StartProgress()
-    callbacks = [*callbacks, progress]
+    callbacks = [*callbacks, progress, SameHyperparameters()]
     best = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
     loggers = build_loggers(cfg.logger, run_dir)
     status, summary = "failed", {}
@@ -245,6 +253,11 @@ def fit_and_export(
             record = manifest.add_start(record, start_record(threads, trainer, ckpt_path))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         value = monitored_value(trainer, best, cfg.monitor.metric)
+        if not math.isfinite(value):  # Lightning ranks NaN as the worst value: here every validation was NaN/inf
+            raise TrainingError(
+                f"training diverged: best {cfg.monitor.metric} is {value}; nothing exported; lower the learning "
+                f"rates (optim.head_lr, optim.backbone_lr) and start fresh (delete {run_dir} or another run_name)"
+            )
         if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
             exported = export_best(datamodule, module, best, run_dir, record)
             log.info("exported %s (%s = %.4f)", exported, cfg.monitor.metric, value)

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import Callback
 
 from rgb.core import atomic_write_bytes, atomic_write_json
 from rgb.models import WEIGHTS_FILE
-from rgb.training.config import TrainingError, identity_changes
+from rgb.training.config import TrainingError, flatten, identity_changes
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ MANIFEST = "run.json"
 CHECKPOINT_DIR = "checkpoints"
 # Keep the list of changes in a refusal readable.
 SHOWN_CHANGES = 6
+# Module hyper-parameters that change speed only (float rounding), never the training: may differ on resume.
+SPEED_HPARAMS = ("channels_last", "compile")
 
 
 def _holder(lock_file: Path) -> str:
@@ -148,6 +151,22 @@ def load_checkpoint_file(path, map_location="cpu") -> dict:
         raise
     except Exception as err:  # truncated zip, foreign pickle, ...: name the file, never a 46-line traceback
         raise unreadable_checkpoint(path, err) from err
+
+
+class SameHyperparameters(Callback):
+    """Refuse to resume from a checkpoint written under other hyper-parameters than this run's module (an explicit
+    ckpt_path from another run; run.json already guards the run dir's own checkpoints)."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        def recipe(hparams) -> dict:
+            return {k: v for k, v in flatten(dict(hparams)).items() if k not in SPEED_HPARAMS}
+
+        changes = identity_changes(recipe(checkpoint.get("hyper_parameters", {})), recipe(pl_module.hparams))
+        if changes:
+            raise TrainingError(
+                f"the checkpoint to resume from was trained with other hyper-parameters: "
+                f"{', '.join(changes[:SHOWN_CHANGES])}; resume from a checkpoint of this config, or pass ckpt_path=null"
+            )
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
