@@ -9,9 +9,11 @@ open_clip is imported only when a CLIP model is made: importing rgb.models stays
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -196,6 +198,19 @@ class LoadedCLIP:
                 "open_clip_config": self.config, "preprocess": self.preprocess}
 
 
+@contextlib.contextmanager
+def _quiet_root_logger():
+    """open_clip reports every model build as INFO on the root logger (about ten lines per load, in every command's
+    output); only its warnings are kept."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
 def load_clip(name: str, pretrained: str | None = None, weights: str | None = None,
               image_size: int | None = None) -> LoadedCLIP:
     """Any open_clip architecture by name, weights from a pretrained tag or a local checkpoint (`weights`), or
@@ -213,7 +228,7 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
     if image_size is not None:
         config["vision_cfg"]["image_size"] = int(image_size)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _quiet_root_logger():
             torch.manual_seed(0)  # random init (no weights) is reproducible: a reload has the same text tower
             model = open_clip.create_model(
                 name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False, pretrained_image=False
