@@ -82,13 +82,16 @@ def training_identity(cfg: DictConfig) -> dict:
 
 
 def identity_changes(stored: dict, current: dict) -> list[str]:
-    """`key stored -> current` for every key whose value differs (or exists on one side only)."""
-    missing = "(absent)"
-    return [
-        f"{key} {stored.get(key, missing)!r} -> {current.get(key, missing)!r}"
-        for key in sorted(set(stored) | set(current))
-        if stored.get(key, missing) != current.get(key, missing)
-    ]
+    """`key stored -> current` for every key whose value differs, keys on both sides first, then keys that
+    exist on one side only (shown as absent on the other)."""
+
+    def shown(side: dict, key: str) -> str:
+        return repr(side[key]) if key in side else "(absent)"
+
+    differing = [key for key in set(stored) | set(current)
+                 if key not in stored or key not in current or stored[key] != current[key]]
+    differing.sort(key=lambda key: (key not in stored or key not in current, key))
+    return [f"{key} {shown(stored, key)} -> {shown(current, key)}" for key in differing]
 
 
 # ---------------------------------------------------------------- validation
