@@ -12,8 +12,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write via a per-process temp file + rename: readers see the old file or the whole new one, never a part."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:  # disk full, interrupted: leave no partial temp file behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_json(path: Path, record) -> None:
