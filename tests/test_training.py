@@ -188,6 +188,7 @@ def test_wandb_offline_writes_run_files_and_always_closes(tmp_path, mini_dir, mo
     cfg = compose_train(tmp_path, mini_dir, "logger=wandb", "debug=limit", "trainer.max_epochs=1", *FAST)
     train(cfg)
     assert wandb.run is None
+    wandb.teardown()  # the service may still be writing the record file after finish() under load
     run_id = stable_run_id(tmp_path)
     (run_file,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
     record = run_file.read_bytes()
