@@ -40,6 +40,8 @@ from rgb.models.io import library_versions
 from rgb.runs.implementations import REFERENCE_CASCADE
 from rgb.runs.settings import AttackRunError
 from rgb.runs.store import RunResult, read_run
+from rgb.zeroshot.head import check_class_names
+from rgb.zeroshot.prompts import PromptError
 
 log = logging.getLogger(__name__)
 NORMS = tuple(n.key for n in (Norm.L1, Norm.L2, Norm.LINF))
@@ -239,6 +241,11 @@ def evaluate_model(model, meta: dict, weights_path: Path, datamodule: RGBDataMod
     names = test.class_names
     if len(names) != meta.get("num_classes", len(names)):
         raise EvaluationError(f"the model has {meta['num_classes']} classes, {datamodule.dataset} has {len(names)}")
+    if "zeroshot" in meta:
+        try:
+            check_class_names(meta["zeroshot"], names)
+        except PromptError as err:
+            raise EvaluationError(str(err)) from err
 
     clean = predict(model, test, options, "test")
     expected = AttackExpectation(file_sha256(weights_path), datamodule.dataset, split_sha256(test),

@@ -5,6 +5,7 @@ What it reports goes through `logging` (Hydra writes it to the console and to ev
 
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
 
@@ -19,14 +20,21 @@ from rgb.models import load_with_meta
 from rgb.models.io import WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
+# Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
+REPORTS = {
+    "text_robustness": ("rgb.evaluation.text_robustness", "run_text_robustness"),
+    "zeroshot_report": ("rgb.evaluation.zeroshot_report", "run_zeroshot_report"),
+}
 
 
 def run_evaluation(cfg: DictConfig) -> float | None:
     """Returns the (white-box) score of the model, for sweepers; None in pool mode or while incomplete."""
-    if cfg.get("text_robustness"):
-        from rgb.evaluation.text_robustness import run_text_robustness
-
-        return run_text_robustness(cfg)
+    asked = [flag for flag in REPORTS if cfg.get(flag)]
+    if len(asked) > 1:
+        raise EvaluationError(f"{' and '.join(asked)} are separate reports: set one of them per command")
+    if asked:
+        module, function = REPORTS[asked[0]]
+        return getattr(importlib.import_module(module), function)(cfg)
     if cfg.pool:
         datasets = cfg.get("leaderboard_datasets")
         try:

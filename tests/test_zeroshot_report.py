@@ -1,0 +1,127 @@
+"""evaluate.py zeroshot_report=true: every prompt ensemble of a zero-shot run side by side (the CPE seed's Table 2),
+on a tiny random-weight CLIP exported by strategy=zeroshot through the real configs; bad input in one line."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import hydra
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
+from rgb.evaluation.run import run_evaluation
+from rgb.evaluation.zeroshot_report import METRICS, REPORT_DIR
+from rgb.models import load_with_meta
+from rgb.training import train
+from test_zeroshot_training import compose_train
+
+REPO = Path(__file__).resolve().parents[1]
+ENSEMBLES = ("single", "mean", "zpe", "cpe")
+
+
+@pytest.fixture(scope="module")
+def cpe_run(tmp_path_factory, mini_dir):
+    """strategy=zeroshot prompts=cpe on the untrained embedded architecture; its prompts cache in <root>/data."""
+    root = tmp_path_factory.mktemp("zs_report")
+    train(compose_train(root, mini_dir, "strategy=zeroshot", "prompts=cpe", "monitor.metric=val/acc"))
+    return root
+
+
+def evaluate_config(root: Path, mini_dir: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("evaluate", overrides=[f"paths.mini_dir={mini_dir}", f"paths.output_dir={root / 'out'}",
+                                              f"paths.data_dir={root / 'data'}", *overrides])
+
+
+def report_of(root: Path, mini_dir: Path, *overrides: str) -> tuple[dict, Path]:
+    run_evaluation(evaluate_config(root, mini_dir, f"run={root / 'run'}", "zeroshot_report=true", *overrides))
+    out = root / "out" / "eval" / "digits" / "run" / REPORT_DIR
+    return json.loads((out / "comparison.json").read_text()), out
+
+
+def by_ensemble(report: dict) -> dict[str, dict]:
+    return {row["ensemble"]: row for row in report["rows"]}
+
+
+def test_every_ensemble_side_by_side_and_the_run_s_own_row_is_the_exported_model(cpe_run, mini_dir):
+    report, out = report_of(cpe_run, mini_dir)
+    _, meta = load_with_meta(cpe_run / "run")
+    rows = by_ensemble(report)
+    assert list(rows) == [*ENSEMBLES, "exported (cpe)"]
+    assert (report["n_images"], report["unlabelled_split"], report["unlabelled_images"]) == (450, "validation", 270)
+    assert report["texts_encoded"] == 0  # the training run's text features, read from the prompts cache
+    for row in rows.values():
+        assert all(0 <= row[m] <= 1 for m in METRICS)
+        assert row["worst@1"] <= row["worst@5"] <= row["worst@10"]  # 10 classes: worst@10 = mean class accuracy
+    # the cpe row rebuilds the exported head from the same unlabelled images: same weights, same predictions
+    recorded = meta["zeroshot"]["templates"]
+    assert [t["template"] for t in rows["cpe"]["templates"]] == [t["template"] for t in recorded]
+    assert [t["kept"] for t in rows["cpe"]["templates"]] == [t["kept"] for t in recorded]
+    assert [t["weight"] for t in rows["cpe"]["templates"]] == pytest.approx([t["weight"] for t in recorded], abs=1e-6)
+    assert {m: rows["cpe"][m] for m in METRICS} == {m: rows["exported (cpe)"][m] for m in METRICS}
+    m = len(recorded)
+    assert [t["weight"] for t in rows["mean"]["templates"]] == pytest.approx([1 / m] * m)
+    single = [t["weight"] for t in rows["single"]["templates"]]
+    assert single.index(1.0) == meta["zeroshot"]["single_template_index"] and sum(single) == 1.0
+    assert sum(t["kept"] for t in rows["single"]["templates"]) == 1
+    with open(out / "ensembles.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [r["ensemble"] for r in table] == list(rows) and float(table[3]["overall"]) == rows["cpe"]["overall"]
+    with open(out / "templates.csv") as f:
+        assert sum(1 for _ in csv.DictReader(f)) == len(ENSEMBLES) * m
+    markdown = (out / "comparison.md").read_text()
+    assert "| ensemble | overall | worst@1 | worst@5 | worst@10 | hm | gm | templates kept |" in markdown
+    assert f"| `{recorded[0]['template']}` |" in markdown
+
+
+def test_the_unlabelled_split_option_changes_the_weights_and_never_the_scoring(cpe_run, mini_dir):
+    default, _ = report_of(cpe_run, mini_dir)
+    transductive, _ = report_of(cpe_run, mini_dir, "zeroshot_report_options.unlabelled_split=test",
+                                "zeroshot_report_options.ensembles=[mean,cpe]")
+    assert (transductive["unlabelled_split"], transductive["unlabelled_images"]) == ("test", 450)
+    before, after = by_ensemble(default), by_ensemble(transductive)
+    assert list(after) == ["mean", "cpe", "exported (cpe)"]
+    weights = [[t["weight"] for t in rows["cpe"]["templates"]] for rows in (before, after)]
+    assert weights[0] != pytest.approx(weights[1], abs=1e-9)
+    assert after["mean"]["overall"] == before["mean"]["overall"]  # mean reads no image: same head, same score
+
+
+def test_a_model_that_is_not_zero_shot_is_one_line(cpe_run, mini_dir, tmp_path):
+    ft = tmp_path / "ft"
+    train(compose_train(ft, mini_dir, "strategy=linear_probe", "debug=fdr", "data.batch_size=16"))
+    with pytest.raises(EvaluationError, match="compares the prompt ensembles of a zero-shot run .* an openclip "
+                                              "model without a prompt-built head") as err:
+        run_evaluation(evaluate_config(tmp_path, mini_dir, f"run={ft / 'run'}", "zeroshot_report=true"))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["text_robustness=true"], "text_robustness and zeroshot_report are separate reports"),
+    (["zeroshot_report_options.ensembles=[mean,best]"], r"unknown or none \(best\); choose from single, mean"),
+    (["zeroshot_report_options.ensembles=[]"], "unknown or none"),
+])
+def test_bad_options_are_one_line(cpe_run, mini_dir, overrides, message):
+    with pytest.raises(EvaluationError, match=message) as err:
+        report_of(cpe_run, mini_dir, *overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_other_class_names_are_refused_by_the_report_and_by_the_scores(cpe_run, mini_dir, tmp_path):
+    run = tmp_path / "renamed"
+    shutil.copytree(cpe_run / "run", run)
+    meta = json.loads((run / "model.json").read_text())
+    meta["zeroshot"]["class_names"] = [str(i) for i in range(10)]  # a head built for "0".."9", not "zero".."nine"
+    (run / "model.json").write_text(json.dumps(meta))
+    with pytest.raises(EvaluationError, match=r"built for other class names than the dataset's .*'0' != 'zero'") as err:
+        run_evaluation(evaluate_config(tmp_path, mini_dir, f"run={run}", "zeroshot_report=true"))
+    assert "\n" not in str(err.value)
+    cfg = evaluate_config(tmp_path, mini_dir, f"run={run}")
+    model, meta = load_with_meta(run)
+    options = EvalOptions(attack_dir=tmp_path / "attack", out_dir=tmp_path / "eval")
+    with pytest.raises(EvaluationError, match="built for other class names") as err:
+        evaluate_model(model, meta, run / "model.safetensors", hydra.utils.instantiate(cfg.data), options)
+    assert "\n" not in str(err.value) and not (tmp_path / "eval").exists()
+    assert isinstance(model, torch.nn.Module)
