@@ -43,6 +43,7 @@ RESUMABLE_KEYS = (
     "data.pin_memory",
     "data.cache_dir",
     "data.eval_batch_size",
+    "prompts.cache_dir",
     "trainer.accelerator",
     "trainer.devices",
     "trainer.num_nodes",
