@@ -18,7 +18,7 @@ from torch import nn
 from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, as_column, check_eps, make_generator,
                                 nested, per_sample)
 from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
-from rgb.attacks.projections import project_l1_ball_box, project_l2, project_linf
+from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l2, project_linf
 from rgb.core.threat import parse_norm
 
 LOSSES = ("ce", "dlr", "dlr-targeted")
@@ -75,7 +75,7 @@ class _Objective:
         self.counter.forward(x.shape[0] * self.eot_iter)
         self.counter.backward(x.shape[0] * self.eot_iter)
         x = x.detach().requires_grad_(True)
-        grad = torch.zeros_like(x)
+        grad = None
         for _ in range(self.eot_iter):
             with torch.enable_grad():
                 logits = self.model(x).float()
@@ -85,8 +85,9 @@ class _Objective:
                     loss = dlr_loss(logits, y)
                 else:
                     loss = targeted_dlr_loss(logits, y, y_target)
-                grad += torch.autograd.grad(loss.sum(), x)[0]
-        return logits.detach(), loss.detach(), grad / self.eot_iter
+                pass_grad = torch.autograd.grad(loss.sum(), x)[0]
+            grad = pass_grad if grad is None else grad + pass_grad
+        return logits.detach(), loss.detach(), grad if self.eot_iter == 1 else grad / self.eot_iter
 
 
 def _random_start(x: torch.Tensor, eps: torch.Tensor, norm: str, generator) -> torch.Tensor:
@@ -155,10 +156,16 @@ def _run(
         s["loss_history"] = torch.zeros(n_rows, n_iter + 1, dtype=loss.dtype, device=x.device)
         s["reduced_last"] = torch.ones_like(s["fooled"])
         s["loss_best_last"] = loss.clone()
+        if norm == "Linf":
+            s["lower"], s["upper"] = linf_box(x, eps)
         checkpoints = checkpoint_schedule(n_iter)
         lengths = dict(zip(checkpoints, [checkpoints[0] + 1] + [b - a for a, b in zip(checkpoints, checkpoints[1:])]))
     live = LiveRows(s, outputs=("x_best", "loss_best", "fooled", "x_adv"))
     s = live.state
+
+    def project(v: torch.Tensor) -> torch.Tensor:
+        """Linf/L2 projection of the live rows (in place for Linf, onto its box computed once)."""
+        return v.clamp_(s["lower"], s["upper"]) if norm == "Linf" else _project(norm, s["x"], v, s["eps"])
 
     for i in range(n_iter):
         if early_stop and i % COMPACT_EVERY == 0:
@@ -179,9 +186,9 @@ def _run(
                 ascent = torch.sign(s["grad"])
             else:
                 ascent = s["grad"] / (as_column(s["grad"].flatten(1).norm(dim=1), x) + 1e-12)
-            z = _project(norm, x, x_k + step_col * ascent, eps)
+            z = project(torch.addcmul(x_k, step_col, ascent))
             a = 1.0 if i == 0 else momentum
-            x_new = _project(norm, x, x_k + a * (z - x_k) + (1 - a) * (x_k - s["x_prev"]), eps)
+            x_new = project(torch.add(x_k, z - x_k, alpha=a).add_(x_k - s["x_prev"], alpha=1 - a))
         s["x_prev"] = x_k
         logits, loss, grad = objective.loss_and_grad(x_new, s["y"], s.get("y_target"))
         s["x_k"], s["grad"] = x_new, grad

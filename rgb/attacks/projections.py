@@ -7,10 +7,17 @@ import torch
 from rgb.attacks.common import per_sample
 
 
-def project_linf(x: torch.Tensor, x_adv: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
-    """Clip x_adv to [x - eps, x + eps], then to [0, 1] (this order is the exact projection for Linf)."""
+def linf_box(x: torch.Tensor, eps: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pixel bounds of the Linf ball around x intersected with [0, 1]. An attack that projects every step
+    computes them once: `x_adv.clamp(lower, upper)` is then the whole projection (one pass, not five)."""
     eps = per_sample(eps, x)
-    return torch.minimum(torch.maximum(x_adv, x - eps), x + eps).clamp(0.0, 1.0)
+    return (x - eps).clamp_min(0.0), (x + eps).clamp_max(1.0)
+
+
+def project_linf(x: torch.Tensor, x_adv: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
+    """Clip x_adv to [x - eps, x + eps], then to [0, 1] (this order is the exact projection for Linf; x in
+    [0, 1] makes it one clip to `linf_box`)."""
+    return x_adv.clamp(*linf_box(x, eps))
 
 
 def project_l2(x: torch.Tensor, x_adv: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:

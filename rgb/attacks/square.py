@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
-from rgb.attacks.projections import project_l1_ball_box, project_linf
+from rgb.attacks.projections import linf_box, project_l1_ball_box
 from rgb.core.threat import parse_norm
 
 # Iteration indices after which p halves (resc_schedule = False: the raw iteration index is used).
@@ -164,13 +164,14 @@ def _init(x: torch.Tensor, norm: str, eps: float, generator) -> torch.Tensor:
     return _to_feasible(x, delta, norm, eps)
 
 
-def _propose_linf(x, x_best, side, eps, uniform, channels):
-    """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip)."""
-    h, w = x.shape[-2:]
+def _propose_linf(lower, upper, x_best, side, eps, uniform, channels):
+    """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip to
+    the budget's box [lower, upper])."""
+    h, w = x_best.shape[-2:]
     top, left = _offsets(uniform[:2], side, h, w)
     mask = _window_mask(top, left, side, h, w)
     signs = _signs(uniform[2:2 + channels]).view(channels, 1, 1)
-    return project_linf(x, x_best + 2 * eps * signs * mask, eps)
+    return (x_best + 2 * eps * signs * mask).clamp_(lower, upper)
 
 
 def _propose_lp(x, x_best, side, eps, norm, uniform, signs, pattern):
@@ -240,8 +241,10 @@ def square(
     margin, predicted = _margin(model, x_best, y)
     counter.forward(n)
     queries = torch.ones(n, dtype=torch.long, device=x.device)
-    state = LiveRows({"x": x, "y": y, "best": x_best, "margin": margin, "predicted": predicted, "queries": queries},
-                     outputs=("best", "predicted", "queries"))
+    rows = {"x": x, "y": y, "best": x_best, "margin": margin, "predicted": predicted, "queries": queries}
+    if norm == "Linf":
+        rows["lower"], rows["upper"] = linf_box(x, eps)
+    state = LiveRows(rows, outputs=("best", "predicted", "queries"))
     patterns = {}
     for iteration in range(n_queries):
         if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["margin"] > 0) == 0:
@@ -250,7 +253,7 @@ def square(
         side = square_window(square_p(iteration, p_init), h, w, norm)
         if norm == "Linf":
             uniform = torch.rand(2 + c, generator=generator, device=x.device)
-            candidate = _propose_linf(state["x"], state["best"], side, eps, uniform, c)
+            candidate = _propose_linf(state["lower"], state["upper"], state["best"], side, eps, uniform, c)
         else:
             uniform = torch.rand(5 + n * c, generator=generator, device=x.device)
             signs = _signs(uniform[5:].view(n, c))[state.positions]

@@ -1,0 +1,289 @@
+"""Wall time per attack, ours vs the reference (fra31/auto-attack, `pyautoattack` on PyPI), side by side on the
+same model, images, budget and seed, where evaluations are cheap and per-step overhead shows (issue 14).
+
+    python benchmarks/reference_speed.py --models cnn-pgd_at cnn-ce --norms linf l2 l1 --n 64 \
+        --out benchmarks/results/reference_speed_small_cnn_cpu.json
+
+The models are small CNNs on the mini benchmark's 32x32 digits (rgb.data.mini, no files needed), trained here
+(PGD-AT with rgb.training.losses, or plain CE) and cached in --cache, never in the repository. For each model and
+norm the two implementations run at the same time in two processes with --threads torch threads each, so both
+see the same machine load; each records wall time and its own CPU time (the steadier measure where other jobs
+share the cores; per attack, the two implementations' stages do not run at the same moments). Each process counts the rows through the model with the same wrapper (forward rows;
+backward rows via a hook on the logits), times every attack of the cascade, and returns the final robust flags
+(fp32 re-evaluation of the returned images), which are compared image by image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rgb.attacks.autoattack import AutoAttack
+from rgb.core.files import atomic_write_json
+from rgb.core.threat import Norm, parse_norm
+from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
+from rgb.data.mini import digit_images, stratified_splits
+from rgb.training.losses import build_loss
+
+TRAIN_EPS = 8 / 255  # Linf budget of the inner attack of the PGD-AT model
+TARGET_ROBUST_SPEEDUP = 1.3
+TARGET_PLAIN_SPEEDUP = 5.0
+_AFTER = re.compile(r"robust accuracy after (\S+):")
+
+
+def small_cnn(n_classes: int = 10) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 8 * 8, n_classes))
+
+
+# name -> (training loss, epochs over the mini train split)
+MODELS = {"cnn-pgd_at": ("pgd_at", 15), "cnn-ce": ("ce", 15)}
+
+
+def digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = digit_images()
+    index = stratified_splits(labels)[split]
+    x = torch.from_numpy(images[index]).permute(0, 3, 1, 2).contiguous().float() / 255
+    return x, torch.from_numpy(labels[index])
+
+
+def train(name: str, seed: int = 0) -> nn.Module:
+    loss_name, epochs = MODELS[name]
+    torch.manual_seed(seed)
+    model = small_cnn()
+    loss = build_loss(loss_name, None if loss_name == "ce" else {"norm": "Linf", "eps": TRAIN_EPS, "n_iter": 10})
+    x, y = digits("train")
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    for epoch in range(epochs):
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
+        for start in range(0, len(x), 128):
+            xb, yb = x[order[start:start + 128]], y[order[start:start + 128]]
+            model.eval()  # the inner attack sees a fixed model
+            adv = loss.attack(model, xb, yb) if loss.attack is not None else None
+            model.train()
+            optimizer.zero_grad()
+            loss(yb, model(xb) if loss.uses_clean else None, model(adv) if adv is not None else None).backward()
+            optimizer.step()
+    return model.eval().requires_grad_(False)
+
+
+def cached_model(name: str, cache: Path) -> Path:
+    path = cache / f"reference_speed_{name}.pt"
+    if not path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        state = train(name).state_dict()
+        with tempfile.NamedTemporaryFile(dir=cache, delete=False) as tmp:
+            torch.save(state, tmp.name)
+        os.replace(tmp.name, path)
+        print(f"trained {name} in {time.perf_counter() - started:.0f} s -> {path}", flush=True)
+    return path
+
+
+class CountedModel(nn.Module):
+    """Counts rows through the model: forward rows per call, backward rows whenever a gradient reaches the logits."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.forward_rows = 0
+        self.backward_rows = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.model(x)
+        self.forward_rows += x.shape[0]
+        if logits.requires_grad:
+            logits.register_hook(self._count_backward)
+        return logits
+
+    def _count_backward(self, grad: torch.Tensor) -> None:
+        self.backward_rows += grad.shape[0]
+
+    def rows(self) -> tuple[int, int]:
+        return self.forward_rows, self.backward_rows
+
+
+def _clocks() -> tuple[float, float]:
+    """(wall, CPU time of this process): on a shared machine the CPU time is the steadier measure of work."""
+    return time.perf_counter(), time.process_time()
+
+
+class _Stages:
+    """Wall and CPU seconds and rows counted per attack: {attack: {"seconds", "cpu_seconds", "forward_rows",
+    "backward_rows"}}."""
+
+    def __init__(self, model: CountedModel):
+        self.model, self.stages, self.began, self.rows_before = model, {}, None, (0, 0)
+
+    def start(self) -> None:
+        self.began, self.rows_before = _clocks(), self.model.rows()
+
+    def end(self, name: str) -> None:
+        now, rows = _clocks(), self.model.rows()
+        self.stages[name] = {"seconds": now[0] - self.began[0], "cpu_seconds": now[1] - self.began[1],
+                             "forward_rows": rows[0] - self.rows_before[0],
+                             "backward_rows": rows[1] - self.rows_before[1]}
+        self.began, self.rows_before = now, rows
+
+
+def run_ours(model: CountedModel, x, y, norm: str, eps: float, seed: int, version: str) -> dict:
+    stages = _Stages(model)
+    current = []
+
+    def progress(name: str, *position) -> None:
+        if not position and name not in current:  # an attack starts: the previous one ended
+            if current:
+                stages.end(current[-1])
+            current.append(name)
+
+    stages.start()  # the clean pass and checks count towards the first attack, as in the reference's stages
+    started = _clocks()
+    result = AutoAttack(model, norm, eps, version=version, seed=seed, progress=progress).run(x, y, batch_size=len(x))
+    ended = _clocks()
+    if current:
+        stages.end(current[-1])
+    return {"seconds": ended[0] - started[0], "cpu_seconds": ended[1] - started[1], "stages": stages.stages,
+            "x_adv": result.x_adv,
+            "own_count": {"forward_rows": float(result.forward_rows.sum()),
+                          "backward_rows": float(result.backward_rows.sum())}}
+
+
+def run_reference(model: CountedModel, x, y, norm: str, eps: float, seed: int, version: str) -> dict:
+    from pyautoattack import AutoAttack as ReferenceAutoAttack
+
+    stages = _Stages(model)
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            match = _AFTER.search(record.getMessage())
+            if match:  # logged after each attack's verification
+                stages.end(match.group(1).lower())
+
+    handler, logger = Handler(logging.DEBUG), logging.getLogger("auto-attack")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        attack = ReferenceAutoAttack(model, norm=parse_norm(norm).value, eps=eps, version=version, seed=seed,
+                                     device="cpu")
+        started = _clocks()
+        stages.start()
+        x_adv, _ = attack.run_standard_evaluation(x, y, batch_size=len(x))
+        ended = _clocks()
+    finally:
+        logger.removeHandler(handler)
+    return {"seconds": ended[0] - started[0], "cpu_seconds": ended[1] - started[1], "stages": stages.stages,
+            "x_adv": x_adv}
+
+
+IMPLEMENTATIONS = {"ours": run_ours, "reference": run_reference}
+
+
+def child(args) -> None:
+    """One implementation on one (model, norm), in its own process; JSON to args.child_out."""
+    torch.set_num_threads(args.threads)
+    net = small_cnn()
+    net.load_state_dict(torch.load(args.weights, weights_only=True))
+    model = CountedModel(net.eval().requires_grad_(False))
+    x, y = digits("test")
+    x, y = x[:args.n], y[:args.n]
+    eps = scale_budget(args.norm, WHITE_BOX_BUDGETS[args.norm], x[0].numel())
+    outcome = IMPLEMENTATIONS[args.impl](model, x, y, args.norm, eps, args.seed, args.version)
+    with torch.inference_mode():
+        robust = net(outcome.pop("x_adv")).argmax(1) == y
+    forward_rows, backward_rows = model.rows()
+    atomic_write_json(Path(args.child_out), {
+        **outcome, "eps": eps, "threads": torch.get_num_threads(), "robust": robust.tolist(),
+        "n_robust": int(robust.sum()), "forward_rows": forward_rows, "backward_rows": backward_rows})
+
+
+def side_by_side(args, name: str, weights: Path, norm: str, workdir: Path) -> dict:
+    processes = {}
+    for impl in IMPLEMENTATIONS:
+        command = [sys.executable, __file__, "--child", impl, "--weights", str(weights), "--norm", norm,
+                   "--n", str(args.n), "--seed", str(args.seed), "--threads", str(args.threads),
+                   "--version", args.version, "--child-out", str(workdir / f"{impl}.json"), "--out", "-"]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        processes[impl] = subprocess.Popen(command, env=env)
+    for impl, process in processes.items():
+        if process.wait() != 0:
+            sys.exit(f"reference_speed: the {impl} process failed on {name} {norm}")
+    outcome = {impl: json.loads((workdir / f"{impl}.json").read_text()) for impl in IMPLEMENTATIONS}
+    ours, reference = (torch.tensor(outcome[impl].pop("robust")) for impl in IMPLEMENTATIONS)
+    speedup = outcome["reference"]["seconds"] / outcome["ours"]["seconds"]
+    cpu_speedup = outcome["reference"]["cpu_seconds"] / outcome["ours"]["cpu_seconds"]
+    robust_model = outcome["reference"]["n_robust"] > 0
+    target = TARGET_ROBUST_SPEEDUP if robust_model else TARGET_PLAIN_SPEEDUP
+    only_ours = int((ours & ~reference).sum())
+    return {
+        "model": name, "norm": norm, "eps": outcome["ours"]["eps"], "n": args.n, "seed": args.seed,
+        "agreement": {"both_robust": int((ours & reference).sum()), "only_ours_robust": only_ours,
+                      "only_reference_robust": int((~ours & reference).sum())},
+        "speedup_wall": speedup, "speedup_cpu": cpu_speedup,
+        "meets_targets": {"speed_wall": speedup >= target, "speed_cpu": cpu_speedup >= target,
+                          "evaluations": (outcome["ours"]["forward_rows"] <= outcome["reference"]["forward_rows"]
+                                          and outcome["ours"]["backward_rows"] <= outcome["reference"]["backward_rows"]),
+                          "never_weaker": only_ours <= max(1, args.n // 450)},
+        "target_speedup": target, **outcome,
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--norms", nargs="+", default=[n.key for n in Norm], choices=[n.key for n in Norm])
+    parser.add_argument("--n", type=int, default=64, help="test images (the first n of the mini test split)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each of the two processes")
+    parser.add_argument("--version", default="standard", choices=["standard", "plus"])
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "rgb-benchmark-models")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--child", choices=list(IMPLEMENTATIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--weights", help=argparse.SUPPRESS)
+    parser.add_argument("--norm", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        args.impl = args.child
+        return child(args)
+
+    from importlib import metadata
+
+    records = []
+    for name in args.models:
+        weights = cached_model(name, args.cache)
+        for norm in args.norms:
+            with tempfile.TemporaryDirectory() as workdir:
+                record = side_by_side(args, name, weights, norm, Path(workdir))
+            records.append(record)
+            ours, reference = record["ours"], record["reference"]
+            print(f"{name} {norm}: ours {ours['n_robust']}/{args.n} in {ours['seconds']:.1f} s "
+                  f"({ours['forward_rows']} fwd, {ours['backward_rows']} bwd), reference {reference['n_robust']} in "
+                  f"{reference['seconds']:.1f} s ({reference['forward_rows']} fwd, {reference['backward_rows']} bwd): "
+                  f"{record['speedup_wall']:.2f}x wall, {record['speedup_cpu']:.2f}x CPU time, {record['agreement']}",
+                  flush=True)
+            atomic_write_json(Path(args.out), {
+                "what": "our AutoAttack vs the reference (pyautoattack), two processes side by side, wall time and "
+                        "rows through the model per attack",
+                "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads_each": args.threads,
+                            "load_average_at_end": os.getloadavg()},
+                "versions": {"torch": torch.__version__, "pyautoattack": metadata.version("pyautoattack")},
+                "targets": {"robust_speedup": TARGET_ROBUST_SPEEDUP, "plain_speedup": TARGET_PLAIN_SPEEDUP},
+                "version": args.version, "records": records,
+            })
+
+
+if __name__ == "__main__":
+    main()
