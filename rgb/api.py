@@ -91,7 +91,7 @@ def benchmark(
     data = _data_config_name(dataset)
     name = name or type(model).__name__
     configure_threads(threads)
-    common = [f"data={data}", f"paths.output_dir={output_dir}", f"device={device}", f"seed={seed}"]
+    common = [f"data={data}", f"paths.output_dir={output_dir}", f"device={device}"]
     common += [f"data.source={source}"] if source else []
     common += [f"batch_size={batch_size}"] if batch_size else []
     eval_cfg = _compose("evaluate", [*common, f"run={Path(output_dir) / 'models' / data / name}", *overrides])
@@ -105,7 +105,7 @@ def benchmark(
     weights = _export(model, run_dir, meta)
     model = model.eval()
     if norms:
-        attack_cfg = _compose("attack", [*common, f"run={run_dir}", f"norms=[{','.join(norms)}]",
+        attack_cfg = _compose("attack", [*common, f"run={run_dir}", f"norms=[{','.join(norms)}]", f"seed={seed}",
                                          f"progress={str(progress).lower()}", *overrides])
         with open_dict(attack_cfg):
             attack_cfg.data = OmegaConf.to_container(eval_cfg.data, resolve=True)

@@ -32,8 +32,9 @@ def factory_run(mini_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_factory_model_through_attack_and_evaluate_with_both_implementations(factory_run, mini_dir, tmp_path):
+    # eps 0.2: the cascade settles within APGD-CE here (at 4/255 the robust points cost minutes on a shared CPU)
     common = [f"run={factory_run}", f"paths.mini_dir={mini_dir}", f"paths.output_dir={tmp_path}", "norms=[linf]",
-              "progress=false"]
+              "progress=false", "data.budgets.linf=0.2"]
     ours = run("attack.py", *common, cwd=tmp_path)  # no data=: read from the model's model.json
     assert ours.returncode == 0, ours.stderr[-2000:]
     reference_dir = tmp_path / "reference"
@@ -49,7 +50,8 @@ def test_factory_model_through_attack_and_evaluate_with_both_implementations(fac
     assert any("robust accuracy" in p.read_text() for p in log.rglob("attack.log"))  # output reaches the log file
     for attack_dir, label in ((tmp_path / "attack" / "digits" / "small_cnn", "ours"), (reference_dir, "reference")):
         shown = run("evaluate.py", f"run={factory_run}", f"paths.mini_dir={mini_dir}", f"paths.output_dir={tmp_path}",
-                    f"attack_dir={attack_dir}", f"output_dir={tmp_path / 'eval' / label}", cwd=tmp_path)
+                    "data.budgets.linf=0.2", f"attack_dir={attack_dir}", f"output_dir={tmp_path / 'eval' / label}",
+                    cwd=tmp_path)
         assert shown.returncode == 0, shown.stderr[-2000:]
         scores = json.loads((tmp_path / "eval" / label / "scores.json").read_text())
         assert scores["attacks"]["linf"]["impl"] == label
