@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -47,7 +48,7 @@ def main(argv=None) -> None:
         print(f"{name:22s} {statistics.median(times):6.2f} s (median of {args.repeat})")
     if args.out:
         record = {"repo": str(args.repo), "python": platform.python_version(), "machine": platform.machine(),
-                  "results": results}
+                  "cpus": os.cpu_count(), "load_average_1_5_15": os.getloadavg(), "results": results}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=2) + "\n")
 

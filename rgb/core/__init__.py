@@ -1,11 +1,13 @@
 """Foundation of the house: the threat-model vocabulary, atomic files and hashes, devices and threads.
 
-Imports nothing from other rgb packages, so every layer (attacks included) may use it.
+Imports nothing from other rgb packages, so every layer (attacks included) may use it. The device and thread
+helpers import torch, so they load on first use: `rgb.core.configs` (read by every command's `--help`) stays light.
 """
 
-from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256
-from rgb.core.machine import available_cpus, configure_threads, resolve_device
+from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, read_jsonl
 from rgb.core.threat import NORMS, Norm, ThreatModel, parse_norm
+
+_MACHINE = ("DeviceError", "available_cpus", "configure_threads", "resolve_device")
 
 __all__ = [
     "NORMS",
@@ -13,9 +15,16 @@ __all__ = [
     "ThreatModel",
     "atomic_write_bytes",
     "atomic_write_json",
-    "available_cpus",
-    "configure_threads",
     "file_sha256",
     "parse_norm",
-    "resolve_device",
+    "read_jsonl",
+    *_MACHINE,
 ]
+
+
+def __getattr__(name: str):
+    if name in _MACHINE:
+        from rgb.core import machine
+
+        return getattr(machine, name)
+    raise AttributeError(f"module 'rgb.core' has no attribute {name!r}")
