@@ -7,6 +7,7 @@ PIP := $(VENV)/bin/pip
 TORCH := torch==2.14.1 torchvision==0.29.1
 MINI := data/mini
 DEMO_RUN := outputs/train/digits/demo
+ZEROSHOT_RUN := outputs/train/digits/demo_zeroshot
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
 
 .PHONY: demo test test-fast venv install install-dev mini clean
@@ -33,10 +34,19 @@ mini: $(VENV)/.installed
 
 # The whole pipeline on the embedded mini benchmark: build it, train, attack (L1, L2, Linf), score.
 # Every step resumes: re-running `make demo` recomputes nothing that finished.
+# Then the same for a zero-shot CLIP (the embedded one, trained on the mini benchmark on first use) with CPE
+# prompts, its text-side brittleness, and a leaderboard with both models.
 demo: $(VENV)/.installed mini
 	$(OFFLINE) $(PY) train.py run_name=demo
 	$(OFFLINE) $(PY) attack.py run=$(DEMO_RUN)
 	$(OFFLINE) $(PY) evaluate.py run=$(DEMO_RUN)
+	$(OFFLINE) $(PY) train.py model=openclip_mini strategy=zeroshot prompts=cpe run_name=demo_zeroshot
+	$(OFFLINE) $(PY) attack.py run=$(ZEROSHOT_RUN)
+	$(OFFLINE) $(PY) evaluate.py run=$(ZEROSHOT_RUN)
+	$(OFFLINE) $(PY) evaluate.py run=$(ZEROSHOT_RUN) zeroshot_report=true
+	$(OFFLINE) $(PY) evaluate.py run=$(ZEROSHOT_RUN) text_robustness=true \
+		'text_robustness_options.types=[keyboard_typo,char_swap,punctuation,keywords_only,word_shuffle]'
+	$(OFFLINE) $(PY) evaluate.py 'pool=[outputs/eval/digits]' 'leaderboard_datasets=[digits]'
 
 # The test suite (slow tests included; RGB_FAST=1 skips them).
 test: $(VENV)/.installed-dev
