@@ -199,7 +199,7 @@ def child(args) -> None:
     model = CountedModel(net.eval().requires_grad_(False))
     x, y = digits("test")
     x, y = x[:args.n], y[:args.n]
-    eps = scale_budget(args.norm, WHITE_BOX_BUDGETS[args.norm], x[0].numel())
+    eps = args.eps if args.eps is not None else scale_budget(args.norm, WHITE_BOX_BUDGETS[args.norm], x[0].numel())
     outcome = IMPLEMENTATIONS[args.impl](model, x, y, args.norm, eps, args.seed, args.version)
     with torch.inference_mode():
         robust = net(outcome.pop("x_adv")).argmax(1) == y
@@ -215,6 +215,8 @@ def side_by_side(args, name: str, weights: Path, norm: str, workdir: Path) -> di
         command = [sys.executable, __file__, "--child", impl, "--weights", str(weights), "--norm", norm,
                    "--n", str(args.n), "--seed", str(args.seed), "--threads", str(args.threads),
                    "--version", args.version, "--child-out", str(workdir / f"{impl}.json"), "--out", "-"]
+        if norm in args.budgets:
+            command += ["--eps", str(args.budgets[norm])]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         processes[impl] = subprocess.Popen(command, env=env)
     for impl, process in processes.items():
@@ -249,12 +251,16 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each of the two processes")
     parser.add_argument("--version", default="standard", choices=["standard", "plus"])
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "rgb-benchmark-models")
+    parser.add_argument("--budget", nargs="+", default=[], metavar="NORM=EPS",
+                        help="instead of the mini benchmark's budget, e.g. linf=0.1 (a plain model needs more to fall)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--eps", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=list(IMPLEMENTATIONS), help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
     parser.add_argument("--norm", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.budgets = {parse_norm(key).key: float(value) for key, _, value in (b.partition("=") for b in args.budget)}
     if args.child:
         args.impl = args.child
         return child(args)
