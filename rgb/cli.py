@@ -45,20 +45,21 @@ def _asks_for_help(argv: list[str]) -> bool:
     return any(a in HELP_FLAGS for a in argv)
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that are the user's to fix: shown as one line, never as a traceback."""
-    from rgb.core.machine import DeviceError
-    from rgb.data.benchmark import BenchmarkError
-    from rgb.runs.settings import AttackRunError
+# Exceptions that are the user's to fix (bad input, a refused result): shown as one line, never as a traceback.
+USER_ERRORS = (
+    ("rgb.core.machine", "DeviceError"), ("rgb.data.benchmark", "BenchmarkError"),
+    ("rgb.runs.settings", "AttackRunError"), ("rgb.attacks.common", "AttackError"),
+    ("rgb.models.factory", "WeightsMismatchError"), ("rgb.zeroshot.prompts", "PromptError"),
+    ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.zeroshot.perturb", "PerturbationError"),
+    ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
+    ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),
+)
 
-    errors: list[type[BaseException]] = [DeviceError, BenchmarkError, AttackRunError, FileNotFoundError]
-    for module, name in (("rgb.evaluation.model_eval", "EvaluationError"), ("rgb.training.run", "TrainingError"),
-                         ("rgb.models", "ModelError"), ("rgb.zeroshot", "ZeroShotError")):
-        try:
-            errors.append(getattr(__import__(module, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            continue
-    return tuple(errors)
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    from importlib import import_module
+
+    return (FileNotFoundError, *(getattr(import_module(module), name) for module, name in USER_ERRORS))
 
 
 def _one_line(message: str) -> str:

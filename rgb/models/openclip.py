@@ -238,7 +238,9 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
             raise
         detail = " ".join(str(err).split("\n", 1)[-1].split())
         raise WeightsMismatchError(f"weights {checkpoint} do not fit open_clip {name!r}: {detail[:2000]}") from err
-    return LoadedCLIP(model.eval(), open_clip.get_tokenizer(name), name, pretrained,
+    with _quiet_root_logger():
+        tokenizer = open_clip.get_tokenizer(name)
+    return LoadedCLIP(model.eval(), tokenizer, name, pretrained,
                       None if weights is None else str(weights), config, _preprocess_of(model, name, pretrained))
 
 
