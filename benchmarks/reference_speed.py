@@ -35,6 +35,7 @@ from rgb.core.files import atomic_write_json
 from rgb.core.threat import Norm, parse_norm
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.mini import digit_images, stratified_splits
+from rgb.runs.implementations import RowCounter
 from rgb.training.losses import build_loss
 
 TRAIN_EPS = 8 / 255  # Linf budget of the inner attack of the PGD-AT model
@@ -93,29 +94,6 @@ def cached_model(name: str, cache: Path) -> Path:
     return path
 
 
-class CountedModel(nn.Module):
-    """Counts rows through the model: forward rows per call, backward rows whenever a gradient reaches the logits."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-        self.forward_rows = 0
-        self.backward_rows = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.model(x)
-        self.forward_rows += x.shape[0]
-        if logits.requires_grad:
-            logits.register_hook(self._count_backward)
-        return logits
-
-    def _count_backward(self, grad: torch.Tensor) -> None:
-        self.backward_rows += grad.shape[0]
-
-    def rows(self) -> tuple[int, int]:
-        return self.forward_rows, self.backward_rows
-
-
 def _clocks() -> tuple[float, float]:
     """(wall, CPU time of this process): on a shared machine the CPU time is the steadier measure of work."""
     return time.perf_counter(), time.process_time()
@@ -125,7 +103,7 @@ class _Stages:
     """Wall and CPU seconds and rows counted per attack: {attack: {"seconds", "cpu_seconds", "forward_rows",
     "backward_rows"}}."""
 
-    def __init__(self, model: CountedModel):
+    def __init__(self, model: RowCounter):
         self.model, self.stages, self.began, self.rows_before = model, {}, None, (0, 0)
 
     def start(self) -> None:
@@ -139,7 +117,7 @@ class _Stages:
         self.began, self.rows_before = now, rows
 
 
-def run_ours(model: CountedModel, x, y, norm: str, eps: float, seed: int, version: str) -> dict:
+def run_ours(model: RowCounter, x, y, norm: str, eps: float, seed: int, version: str) -> dict:
     stages = _Stages(model)
     current = []
 
@@ -161,7 +139,7 @@ def run_ours(model: CountedModel, x, y, norm: str, eps: float, seed: int, versio
                           "backward_rows": float(result.backward_rows.sum())}}
 
 
-def run_reference(model: CountedModel, x, y, norm: str, eps: float, seed: int, version: str) -> dict:
+def run_reference(model: RowCounter, x, y, norm: str, eps: float, seed: int, version: str) -> dict:
     from pyautoattack import AutoAttack as ReferenceAutoAttack
 
     stages = _Stages(model)
@@ -196,7 +174,7 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     net = small_cnn()
     net.load_state_dict(torch.load(args.weights, weights_only=True))
-    model = CountedModel(net.eval().requires_grad_(False))
+    model = RowCounter(net.eval().requires_grad_(False))
     x, y = digits("test")
     x, y = x[:args.n], y[:args.n]
     eps = args.eps if args.eps is not None else scale_budget(args.norm, WHITE_BOX_BUDGETS[args.norm], x[0].numel())

@@ -105,6 +105,7 @@ def test_fast_never_reports_more_robust_points_than_standard_by_more_than_one(tr
     standard = AutoAttack(trained_mlp, norm, MIXED_EPS[norm], seed=0).run(x, y)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message=".*experimental at L1")  # the version's own note at L1
         fast = AutoAttack(trained_mlp, norm, MIXED_EPS[norm], version="fast", seed=0).run(x, y)
     assert fast.attacks == ["apgd-ce", "apgd-t-malt"] and fast.version == "fast"
     assert 0 < int(standard.robust.sum()) < len(y)  # a budget where the attacks have work to do
@@ -122,3 +123,9 @@ def test_fast_warnings_say_the_standard_version_is_needed(trained_mlp):
     x, y = separable_data(8, seed=2)
     with pytest.warns(UserWarning, match="probabilities.*run the standard version"):
         AutoAttack(Probabilities(), "Linf", 0.01, version="fast", n_iter=3).run(x, y)
+
+
+def test_fast_at_l1_says_it_is_experimental(trained_mlp):
+    x, y = separable_data(8, seed=1)
+    with pytest.warns(UserWarning, match="experimental at L1"):
+        AutoAttack(trained_mlp, Norm.L1, MIXED_EPS[Norm.L1], version="fast", seed=0).run(x, y)

@@ -121,6 +121,8 @@ VERSIONS: Mapping[str, Version] = MappingProxyType({
     "fast": Version(
         steps=(Step("apgd-ce", at_norm={Norm.L1: {"n_restarts": 5, **_L1_SCHEDULE}}),
                Step("apgd-t-malt", _TARGETED, at_norm={Norm.L1: {"n_targets": 5, **_L1_SCHEDULE}})),
+        notes={Norm.L1: "version 'fast' is experimental at L1: FAB-T broke images APGD-T over the MALT targets "
+                        "left (4 of 128 on one model, docs/performance.md); use the standard version"},
         caveat="version 'fast' runs neither FAB-T nor Square and cannot rule this out: run the standard version"),
     # Randomised defences: untargeted APGD with CE then DLR, each gradient averaged over 20 EoT passes.
     "rand": Version(deterministic_model=False, steps=(Step("apgd-ce", _EOT), Step("apgd-dlr", _EOT))),

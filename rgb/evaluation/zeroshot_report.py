@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 

@@ -57,8 +57,9 @@ class OursImplementation:
         return self._attack(model, threat, settings, device, progress).run(x, y, batch_size=settings.batch_size)
 
 
-class _RowCounter(nn.Module):
-    """Counts the rows that go through the model forward and backward (the reference does not count them)."""
+class RowCounter(nn.Module):
+    """Counts rows through the model: forward rows per call, backward rows whenever a gradient reaches the logits
+    (for attacks that do not count their own evaluations, such as the reference)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -66,18 +67,18 @@ class _RowCounter(nn.Module):
         self.forward_rows = 0
         self.backward_rows = 0
 
-    def forward(self, x):
-        out = self.model(x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.model(x)
         self.forward_rows += x.shape[0]
-        if out.requires_grad:
-            rows = x.shape[0]
+        if logits.requires_grad:
+            logits.register_hook(self._count_backward)
+        return logits
 
-            def count(grad):
-                self.backward_rows += rows
-                return grad
+    def _count_backward(self, grad: torch.Tensor) -> None:
+        self.backward_rows += grad.shape[0]
 
-            out.register_hook(count)
-        return out
+    def rows(self) -> tuple[int, int]:
+        return self.forward_rows, self.backward_rows
 
 
 class _Log(logging.Handler):
@@ -116,7 +117,7 @@ class ReferenceImplementation:
     def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress) -> AutoAttackResult:
         from pyautoattack import AutoAttack as ReferenceAutoAttack
 
-        counter = _RowCounter(model)
+        counter = RowCounter(model)
         log = _Log()
         logger = logging.getLogger("auto-attack")
         logger.addHandler(log)

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from rgb.attacks.autoattack import AutoAttack, within_budget
+from rgb.attacks.autoattack import within_budget
 from rgb.core.configs import describe_data_config
 from rgb.core.files import file_sha256
 from rgb.core.machine import configure_threads
