@@ -11,11 +11,9 @@ is a new set of weights and is refused in the old run directories.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import safetensors.torch
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -27,7 +25,7 @@ from rgb.core.configs import data_config_for, data_configs
 from rgb.core.machine import configure_threads, resolve_device
 from rgb.core.threat import parse_norm
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
-from rgb.models import META_FILE, WEIGHTS_FILE, library_versions
+from rgb.models import write_export
 from rgb.runs.runner import InMemoryModel, execute
 from rgb.runs.settings import AttackSettings, white_box_budgets
 
@@ -49,20 +47,6 @@ def _compose(config: str, overrides: list[str]):
     register_resolvers()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(config, overrides=overrides)
-
-
-def _export(model: nn.Module, run_dir: Path, meta: dict) -> Path:
-    """Weights + record of an in-memory model (rewritten only when the weights changed, so runs resume)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    weights = run_dir / WEIGHTS_FILE
-    tmp = weights.with_name(weights.name + ".tmp")
-    safetensors.torch.save_model(model, str(tmp), metadata={"format": "pt"})
-    if weights.is_file() and weights.read_bytes() == tmp.read_bytes():
-        tmp.unlink()
-    else:
-        tmp.replace(weights)
-    (run_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    return weights
 
 
 def benchmark(
@@ -100,9 +84,8 @@ def benchmark(
     run_dir = Path(str(eval_cfg.run))
     meta = {"family": "python", "name": type(model).__module__ + "." + type(model).__qualname__,
             "run_name": name, "dataset": datamodule.dataset, "num_classes": len(test.class_names),
-            "class_names": test.class_names, "image_size": datamodule.image_size, "loss": None, "strategy": None,
-            "versions": library_versions()}
-    weights = _export(model, run_dir, meta)
+            "class_names": test.class_names, "image_size": datamodule.image_size, "loss": None, "strategy": None}
+    weights = write_export(model, run_dir, meta)
     model = model.eval()
     if norms:
         attack_cfg = _compose("attack", [*common, f"run={run_dir}", f"norms=[{','.join(norms)}]", f"seed={seed}",

@@ -20,6 +20,7 @@ from rgb.models.io import (
     load_with_meta,
     rebuild,
     rebuild_like,
+    write_export,
 )
 from rgb.models.openclip import (
     LoadedCLIP,
@@ -59,5 +60,6 @@ __all__ = [
     "load_with_meta",
     "rebuild",
     "rebuild_like",
+    "write_export",
     "register_architecture",
 ]

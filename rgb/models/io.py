@@ -25,9 +25,9 @@ def library_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "timm": timm.__version__, "rgb": rgb.__version__}
 
 
-def _write_export(model: nn.Module, out_dir: str | Path, record: dict) -> Path:
-    """Weights, then the record (each written whole: temp file + rename); the record last, so a model.json always
-    has its weights beside it."""
+def write_export(model: nn.Module, out_dir: str | Path, record: dict) -> Path:
+    """Weights, then the record plus library versions (each written whole: temp file + rename); the record last,
+    so a model.json always has its weights beside it. The record must say how to rebuild (or name) the model."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = out_dir / WEIGHTS_FILE
@@ -41,7 +41,7 @@ def _write_export(model: nn.Module, out_dir: str | Path, record: dict) -> Path:
 def export_model(model: nn.Module, out_dir: str | Path, meta: dict) -> Path:
     """Write `model.safetensors` and `model.json` (family, its rebuild fields, versions, plus the caller's `meta`)."""
     family = family_of(model)
-    return _write_export(model, out_dir, {**meta, "family": family.name, **family.describe(model)})
+    return write_export(model, out_dir, {**meta, "family": family.name, **family.describe(model)})
 
 
 def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kwargs: dict | None = None,
@@ -54,7 +54,7 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
     mine, theirs = model.state_dict(), rebuilt.state_dict()
     if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
         raise ValueError(f"factory {factory!r} builds a module whose state_dict does not match the model's")
-    return _write_export(model, out_dir, {**(meta or {}), "family": "factory", "factory": factory, "kwargs": kwargs})
+    return write_export(model, out_dir, {**(meta or {}), "family": "factory", "factory": factory, "kwargs": kwargs})
 
 
 def _locate(path: Path) -> tuple[Path, Path]:
