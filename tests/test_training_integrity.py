@@ -27,8 +27,9 @@ from rgb.training import (
     validate_config,
 )
 
+from test_training import FAST  # one set of fast-run overrides for the training tests
+
 REPO = Path(__file__).resolve().parents[1]
-FAST = ["data.batch_size=16", "data.eval_batch_size=32", "callbacks.progress_bar.refresh_rate=0"]
 SHORT = ["debug=limit", "trainer.max_epochs=1", *FAST]
 
 
