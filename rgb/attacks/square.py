@@ -91,27 +91,21 @@ def _margin(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.T
     return margin.clone(), predicted.clone()
 
 
-def _window_mask(top: torch.Tensor, left: torch.Tensor, side: int, h: int, w: int) -> torch.Tensor:
-    """(h, w) bool mask of the side x side window at device scalars (top, left): no host sync."""
-    rows = torch.arange(h, device=top.device)
-    cols = torch.arange(w, device=top.device)
-    in_rows = (rows >= top) & (rows < top + side)
-    in_cols = (cols >= left) & (cols < left + side)
-    return in_rows[:, None] & in_cols[None, :]
+def _windows(uniform: torch.Tensor, side: int, h: int, w: int, count: int) -> list[tuple]:
+    """`count` side x side windows with corners floor(U * (h - side)), floor(U * (w - side)) from the uniforms
+    (top, left, top, left, ...; h - side is never drawn), as index tuples. The corners are read on the host once
+    per query (the reference reads more), so every window operation touches the window only."""
+    tops = (uniform[0:2 * count:2] * (h - side)).long()
+    lefts = (uniform[1:2 * count:2] * (w - side)).long()
+    return [(..., slice(top, top + side), slice(left, left + side))
+            for top, left in torch.stack([tops, lefts], dim=1).tolist()]
 
 
-def _place(pattern: torch.Tensor, top: torch.Tensor, left: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The (side, side) pattern written into an (h, w) canvas at device scalars (top, left), zero elsewhere."""
-    side = pattern.shape[0]
-    h, w = mask.shape
-    row_index = (torch.arange(h, device=mask.device) - top).clamp(0, side - 1)
-    col_index = (torch.arange(w, device=mask.device) - left).clamp(0, side - 1)
-    return pattern.index_select(0, row_index).index_select(1, col_index) * mask
-
-
-def _offsets(uniform: torch.Tensor, side: int, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Window corner floor(U * (h - side)), floor(U * (w - side)) from two uniforms (h - side never drawn)."""
-    return (uniform[0] * (h - side)).long(), (uniform[1] * (w - side)).long()
+def _overlap(first: tuple, second: tuple) -> tuple | None:
+    """The intersection of two windows as an index tuple, or None when they do not overlap."""
+    rows = slice(max(first[1].start, second[1].start), min(first[1].stop, second[1].stop))
+    cols = slice(max(first[2].start, second[2].start), min(first[2].stop, second[2].stop))
+    return (..., rows, cols) if rows.start < rows.stop and cols.start < cols.stop else None
 
 
 def _signs(uniform: torch.Tensor) -> torch.Tensor:
@@ -119,11 +113,18 @@ def _signs(uniform: torch.Tensor) -> torch.Tensor:
     return torch.where(uniform < 0.5, -1.0, 1.0)
 
 
+def _channel_mass(values: torch.Tensor, norm: str) -> torch.Tensor:
+    """Per (image, channel) sum of squares (L2) or of magnitudes (L1) over the spatial dims, shape (N, C, 1, 1):
+    additive over disjoint pixel sets."""
+    if norm == "L2":
+        return values.square().sum(dim=(-2, -1), keepdim=True)
+    return values.abs().sum(dim=(-2, -1), keepdim=True)
+
+
 def _channel_norms(values: torch.Tensor, norm: str) -> torch.Tensor:
     """Per (image, channel) L2 or L1 norm over the spatial dims, shape (N, C, 1, 1)."""
-    if norm == "L2":
-        return values.square().sum(dim=(-2, -1), keepdim=True).sqrt()
-    return values.abs().sum(dim=(-2, -1), keepdim=True)
+    mass = _channel_mass(values, norm)
+    return mass.sqrt() if norm == "L2" else mass
 
 
 def _image_norms(values: torch.Tensor, norm: str) -> torch.Tensor:
@@ -137,7 +138,7 @@ def _to_feasible(x: torch.Tensor, delta: torch.Tensor, norm: str, eps: float) ->
     """Candidate image from an L2/L1 perturbation direction: rescale onto the L2 sphere and clip (L2), or
     project onto the L1 ball (radius eps * (1 - 1e-6)) intersected with the box (L1)."""
     if norm == "L2":
-        return (x + eps * delta / (_image_norms(delta, norm) + 1e-12)).clamp(0.0, 1.0)
+        return torch.addcmul(x, delta, eps / (_image_norms(delta, norm) + 1e-12)).clamp_(0.0, 1.0)
     return (x + project_l1_ball_box(x, delta, eps * _L1_SHRINK)).clamp(0.0, 1.0)
 
 
@@ -164,37 +165,34 @@ def _init(x: torch.Tensor, norm: str, eps: float, generator) -> torch.Tensor:
     return _to_feasible(x, delta, norm, eps)
 
 
-def _propose_linf(lower, upper, x_best, side, eps, uniform, channels):
+def _propose_linf(lower, upper, x_best, window, eps, signs):
     """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip to
     the budget's box [lower, upper])."""
-    h, w = x_best.shape[-2:]
-    top, left = _offsets(uniform[:2], side, h, w)
-    mask = _window_mask(top, left, side, h, w)
-    signs = _signs(uniform[2:2 + channels]).view(channels, 1, 1)
-    return (x_best + 2 * eps * signs * mask).clamp_(lower, upper)
+    candidate = x_best.clone()
+    candidate[window] = (x_best[window] + 2 * eps * signs).clamp_(lower[window], upper[window])
+    return candidate
 
 
-def _propose_lp(x, x_best, side, eps, norm, uniform, signs, pattern):
+def _propose_lp(x, x_best, windows, eps, norm, signs, pattern):
     """Spec §5 L2/L1 step: new pattern plus the old window content on W1 with the mass of W1 and W2, W2 zeroed."""
-    c, h, w = x.shape[1:]
-    top, left = _offsets(uniform[:2], side, h, w)
-    top2, left2 = _offsets(uniform[2:4], side, h, w)
-    first = _window_mask(top, left, side, h, w)
-    second = _window_mask(top2, left2, side, h, w)
-    pattern = torch.where(uniform[4] < 0.5, pattern.T, pattern)
-
+    c = x.shape[1]
+    first, second = windows
     delta = x_best - x
-    in_first = delta * first
-    first_norm = _channel_norms(in_first, norm)
-    windows_norm = _channel_norms(delta * (first | second), norm)
+    in_first = delta[first]
+    first_mass = _channel_mass(in_first, norm)
+    overlap = _overlap(first, second)
+    windows_mass = first_mass + _channel_mass(delta[second], norm)
+    if overlap is not None:  # the union's mass: the overlap counts once
+        windows_mass = (windows_mass - _channel_mass(delta[overlap], norm)).clamp_min_(0.0)
     image_norm = _image_norms(delta, norm)
-    proposal = _place(pattern, top, left, first) * signs[:, :, None, None] + in_first / (first_norm + 1e-12)
+    first_norm = first_mass.sqrt() if norm == "L2" else first_mass
+    proposal = pattern * signs[:, :, None, None] + in_first / (first_norm + 1e-12)
     if norm == "L2":
-        mass = ((eps**2 - image_norm.square()).clamp_min(0.0) / c + windows_norm.square()).sqrt()
+        mass = ((eps**2 - image_norm.square()).clamp_min(0.0) / c + windows_mass).sqrt()
     else:
-        mass = c * ((eps - image_norm).clamp_min(0.0) / c + windows_norm)
-    proposal = proposal / (_channel_norms(proposal, norm) + 1e-12) * mass
-    delta = torch.where(first, proposal, torch.where(second, torch.zeros_like(delta), delta))
+        mass = c * ((eps - image_norm).clamp_min(0.0) / c + windows_mass)
+    delta[second] = 0.0
+    delta[first] = proposal / (_channel_norms(proposal, norm) + 1e-12) * mass
     return _to_feasible(x, delta, norm, eps)
 
 
@@ -253,13 +251,18 @@ def square(
         side = square_window(square_p(iteration, p_init), h, w, norm)
         if norm == "Linf":
             uniform = torch.rand(2 + c, generator=generator, device=x.device)
-            candidate = _propose_linf(state["lower"], state["upper"], state["best"], side, eps, uniform, c)
+            (window,) = _windows(uniform, side, h, w, 1)
+            candidate = _propose_linf(state["lower"], state["upper"], state["best"], window, eps,
+                                      _signs(uniform[2:]).view(c, 1, 1))
         else:
             uniform = torch.rand(5 + n * c, generator=generator, device=x.device)
             signs = _signs(uniform[5:].view(n, c))[state.positions]
             if side not in patterns:
-                patterns[side] = square_pattern(side, norm).to(x)
-            candidate = _propose_lp(state["x"], state["best"], side, eps, norm, uniform, signs, patterns[side])
+                pattern = square_pattern(side, norm).to(x)
+                patterns[side] = (pattern, pattern.T.contiguous())
+            pattern = patterns[side][int(uniform[4] < 0.5)]
+            candidate = _propose_lp(state["x"], state["best"], _windows(uniform, side, h, w, 2), eps, norm, signs,
+                                    pattern)
 
         candidate_margin, candidate_predicted = _margin(model, candidate, state["y"])
         counter.forward(len(state))
