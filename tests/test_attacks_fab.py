@@ -324,3 +324,35 @@ def test_random_start_has_half_the_budget_and_stays_in_the_box(norm):
     start = fab_random_start(x0, norm, 0.3, torch.Generator().manual_seed(1))
     assert torch.all((start >= 0) & (start <= 1))
     assert torch.all(lp_norm(start - x0, norm) <= 0.15 + 1e-6)  # 0.15 before the box clip, at most that after
+
+
+def greedy_l1_by_full_sort(t, w, b):
+    """Minimal-L1 step by the textbook greedy over the whole sorted row, in float64 (the reference's way)."""
+    t, w, b = t.double(), w.double(), b.double()
+    c = (w * t).sum(dim=1) - b
+    w = w * torch.where(c < 0, -1.0, 1.0)[:, None]
+    gap = c.abs()
+    room = torch.where(w > 0, t, 1 - t)
+    steps = torch.zeros_like(t)
+    for row in range(t.shape[0]):
+        left = float(gap[row])
+        for i in w[row].abs().argsort(descending=True).tolist():
+            if left <= 0 or abs(float(w[row, i])) < 1e-8:
+                break
+            move = min(float(room[row, i]), left / abs(float(w[row, i])))
+            steps[row, i] = -torch.sign(w[row, i]) * move
+            left -= abs(float(w[row, i])) * move
+    return steps
+
+
+@pytest.mark.parametrize("share", [0.001, 0.05, 0.3, 0.9])
+def test_l1_projection_with_long_greedy_heads_matches_the_full_sort(share):
+    """Gaps closed by a few, hundreds or thousands of coordinates: the head the projection looks at grows."""
+    t, w, _ = hyperplane_cases(7, n=5, dim=3000)
+    reachable = (w.abs() * torch.where(w > 0, 1 - t, t)).sum(dim=1)
+    b = (w * t).sum(dim=1) + share * reachable
+    d = fab_project_l1(t, w, b)
+    expected = greedy_l1_by_full_sort(t, w, b)
+    torch.testing.assert_close(lp_norm(d, "L1").double(), lp_norm(expected, "L1"), rtol=1e-5, atol=1e-6)
+    # The partial move is the gap left after a float32 cumulative sum over up to thousands of moves.
+    torch.testing.assert_close(d.double(), expected, rtol=0, atol=1e-4)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rgb.attacks import EvalCounter, lp_norm, parse_norm, project_l1_ball_box, project_l2, project_linf
+from rgb.attacks.common import kth_largest, largest_first
 
 
 def random_case(seed, n=16, shape=(3, 8, 8), eps_range=(0.05, 20.0)):
@@ -140,3 +141,28 @@ def test_eval_counter():
     assert counter.per_image(4) == {"forward": 3.0, "backward": 1.0}
     with pytest.raises(ValueError, match="n_images"):
         counter.per_image(0)
+
+
+@pytest.mark.parametrize("largest", [1, 63, 64, 65, 300, 1000, 3000])
+def test_kth_largest_matches_a_full_sort(largest):
+    g = torch.Generator().manual_seed(largest)
+    values = torch.rand(6, 3000, generator=g).round(decimals=2)  # many ties
+    k = torch.randint(1, largest + 1, (6,), generator=g)
+    k[0] = largest  # the head must grow to the largest k
+    expected = values.sort(dim=1).values.gather(1, (3000 - k)[:, None])
+    assert torch.equal(kth_largest(values, k), expected)
+
+
+def test_largest_first_grows_the_head_until_it_is_enough():
+    values = torch.rand(3, 1000, generator=torch.Generator().manual_seed(0))
+    widths = []
+
+    def enough(top, order):
+        widths.append(top.shape[1])
+        assert torch.equal(top, values.gather(1, order)) and torch.all(top[:, :-1] >= top[:, 1:])
+        return top.shape[1] >= 200
+
+    top, order = largest_first(values, enough)
+    assert widths == [64, 256] and top.shape == (3, 256)
+    assert torch.equal(top, values.sort(dim=1, descending=True).values[:, :256])
+    assert largest_first(values, lambda top, order: False)[0].shape == (3, 1000)  # never more than the row

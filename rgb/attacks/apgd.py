@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, as_column, check_eps, make_generator,
-                                nested, per_sample)
+from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, as_column, check_eps, kth_largest,
+                                make_generator, nested, per_sample)
 from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
 from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l2, project_linf
 from rgb.core.threat import parse_norm
@@ -176,8 +176,9 @@ def _run(
         x_k, step_col = s["x_k"], per_sample(s["step"], s["x"])
         if norm == "L1":
             magnitude = s["grad"].abs().flatten(1)
+            # The entry at sorted position (1 - q) * n_features, ascending: the k-th largest.
             position = ((1 - s["q"]) * n_features).long().clamp(0, n_features - 1)
-            threshold = magnitude.sort(dim=1).values.gather(1, position[:, None])
+            threshold = kth_largest(magnitude, n_features - position)
             direction = (torch.sign(s["grad"].flatten(1)) * (magnitude >= threshold)).view_as(x_k)
             direction = direction / (as_column(direction.flatten(1).abs().sum(dim=1), x) + 1e-10)
             x_new = _project(norm, x, x_k + step_col * direction, eps)

@@ -77,6 +77,31 @@ def as_column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(-1, *([1] * (like.dim() - 1)))
 
 
+def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Tensor], int]):
+    """The largest entries of each row of `values` (N, D) in decreasing order with their indices, (N, k) each,
+    for the smallest k in 64, 256, ... , D at which `enough(top, order)` (an int, so a host read) holds.
+
+    A loop that needs only the head of each row's order stops early: on the CPU a partial selection of the top
+    k is several times cheaper than sorting the whole row, and host reads cost nothing there. On other devices
+    the whole row is sorted at once (no host sync). Tied values may come in either order.
+    """
+    width = values.shape[1]
+    if values.device.type != "cpu":
+        return values.sort(dim=1, descending=True)
+    k = min(width, 64)
+    while True:
+        top, order = values.topk(k, dim=1)
+        if k == width or enough(top, order):
+            return top, order
+        k = min(width, 4 * k)
+
+
+def kth_largest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The k-th largest entry of each row of `values` (N, D), k (N,) in [1, D]: shape (N, 1)."""
+    top, _ = largest_first(values, lambda top, order: top.shape[1] >= int(k.max()))
+    return top.gather(1, (k - 1)[:, None])
+
+
 def check_eps(eps: float | torch.Tensor) -> None:
     """Reject negative budgets (a host sync, so call it once per attack, not per step)."""
     if bool((torch.as_tensor(eps) < 0).any()):

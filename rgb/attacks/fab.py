@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, lp_norm, make_generator, nested
+from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, check_eps, largest_first, lp_norm,
+                                make_generator, nested)
 from rgb.core.threat import parse_norm
 
 # Coordinates whose gradient entry is below this never move in the L2 and L1 projections (spec §4).
@@ -138,19 +139,26 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     moves = w.abs() >= _ZERO_WEIGHT
     magnitude = torch.where(moves, w.abs(), torch.zeros_like(w))
     room = torch.where(moves, _distance_to_face(t, w), torch.zeros_like(w))
-    sorted_magnitude, order = magnitude.sort(dim=1, descending=True)
-    sorted_room = room.gather(1, order)
-    closed = (sorted_magnitude * sorted_room).cumsum(dim=1)
+
+    def closed_by(top, order):
+        """Gap closed after moving each coordinate of the head of the order, and the head's room."""
+        head_room = room.gather(1, order)
+        return (top * head_room).cumsum(dim=1), head_room
+
+    # The greedy never looks past the coordinate that closes the gap: only that head of the order is needed.
+    sorted_magnitude, order = largest_first(
+        magnitude, lambda top, order: bool((closed_by(top, order)[0][:, -1] >= target).all()))
+    closed, sorted_room = closed_by(sorted_magnitude, order)
     n_full = (closed < target[:, None]).sum(dim=1, keepdim=True)
-    feasible = n_full < w.shape[1]
+    feasible = n_full < order.shape[1]  # a head shorter than the row always closes the gap
     closed_before = torch.cat([torch.zeros_like(closed[:, :1]), closed], dim=1).gather(1, n_full)
-    partial_index = n_full.clamp_max(w.shape[1] - 1)
+    partial_index = n_full.clamp_max(order.shape[1] - 1)
     partial = (target[:, None] - closed_before) / sorted_magnitude.gather(1, partial_index).clamp_min(_ZERO_WEIGHT)
-    position = torch.arange(w.shape[1], device=w.device)[None, :]
+    position = torch.arange(order.shape[1], device=w.device)[None, :]
     sorted_step = torch.where(position < n_full, sorted_room, torch.zeros_like(sorted_room))
     sorted_step = torch.where(position == n_full, torch.minimum(partial.clamp_min(0.0), sorted_room), sorted_step)
     sorted_step = torch.where(feasible, sorted_step, sorted_room)
-    step = torch.zeros_like(sorted_step).scatter(1, order, sorted_step)
+    step = torch.zeros_like(w).scatter(1, order, sorted_step)
     return -torch.sign(w) * step
 
 
