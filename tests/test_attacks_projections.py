@@ -166,3 +166,19 @@ def test_largest_first_grows_the_head_until_it_is_enough():
     assert widths == [64, 256] and top.shape == (3, 256)
     assert torch.equal(top, values.sort(dim=1, descending=True).values[:, :256])
     assert largest_first(values, lambda top, order: False)[0].shape == (3, 1000)  # never more than the row
+
+
+@pytest.mark.parametrize("moving", [5, 100, 2000])
+def test_l1_projection_of_sparse_and_dense_moves_matches_float64_reference(moving):
+    """A few large entries over many small ones (the attacks' case: the head of each row's order decides the
+    threshold) and dense moves (whole rows bisected) agree with the brute force alike."""
+    g = torch.Generator().manual_seed(moving)
+    x = torch.rand(6, 3, 32, 32, generator=g)
+    delta = 1e-3 * torch.randn(x.shape, generator=g)
+    big = torch.rand(6, 3 * 32 * 32, generator=g).argsort(dim=1)[:, :moving]
+    delta.view(6, -1).scatter_(1, big, torch.randn(6, moving, generator=g))
+    eps = 0.3 * lp_norm(delta, "L1")
+    projected = project_l1_ball_box(x, delta, eps)
+    torch.testing.assert_close(projected.double().flatten(1), reference_l1_projection(x, delta, eps), atol=2e-6,
+                               rtol=0)
+    assert torch.all(lp_norm(projected, "L1") <= eps * (1 + 1e-5))
