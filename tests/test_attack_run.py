@@ -170,7 +170,7 @@ def test_two_shards_merge_to_the_single_shard_result_and_merge_names_a_missing_s
 @pytest.mark.parametrize(
     "change, field",
     [("seed=1", "seed 0 (this run: 1)"), ("data.budgets.linf=0.03", "eps"), ("batch_size=4", "batch_size"),
-     ("export_adversarial=true", "export_adversarial")],
+     ("export_adversarial=true", "export_adversarial"), ("tail_rows=64", "tail_rows")],
 )
 def test_resume_into_a_directory_of_another_run_is_refused_and_loses_nothing(
     surrogate, small_bench, reference, change, field
@@ -202,6 +202,14 @@ def test_plus_version_runs_through_attack_py(surrogate, small_bench, tmp_path):
     assert summary["version"] == "plus" and summary["attacks"] == ["apgd-ce", "apgd-dlr", "fab"]
     assert list(summary["accuracy_after"]) == ["clean", "apgd-ce", "apgd-dlr", "fab"]
     assert summary["robust_accuracy"] <= summary["accuracy_after"]["apgd-ce"] <= summary["clean_accuracy"]
+
+
+def test_targets_side_by_side_keep_the_fab_t_flags_and_are_recorded(surrogate, small_bench, tmp_path):
+    """tail_rows (spec §6.3 item 8) through attack.py: FAB-T's flags stay, and the summary records the setting."""
+    runs = {rows: attack(overrides(surrogate, small_bench, tmp_path / f"tail-{rows}", "attacks=[apgd-ce,fab-t]",
+                                   f"tail_rows={rows}"))["linf"] for rows in (0, 1000)}
+    assert runs[1000]["tail_rows"] == 1000 and runs[0]["tail_rows"] == 0 and runs[1000]["standard"] is False
+    assert results(tmp_path / "tail-1000")["robust"].equals(results(tmp_path / "tail-0")["robust"])
 
 
 @pytest.mark.slow

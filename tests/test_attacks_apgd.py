@@ -299,3 +299,43 @@ def test_eot_averages_gradients_over_passes(trained_mlp, test_batch):
     assert torch.equal(once.fooled, thrice.fooled)  # a deterministic model: averaging identical gradients
     with pytest.raises(ValueError, match="eot_iter"):
         apgd(trained_mlp, x, y, norm="Linf", eps=0.05, eot_iter=0)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L1"])
+def test_targets_side_by_side_in_the_tail_agree_and_cost_no_more_on_robust_points(trained_mlp, test_batch, norm):
+    """tail_rows: the targets left run in one batch once few points remain (spec §6.3 item 8). Statistically
+    equivalent (other random starts): the robust counts agree within noise, every success is real, and a
+    point that stays robust costs what it costs one target after another."""
+    x, y = test_batch
+    schedule = {"eps_schedule": SCHEDULE[norm]} if SCHEDULE[norm] else {}
+    counters = {rows: EvalCounter() for rows in (0, 10_000)}
+    results = {rows: apgd_targeted(trained_mlp, x, y, norm=norm, eps=MIXED_EPS[norm], n_targets=3, n_iter=20,
+                                   generator=0, tail_rows=rows, counter=counters[rows], **schedule)
+               for rows in counters}
+    robust = {rows: len(y) - int(result.fooled.sum()) for rows, result in results.items()}
+    assert 0 < robust[0] < len(y) and abs(robust[0] - robust[10_000]) <= 2, robust
+    assert_valid_attack(trained_mlp, x, y, results[10_000], norm, MIXED_EPS[norm])
+    constant = ConstantLogits(torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]]))  # nothing ever falls
+    x0, y0 = torch.rand(4, 3, 4, 4), torch.zeros(4, dtype=torch.long)
+    spent = []
+    for rows in (0, 10_000):
+        counter = EvalCounter()
+        apgd_targeted(constant, x0, y0, norm=norm, eps=0.1, n_targets=3, n_iter=10, generator=0, tail_rows=rows,
+                      counter=counter, **schedule)
+        spent.append((counter.forward_rows, counter.backward_rows))
+    assert spent[0] == spent[1]
+
+
+def test_a_point_leaves_with_all_its_side_by_side_rows(trained_mlp, test_batch, monkeypatch):
+    """Once one target fools a point, its other targets stop too (the earlier CPU attempt kept them running)."""
+    x, y = test_batch
+    spent = []
+    for grouped in (True, False):
+        if not grouped:  # every row for itself: the rows of a fallen point keep running
+            monkeypatch.setattr(apgd_module, "unfinished", lambda finished, groups: ~finished)
+        counter = EvalCounter()
+        result = apgd_targeted(trained_mlp, x, y, norm="Linf", eps=MIXED_EPS["Linf"], n_targets=3, n_iter=50,
+                               generator=0, tail_rows=10_000, counter=counter)
+        spent.append(counter.backward_rows)
+        assert 0 < result.fooled.sum() < len(y)
+    assert spent[0] < 0.9 * spent[1], spent

@@ -356,3 +356,25 @@ def test_l1_projection_with_long_greedy_heads_matches_the_full_sort(share):
     torch.testing.assert_close(lp_norm(d, "L1").double(), lp_norm(expected, "L1"), rtol=1e-5, atol=1e-6)
     # The partial move is the gap left after a float32 cumulative sum over up to thousands of moves.
     torch.testing.assert_close(d.double(), expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_fab_targets_side_by_side_give_the_same_flags(toy, norm):
+    """FAB-T is deterministic and a point falls iff one of its targets succeeds: running the targets left side
+    by side (tail_rows) keeps every flag; a robust point costs the same evaluations either way."""
+    model, x, y = toy
+    eps = {"Linf": 0.075, "L2": 0.8, "L1": 6.0}[norm]
+    counters = {rows: EvalCounter() for rows in (0, 10_000)}
+    results = {rows: fab_targeted(model, x, y, norm=norm, eps=eps, n_targets=3, n_iter=30, tail_rows=rows,
+                                  counter=counters[rows]) for rows in counters}
+    assert 0 < results[0].fooled.sum() < len(y)
+    assert torch.equal(results[0].fooled, results[10_000].fooled)
+    assert_attack_invariants(model, x, y, results[10_000].x_adv, results[10_000].fooled, norm, eps)
+    x0, y0 = torch.rand(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
+    spent = []
+    for rows in (0, 10_000):
+        counter = EvalCounter()
+        fab_targeted(UnbreakableModel(), x0, y0, norm=norm, eps=0.1, n_targets=3, n_iter=10, tail_rows=rows,
+                     counter=counter)
+        spent.append((counter.forward_rows, counter.backward_rows))
+    assert spent[0] == spent[1]

@@ -106,6 +106,18 @@ def test_mode_restored_and_bad_inputs_refused(trained_mlp, batch):
         AutoAttack(trained_mlp, "L2", 0.0)
     with pytest.raises(ValueError, match="version must be one of"):
         AutoAttack(trained_mlp, "L2", 0.5, version="strongest")
+    with pytest.raises(ValueError, match="tail_rows must be >= 0"):
+        AutoAttack(trained_mlp, "L2", 0.5, tail_rows=-1)
+
+
+def test_tail_rows_batch_the_targets_of_the_tail_within_noise(trained_mlp, batch):
+    """tail_rows reaches the targeted attacks only and moves the robust count by noise at most."""
+    x, y = batch
+    assert {name for name, entry in ATTACKS.items() if "tail_rows" in entry.inputs} == {"apgd-t", "apgd-t-malt",
+                                                                                         "fab-t"}
+    runs = [AutoAttack(trained_mlp, "Linf", 0.07, tail_rows=rows).run(x, y) for rows in (0, 500)]
+    assert 0 < int(runs[0].robust.sum()) < len(y)
+    assert abs(int(runs[0].robust.sum()) - int(runs[1].robust.sum())) <= 1
 
 
 class Probabilities(nn.Module):

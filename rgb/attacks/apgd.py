@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, as_column, check_eps, kth_largest,
-                                make_generator, nested, per_sample)
+from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, as_column, check_eps, first_success,
+                                kth_largest, make_generator, nested, per_sample, side_by_side, unfinished)
 from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
 from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l2, project_linf
 from rgb.core.threat import parse_norm
@@ -129,7 +129,8 @@ def _run(
     total: int,
 ) -> dict[str, torch.Tensor]:
     """One APGD run from state["x_k"] (the start point). `state` holds per-row tensors: x, y, eps, x_k,
-    pre_fooled (rows never attacked: returned clean) and optionally y_target, rows (indices for the trace).
+    pre_fooled (rows never attacked: returned clean) and optionally y_target, rows (indices for the trace) and
+    group (rows of one point, which leave the batch together).
     `progress` hears (done_before + iterations of this run, total) after every iteration.
     Returns x_best, loss_best, fooled and x_adv for every input row."""
     s = dict(state)
@@ -169,7 +170,7 @@ def _run(
 
     for i in range(n_iter):
         if early_stop and i % COMPACT_EVERY == 0:
-            if live.keep(~live["fooled"]) == 0:
+            if live.keep(unfinished(live["fooled"], live.state.get("group"))) == 0:
                 break
             s = live.state
         x, eps = s["x"], s["eps"]
@@ -264,6 +265,7 @@ def apgd(
     trace: list | None = None,
     eot_iter: int = 1,
     progress: Progress | None = None,
+    groups: torch.Tensor | None = None,
 ) -> APGDResult:
     """APGD with `loss` in {"ce", "dlr", "dlr-targeted"} (the last needs `y_target`), all maximised.
 
@@ -275,7 +277,9 @@ def apgd(
     `eot_iter` averages each gradient over that many passes (the `rand` version for randomised models).
     `generator` is a torch.Generator on x.device or an int seed; `trace`, if a list, receives one dict per
     iteration (stage, iteration, rows, step_size, loss, loss_best, fooled) for diagnostics and tests.
-    `progress` hears (iterations done, n_restarts * n_iter) over restarts and eps stages.
+    `progress` hears (iterations done, n_restarts * n_iter) over restarts and eps stages. `groups` (N,), a point
+    id per row where several rows attack one point (`apgd_over_targets`' side-by-side targets), makes all rows
+    of a point leave the batch once one of them is fooled (with `early_stop`).
     The model's train/eval mode is left alone and parameter .grad is never touched.
     """
     norm = parse_norm(norm)
@@ -322,6 +326,8 @@ def apgd(
         state = {"x": x[rows], "y": y[rows], "eps": eps[rows], "pre_fooled": pre_fooled[rows], "rows": rows}
         if y_target is not None:
             state["y_target"] = y_target[rows]
+        if groups is not None:
+            state["group"] = groups[rows]
         done_before = restart * n_iter
         if eps_schedule == "largereps":
             start = state["x"]
@@ -392,11 +398,17 @@ def apgd_over_targets(
     generator: torch.Generator | int | None = None,
     counter: EvalCounter | None = None,
     progress: Progress | None = None,
+    tail_rows: int = 0,
     **apgd_kwargs,
 ) -> APGDResult:
     """Targeted-DLR APGD against each column of `targets` (N, k) in turn, each run only on the points no earlier
     run fooled. Success means argmax != y. x_best/loss_best come from the last run on each point.
-    `progress` hears (target, k, iterations done, iterations)."""
+    `progress` hears (target, k, iterations done, iterations).
+
+    `tail_rows` > 0: once the still-robust points times the targets left fit in that many rows, the targets left
+    run side by side in one batch, and a point leaves with all its rows when one target fools it (spec §6.3
+    item 8: statistically equivalent, the random starts are drawn differently; robust points cost the same
+    evaluations, points that fall cost more). It pays where a batch of few points leaves the device idle."""
     if "n_restarts" in apgd_kwargs or "loss" in apgd_kwargs or "y_target" in apgd_kwargs:
         raise ValueError("targeted APGD fixes loss='dlr-targeted', one restart per target and the targets itself")
     _check_targeted_classes(clean_logits.shape[1])
@@ -409,15 +421,25 @@ def apgd_over_targets(
     eps = per_sample(eps, x).reshape(-1)
     x_best, x_adv = x.clone(), x.clone()
     loss_best = torch.full((x.shape[0],), -torch.inf, device=x.device)
-    for column in range(targets.shape[1]):
+    n_targets = targets.shape[1]
+    for column in range(n_targets):
         rows = (~fooled).nonzero().squeeze(1)
         if rows.numel() == 0:
             break
-        run = apgd(model, x[rows], y[rows], norm=norm, eps=eps[rows], loss="dlr-targeted",
-                   y_target=targets[rows, column], clean_logits=clean_logits[rows], generator=generator,
-                   counter=call_counter, progress=nested(progress, column + 1, targets.shape[1]), **apgd_kwargs)
-        x_adv[rows], fooled[rows] = run.x_adv, run.fooled
-        x_best[rows], loss_best[rows] = run.x_best, run.loss_best
+        left = n_targets - column
+        batched = left > 1 and rows.numel() * left <= tail_rows
+        stacked, groups = side_by_side(rows, left if batched else 1)
+        y_target = targets[rows, column:].T.reshape(-1) if batched else targets[rows, column]
+        run = apgd(model, x[stacked], y[stacked], norm=norm, eps=eps[stacked], loss="dlr-targeted", y_target=y_target,
+                   clean_logits=clean_logits[stacked], generator=generator, counter=call_counter,
+                   progress=nested(progress, column + 1, n_targets), groups=groups if batched else None,
+                   **apgd_kwargs)
+        point_fooled, first = first_success(run.fooled, left if batched else 1)
+        last = torch.arange(len(stacked) - rows.numel(), len(stacked), device=x.device)  # the last target's rows
+        x_adv[rows], fooled[rows] = run.x_adv[first], point_fooled
+        x_best[rows], loss_best[rows] = run.x_best[last], run.loss_best[last]
+        if batched:
+            break
     return APGDResult(x_adv=x_adv, fooled=fooled, forward_rows=call_counter.forward_rows,
                       backward_rows=call_counter.backward_rows, x_best=x_best, loss_best=loss_best)
 

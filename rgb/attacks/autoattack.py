@@ -99,6 +99,11 @@ class AutoAttack:
     `progress(name, *position)`, if given, hears `progress(name)` when attack `name` starts on a batch and then,
     at most every `progress_interval` seconds, the position of its current step (`rgb.attacks.common.Progress`:
     e.g. `("apgd-t", 3, 9, 40, 100)` for target 3 of 9, iteration 40 of 100), so a long batch is never silent.
+
+    `tail_rows` > 0 runs the targets left of APGD-T and FAB-T side by side once the batch's still-robust points
+    times those targets fit in that many rows (spec §6.3 item 8; off by default): on a GPU a tail of a few
+    points leaves the device idle. FAB-T's flags are unchanged; APGD-T draws its random starts differently
+    (statistically equivalent), so the setting is part of a run's identity.
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class AutoAttack:
         n_queries: int = 5000,
         progress: Callable[..., None] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
+        tail_rows: int = 0,
     ):
         self.model = model
         self.norm = parse_norm(norm)
@@ -144,6 +150,9 @@ class AutoAttack:
         self.n_queries = int(n_queries)
         self.progress = progress
         self.progress_interval = float(progress_interval)
+        if int(tail_rows) < 0:
+            raise ValueError(f"tail_rows must be >= 0, got {tail_rows}")
+        self.tail_rows = int(tail_rows)
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
@@ -232,7 +241,7 @@ class AutoAttack:
         x, y, clean_logits = x.to(self.device), y.to(self.device), clean_logits.to(self.device)
         entry = ATTACKS[name]
         available = {"clean_logits": clean_logits, "generator": self.seed, "n_iter": self.n_iter,
-                     "n_queries": self.n_queries}
+                     "n_queries": self.n_queries, "tail_rows": self.tail_rows}
         inputs = {key: value for key, value in available.items() if key in entry.inputs}
         with self._autocast():
             out = entry.attack(self.model, x, y, norm=self.norm, eps=self.eps, counter=counter,

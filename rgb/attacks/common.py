@@ -147,6 +147,28 @@ class EvalCounter:
         return {"forward": self.forward_rows / n_images, "backward": self.backward_rows / n_images}
 
 
+def unfinished(finished: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
+    """Rows to keep working on: those not finished, or, with `groups` (a point id per row, when several rows
+    attack one point side by side), those whose point has no finished row: a point leaves with all its rows."""
+    if groups is None:
+        return ~finished
+    return ~torch.isin(groups, groups[finished])
+
+
+def side_by_side(points: torch.Tensor, copies: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows for `copies` runs (targets) of each of `points` at once, run-major: (the point of each row, the
+    group id of each row: its position in `points`)."""
+    return points.repeat(copies), torch.arange(points.numel(), device=points.device).repeat(copies)
+
+
+def first_success(success: torch.Tensor, copies: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For run-major rows of `copies` runs per point (`side_by_side`) and their success flags (copies * m,):
+    (did any run succeed, per point (m,); the row of its first successful run, or of its first run (m,))."""
+    by_run = success.view(copies, -1)
+    points = torch.arange(by_run.shape[1], device=success.device)
+    return by_run.any(dim=0), by_run.int().argmax(dim=0) * by_run.shape[1] + points
+
+
 class LiveRows:
     """The rows of a batch that an attack loop still works on: drop finished points without losing their results.
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, check_eps, largest_first, lp_norm,
-                                make_generator, nested)
+from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, check_eps, first_success,
+                                largest_first, lp_norm, make_generator, nested, side_by_side, unfinished)
 from rgb.core.threat import parse_norm
 
 # Coordinates whose gradient entry is below this never move in the L2 and L1 projections (spec §4).
@@ -212,20 +212,23 @@ def _closest_boundary(model, x1, y, norm, counter):
 
 
 def _run_target(model, x0, y, target, *, image_shape, norm, eps, n_iter, alpha_max, eta, beta, early_stop,
-                counter, progress, start=None):
+                counter, progress, start=None, groups=None):
     """One FAB run from the flattened clean points x0 -> (best_adv, best_norm): towards `target`, or towards
     the closest boundary at every step when `target` is None; from `start` (flattened) instead of x0 if given.
-    `progress` hears (iteration, n_iter) after every iteration."""
+    `progress` hears (iteration, n_iter) after every iteration. `groups`: a point id per row where several rows
+    attack one point; with early_stop all rows of a point leave once one of them is done."""
     project = _PROJECTIONS[norm]
     image_shape = (-1, *image_shape)
     targeted = target is not None
     run = LiveRows({"x0": x0, "x1": x0.clone() if start is None else start, "y": y,
                     "target": target if targeted else y, "best_adv": x0.clone(),
                     "best_norm": torch.full_like(x0[:, 0], float("inf")),
-                    "done": torch.zeros_like(y, dtype=torch.bool)}, outputs=("best_adv", "best_norm"))
+                    "done": torch.zeros_like(y, dtype=torch.bool), **({} if groups is None else {"group": groups})},
+                   outputs=("best_adv", "best_norm"))
 
     for iteration in range(n_iter):
-        if early_stop and iteration % _COMPACT_EVERY == 0 and iteration > 0 and run.keep(~run["done"]) == 0:
+        if (early_stop and iteration % _COMPACT_EVERY == 0 and iteration > 0
+                and run.keep(unfinished(run["done"], run.state.get("group"))) == 0):
             break
         n_rows = len(run)
 
@@ -297,14 +300,16 @@ class _Outcome:
     def still_robust(self) -> torch.Tensor:
         return (~self.fooled).nonzero().squeeze(1)
 
-    def merge(self, attacked, best_adv, best_norm) -> None:
-        """A success needs argmax != y at the returned point (re-checked) and a norm within eps."""
+    def merge(self, attacked, best_adv, best_norm, copies: int = 1) -> None:
+        """A success needs argmax != y at the returned point (re-checked) and a norm within eps. With `copies`
+        runs per point side by side (run-major rows), a point takes its first successful run."""
         with torch.inference_mode():
-            still_correct = self.model(best_adv.view(-1, *self.image_shape)).argmax(dim=1) == self.y[attacked]
-        self.counter.forward(attacked.numel())
-        success = ~still_correct & (best_norm <= self.eps)
-        self.x_adv[attacked] = torch.where(success[:, None], best_adv, self.flat_x[attacked])
-        self.norms[attacked] = torch.minimum(self.norms[attacked], best_norm)
+            predicted = self.model(best_adv.view(-1, *self.image_shape)).argmax(dim=1)
+        still_correct = predicted == self.y[attacked.repeat(copies)]
+        self.counter.forward(best_adv.shape[0])
+        success, first = first_success(~still_correct & (best_norm <= self.eps), copies)
+        self.x_adv[attacked] = torch.where(success[:, None], best_adv[first], self.flat_x[attacked])
+        self.norms[attacked] = torch.minimum(self.norms[attacked], best_norm.view(copies, -1).amin(dim=0))
         self.fooled[attacked] = success
 
     def result(self) -> FABResult:
@@ -329,6 +334,7 @@ def fab_targeted(
     early_stop: bool = True,
     counter: EvalCounter | None = None,
     progress: Progress | None = None,
+    tail_rows: int = 0,
 ) -> FABResult:
     """FAB-T (spec §4) on images x in [0,1] (N, ...) with labels y; targets are clean-logit ranks 2..n_targets+1.
 
@@ -336,6 +342,10 @@ def fab_targeted(
     clean forward pass. `early_stop` freezes a point once it has an adversarial within eps (the success flag
     is then certain; only its norm could still shrink). Gradients are taken w.r.t. the input only, and the
     model's train/eval mode is left as it is. `progress` hears (target, n_targets, iteration, n_iter).
+    `tail_rows` > 0: once the still-robust points times the targets left fit in that many rows, the targets left
+    run side by side in one batch (spec §6.3 item 8). FAB-T is deterministic and a point is fooled iff one of
+    its targets succeeds, so the flags are the same (up to float rounding of other batch shapes); robust points
+    cost the same evaluations, points that fall cost more, and the image may come from a later target.
     """
     norm = parse_norm(norm)
     check_eps(eps)
@@ -349,11 +359,17 @@ def fab_targeted(
         attacked = outcome.still_robust()
         if attacked.numel() == 0:
             break
+        left = n_targets - rank
+        copies = left if left > 1 and attacked.numel() * left <= tail_rows else 1
+        stacked, groups = side_by_side(attacked, copies)
         best_adv, best_norm = _run_target(
-            model, outcome.flat_x[attacked], y[attacked], targets[attacked, rank], image_shape=x.shape[1:],
-            norm=norm, eps=eps, n_iter=n_iter, alpha_max=alpha_max, eta=eta, beta=beta, early_stop=early_stop,
-            counter=counter, progress=nested(progress, rank + 1, n_targets))
-        outcome.merge(attacked, best_adv, best_norm)
+            model, outcome.flat_x[stacked], y[stacked], targets[attacked, rank:rank + copies].T.reshape(-1),
+            image_shape=x.shape[1:], norm=norm, eps=eps, n_iter=n_iter, alpha_max=alpha_max, eta=eta, beta=beta,
+            early_stop=early_stop, counter=counter, progress=nested(progress, rank + 1, n_targets),
+            groups=groups if copies > 1 else None)
+        outcome.merge(attacked, best_adv, best_norm, copies)
+        if copies > 1:
+            break
     return outcome.result()
 
 

@@ -20,8 +20,9 @@ from rgb.attacks.square import square
 from rgb.core.threat import Norm
 
 # The inputs AutoAttack can hand an attack besides (model, x, y, norm, eps, counter).
-CASCADE_INPUTS = frozenset({"clean_logits", "generator", "n_iter", "n_queries"})
+CASCADE_INPUTS = frozenset({"clean_logits", "generator", "n_iter", "n_queries", "tail_rows"})
 _GRADIENT_INPUTS = frozenset({"clean_logits", "generator", "n_iter"})
+_TARGETED_INPUTS = _GRADIENT_INPUTS | {"tail_rows"}  # targets of a small tail may run side by side
 
 
 def _freeze(record, *names: str) -> None:
@@ -52,9 +53,9 @@ class AttackEntry:
 ATTACKS: Mapping[str, AttackEntry] = MappingProxyType({
     "apgd-ce": AttackEntry(apgd, _GRADIENT_INPUTS, {"loss": "ce"}),
     "apgd-dlr": AttackEntry(apgd, _GRADIENT_INPUTS, {"loss": "dlr"}, min_classes=3),
-    "apgd-t": AttackEntry(apgd_targeted, _GRADIENT_INPUTS, min_classes=4),
-    "apgd-t-malt": AttackEntry(apgd_malt, _GRADIENT_INPUTS, min_classes=4),
-    "fab-t": AttackEntry(fab_targeted, frozenset({"clean_logits", "n_iter"}), min_classes=4),
+    "apgd-t": AttackEntry(apgd_targeted, _TARGETED_INPUTS, min_classes=4),
+    "apgd-t-malt": AttackEntry(apgd_malt, _TARGETED_INPUTS, min_classes=4),
+    "fab-t": AttackEntry(fab_targeted, frozenset({"clean_logits", "n_iter", "tail_rows"}), min_classes=4),
     "fab": AttackEntry(fab_untargeted, _GRADIENT_INPUTS),
     "square": AttackEntry(square, frozenset({"generator", "n_queries"}), black_box=True),
 })

@@ -43,7 +43,7 @@ class OursImplementation:
     def _attack(model, threat: ThreatModel, settings, device=None, progress=None) -> AutoAttack:
         return AutoAttack(model, threat.norm.value, threat.eps, version=settings.version, seed=settings.seed,
                           device=device, attacks=None if settings.attacks is None else list(settings.attacks),
-                          precision=settings.precision, progress=progress)
+                          precision=settings.precision, progress=progress, tail_rows=settings.tail_rows)
 
     def check(self, model, threat: ThreatModel, settings) -> None:
         """Fail on a bad version, attack list or precision before any directory is written."""
@@ -111,6 +111,8 @@ class ReferenceImplementation:
         self.version()
         if settings.precision != "fp32":
             raise AttackRunError("impl=reference runs in fp32 only (precision=fp32)")
+        if settings.tail_rows:
+            raise AttackRunError("impl=reference runs targets one after another (tail_rows=0)")
         if settings.version not in ("standard", "plus", "rand"):
             raise AttackRunError(f"impl=reference has versions standard, plus, rand; got {settings.version!r}")
 

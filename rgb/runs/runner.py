@@ -95,6 +95,8 @@ class Target:
         }
         if settings.impl != "ours":  # added only when set, so directories of earlier runs keep their identity
             identity["impl"] = settings.impl
+        if settings.tail_rows:  # APGD-T then draws other random starts
+            identity["tail_rows"] = settings.tail_rows
         return identity
 
 
@@ -197,6 +199,7 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
         version=settings.version, standard=implementation.is_standard(settings), attacks=attacks,
         seed=settings.seed, precision=settings.precision, tf32=False, compile=settings.compile,
         channels_last=settings.channels_last, batch_size=settings.batch_size, threads=settings.threads,
+        tail_rows=settings.tail_rows,
         clean_accuracy=accuracy_after["clean"], n_clean_correct=int(columns["clean_correct"].sum()),
         robust_accuracy=float(columns["robust"].float().mean()), n_robust=int(columns["robust"].sum()),
         accuracy_after=accuracy_after,

@@ -75,6 +75,7 @@ class RunSummary:
     schema: int = SUMMARY_SCHEMA
     export: str | None = None
     warnings: list[str] = field(default_factory=list)
+    tail_rows: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
