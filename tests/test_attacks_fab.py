@@ -1,5 +1,6 @@
 """FAB-T and untargeted FAB (spec §4) and their box-constrained hyperplane projections (spec §8 items 2, 3, 7, 9)."""
 
+import importlib
 import itertools
 
 import numpy as np
@@ -107,6 +108,28 @@ def test_l2_projection_norm_matches_exhaustive_active_sets():
         found = lp_norm(fab_project_l2(t, w, b), "L2").double()
         for row in range(t.shape[0]):
             expected = minimal_norm_l2_exhaustive(t[row].double().numpy(), w[row].double().numpy(), float(b[row]))
+            assert float(found[row]) == pytest.approx(expected, abs=1e-5), (dim, row)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2"])
+def test_level_search_finishes_by_bisection_where_newton_has_not_settled(norm, monkeypatch):
+    """The Linf/L2 level search: Newton steps, then bisection for rows with kinks left before the root. One
+    Newton step leaves most rows unsettled; the result must not change beyond float rounding."""
+    pytest.importorskip("scipy.optimize")
+    fab_module = importlib.import_module("rgb.attacks.fab")
+    t, w, b = hyperplane_cases(5, n=64, dim=3 * 16 * 16)
+    newton = PROJECTIONS[norm](t, w, b)
+    monkeypatch.setattr(fab_module, "_NEWTON_STEPS", 1)
+    bisected = PROJECTIONS[norm](t, w, b)
+    torch.testing.assert_close(lp_norm(bisected, norm), lp_norm(newton, norm), rtol=1e-5, atol=1e-7)
+    assert torch.all(((w * (t + bisected)).sum(dim=1) - b).abs() <= 1e-4 * w.abs().sum(dim=1))
+    for dim in range(1, 6):  # and against the exact minimal norms in small dimension
+        t, w, b = hyperplane_cases(20 + dim, n=20, dim=dim)
+        found = lp_norm(PROJECTIONS[norm](t, w, b), norm).double()
+        for row in range(t.shape[0]):
+            point, normal = t[row].double().numpy(), w[row].double().numpy()
+            expected = (minimal_norm_lp(point, normal, float(b[row]), norm) if norm == "Linf"
+                        else minimal_norm_l2_exhaustive(point, normal, float(b[row])))
             assert float(found[row]) == pytest.approx(expected, abs=1e-5), (dim, row)
 
 
