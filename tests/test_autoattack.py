@@ -285,3 +285,52 @@ def test_threat_model_check_holds_under_python_O():
               "try:\n    check_threat_model(x, x + 0.3, 'Linf', 0.1)\nexcept AttackError:\n    print('refused')\n")
     out = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "refused"
+
+
+class ViewsItsInput(nn.Module):
+    """A conv model that calls `.view` on its input: NHWC inputs break it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.head(x.view(x.shape[0], -1)) + 0 * self.conv(x).mean()
+
+
+def test_conv_models_get_nhwc_inputs_on_the_cpu_and_the_same_flags():
+    """input_format="auto": the attacks call a conv model on channels_last copies (float rounding only), a model
+    without convolutions as given; the clean pass and the verification always see the images as given."""
+    from user_models import small_cnn
+
+    from rgb.attacks.autoattack import ChannelsLastInputs
+
+    model = small_cnn().eval()
+    x, y = torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 10
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    runs = {fmt: AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce", "apgd-t"], input_format=fmt) for fmt in
+            ("auto", "contiguous")}
+    results = {fmt: attack.run(x, y) for fmt, attack in runs.items()}
+    assert isinstance(runs["auto"].attack_model, ChannelsLastInputs) and runs["contiguous"].attack_model is model
+    assert not all(seen) and any(seen)  # attacks saw NHWC, the clean pass and verification NCHW
+    assert torch.equal(results["auto"].clean_correct, results["contiguous"].clean_correct)
+    assert abs(int(results["auto"].robust.sum()) - int(results["contiguous"].robust.sum())) <= 1
+    assert results["auto"].evaluations["clean"]["forward_rows"] == len(x) + 1  # the probe
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+    attack = AutoAttack(mlp, "Linf", 0.03, attacks=["apgd-ce"])
+    attack.run(x, y)
+    assert attack.attack_model is mlp  # no convolution: nothing to gain
+
+
+def test_a_model_refusing_nhwc_inputs_falls_back_or_is_named():
+    model = ViewsItsInput().eval()
+    x, y = torch.rand(4, 3, 8, 8), torch.arange(4)
+    attack = AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"])
+    attack.run(x, y)
+    assert attack.attack_model is model
+    with pytest.raises(ValueError, match="refuses NHWC inputs"):
+        AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"], input_format="channels_last").run(x, y)
+    with pytest.raises(ValueError, match="input_format must be one of"):
+        AutoAttack(model, "Linf", 0.03, input_format="nhwc")
