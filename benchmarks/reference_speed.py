@@ -50,8 +50,17 @@ def small_cnn(n_classes: int = 10) -> nn.Module:
         nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 8 * 8, n_classes))
 
 
-# name -> (training loss, epochs over the mini train split)
-MODELS = {"cnn-pgd_at": ("pgd_at", 15), "cnn-ce": ("ce", 15)}
+def tiny_vit(n_classes: int = 10) -> nn.Module:
+    """A timm ViT at 32x32: 4x4 patches (64 tokens), width 64, 3 blocks; attention and MLPs instead of convs."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(img_size=32, patch_size=4, num_classes=n_classes, embed_dim=64, depth=3, num_heads=2,
+                             mlp_ratio=2.0)
+
+
+# name -> (architecture, training loss, epochs over the mini train split)
+MODELS = {"cnn-pgd_at": (small_cnn, "pgd_at", 15), "cnn-ce": (small_cnn, "ce", 15),
+          "vit-pgd_at": (tiny_vit, "pgd_at", 15)}
 
 
 def digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,9 +71,9 @@ def digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(name: str, seed: int = 0) -> nn.Module:
-    loss_name, epochs = MODELS[name]
+    architecture, loss_name, epochs = MODELS[name]
     torch.manual_seed(seed)
-    model = small_cnn()
+    model = architecture()
     loss = build_loss(loss_name, None if loss_name == "ce" else {"norm": "Linf", "eps": TRAIN_EPS, "n_iter": 10})
     x, y = digits("train")
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -117,7 +126,7 @@ class _Stages:
         self.began, self.rows_before = now, rows
 
 
-def run_ours(model: RowCounter, x, y, norm: str, eps: float, seed: int, version: str) -> dict:
+def run_ours(model: RowCounter, x, y, norm: str, eps: float, seed: int, version: str, tail_rows: int = 0) -> dict:
     stages = _Stages(model)
     current = []
 
@@ -129,7 +138,8 @@ def run_ours(model: RowCounter, x, y, norm: str, eps: float, seed: int, version:
 
     stages.start()  # the clean pass and checks count towards the first attack, as in the reference's stages
     started = _clocks()
-    result = AutoAttack(model, norm, eps, version=version, seed=seed, progress=progress).run(x, y, batch_size=len(x))
+    result = AutoAttack(model, norm, eps, version=version, seed=seed, progress=progress, tail_rows=tail_rows).run(
+        x, y, batch_size=len(x))
     ended = _clocks()
     if current:
         stages.end(current[-1])
@@ -139,7 +149,10 @@ def run_ours(model: RowCounter, x, y, norm: str, eps: float, seed: int, version:
                           "backward_rows": float(result.backward_rows.sum())}}
 
 
-def run_reference(model: RowCounter, x, y, norm: str, eps: float, seed: int, version: str) -> dict:
+def run_reference(model: RowCounter, x, y, norm: str, eps: float, seed: int, version: str, tail_rows: int = 0
+                  ) -> dict:
+    if tail_rows:
+        raise ValueError("the reference runs targets one after another")
     from pyautoattack import AutoAttack as ReferenceAutoAttack
 
     stages = _Stages(model)
@@ -172,13 +185,14 @@ IMPLEMENTATIONS = {"ours": run_ours, "reference": run_reference}
 def child(args) -> None:
     """One implementation on one (model, norm), in its own process; JSON to args.child_out."""
     torch.set_num_threads(args.threads)
-    net = small_cnn()
+    net = MODELS[args.model][0]()
     net.load_state_dict(torch.load(args.weights, weights_only=True))
     model = RowCounter(net.eval().requires_grad_(False))
     x, y = digits("test")
     x, y = x[:args.n], y[:args.n]
     eps = args.eps if args.eps is not None else scale_budget(args.norm, WHITE_BOX_BUDGETS[args.norm], x[0].numel())
-    outcome = IMPLEMENTATIONS[args.impl](model, x, y, args.norm, eps, args.seed, args.version)
+    tail_rows = args.tail_rows if args.impl == "ours" else 0
+    outcome = IMPLEMENTATIONS[args.impl](model, x, y, args.norm, eps, args.seed, args.version, tail_rows)
     with torch.inference_mode():
         robust = net(outcome.pop("x_adv")).argmax(1) == y
     forward_rows, backward_rows = model.rows()
@@ -190,7 +204,8 @@ def child(args) -> None:
 def side_by_side(args, name: str, weights: Path, norm: str, workdir: Path) -> dict:
     processes = {}
     for impl in IMPLEMENTATIONS:
-        command = [sys.executable, __file__, "--child", impl, "--weights", str(weights), "--norm", norm,
+        command = [sys.executable, __file__, "--child", impl, "--model", name, "--weights", str(weights),
+                   "--norm", norm, "--tail-rows", str(args.tail_rows),
                    "--n", str(args.n), "--seed", str(args.seed), "--threads", str(args.threads),
                    "--version", args.version, "--child-out", str(workdir / f"{impl}.json"), "--out", "-"]
         if norm in args.budgets:
@@ -231,8 +246,11 @@ def main(argv=None) -> None:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "rgb-benchmark-models")
     parser.add_argument("--budget", nargs="+", default=[], metavar="NORM=EPS",
                         help="instead of the mini benchmark's budget, e.g. linf=0.1 (a plain model needs more to fall)")
+    parser.add_argument("--tail-rows", type=int, default=0,
+                        help="ours: run the targets left side by side below this many rows (AutoAttack tail_rows)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--eps", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=list(IMPLEMENTATIONS), help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
     parser.add_argument("--norm", help=argparse.SUPPRESS)
@@ -265,7 +283,7 @@ def main(argv=None) -> None:
                             "load_average_at_end": os.getloadavg()},
                 "versions": {"torch": torch.__version__, "pyautoattack": metadata.version("pyautoattack")},
                 "targets": {"robust_speedup": TARGET_ROBUST_SPEEDUP, "plain_speedup": TARGET_PLAIN_SPEEDUP},
-                "version": args.version, "records": records,
+                "version": args.version, "tail_rows": args.tail_rows, "records": records,
             })
 
 

@@ -43,7 +43,8 @@ class OursImplementation:
     def _attack(model, threat: ThreatModel, settings, device=None, progress=None) -> AutoAttack:
         return AutoAttack(model, threat.norm.value, threat.eps, version=settings.version, seed=settings.seed,
                           device=device, attacks=None if settings.attacks is None else list(settings.attacks),
-                          precision=settings.precision, progress=progress, tail_rows=settings.tail_rows)
+                          precision=settings.precision, progress=progress, tail_rows=settings.tail_rows,
+                          input_format=settings.input_format)
 
     def check(self, model, threat: ThreatModel, settings) -> None:
         """Fail on a bad version, attack list or precision before any directory is written."""

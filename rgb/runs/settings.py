@@ -67,6 +67,7 @@ class AttackSettings:
     impl: str = "ours"
     threads: int = 1
     tail_rows: int = 0
+    input_format: str = "auto"
 
     @classmethod
     def from_config(cls, cfg: DictConfig, budgets: tuple[Budget, ...], surrogate: str, threads: int = 1
@@ -100,6 +101,7 @@ class AttackSettings:
             merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial),
             export_dir=Path(str(cfg.export_dir)), surrogate=surrogate, output_dir=Path(str(cfg.output_dir)),
             progress=bool(cfg.progress), impl=impl, threads=threads, tail_rows=tail_rows,
+            input_format=str(cfg.get("input_format", "auto")),
         )
 
 

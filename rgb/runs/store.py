@@ -76,6 +76,7 @@ class RunSummary:
     export: str | None = None
     warnings: list[str] = field(default_factory=list)
     tail_rows: int = 0
+    input_format: str = "auto"
 
     def to_json(self) -> dict:
         return asdict(self)
