@@ -299,3 +299,25 @@ def test_one_process_per_device_equals_one_process(surrogate, small_bench, refer
     attack(overrides(surrogate, small_bench, out, "shard.devices=2"))
     assert {p.parent.name for p in batch_files(out)} == {"shard-0-of-2", "shard-1-of-2"}
     pd.testing.assert_frame_equal(results(out), results(reference[0]))
+
+
+@pytest.mark.parametrize(("device", "expected"), [("cpu", 2), ("cuda", 4)])
+def test_processes_on_one_cpu_share_its_threads(monkeypatch, device, expected):
+    """shard.devices=N on the CPU: each process takes threads / N (more threads than cores spin-wait)."""
+    import importlib
+    from types import SimpleNamespace
+
+    runner = importlib.import_module("rgb.runs.runner")
+    chosen = []
+
+    class Opened(Exception):
+        pass
+
+    def refuse(*args):
+        raise Opened
+
+    monkeypatch.setattr(runner, "configure_threads", chosen.append)
+    monkeypatch.setattr(runner.Target, "open", refuse)
+    with pytest.raises(Opened):
+        runner._spawned_shard(0, SimpleNamespace(threads=4, processes=2, device=device))
+    assert chosen == [expected]
