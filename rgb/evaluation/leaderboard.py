@@ -143,7 +143,8 @@ def _dataset_cell(score: ProtocolScore | None) -> str:
     return f"{sum(a.value for a in score.scored.values()):.2f} ({len(score.scored)}/{score.max})"
 
 
-def _table(header: list[str], rows: list[list[str]], align: list[str]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list[str]], align: list[str]) -> list[str]:
+    """The lines of a markdown table; `align` holds one `---` / `---:` marker per column."""
     return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|",
             *("| " + " | ".join(row) + " |" for row in rows)]
 
@@ -156,7 +157,7 @@ def to_markdown(board: Leaderboard) -> str:
     rows = [[str(r.rank), r.model, _points(r.borda), r.sum.describe()]
             + [_dataset_cell(r.per_dataset[d]) for d in board.datasets] for r in board.rows]
     lines = [f"# Leaderboard ({board.protocol}), ranked by {board.rank_by}", ""]
-    lines += _table(header, rows, ["---:", "---", "---:", "---:"] + ["---:"] * len(board.datasets))
+    lines += markdown_table(header, rows, ["---:", "---", "---:", "---:"] + ["---:"] * len(board.datasets))
     other = next(k for k in ("borda", "sum") if k != board.rank_by)
     lines += ["", f"Ranked by {board.rank_by} (rank_by={other} ranks by {other.capitalize()}). Sum over "
                   f"{len(board.datasets)} datasets x {n_settings} settings = {max_sum}; a partial Sum shows its "
@@ -174,7 +175,7 @@ def to_markdown(board: Leaderboard) -> str:
             cells = [f"{score.settings[s].value:.4f}" if score.settings.get(s) else "missing" for s in board.settings]
             detail_rows.append([r.model, d, *cells, "; ".join(r.non_standard.get(d, [])) or "-"])
     lines += ["", "## Accuracy per setting", ""]
-    lines += _table(["model", "dataset", *board.settings, "non-standard (not scored)"], detail_rows,
+    lines += markdown_table(["model", "dataset", *board.settings, "non-standard (not scored)"], detail_rows,
                     ["---", "---"] + ["---:"] * n_settings + ["---"])
     return "\n".join(lines) + "\n"
 

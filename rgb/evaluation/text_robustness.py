@@ -36,7 +36,7 @@ from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256, resolve
 from rgb.core.files import read_jsonl
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
-from rgb.evaluation.leaderboard import _table as markdown_table
+from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.models import load_with_meta, register_architecture
 from rgb.models.io import WEIGHTS_FILE
