@@ -77,9 +77,9 @@ def as_column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(-1, *([1] * (like.dim() - 1)))
 
 
-def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Tensor], int]):
+def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Tensor], bool]):
     """The largest entries of each row of `values` (N, D) in decreasing order with their indices, (N, k) each,
-    for the smallest k in 64, 256, ... , D at which `enough(top, order)` (an int, so a host read) holds.
+    for the smallest k in 64, 256, ... , D at which `enough(top, order)` (a Python bool: a host read) holds.
 
     A loop that needs only the head of each row's order stops early: on the CPU a partial selection of the top
     k is several times cheaper than sorting the whole row, and host reads cost nothing there. On other devices
