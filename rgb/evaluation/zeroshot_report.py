@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256, resolve_device
-from rgb.evaluation.leaderboard import _table as markdown_table
+from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.models import load_with_meta, register_architecture
 from rgb.models.io import WEIGHTS_FILE
