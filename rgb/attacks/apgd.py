@@ -426,19 +426,16 @@ def apgd_over_targets(
         rows = (~fooled).nonzero().squeeze(1)
         if rows.numel() == 0:
             break
-        left = n_targets - column
-        batched = left > 1 and rows.numel() * left <= tail_rows
-        stacked, groups = side_by_side(rows, left if batched else 1)
-        y_target = targets[rows, column:].T.reshape(-1) if batched else targets[rows, column]
-        run = apgd(model, x[stacked], y[stacked], norm=norm, eps=eps[stacked], loss="dlr-targeted", y_target=y_target,
-                   clean_logits=clean_logits[stacked], generator=generator, counter=call_counter,
-                   progress=nested(progress, column + 1, n_targets), groups=groups if batched else None,
-                   **apgd_kwargs)
-        point_fooled, first = first_success(run.fooled, left if batched else 1)
+        stacked, groups, copies = side_by_side(rows, n_targets - column, tail_rows)
+        run = apgd(model, x[stacked], y[stacked], norm=norm, eps=eps[stacked], loss="dlr-targeted",
+                   y_target=targets[rows, column:column + copies].T.reshape(-1), clean_logits=clean_logits[stacked],
+                   generator=generator, counter=call_counter, progress=nested(progress, column + 1, n_targets),
+                   groups=groups, **apgd_kwargs)
+        point_fooled, first = first_success(run.fooled, copies)
         last = torch.arange(len(stacked) - rows.numel(), len(stacked), device=x.device)  # the last target's rows
         x_adv[rows], fooled[rows] = run.x_adv[first], point_fooled
         x_best[rows], loss_best[rows] = run.x_best[last], run.loss_best[last]
-        if batched:
+        if copies > 1:  # every target left has run
             break
     return APGDResult(x_adv=x_adv, fooled=fooled, forward_rows=call_counter.forward_rows,
                       backward_rows=call_counter.backward_rows, x_best=x_best, loss_best=loss_best)

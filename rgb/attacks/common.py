@@ -155,10 +155,15 @@ def unfinished(finished: torch.Tensor, groups: torch.Tensor | None) -> torch.Ten
     return ~torch.isin(groups, groups[finished])
 
 
-def side_by_side(points: torch.Tensor, copies: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows for `copies` runs (targets) of each of `points` at once, run-major: (the point of each row, the
-    group id of each row: its position in `points`)."""
-    return points.repeat(copies), torch.arange(points.numel(), device=points.device).repeat(copies)
+def side_by_side(points: torch.Tensor, targets_left: int, tail_rows: int
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """The rows of the next targeted run over `points` (spec §6.3 item 8): one target, or, once the points times
+    the targets left fit in `tail_rows`, all of them side by side, run-major. Returns (the point of each row,
+    the group id of each row, its position in `points`, or None for one target; the number of targets run)."""
+    if targets_left < 2 or points.numel() * targets_left > tail_rows:
+        return points, None, 1
+    groups = torch.arange(points.numel(), device=points.device).repeat(targets_left)
+    return points.repeat(targets_left), groups, targets_left
 
 
 def first_success(success: torch.Tensor, copies: int) -> tuple[torch.Tensor, torch.Tensor]:

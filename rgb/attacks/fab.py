@@ -389,16 +389,13 @@ def fab_targeted(
         attacked = outcome.still_robust()
         if attacked.numel() == 0:
             break
-        left = n_targets - rank
-        copies = left if left > 1 and attacked.numel() * left <= tail_rows else 1
-        stacked, groups = side_by_side(attacked, copies)
+        stacked, groups, copies = side_by_side(attacked, n_targets - rank, tail_rows)
         best_adv, best_norm = _run_target(
             model, outcome.flat_x[stacked], y[stacked], targets[attacked, rank:rank + copies].T.reshape(-1),
             image_shape=x.shape[1:], norm=norm, eps=eps, n_iter=n_iter, alpha_max=alpha_max, eta=eta, beta=beta,
-            early_stop=early_stop, counter=counter, progress=nested(progress, rank + 1, n_targets),
-            groups=groups if copies > 1 else None)
+            early_stop=early_stop, counter=counter, progress=nested(progress, rank + 1, n_targets), groups=groups)
         outcome.merge(attacked, best_adv, best_norm, copies)
-        if copies > 1:
+        if copies > 1:  # every target left has run
             break
     return outcome.result()
 

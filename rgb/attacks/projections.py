@@ -1,4 +1,5 @@
-"""Projections onto the Lp-ball around x intersected with the [0,1] box (per sample, on device, no host syncs)."""
+"""Projections onto the Lp-ball around x intersected with the [0,1] box (per sample, on device; host reads only
+on the CPU, where they cost nothing)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
     With a_i = |delta_i| and c_i = min(a_i, distance from x_i to the box face delta_i points at), the solution
     is v_i = sign(delta_i) * clamp(a_i - lam, 0, c_i) with lam = 0 if sum(c) <= eps, else the root of the
     piecewise-linear, non-increasing mass S(lam) = eps. The reference sorts the 2d breakpoints of S; we bisect
-    on lam itself (no sort, no host sync), which after _L1_BISECTION_STEPS halvings of the bracket leaves it
+    on lam itself (no sort, no host sync on a GPU), which after _L1_BISECTION_STEPS halvings of the bracket leaves it
     far below float32 resolution, and interpolate linearly inside it, where S is linear unless breakpoints
     fall inside the bracket (then |S(lam) - eps| <= d * max(a) * 2^-steps, ~1e-9 relative at d = 150528).
     Only coordinates with a_i > lam move, and in attacks these are few (tens of 3072 in APGD-L1 and Square-L1):

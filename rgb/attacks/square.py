@@ -215,7 +215,8 @@ def square(
     Every row is attacked; callers pass the points that are still correctly classified. `generator` is a
     torch.Generator on x's device, an int seed for a fresh one, or None for the device's global RNG.
     `early_stop` drops fooled points from the batch and ends the loop once all are fooled (a host sync
-    every few iterations); without it the loop keeps fixed shapes and never syncs. Results are identical.
+    every few iterations); without it the loop keeps fixed shapes. Results are identical. Either way each query
+    reads its window corners on the host (one small read: windows are slices, not full-image masks).
     `progress` hears (queries done, n_queries) after every query.
     """
     norm = parse_norm(norm)
@@ -258,9 +259,8 @@ def square(
             uniform = torch.rand(5 + n * c, generator=generator, device=x.device)
             signs = _signs(uniform[5:].view(n, c))[state.positions]
             if side not in patterns:
-                pattern = square_pattern(side, norm).to(x)
-                patterns[side] = (pattern, pattern.T.contiguous())
-            pattern = patterns[side][int(uniform[4] < 0.5)]
+                patterns[side] = square_pattern(side, norm).to(x)
+            pattern = torch.where(uniform[4] < 0.5, patterns[side].T, patterns[side])  # random orientation
             candidate = _propose_lp(state["x"], state["best"], _windows(uniform, side, h, w, 2), eps, norm, signs,
                                     pattern)
 

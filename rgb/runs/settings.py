@@ -85,9 +85,6 @@ class AttackSettings:
             raise AttackRunError(f"impl must be one of {list(IMPLEMENTATIONS)}, got {impl!r}")
         index, count = shard_position(cfg.shard.index, cfg.shard.count)
         attacks = None if cfg.attacks is None else tuple(str(a) for a in cfg.attacks)
-        tail_rows = int(cfg.get("tail_rows", 0))
-        if tail_rows < 0:
-            raise AttackRunError(f"tail_rows must be >= 0 (0: targets one after another), got {tail_rows}")
         try:
             device = resolve_device(str(cfg.device))
         except DeviceError as err:
@@ -100,7 +97,7 @@ class AttackSettings:
             shard_index=index, shard_count=count, processes=process_count(cfg.shard.devices, device),
             merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial),
             export_dir=Path(str(cfg.export_dir)), surrogate=surrogate, output_dir=Path(str(cfg.output_dir)),
-            progress=bool(cfg.progress), impl=impl, threads=threads, tail_rows=tail_rows,
+            progress=bool(cfg.progress), impl=impl, threads=threads, tail_rows=int(cfg.get("tail_rows", 0)),
             input_format=str(cfg.get("input_format", "auto")),
         )
 
