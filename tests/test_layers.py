@@ -1,0 +1,86 @@
+"""The house's layers, read from the imports themselves: no package of rgb imports one above its own.
+
+The table is the one place the allowed arrows are written down; docs/design.md draws the same picture.
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+RGB = Path(__file__).resolve().parents[1] / "rgb"
+
+# Each package and the rgb packages it may import (the top-level `rgb` package, which holds only the version and
+# lazy names, may be imported from anywhere).
+ALLOWED = {
+    "core": set(),
+    "data": {"core"},
+    "models": {"core", "data"},
+    "attacks": {"core"},
+    "zeroshot": {"core", "data", "models"},
+    "runs": {"core", "data", "models", "attacks", "zeroshot"},
+    "training": {"core", "data", "models", "attacks", "zeroshot"},
+    "evaluation": {"core", "data", "models", "attacks", "zeroshot", "runs", "training"},
+}
+ENTRY_POINTS = {"cli", "api", "serve"}
+
+
+def _package_of(path: Path) -> str:
+    relative = path.relative_to(RGB).with_suffix("")
+    return relative.parts[0]
+
+
+def _imported_packages(path: Path) -> set[tuple[str, int]]:
+    """(rgb package, line) for every import of rgb in the file, relative imports resolved."""
+    module_parts = ("rgb",) + path.relative_to(RGB).with_suffix("").parts
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module_parts[: len(module_parts) - node.level]
+                names = [".".join(base + ((node.module,) if node.module else ()))]
+            else:
+                names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "rgb" and len(parts) > 1:
+                found.add((parts[1], node.lineno))
+    return found
+
+
+def _violations() -> list[str]:
+    bad = []
+    for path in sorted(RGB.rglob("*.py")):
+        if path.parent == RGB and path.stem in ENTRY_POINTS | {"__init__"}:
+            continue
+        package = _package_of(path)
+        if package not in ALLOWED:
+            bad.append(f"{path.relative_to(RGB.parent)}: package {package!r} is not in the layer table")
+            continue
+        for imported, line in _imported_packages(path):
+            if imported != package and imported not in ALLOWED[package]:
+                bad.append(f"{path.relative_to(RGB.parent)}:{line} ({package}) imports rgb.{imported}")
+    return bad
+
+
+def test_no_package_imports_a_layer_above_its_own():
+    assert _violations() == []
+
+
+def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
+    """The checker itself: an attack module importing rgb.evaluation is reported."""
+    fake = tmp_path / "rgb"
+    (fake / "attacks").mkdir(parents=True)
+    (fake / "attacks" / "bad.py").write_text("from rgb.evaluation import records\nfrom . import common\n")
+    monkeypatch.setattr(sys.modules[__name__], "RGB", fake)
+    assert _violations() == ["rgb/attacks/bad.py:1 (attacks) imports rgb.evaluation"]
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_every_layer_is_a_package(package):
+    assert (RGB / package / "__init__.py").is_file()
