@@ -190,7 +190,7 @@ def test_truncated_embedded_clip_checkpoint_is_called_corrupt(tmp_path, mini_dir
     clip = load_clip(EMBEDDED_ARCH)
     weights = save_checkpoint(clip.model, clip.preprocess, tmp_path, {**DEFAULTS, "templates": list(CAPTION_TEMPLATES)})
     truncate(weights)
-    with pytest.raises(CorruptFileError, match=f"the embedded CLIP in {tmp_path} is corrupt .*delete") as err:
+    with pytest.raises(CorruptFileError, match=f"embedded CLIP checkpoint {weights} is corrupt .*: delete") as err:
         ensure_embedded_clip(tmp_path, mini_dir)
     assert "\n" not in str(err.value) and isinstance(err.value, user_errors())
     with pytest.raises(CorruptFileError, match=f"CLIP weights file {weights} is corrupt") as err:
@@ -220,7 +220,8 @@ def test_evaluate_refuses_other_class_names_and_other_logit_counts(mini_dir, tmp
     options = EvalOptions(attack_dir=tmp_path / "attack", out_dir=tmp_path / "eval")
     model = small_cnn()
     swapped = [names[1], names[0], *names[2:]]
-    with pytest.raises(EvaluationError, match=re.escape(f"class 0 is {swapped[0]!r}, the test split's is {names[0]!r}")):
+    message = re.escape(f"class 0 is {swapped[0]!r}, the test split's is {names[0]!r}")
+    with pytest.raises(EvaluationError, match=message):
         evaluate_model(model, {"dataset": "digits", "class_names": swapped}, tmp_path / "w", dm, options)
     with pytest.raises(EvaluationError, match=r"logits of shape \(1, 5\)"):
         evaluate_model(small_cnn(num_classes=5), {"dataset": "digits"}, tmp_path / "w", dm, options)

@@ -13,7 +13,8 @@ def _record_problem(meta: dict, split, image_size: int) -> str | None:
         if key in meta and meta[key] != expected:
             if key == "class_names" and len(meta[key]) == len(names):
                 i = next(i for i, (a, b) in enumerate(zip(meta[key], names)) if a != b)
-                return f"the model's class {i} is {meta[key][i]!r}, the test split's is {names[i]!r} (class_names differ)"
+                return (f"the model's class {i} is {meta[key][i]!r}, the test split's is {names[i]!r} "
+                        f"(class_names differ)")
             return f"model {key} {meta[key]!r} != the test split's {expected!r}"
     return None
 

@@ -153,18 +153,19 @@ def ensure_embedded_clip(out_dir: str | Path, mini_dir: str | Path = "data/mini"
     weights, config = out_dir / CHECKPOINT_FILE, out_dir / CONFIG_FILE
     settings = {**DEFAULTS, **training, "templates": list(templates)}
     if weights.is_file() and config.is_file():
+        fix = f"delete {out_dir} to build it again"
         try:
             recorded = json.loads(config.read_text()).get("rgb_training", {})
-            problem = tensor_file_problem(weights)
         except ValueError as err:
-            recorded, problem = {}, f"{config.name}: {err}"
+            raise CorruptFileError(f"embedded CLIP config {config} is corrupt ({err}): {fix}") from None
+        if recorded != settings:
+            raise FileExistsError(f"{out_dir} holds an embedded CLIP trained with other settings; use another "
+                                  f"directory")
+        problem = tensor_file_problem(weights)
         if problem:
-            raise CorruptFileError(f"the embedded CLIP in {out_dir} is corrupt ({problem}): delete {out_dir} to "
-                                   f"build it again")
-        if recorded == settings:
-            register_embedded_architecture()
-            return weights
-        raise FileExistsError(f"{out_dir} holds an embedded CLIP trained with other settings; use another directory")
+            raise CorruptFileError(f"embedded CLIP checkpoint {weights} is corrupt ({problem}): {fix}")
+        register_embedded_architecture()
+        return weights
     started = time.perf_counter()
     model, preprocess = train_embedded_clip(Path(mini_dir), **{**settings})
     save_checkpoint(model, preprocess, out_dir, settings)
