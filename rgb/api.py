@@ -6,7 +6,7 @@
 `my_model` is any `nn.Module` mapping [0,1] images (N,3,H,W) to logits. Its weights are exported next to the
 results (so the run store ties every result to them), the white-box attacks go through the same resumable run
 store as attack.py, and the record is the one evaluate.py writes. Re-running the call resumes; a changed model
-is a new set of weights and is refused in the old run directories.
+is a new set of weights and is refused under the old name before anything is written.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from torch import nn
 from rgb.cli import CONFIG_DIR, register_resolvers
 from rgb.core.configs import data_config_for, data_configs
 from rgb.core.machine import configure_threads, resolve_device
-from rgb.core.threat import parse_norm
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, RecordError, white_box_setting
 from rgb.models import write_export
+from rgb.models.checks import check_model_fits
+from rgb.models.user_factory import IN_MEMORY_FAMILY
 from rgb.runs.runner import InMemoryModel, execute
 from rgb.runs.settings import AttackSettings, white_box_budgets
 
@@ -65,13 +67,17 @@ def benchmark(
     overrides: Sequence[str] = (),
 ):
     """Score `model` on one dataset: clean and common accuracy, and standard AutoAttack at the norms named in
-    `settings` (any of l1, l2, linf), over whole splits. Returns the scores record that evaluate.py writes
-    (`<output_dir>/eval/<dataset>/<name>/scores.json`); settings left out are reported missing, never guessed.
+    `settings` (any of l1, l2, linf; any case, as rgb.core.threat reads norms), over whole splits. Returns the
+    scores record that evaluate.py writes (`<output_dir>/eval/<dataset>/<name>/scores.json`); settings left out
+    are reported missing, never guessed.
     `overrides`: further Hydra overrides of the attack and evaluate configs (e.g. "data.eval_batch_size=64")."""
-    unknown = [s for s in settings if s not in SETTINGS]
-    if unknown or not settings:
-        raise EvaluationError(f"settings must be a non-empty subset of {SETTINGS}, got {list(settings)}")
-    norms = [parse_norm(s).key for s in settings if s not in ("test", "common")]
+    try:
+        chosen = {white_box_setting(s) for s in settings}
+    except RecordError:
+        chosen = set()
+    if not chosen:
+        raise EvaluationError(f"settings must be a non-empty subset of {SETTINGS} (any case), got {list(settings)}")
+    norms = [norm.key for setting, norm in ATTACK_SETTING_NORMS.items() if setting in chosen]
     data = _data_config_name(dataset)
     name = name or type(model).__name__
     configure_threads(threads)
@@ -82,11 +88,13 @@ def benchmark(
     datamodule = instantiate(eval_cfg.data)
     test = datamodule.split("test")
     run_dir = Path(str(eval_cfg.run))
-    meta = {"family": "python", "name": type(model).__module__ + "." + type(model).__qualname__,
+    meta = {"family": IN_MEMORY_FAMILY.name, "name": type(model).__module__ + "." + type(model).__qualname__,
             "run_name": name, "dataset": datamodule.dataset, "num_classes": len(test.class_names),
             "class_names": test.class_names, "image_size": datamodule.image_size, "loss": None, "strategy": None}
-    weights = write_export(model, run_dir, meta)
-    model = model.eval()
+    run_device = resolve_device(device)
+    model = model.to(run_device).eval()
+    check_model_fits(model, meta, test, datamodule.image_size, run_device, EvaluationError, name)  # before any write
+    weights = write_export(model, run_dir, meta, replace=False)
     if norms:
         attack_cfg = _compose("attack", [*common, f"run={run_dir}", f"norms=[{','.join(norms)}]", f"seed={seed}",
                                          f"progress={str(progress).lower()}", *overrides])
@@ -97,7 +105,7 @@ def benchmark(
                 model=InMemoryModel(model, meta))
     options = EvalOptions(
         attack_dir=Path(str(eval_cfg.attack_dir)), out_dir=Path(str(eval_cfg.output_dir)),
-        worst_k=tuple(OmegaConf.to_container(eval_cfg.worst_k)), device=resolve_device(device),
+        worst_k=tuple(OmegaConf.to_container(eval_cfg.worst_k)), device=run_device,
         batch_size=int(eval_cfg.batch_size),
     )
     return evaluate_model(model, meta, weights, datamodule, options)

@@ -49,7 +49,8 @@ def _asks_for_help(argv: list[str]) -> bool:
 USER_ERRORS = (
     ("rgb.core.machine", "DeviceError"), ("rgb.data.benchmark", "BenchmarkError"),
     ("rgb.runs.settings", "AttackRunError"), ("rgb.attacks.common", "AttackError"),
-    ("rgb.models.factory", "WeightsMismatchError"), ("rgb.zeroshot.prompts", "PromptError"),
+    ("rgb.models.factory", "WeightsMismatchError"), ("rgb.models.factory", "ModelLoadError"),
+    ("rgb.core.files", "CorruptFileError"), ("rgb.zeroshot.prompts", "PromptError"),
     ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.zeroshot.perturb", "PerturbationError"),
     ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
     ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),

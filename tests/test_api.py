@@ -7,6 +7,7 @@ import pytest
 
 import rgb
 from rgb.evaluation.model_eval import EvaluationError
+from rgb.models.io import ExportConflictError
 from user_models import trained_small_cnn
 
 # A budget the standard cascade settles within APGD-CE on this CNN (at 4/255 its robust points cost Square's
@@ -49,8 +50,10 @@ def test_benchmark_refuses_changed_weights_in_an_old_run(user_model, mini_dir, t
                   overrides=BUDGET)
     rgb.benchmark(user_model, "mini", **kwargs)
     changed = trained_small_cnn(mini_dir, epochs=1, seed=1)
-    with pytest.raises(rgb.runs.AttackRunError, match="made for another run: weights_sha256"):
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ExportConflictError, match="holds an export of other weights"):
         rgb.benchmark(changed, "mini", **kwargs)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # refused before any write
 
 
 def test_benchmark_bad_arguments_are_one_line(user_model, mini_dir, tmp_path):

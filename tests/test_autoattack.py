@@ -149,7 +149,7 @@ def test_reference_checks_warn_or_refuse(trained_mlp, batch):
         AutoAttack(Probabilities(trained_mlp), "Linf", 0.01, attacks=["apgd-ce"]).run(x[:8], y[:8])
     with pytest.warns(UserWarning, match="changes between identical forward passes"):
         AutoAttack(Noisy(trained_mlp), "Linf", 0.001, attacks=["apgd-ce"]).run(x[:8], y[:8])
-    with pytest.raises(RuntimeError, match="NaN logits"):
+    with pytest.raises(AttackError, match="NaN/inf logits"):
         AutoAttack(NaNLogits(), "Linf", 0.01).run(x[:8], y[:8])
 
 

@@ -170,6 +170,8 @@ class AutoAttack:
         batch_size = int(batch_size or self.batch_size)
         if x.dim() != 4 or y.shape != (x.shape[0],):
             raise ValueError(f"expected x (N,C,H,W) and y (N,), got {tuple(x.shape)} and {tuple(y.shape)}")
+        if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():  # never truncated or cast silently
+            raise ValueError(f"labels y must be integer class indices, got dtype {y.dtype}")
         x, y = x.detach().float().cpu(), y.detach().long().cpu()
         if torch.isnan(x).any() or x.min() < 0 or x.max() > 1:
             raise ValueError("inputs must lie in [0, 1] without NaN (normalisation belongs inside the model)")
@@ -200,6 +202,11 @@ class AutoAttack:
     def _run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> AutoAttackResult:
         caught: list[str] = []
         clean_logits = self._logits(x, batch_size)
+        outside = ((y < 0) | (y >= clean_logits.shape[1])).nonzero().flatten()
+        if outside.numel():  # a label no logit stands for would count as a clean miss, never as an error
+            i = int(outside[0])
+            raise ValueError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): y[{i}] = "
+                             f"{int(y[i])}, {outside.numel()} label(s) outside")
         self.attack_model, probe_rows = self._attack_model(x[:1], clean_logits[:1])
         caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
                                                   self.spec.deterministic_model))
@@ -311,12 +318,16 @@ class AutoAttack:
 
     @torch.inference_mode()
     def _logits(self, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-        """fp32 logits in batches; NaN logits are a hard error (nothing downstream would mean anything)."""
+        """fp32 logits in batches; NaN or inf logits are a hard error (nothing downstream would mean anything; an
+        argmax over +inf is not a prediction), as they are to evaluation."""
         chunks = []
         for start in range(0, len(x), batch_size):
             logits = self.model(x[start : start + batch_size].to(self.device)).float().cpu()
-            if torch.isnan(logits).any():
-                raise RuntimeError("the model returned NaN logits; AutoAttack cannot evaluate it")
+            finite = torch.isfinite(logits).all(dim=1)
+            if not finite.all():
+                first = start + int((~finite).nonzero()[0])
+                raise AttackError(f"the model returned NaN/inf logits (first at row {first} of {len(x)}); "
+                                  f"AutoAttack cannot evaluate it")
             chunks.append(logits)
         return torch.cat(chunks)
 

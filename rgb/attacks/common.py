@@ -48,7 +48,8 @@ class Attack(Protocol):
 
 
 class AttackError(RuntimeError):
-    """A returned adversarial image breaks the threat model (budget, [0,1] box, NaN, or the cascade rule)."""
+    """A returned adversarial image breaks the threat model (budget, [0,1] box, NaN, or the cascade rule), or the
+    model's logits are not finite."""
 
 
 def lp_norm(delta: torch.Tensor, norm: str | Norm) -> torch.Tensor:

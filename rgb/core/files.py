@@ -1,27 +1,121 @@
-"""Files that are either old or whole: atomic writes, and content hashes."""
+"""Files that are either old or whole: atomic writes, content hashes, and files that do not read named as such."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class CorruptFileError(ValueError):
+    """A file that is there but does not read whole (truncated, damaged, or not the format its name says)."""
+
+
+def new_file_mode() -> int:
+    """The mode `open()` gives a new file: 0o666 less the process umask (read from /proc where it can be, since
+    setting the umask to read it is not thread-safe)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """A per-process temp path beside `path` for any writer; when the block ends the file takes the umask's mode
+    (safetensors creates 0600 files, unreadable to a lab-mate) and replaces `path` whole. A block that raises
+    (disk full, interrupted, refused) leaves `path` as it was and no temp file behind."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    try:
+        yield tmp
+        os.chmod(tmp, new_file_mode())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write via a per-process temp file + rename: readers see the old file or the whole new one, never a part."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    try:
+    with atomic_output(path) as tmp:
         tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:  # disk full, interrupted: leave no partial temp file behind
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_json(path: Path, record) -> None:
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
+
+
+def _first_sentence(err: BaseException) -> str:
+    return re.split(r"(?<=\.)\s", " ".join(str(err).split()), maxsplit=1)[0]
+
+
+def tensor_file_problem(path: Path) -> str | None:
+    """Why a tensor file does not read, in a few words (None when it reads, or is not there): a `.safetensors`
+    file by its header and size (what a truncation breaks), any other file as a weights-only torch checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt"):
+                pass
+        else:
+            import torch
+
+            torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as err:
+        return err.strerror or _first_sentence(err)
+    except Exception as err:  # each library raises its own kinds; torch's advice to unpickle anyway is dropped
+        text = str(err)
+        if "Unsupported global" in text:
+            return "it pickles Python objects, which a weights-only load refuses to run"
+        if "Weights only load failed" in text:
+            return "not a torch checkpoint"
+        return _first_sentence(err)
+    return None
+
+
+@contextlib.contextmanager
+def corrupt_file_named(path: Path, what: str) -> Iterator[None]:
+    """Around a library's read of the tensor file `path`: its failure becomes one CorruptFileError line naming
+    the file when the file itself does not read; any other failure passes through as raised."""
+    try:
+        yield
+    except Exception:
+        problem = tensor_file_problem(path)
+        if problem is None:
+            raise
+        raise CorruptFileError(f"{what} {path} is corrupt ({problem}): replace it with a good copy") from None
+
+
+def read_cached_tensors(path: Path, what: str) -> dict | None:
+    """The tensors of a safetensors cache entry, or None when there is none or it does not read (logged, naming
+    it): a cache entry is recomputed by its owner, never fatal and never trusted half-read."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        log.warning("%s %s does not read (%s): computing it again", what, path, _first_sentence(err))
+        return None
 
 
 def file_sha256(path: Path) -> str:

@@ -36,6 +36,7 @@ from rgb.evaluation import plots
 from rgb.evaluation.metrics import class_wise_summary
 from rgb.evaluation.records import Accuracy, AttackSummary, ModelIdentity, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import black_box_score
+from rgb.models.checks import check_model_fits
 from rgb.models.io import library_versions
 from rgb.runs.implementations import REFERENCE_CASCADE
 from rgb.runs.settings import AttackRunError
@@ -233,8 +234,8 @@ def evaluate_model(model, meta: dict, weights_path: Path, datamodule: RGBDataMod
         raise EvaluationError(f"the model was trained on {meta['dataset']!r}, the data config is {datamodule.dataset!r}")
     test = datamodule.split("test")
     names = test.class_names
-    if len(names) != meta.get("num_classes", len(names)):
-        raise EvaluationError(f"the model has {meta['num_classes']} classes, {datamodule.dataset} has {len(names)}")
+    check_model_fits(model, meta, test, datamodule.image_size, options.device, EvaluationError,
+                     f"{meta.get('run_name', 'the model')} on {datamodule.dataset}")
     if "zeroshot" in meta:
         try:
             check_class_names(meta["zeroshot"], names)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rgb.core.files import atomic_write_bytes
+from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 
 SCORES_SCHEMA = 2
@@ -26,8 +27,24 @@ BLACK_BOX_SETTINGS = ("test", "common", *TRANSFER_SPLITS)
 PROTOCOLS = {"white_box": WHITE_BOX_SETTINGS, "black_box": BLACK_BOX_SETTINGS}
 
 
+# The AutoAttack settings of WHITE_BOX_SETTINGS and the norm each is run at.
+ATTACK_SETTING_NORMS = {f"autoattack_{norm.key}": norm for norm in NORMS}
+
+
 class RecordError(ValueError):
     """A scores record that cannot be read (another schema, a missing field)."""
+
+
+def white_box_setting(name: str) -> str:
+    """A white-box setting as users write it, in its WHITE_BOX_SETTINGS spelling: "test", "Common", a norm in any
+    case ("Linf", "l2": read by rgb.core.threat) or "AutoAttack_L1"."""
+    key = str(name).strip().lower()
+    if key in WHITE_BOX_SETTINGS:
+        return key
+    try:
+        return f"autoattack_{parse_norm(key.removeprefix('autoattack_')).key}"
+    except ValueError:
+        raise RecordError(f"unknown white-box setting {name!r}: one of test, common, l1, l2, linf (any case)") from None
 
 
 def _encode(value: Any) -> Any:

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256, resolve_device
+from rgb.core.files import read_cached_tensors
 from rgb.core.files import read_jsonl
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
@@ -146,8 +147,9 @@ def cached_image_features(model, split, weights_sha256: str,
     if options.cache_dir is not None:
         key = hashlib.sha256(f"{weights_sha256}:{fingerprint}".encode()).hexdigest()
         path = options.cache_dir / "images" / f"{key}.safetensors"
-        if path.is_file():
-            return safetensors.torch.load_file(str(path))["features"], True
+        cached = read_cached_tensors(path, "image-feature cache entry")
+        if cached is not None and "features" in cached:
+            return cached["features"], True
     loader = DataLoader(split, batch_size=options.batch_size, shuffle=False)
     features = features_of(model, loader, options.device)
     if path is not None:

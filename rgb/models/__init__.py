@@ -2,6 +2,7 @@
 and loading."""
 
 from rgb.models.factory import (
+    ModelLoadError,
     NormalizedClassifier,
     Normalize,
     WeightsMismatchError,
@@ -13,6 +14,7 @@ from rgb.models.families import FAMILIES, ModelFamily, family_named, family_of
 from rgb.models.io import (
     META_FILE,
     WEIGHTS_FILE,
+    ExportConflictError,
     export_factory_model,
     export_model,
     library_versions,
@@ -36,8 +38,10 @@ from rgb.models.openclip import (
 __all__ = [
     "FAMILIES",
     "META_FILE",
+    "ExportConflictError",
     "LoadedCLIP",
     "ModelFamily",
+    "ModelLoadError",
     "NormalizedClassifier",
     "Normalize",
     "OpenCLIPClassifier",

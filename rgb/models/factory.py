@@ -9,9 +9,15 @@ import timm
 import torch
 from torch import nn
 
+from rgb.core.files import corrupt_file_named
+
 
 class WeightsMismatchError(ValueError):
     """Pretrained weights whose keys or shapes do not fit the model (never loaded silently)."""
+
+
+class ModelLoadError(ValueError):
+    """An export record that names no family this rgb can rebuild (unknown, or an in-memory `python` module)."""
 
 
 class Normalize(nn.Module):
@@ -73,7 +79,8 @@ def check_model_name(name: str) -> None:
 def _weights_file_state_dict(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
-    return timm.models.load_state_dict(str(path))
+    with corrupt_file_named(path, "weights file"):
+        return timm.models.load_state_dict(str(path))
 
 
 def _head_rows(state_dict: dict, classifier_names: str | tuple | None) -> int:

@@ -12,6 +12,7 @@ from typing import Protocol
 from torch import nn
 
 from rgb.models import openclip, timm_family, user_factory
+from rgb.models.factory import ModelLoadError
 
 
 class ModelFamily(Protocol):
@@ -28,7 +29,8 @@ class ModelFamily(Protocol):
 
 
 FAMILIES: dict[str, ModelFamily] = {
-    family.name: family for family in (timm_family.FAMILY, openclip.FAMILY, user_factory.FAMILY)
+    family.name: family
+    for family in (timm_family.FAMILY, openclip.FAMILY, user_factory.FAMILY, user_factory.IN_MEMORY_FAMILY)
 }
 DEFAULT_FAMILY = "timm"
 
@@ -36,7 +38,7 @@ DEFAULT_FAMILY = "timm"
 def family_named(name: str) -> ModelFamily:
     if name not in FAMILIES:
         close = difflib.get_close_matches(name, FAMILIES, n=3, cutoff=0.0)
-        raise ValueError(f"unknown model family {name!r}; known: {', '.join(close)}")
+        raise ModelLoadError(f"unknown model family {name!r}; known: {', '.join(close)}")
     return FAMILIES[name]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import safetensors.torch
@@ -12,7 +11,8 @@ import torch
 from torch import nn
 
 import rgb
-from rgb.core import atomic_write_json
+from rgb.core.files import atomic_output, atomic_write_json, file_sha256
+from rgb.models.factory import ModelLoadError
 from rgb.models.families import DEFAULT_FAMILY, family_named, family_of
 from rgb.models.user_factory import build_from_factory
 
@@ -25,15 +25,24 @@ def library_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "timm": timm.__version__, "rgb": rgb.__version__}
 
 
-def write_export(model: nn.Module, out_dir: str | Path, record: dict) -> Path:
-    """Weights, then the record plus library versions (each written whole: temp file + rename); the record last,
-    so a model.json always has its weights beside it. The record must say how to rebuild (or name) the model."""
+class ExportConflictError(FileExistsError):
+    """An export directory that already holds other weights (and the results made for them)."""
+
+
+def write_export(model: nn.Module, out_dir: str | Path, record: dict, *, replace: bool = True) -> Path:
+    """Weights, then the record plus library versions (each written whole: temp file + rename, mode per the
+    umask); the record last, so a model.json always has its weights beside it. The record must say how to rebuild
+    (or name) the model. `replace=False`: other weights already in `out_dir` are refused, nothing changed."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = out_dir / WEIGHTS_FILE
-    tmp = weights.with_name(f"{weights.name}.tmp.{os.getpid()}")
-    safetensors.torch.save_model(model, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, weights)
+    with atomic_output(weights) as tmp:
+        safetensors.torch.save_model(model, str(tmp), metadata={"format": "pt"})
+        if not replace and weights.is_file() and file_sha256(weights) != file_sha256(tmp):
+            raise ExportConflictError(
+                f"{out_dir} holds an export of other weights, which its results were made for: give this model "
+                f"another name or delete {out_dir}"
+            )
     atomic_write_json(out_dir / META_FILE, {**record, "versions": library_versions()})
     return weights
 
@@ -85,7 +94,10 @@ def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
     weights, meta_file = _locate(Path(path))
     meta = json.loads(meta_file.read_text())
     meta.setdefault("family", DEFAULT_FAMILY)
-    model = rebuild(meta)
+    try:
+        model = rebuild(meta)
+    except ModelLoadError as err:
+        raise ModelLoadError(f"{meta_file}: {err}") from None
     safetensors.torch.load_model(model, str(weights), strict=True)
     return model.eval(), meta
 

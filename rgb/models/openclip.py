@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rgb.core.files import corrupt_file_named
 from rgb.models.factory import Normalize, WeightsMismatchError
 
 INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear", "random": "bicubic"}
@@ -227,8 +228,9 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
     config = open_clip.get_model_config(name)
     if image_size is not None:
         config["vision_cfg"]["image_size"] = int(image_size)
+    reading = corrupt_file_named(Path(checkpoint), "CLIP weights file") if checkpoint else contextlib.nullcontext()
     try:
-        with torch.random.fork_rng(devices=[]), _quiet_root_logger():
+        with reading, torch.random.fork_rng(devices=[]), _quiet_root_logger():
             torch.manual_seed(0)  # random init (no weights) is reproducible: a reload has the same text tower
             model = open_clip.create_model(
                 name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False, pretrained_image=False

@@ -1,4 +1,5 @@
-"""The factory family: any user `nn.Module` on [0,1] images, rebuilt by calling `module:function(**kwargs)`."""
+"""The factory family: any user `nn.Module` on [0,1] images, rebuilt by calling `module:function(**kwargs)`; and the
+`python` family of modules handed over in memory (rgb.benchmark), which records no way to rebuild them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ import importlib
 from dataclasses import dataclass
 
 from torch import nn
+
+from rgb.models.factory import ModelLoadError
+
+REBUILD_HINT = ("to load it by path, export the module with rgb.models.export_factory_model(model, out_dir, "
+                "factory='module:function') and pass that directory")
 
 
 def resolve_factory(spec: str):
@@ -49,3 +55,18 @@ class FactoryFamily:
 
 
 FAMILY = FactoryFamily()
+
+
+@dataclass(frozen=True)
+class InMemoryFamily(FactoryFamily):
+    """A module handed to rgb.benchmark in memory: its export ties the results to the weights, but no code that
+    rebuilds the module is recorded, so loading it by path says how to make an export that can be loaded."""
+
+    name: str = "python"
+
+    def rebuild(self, record: dict) -> nn.Module:
+        raise ModelLoadError(f"{record.get('name') or 'this model'} was handed to rgb.benchmark in memory and its "
+                             f"export records no code to rebuild it; {REBUILD_HINT}")
+
+
+IN_MEMORY_FAMILY = InMemoryFamily()

@@ -27,6 +27,7 @@ from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split, quantise_within_budget
 from rgb.data.fingerprint import split_sha256
 from rgb.models import WEIGHTS_FILE, apply_speed_options, library_versions, load_with_meta
+from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.settings import AttackRunError, AttackSettings, Budget, run_name_for, white_box_budgets
 from rgb.runs.store import RESULT_COLUMNS, RunDirectory, RunSummary
@@ -73,14 +74,12 @@ class Target:
                 f"{given} (dataset {datamodule.dataset!r}): pass {trained} or leave data= out"
             )
         split = datamodule.split("test")
-        for key, expected in (("num_classes", len(split.class_names)), ("image_size", datamodule.image_size),
-                              ("class_names", split.class_names)):
-            if key in meta and meta[key] != expected:
-                raise AttackRunError(f"{settings.run}: model {key} {meta[key]!r} != the test split's {expected!r}")
+        model = model.to(device).eval()
+        check_model_fits(model, meta, split, datamodule.image_size, device, AttackRunError, str(settings.run))
         if device.startswith("cuda"):  # TF32 perturbs the numerics of an attack (spec §6.3 item 10): off, recorded
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        model = apply_speed_options(model.to(device), channels_last=settings.channels_last,
+        model = apply_speed_options(model, channels_last=settings.channels_last,
                                     compile=settings.compile, dynamic=True)
         return cls(model, meta, file_sha256(weights), datamodule, split, split_sha256(split))
 

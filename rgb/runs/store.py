@@ -112,10 +112,12 @@ class RunDirectory:
         self.starts = list(range(0, identity["n_images"], identity["batch_size"]))
 
     def claim(self, create: bool = True) -> None:
-        """Adopt the directory (writing its manifest if `create`), refusing one made for another model,
-        dataset, budget, seed or version."""
+        """Adopt the directory (writing its manifest if `create`), refusing one whose results were made for
+        another model, dataset, budget, seed or version. A directory without results (a run that died before its
+        first batch, e.g. on a broken model) is adopted by the next run whatever its manifest says; batch files
+        carry the identity, so two runs can never mix."""
         manifest = self.directory / MANIFEST
-        if manifest.is_file():
+        if manifest.is_file() and self.holds_results():
             try:
                 found = json.loads(manifest.read_text())
             except ValueError as err:
@@ -129,6 +131,10 @@ class RunDirectory:
         elif create:
             self.directory.mkdir(parents=True, exist_ok=True)
             atomic_write_json(manifest, self.identity)
+
+    def holds_results(self) -> bool:
+        """A finished batch or a merged result: what a manifest protects (without them it only records a start)."""
+        return bool(self.batch_files()) or any((self.directory / f).exists() for f in (RESULTS_FILE, SUMMARY_FILE))
 
     def shard_starts(self, index: int, count: int) -> list[int]:
         """Contiguous batches of shard `index` of `count` (whole batches, so sharding never changes a batch)."""

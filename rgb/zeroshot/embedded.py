@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rgb.core import atomic_write_json
+from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, tensor_file_problem
 from rgb.models.openclip import load_clip, register_architecture
 from rgb.zeroshot.prompts import check_templates, fill
 
@@ -138,9 +137,8 @@ def save_checkpoint(model, preprocess: dict, out_dir: Path, training: dict) -> P
 
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = out_dir / CHECKPOINT_FILE
-    tmp = weights.with_name(f"{weights.name}.tmp.{os.getpid()}")
-    safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    os.replace(tmp, weights)
+    with atomic_output(weights) as tmp:
+        safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
     preprocess_cfg = {"size": preprocess["size"], "mean": preprocess["mean"], "std": preprocess["std"],
                       "interpolation": preprocess["interpolation"], "resize_mode": "shortest"}
     atomic_write_json(out_dir / CONFIG_FILE, {"model_cfg": MINI_CLIP_CONFIG, "preprocess_cfg": preprocess_cfg,
@@ -155,11 +153,19 @@ def ensure_embedded_clip(out_dir: str | Path, mini_dir: str | Path = "data/mini"
     weights, config = out_dir / CHECKPOINT_FILE, out_dir / CONFIG_FILE
     settings = {**DEFAULTS, **training, "templates": list(templates)}
     if weights.is_file() and config.is_file():
-        recorded = json.loads(config.read_text()).get("rgb_training", {})
-        if recorded == settings:
-            register_embedded_architecture()
-            return weights
-        raise FileExistsError(f"{out_dir} holds an embedded CLIP trained with other settings; use another directory")
+        fix = f"delete {out_dir} to build it again"
+        try:
+            recorded = json.loads(config.read_text()).get("rgb_training", {})
+        except ValueError as err:
+            raise CorruptFileError(f"embedded CLIP config {config} is corrupt ({err}): {fix}") from None
+        if recorded != settings:
+            raise FileExistsError(f"{out_dir} holds an embedded CLIP trained with other settings; use another "
+                                  f"directory")
+        problem = tensor_file_problem(weights)
+        if problem:
+            raise CorruptFileError(f"embedded CLIP checkpoint {weights} is corrupt ({problem}): {fix}")
+        register_embedded_architecture()
+        return weights
     started = time.perf_counter()
     model, preprocess = train_embedded_clip(Path(mini_dir), **{**settings})
     save_checkpoint(model, preprocess, out_dir, settings)

@@ -15,7 +15,7 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from rgb.core import atomic_write_bytes
+from rgb.core.files import atomic_write_bytes, read_cached_tensors
 from rgb.models.openclip import LoadedCLIP
 
 ENCODE_BATCH = 256
@@ -58,8 +58,9 @@ class TextFeatureCache:
             return encode_texts(self.clip, texts, self.device)
         key = hashlib.sha256(json.dumps([self.tower, texts]).encode()).hexdigest()
         path = self.cache_dir / f"{key}.safetensors"
-        if path.is_file():
-            return safetensors.torch.load_file(str(path))["features"]
+        cached = read_cached_tensors(path, "text-feature cache entry")
+        if cached is not None and "features" in cached:
+            return cached["features"]
         features = encode_texts(self.clip, texts, self.device)
         self.computed += len(texts)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
