@@ -13,7 +13,7 @@ import pytest
 from test_evaluation import clean_pred, datamodule, record, save_pool, tiny_run, write_attack  # noqa: F401
 
 from rgb.evaluation.leaderboard import board_figure, build_leaderboard, find_records, to_markdown, write_leaderboard
-from rgb.evaluation.model_eval import EvalOptions, evaluate_model
+from rgb.evaluation.model_eval import EvalOptions, evaluate_model, format_table
 from rgb.evaluation.plots import attack_stages_figure, class_accuracy_figure, instability_distance_figure
 from rgb.evaluation.records import WHITE_BOX_SETTINGS, Accuracy, ModelIdentity, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import sum_score
@@ -67,6 +67,8 @@ def test_a_partial_model_is_never_ranked_with_complete_ones_nor_in_their_borda(t
         saved = json.loads((tmp_path / rank_by / "leaderboard.json").read_text())["rows"][2]
         assert saved["status"] == "PARTIAL" and saved["sum"]["score"] is None and saved["sum"]["partial"]
         assert saved["per_dataset"]["d"]["partial_settings"] == list(WHITE_BOX_SETTINGS)
+        info = json.loads((tmp_path / rank_by / "model_info" / "d" / "p.json").read_text())
+        assert info["partial"] and info["max_images"] == 250 and info["score"] is None
 
 
 def test_one_partial_setting_among_full_ones_is_marked_and_left_out_of_borda():
@@ -151,7 +153,10 @@ def test_a_partial_evaluation_keeps_the_complete_record(tmp_path, mini_dir, tiny
     assert saved["partial"] is True and saved["max_images"] == 100 and saved["white_box"]["score"] is None
     assert part.common_by_corruption and all(a.partial for a in part.common_by_corruption.values())
     assert (out / "partial" / "settings.png").is_file() and part.title.endswith("(PARTIAL)")
+    assert "(test n=450; PARTIAL: the first 100 images of each split)" in format_table(part)
     assert list(find_records([out])) == [out / "scores.json"]  # a pool collects the complete record only
+    with pytest.raises(FileNotFoundError, match="PARTIAL records such as .*scores.partial.json enter only when named"):
+        find_records([out / "partial"])
     named = build_leaderboard(find_records([out / "partial" / "scores.partial.json"]), datasets=["digits"])
     assert named.rows[0].status == "PARTIAL"
 

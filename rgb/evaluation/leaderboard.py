@@ -22,7 +22,15 @@ from typing import ClassVar
 
 from rgb.core.files import atomic_write_bytes
 from rgb.evaluation.plots import leaderboard_figure, save
-from rgb.evaluation.records import PROTOCOLS, SCORES_FILE, JsonRecord, ProtocolScore, RecordError, ScoresRecord
+from rgb.evaluation.records import (
+    PARTIAL_SCORES_FILE,
+    PROTOCOLS,
+    SCORES_FILE,
+    JsonRecord,
+    ProtocolScore,
+    RecordError,
+    ScoresRecord,
+)
 from rgb.evaluation.scores import BENCHMARK_DATASETS, SumScore, borda_scores, sum_score
 
 
@@ -88,7 +96,9 @@ def find_records(paths) -> dict[Path, ScoresRecord]:
     for path in map(Path, paths):
         files = [path] if path.is_file() else sorted(path.rglob(SCORES_FILE))
         if not files:
-            raise FileNotFoundError(f"no {SCORES_FILE} in {path}")
+            partial = next(path.rglob(PARTIAL_SCORES_FILE), None) if path.is_dir() else None
+            raise FileNotFoundError(f"no {SCORES_FILE} in {path}" + (
+                f" (PARTIAL records such as {partial} enter only when named as files)" if partial else ""))
         for file in files:
             records[file] = ScoresRecord.load(file)
     return records
@@ -153,6 +163,7 @@ def model_info(record: ScoresRecord) -> dict:
         "autoattack_acc": {n: accuracy[f"autoattack_{n}"] for n in ("l1", "l2", "linf")},
         "eps": record.eps, "seed": {n: a.seed for n, a in record.attacks.items()},
         "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.white_box.score,
+        "partial": record.partial, "max_images": record.max_images,
         "versions": record.versions,
     }
 

@@ -319,7 +319,8 @@ def _write(record: ScoresRecord, clean, common, per_sample, names, options: Eval
 def format_table(record: ScoresRecord) -> str:
     """The five-setting table of one record, with counts, as printed by evaluate.py and `make demo`; results
     that are not the protocol's (another version, precision or attack subset) follow, labelled, never scored."""
-    lines = [f"{record.model.run_name} on {record.dataset} (test n={record.n_test})",
+    part = f"; PARTIAL: the first {record.max_images} images of each split" if record.partial else ""
+    lines = [f"{record.model.run_name} on {record.dataset} (test n={record.n_test}{part})",
              f"{'setting':18s} {'accuracy':>9s} {'correct/total':>15s}"]
     for name, acc in record.white_box.settings.items():
         if acc is None:
