@@ -214,11 +214,12 @@ def to_markdown(board: Leaderboard) -> str:
                               align)
 
     lines = [f"# Leaderboard ({board.protocol}), ranked by {board.rank_by}", ""]
-    lines += ranking(board.complete_rows) if board.complete_rows else ["No complete entry in this pool."]
     other = next(k for k in ("borda", "sum") if k != board.rank_by)
+    lines += ranking(board.complete_rows) if board.complete_rows else ["No complete entry in this pool."]
     lines += ["", f"Ranked by {board.rank_by} (rank_by={other} ranks by {other.capitalize()}). Sum over "
-                  f"{len(board.datasets)} datasets x {n_settings} settings = {max_sum}; Borda among the complete "
-                  f"entries over the {board.borda_pairs} (dataset, setting) pairs."]
+                  f"{len(board.datasets)} datasets x {n_settings} settings = {max_sum}"
+                  + (f"; Borda among the complete entries over the {board.borda_pairs} (dataset, setting) pairs."
+                     if board.complete_rows else ".")]
     if board.incomplete_rows:
         lines += ["", "## Incomplete entries: ranked apart, below every complete entry", ""]
         lines += ranking(board.incomplete_rows)
