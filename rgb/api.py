@@ -2,6 +2,7 @@
 
     import rgb
     record = rgb.benchmark(my_model, dataset="flowers102", source="/data/RobustGenBench")
+    print(record.white_box)  # "2.3000 / 5", or the partial sum over the settings scored "of 5" and why
 
 `my_model` is any `nn.Module` mapping [0,1] images (N,3,H,W) to logits. Its weights are exported next to the
 results (so the run store ties every result to them), the white-box attacks go through the same resumable run
@@ -12,6 +13,7 @@ is a new set of weights and is refused under the old name before anything is wri
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -65,18 +67,25 @@ def benchmark(
     threads: int | str = "auto",
     progress: bool = True,
     overrides: Sequence[str] = (),
+    n_examples: int | None = None,
 ):
     """Score `model` on one dataset: clean and common accuracy, and standard AutoAttack at the norms named in
     `settings` (any of l1, l2, linf; any case, as rgb.core.threat reads norms), over whole splits. Returns the
     scores record that evaluate.py writes (`<output_dir>/eval/<dataset>/<name>/scores.json`); settings left out
     are reported missing, never guessed.
-    `overrides`: further Hydra overrides of the attack and evaluate configs (e.g. "data.eval_batch_size=64")."""
+    `n_examples`: score only the first N images of each split (attacked in a run directory of their own), to
+    iterate fast: the record is PARTIAL (no Sum, ranked apart) and goes to `.../<name>/partial/scores.partial.json`,
+    beside a complete one. `overrides`: further Hydra overrides of the attack and evaluate configs (e.g.
+    "data.eval_batch_size=64")."""
     try:
         chosen = {white_box_setting(s) for s in settings}
     except RecordError:
         chosen = set()
     if not chosen:
         raise EvaluationError(f"settings must be a non-empty subset of {SETTINGS} (any case), got {list(settings)}")
+    if n_examples is not None and (isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples < 1):
+        raise EvaluationError(f"n_examples must be a positive integer (the first N images of each split), got "
+                              f"{n_examples!r}")
     norms = [norm.key for setting, norm in ATTACK_SETTING_NORMS.items() if setting in chosen]
     data = _data_config_name(dataset)
     name = name or type(model).__name__
@@ -95,17 +104,21 @@ def benchmark(
     model = model.to(run_device).eval()
     check_model_fits(model, meta, test, datamodule.image_size, run_device, EvaluationError, name)  # before any write
     weights = write_export(model, run_dir, meta, replace=False)
+    attack_dir = Path(str(eval_cfg.attack_dir))
+    if n_examples is not None:
+        attack_dir = attack_dir / f"first-{n_examples}"  # never mixed with (nor refused by) a whole-split run
     if norms:
         attack_cfg = _compose("attack", [*common, f"run={run_dir}", f"norms=[{','.join(norms)}]", f"seed={seed}",
-                                         f"progress={str(progress).lower()}", *overrides])
+                                         f"progress={str(progress).lower()}", f"output_dir={attack_dir}",
+                                         *overrides])
         with open_dict(attack_cfg):
             attack_cfg.data = OmegaConf.to_container(eval_cfg.data, resolve=True)
         budgets = white_box_budgets(attack_cfg.norms, attack_cfg.data)
-        execute(AttackSettings.from_config(attack_cfg, budgets, surrogate=name, threads=torch.get_num_threads()),
-                model=InMemoryModel(model, meta))
+        attack = AttackSettings.from_config(attack_cfg, budgets, surrogate=name, threads=torch.get_num_threads())
+        execute(replace(attack, max_images=n_examples), model=InMemoryModel(model, meta))
     options = EvalOptions(
-        attack_dir=Path(str(eval_cfg.attack_dir)), out_dir=Path(str(eval_cfg.output_dir)),
+        attack_dir=attack_dir, out_dir=Path(str(eval_cfg.output_dir)),
         worst_k=tuple(OmegaConf.to_container(eval_cfg.worst_k)), device=run_device,
-        batch_size=int(eval_cfg.batch_size),
+        batch_size=int(eval_cfg.batch_size), allow_partial=n_examples is not None, max_images=n_examples,
     )
     return evaluate_model(model, meta, weights, datamodule, options)

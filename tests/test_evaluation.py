@@ -143,7 +143,8 @@ def test_leaderboard_sum_borda_and_files(tmp_path):
     assert board.rows[0].sum.score == pytest.approx(4.5) and board.rows[0].sum.max == 10
     half = board.rows[2]
     assert half.sum.score is None and half.per_dataset["d2"] is None and len(half.sum.missing) == 5
-    assert board.borda_pairs == 5 and len(board.borda_excluded_pairs) == 5
+    # Borda among the complete entries over all 10 pairs; the incomplete one apart, over its own 5 pairs.
+    assert board.borda_pairs == 10 and board.incomplete_borda_pairs == 5 and board.borda_excluded_pairs == []
     markdown = (tmp_path / "board" / "leaderboard.md").read_text()
     assert "| 1 | trades | " in markdown and "missing" in markdown and "(partial, of 10)" in markdown
     assert (tmp_path / "board" / "leaderboard.csv").read_text().startswith("rank,model,borda,sum,partial_sum")

@@ -3,8 +3,11 @@
 A model is a run name (the same recipe trained on each dataset); its records are the per-dataset scores.json
 files written by evaluate.py. The Sum is over the benchmark's datasets (the card's six unless told otherwise) x
 the protocol's settings; anything less is shown partial with its denominator. Borda uses the same datasets.
-Rows are ranked by `rank_by` (Borda, as in the paper, or Sum); both are shown. Output: leaderboard.md (one row
-per model, then the accuracies per setting), .csv, .json, .png and one model_info JSON per (model, dataset).
+Complete entries (every setting a full number) are ranked first, by `rank_by` (Borda, as in the paper, or Sum;
+both are shown) with Borda among themselves; incomplete ones (a setting missing, or scored over part of a split:
+PARTIAL) are ranked apart, below them, with their own Borda over the pairs they share: a skim never crowns an
+entry that was not fully scored. Output: leaderboard.md (one row per model, then the accuracies per setting),
+.csv, .json, .png and one model_info JSON per (model, dataset).
 """
 
 from __future__ import annotations
@@ -15,10 +18,19 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 from rgb.core.files import atomic_write_bytes
 from rgb.evaluation.plots import leaderboard_figure, save
-from rgb.evaluation.records import PROTOCOLS, JsonRecord, ProtocolScore, RecordError, ScoresRecord
+from rgb.evaluation.records import (
+    PARTIAL_SCORES_FILE,
+    PROTOCOLS,
+    SCORES_FILE,
+    JsonRecord,
+    ProtocolScore,
+    RecordError,
+    ScoresRecord,
+)
 from rgb.evaluation.scores import BENCHMARK_DATASETS, SumScore, borda_scores, sum_score
 
 
@@ -34,12 +46,22 @@ class LeaderboardRow(JsonRecord):
     sum: SumScore
     per_dataset: dict[str, ProtocolScore | None]
     non_standard: dict[str, list[str]]  # dataset -> "linf 0.1200 (plus)" lines, shown beside, never scored
+    DERIVED: ClassVar[tuple[str, ...]] = ("complete", "status")
+
+    @property
+    def complete(self) -> bool:
+        return self.sum.complete
+
+    @property
+    def status(self) -> str:
+        """complete, incomplete (a setting missing) or PARTIAL (a setting over part of its split)."""
+        return "PARTIAL" if self.sum.partial else "complete" if self.complete else "incomplete"
 
 
-# Ranking keys (smaller sorts first); ties fall back to the other score, then the name.
+# Ranking keys within a group (smaller sorts first); ties fall back to the other score, then the name.
 RANK_KEYS: dict[str, Callable[[LeaderboardRow], tuple]] = {
-    "borda": lambda r: (-r.borda, r.sum.score is None, -r.sum.partial_sum, r.model),
-    "sum": lambda r: (r.sum.score is None, -r.sum.partial_sum, -r.borda, r.model),
+    "borda": lambda r: (-r.borda, -r.sum.covered, -r.sum.partial_sum, r.model),
+    "sum": lambda r: (-r.sum.covered, -r.sum.partial_sum, -r.borda, r.model),
 }
 
 
@@ -48,23 +70,35 @@ class Leaderboard(JsonRecord):
     protocol: str
     datasets: list[str]
     rank_by: str
-    rows: list[LeaderboardRow]
-    borda_pairs: int
-    borda_excluded_pairs: list[list[str]]
+    rows: list[LeaderboardRow]  # the complete entries first (ranks 1..), then the incomplete ones
+    borda_pairs: int  # pairs of the complete entries' Borda (all of them)
+    incomplete_borda_pairs: int  # pairs every incomplete entry has a full number for
+    borda_excluded_pairs: list[list[str]]  # pairs some incomplete entry lacks: not in their Borda
     ignored: list[str]  # records of datasets outside `datasets` (not counted), as "model@dataset"
 
     @property
     def settings(self) -> tuple[str, ...]:
         return PROTOCOLS[self.protocol]
 
+    @property
+    def complete_rows(self) -> list[LeaderboardRow]:
+        return [r for r in self.rows if r.complete]
+
+    @property
+    def incomplete_rows(self) -> list[LeaderboardRow]:
+        return [r for r in self.rows if not r.complete]
+
 
 def find_records(paths) -> dict[Path, ScoresRecord]:
-    """Every scores.json under the given files or directories (recursively), by file."""
+    """Every scores.json under the given files or directories (recursively), by file. A PARTIAL evaluation's
+    scores.partial.json enters only when named as a file (and is then ranked apart, marked PARTIAL)."""
     records = {}
     for path in map(Path, paths):
-        files = [path] if path.is_file() else sorted(path.rglob("scores.json"))
+        files = [path] if path.is_file() else sorted(path.rglob(SCORES_FILE))
         if not files:
-            raise FileNotFoundError(f"no scores.json in {path}")
+            partial = next(path.rglob(PARTIAL_SCORES_FILE), None) if path.is_dir() else None
+            raise FileNotFoundError(f"no {SCORES_FILE} in {path}" + (
+                f" (PARTIAL records such as {partial} enter only when named as files)" if partial else ""))
         for file in files:
             records[file] = ScoresRecord.load(file)
     return records
@@ -98,20 +132,23 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = "white_
               for m, recs in by_model.items()}
     values = {m: {(d, s): a.value for d, score in per.items() if score for s, a in score.scored.items()}
               for m, per in scores.items()}
-    borda = borda_scores(values)
-    rows = [
-        LeaderboardRow(
-            model=m, rank=0, borda=borda["points"][m], sum=sum_score(scores[m], datasets, protocol),
-            per_dataset=scores[m],
-            non_standard={d: [f"{n} {a.robust} ({a.label()})" for n, a in r.non_standard.items()]
-                          for d, r in by_model[m].items() if r.non_standard},
-        )
-        for m in by_model
-    ]
-    rows.sort(key=RANK_KEYS[rank_by])
+    sums = {m: sum_score(scores[m], datasets, protocol) for m in by_model}
+    groups = {True: [m for m in by_model if sums[m].complete], False: [m for m in by_model if not sums[m].complete]}
+    borda = {ok: borda_scores({m: values[m] for m in models}) for ok, models in groups.items()}
+    rows = []
+    for ok in (True, False):  # complete entries first: an incomplete one never ranks above them
+        group = [
+            LeaderboardRow(
+                model=m, rank=0, borda=borda[ok]["points"][m], sum=sums[m], per_dataset=scores[m],
+                non_standard={d: [f"{n} {a.robust} ({a.label()})" for n, a in r.non_standard.items()]
+                              for d, r in by_model[m].items() if r.non_standard},
+            )
+            for m in groups[ok]
+        ]
+        rows += sorted(group, key=RANK_KEYS[rank_by])
     rows = [replace(row, rank=i) for i, row in enumerate(rows, start=1)]
-    return Leaderboard(protocol, datasets, rank_by, rows, len(borda["pairs"]),
-                       [list(p) for p in borda["excluded_pairs"]], ignored)
+    return Leaderboard(protocol, datasets, rank_by, rows, len(borda[True]["pairs"]), len(borda[False]["pairs"]),
+                       [list(p) for p in borda[False]["excluded_pairs"]], ignored)
 
 
 def model_info(record: ScoresRecord) -> dict:
@@ -126,6 +163,7 @@ def model_info(record: ScoresRecord) -> dict:
         "autoattack_acc": {n: accuracy[f"autoattack_{n}"] for n in ("l1", "l2", "linf")},
         "eps": record.eps, "seed": {n: a.seed for n, a in record.attacks.items()},
         "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.white_box.score,
+        "partial": record.partial, "max_images": record.max_images,
         "versions": record.versions,
     }
 
@@ -135,12 +173,25 @@ def _points(value: float) -> str:
     return f"{value:.1f}".removesuffix(".0")
 
 
-def _dataset_cell(score: ProtocolScore | None) -> str:
+def _dataset_sum(score: ProtocolScore | None) -> float | None:
+    """What a dataset cell shows: the sum over the settings measured (full numbers and PARTIAL ones)."""
+    return None if score is None else sum(a.value for a in score.measured.values())
+
+
+def dataset_cell(score: ProtocolScore | None) -> str:
+    """The text of a dataset cell, in the markdown table and on the leaderboard figure alike."""
     if score is None:
         return "missing"
     if score.complete:
         return f"{score.score:.2f}"
-    return f"{sum(a.value for a in score.scored.values()):.2f} ({len(score.scored)}/{score.max})"
+    partial = ", PARTIAL" if score.partial_settings else ""
+    return f"{_dataset_sum(score):.2f} ({len(score.measured)}/{score.max}{partial})"
+
+
+def _setting_cell(accuracy) -> str:
+    if accuracy is None:
+        return "missing"
+    return f"{accuracy.value:.4f}" + (f" PARTIAL ({accuracy.counts()})" if accuracy.partial else "")
 
 
 def markdown_table(header: list[str], rows: list[list[str]], align: list[str]) -> list[str]:
@@ -150,20 +201,33 @@ def markdown_table(header: list[str], rows: list[list[str]], align: list[str]) -
 
 
 def to_markdown(board: Leaderboard) -> str:
-    """Ranking first (one row per model), then every accuracy, one row per (model, dataset)."""
+    """Ranking first (one row per model: the complete entries, then the incomplete ones in a table of their
+    own), then every accuracy, one row per (model, dataset)."""
     n_settings = len(board.settings)
     max_sum = n_settings * len(board.datasets)
     header = ["rank", "model", "Borda", f"Sum (/{max_sum})"] + [f"{d} (/{n_settings})" for d in board.datasets]
-    rows = [[str(r.rank), r.model, _points(r.borda), r.sum.describe()]
-            + [_dataset_cell(r.per_dataset[d]) for d in board.datasets] for r in board.rows]
+    align = ["---:", "---", "---:", "---:"] + ["---:"] * len(board.datasets)
+
+    def ranking(rows: list[LeaderboardRow]) -> list[str]:
+        return markdown_table(header, [[str(r.rank), r.model, _points(r.borda), r.sum.describe()]
+                                       + [dataset_cell(r.per_dataset[d]) for d in board.datasets] for r in rows],
+                              align)
+
     lines = [f"# Leaderboard ({board.protocol}), ranked by {board.rank_by}", ""]
-    lines += markdown_table(header, rows, ["---:", "---", "---:", "---:"] + ["---:"] * len(board.datasets))
     other = next(k for k in ("borda", "sum") if k != board.rank_by)
+    lines += ranking(board.complete_rows) if board.complete_rows else ["No complete entry in this pool."]
     lines += ["", f"Ranked by {board.rank_by} (rank_by={other} ranks by {other.capitalize()}). Sum over "
-                  f"{len(board.datasets)} datasets x {n_settings} settings = {max_sum}; a partial Sum shows its "
-                  f"total / settings scored. Borda over the {board.borda_pairs} (dataset, setting) pairs every "
-                  f"model has" + (f"; {len(board.borda_excluded_pairs)} pairs excluded (missing for some model)"
-                                  if board.borda_excluded_pairs else "") + "."]
+                  f"{len(board.datasets)} datasets x {n_settings} settings = {max_sum}"
+                  + (f"; Borda among the complete entries over the {board.borda_pairs} (dataset, setting) pairs."
+                     if board.complete_rows else ".")]
+    if board.incomplete_rows:
+        lines += ["", "## Incomplete entries: ranked apart, below every complete entry", ""]
+        lines += ranking(board.incomplete_rows)
+        lines += ["", "A setting missing, or scored over part of its split (PARTIAL): no Sum, no Borda with the "
+                      "complete entries. A partial Sum shows its total / settings measured; Borda among these "
+                      f"entries over the {board.incomplete_borda_pairs} pairs each has a full number for"
+                      + (f"; {len(board.borda_excluded_pairs)} pairs excluded (missing or PARTIAL for some entry)"
+                         if board.borda_excluded_pairs else "") + "."]
     if board.ignored:
         lines += ["", f"Not counted (dataset outside this leaderboard's list): {', '.join(board.ignored)}."]
     detail_rows = []
@@ -172,7 +236,7 @@ def to_markdown(board: Leaderboard) -> str:
             score = r.per_dataset[d]
             if score is None:
                 continue
-            cells = [f"{score.settings[s].value:.4f}" if score.settings.get(s) else "missing" for s in board.settings]
+            cells = [_setting_cell(score.settings.get(s)) for s in board.settings]
             detail_rows.append([r.model, d, *cells, "; ".join(r.non_standard.get(d, [])) or "-"])
     lines += ["", "## Accuracy per setting", ""]
     lines += markdown_table(["model", "dataset", *board.settings, "non-standard (not scored)"], detail_rows,
@@ -183,13 +247,13 @@ def to_markdown(board: Leaderboard) -> str:
 def to_csv(board: Leaderboard) -> str:
     buffer = io.StringIO()
     columns = ["rank", "model", "borda", "sum", "partial_sum", "covered", "max"]
-    columns += [f"{d}/{s}" for d in board.datasets for s in board.settings] + ["missing"]
+    columns += [f"{d}/{s}" for d in board.datasets for s in board.settings] + ["missing", "partial", "status"]
     writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
     for r in board.rows:
         row = {"rank": r.rank, "model": r.model, "borda": r.borda, "sum": r.sum.score,
                "partial_sum": r.sum.partial_sum, "covered": r.sum.covered, "max": r.sum.max,
-               "missing": ";".join(r.sum.missing)}
+               "missing": ";".join(r.sum.missing), "partial": ";".join(r.sum.partial_settings), "status": r.status}
         for d in board.datasets:
             settings = r.per_dataset[d].settings if r.per_dataset[d] else {}
             row.update({f"{d}/{s}": (settings[s].value if settings.get(s) else None) for s in board.settings})
@@ -209,11 +273,18 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
         (out_dir / "model_info" / record.dataset).mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(out_dir / "model_info" / record.dataset / f"{info['name']}.json",
                            (json.dumps(info, indent=2) + "\n").encode())
-    per_model = {r.model: {d: (s.score / s.max if s and s.complete else None) for d, s in r.per_dataset.items()}
-                 for r in board.rows}
-    save(leaderboard_figure(per_model, f"{protocol}: mean accuracy over the {len(board.settings)} settings, per "
-                                       f"dataset (ranked by {rank_by})"), out_dir / "leaderboard.png")
+    save(board_figure(board), out_dir / "leaderboard.png")
     return board
+
+
+def board_figure(board: Leaderboard):
+    """leaderboard.png: the dataset cells of leaderboard.md, the same numbers and texts, one row per model."""
+    per_model = {f"{r.rank}. {r.model}" + ("" if r.complete else f" ({r.status})"):
+                 {d: (_dataset_sum(s), dataset_cell(s), bool(s) and s.complete) for d, s in r.per_dataset.items()}
+                 for r in board.rows}
+    return leaderboard_figure(per_model, f"{board.protocol}: sum over the {len(board.settings)} settings per "
+                                         f"dataset, as in leaderboard.md (ranked by {board.rank_by})",
+                              len(board.settings))
 
 
 __all__ = ["Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard", "find_records",

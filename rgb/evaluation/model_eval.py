@@ -34,7 +34,7 @@ from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.metrics import class_wise_summary
-from rgb.evaluation.records import Accuracy, AttackSummary, ModelIdentity, ProtocolScore, ScoresRecord
+from rgb.evaluation.records import SCORES_FILE, Accuracy, AttackSummary, ModelIdentity, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import black_box_score
 from rgb.models.checks import check_model_fits
 from rgb.models.io import library_versions
@@ -268,13 +268,13 @@ def evaluate_model(model, meta: dict, weights_path: Path, datamodule: RGBDataMod
         model=ModelIdentity.of(meta, expected.weights_sha256), dataset=datamodule.dataset,
         source=datamodule.source, n_test=len(test), eps=dict(datamodule.budgets),
         white_box=ProtocolScore("white_box", settings),
-        common_by_corruption={c: Accuracy.of(per_sample["common"][corruption_of == c])
+        common_by_corruption={c: Accuracy.of(per_sample["common"][corruption_of == c], settings["common"].partial)
                               for c in CORRUPTIONS if (corruption_of == c).any()},
         class_wise={setting: class_wise_summary(clean["label"][: len(flags)], flags, len(names), options.worst_k)
                     for setting, flags in per_sample.items()},
         attacks=attacks, non_standard=non_standard, black_box=black_box,
         severity_sweep=severity_sweep(model, datamodule, options) if options.severity_sweep else None,
-        versions={**library_versions(), "python": platform.python_version()},
+        versions={**library_versions(), "python": platform.python_version()}, max_images=options.max_images,
     )
     return _write(record, clean, common, per_sample, names, options)
 
@@ -297,7 +297,9 @@ def _black_box(model, datamodule, options, settings, per_sample):
 
 
 def _write(record: ScoresRecord, clean, common, per_sample, names, options: EvalOptions) -> ScoresRecord:
-    out = options.out_dir
+    """scores.json, predictions and plots in out_dir; a PARTIAL record's in out_dir/partial/ (its scores file
+    named scores.partial.json), so a complete record already there is kept and a pool never collects it."""
+    out = record.folder(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     columns = {"image_id": clean["image_id"], "label": clean["label"], "pred_test": clean["pred"],
                "pred_common": common["pred"]}
@@ -307,14 +309,19 @@ def _write(record: ScoresRecord, clean, common, per_sample, names, options: Eval
     atomic_write_bytes(out / "predictions.parquet", sink.getvalue().to_pybytes())
     figures = plots.record_figures(record, names, out)
     record = replace(record, plots=[p.name for p in figures])
-    record.save(out / "scores.json")
+    record.save(out / record.file_name)
+    if record.partial:
+        log.warning("PARTIAL evaluation (max_images=%s): written to %s; %s", record.max_images,
+                    out / record.file_name, "the complete record beside it is kept"
+                    if (options.out_dir / SCORES_FILE).is_file() else "not a leaderboard entry")
     return record
 
 
 def format_table(record: ScoresRecord) -> str:
     """The five-setting table of one record, with counts, as printed by evaluate.py and `make demo`; results
     that are not the protocol's (another version, precision or attack subset) follow, labelled, never scored."""
-    lines = [f"{record.model.run_name} on {record.dataset} (test n={record.n_test})",
+    part = f"; PARTIAL: the first {record.max_images} images of each split" if record.partial else ""
+    lines = [f"{record.model.run_name} on {record.dataset} (test n={record.n_test}{part})",
              f"{'setting':18s} {'accuracy':>9s} {'correct/total':>15s}"]
     for name, acc in record.white_box.settings.items():
         if acc is None:

@@ -1,12 +1,14 @@
 """PNG figures next to the scores: where people would rather look than read.
 
 Every bar carries its value (a zero bar is drawn as a visible sliver labelled 0.00, a missing one as a hatched
-outline labelled "missing"), class indices are integers, and model names each get a row of their own.
+outline labelled "missing"), classes are named, model names each get a row of their own, and curves or points
+that coincide stay visible (markers, offsets, one panel per series).
 The `*_figure` functions return the figure (tests read it); `record_figures` saves those of one record.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,38 +33,49 @@ def save(fig, path: Path) -> Path:
     return path
 
 
-def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | None]],
-                 horizontal: bool = False) -> list[Patch]:
-    """Bars of series[name][i] in group i, each labelled with its value; None is a hatched 'missing' outline.
+def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | None]], horizontal: bool = False,
+                 texts: dict[str, Sequence[str]] | None = None, faded: dict[str, Sequence[bool]] | None = None,
+                 limit: float = 1.0, quantity: str = "accuracy") -> list[Patch]:
+    """Bars of series[name][i] in group i, each labelled with its value (or texts[name][i]); None is a hatched
+    'missing' outline, a `faded` bar (a number that is not a full one) is drawn light with a dotted hatch.
     Returns one legend handle per series (a legend built from the bars would copy a missing bar's hatch)."""
     handles = []
     width = 0.8 / max(len(series), 1)
     bar = ax.barh if horizontal else ax.bar
     for j, (name, values) in enumerate(series.items()):
         positions = np.arange(len(groups)) + (j - (len(series) - 1) / 2) * width
-        heights = [ZERO_SLIVER if v is None or v == 0 else v for v in values]
+        heights = [ZERO_SLIVER * limit if v is None or v == 0 else v for v in values]
         bars = bar(positions, heights, width, label=name)
         color = bars.patches[0].get_facecolor() if bars.patches else None
         handles.append(Patch(facecolor=color, label=name))
-        for patch, value in zip(bars.patches, values):
+        light = (faded or {}).get(name, [False] * len(values))
+        for patch, value, pale in zip(bars.patches, values, light):
             if value is None:
                 patch.set_facecolor("none")
                 patch.set_edgecolor(color)
                 patch.set_hatch("//")
+            elif pale:
+                patch.set_alpha(0.45)
+                patch.set_edgecolor("black")
+                patch.set_hatch("..")
             elif value == 0:
                 patch.set_edgecolor(color)  # a sliver with an outline stays visible at any size
-        labels = ["missing" if v is None else f"{v:.2f}" for v in values]
-        ax.bar_label(bars, labels, padding=2, fontsize=7, rotation=0 if horizontal else 90)
+        labels = (texts or {}).get(name) or ["missing" if v is None else f"{v:.2f}" for v in values]
+        ax.bar_label(bars, list(labels), padding=2, fontsize=7, rotation=0 if horizontal else 90)
     (ax.set_yticks if horizontal else ax.set_xticks)(np.arange(len(groups)), groups)
-    (ax.set_xlim if horizontal else ax.set_ylim)(0, 1.15)  # headroom for the labels above bars near 1
-    (ax.set_xlabel if horizontal else ax.set_ylabel)("accuracy")
+    (ax.set_xlim if horizontal else ax.set_ylim)(0, 1.15 * limit)  # headroom for the labels above bars near 1
+    (ax.set_xlabel if horizontal else ax.set_ylabel)(quantity)
     if horizontal:
         ax.invert_yaxis()  # first row on top
     return handles
 
 
-def _legend_below(ax, handles: list[Patch]) -> None:
-    # Below the axes: inside, it would cover the bars of accuracies near 1.
+def _legend_outside(ax, handles: list[Patch], right: bool = False) -> None:
+    # Outside the axes: inside, it would cover the bars of accuracies near 1. Under vertical bars (nothing but
+    # the group names below them); `right` of horizontal ones, whose axis label sits below.
+    if right:
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        return
     ax.legend(handles=handles, fontsize=8, ncol=min(len(handles), 5), loc="upper center",
               bbox_to_anchor=(0.5, -0.12), frameon=False)
 
@@ -74,55 +87,83 @@ def settings_figure(per_group: dict[str, dict[str, float | None]], title: str):
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(settings) / 2), 4.2))
     handles = grouped_bars(ax, groups, {s: [per_group[g].get(s) for g in groups] for s in settings})
     ax.set_title(title, fontsize=10)
-    _legend_below(ax, handles)
+    _legend_outside(ax, handles)
     return fig
 
 
-def leaderboard_figure(per_model: dict[str, dict[str, float | None]], title: str):
-    """One row per model (names never overlap), one bar per setting."""
+def leaderboard_figure(per_model: dict[str, dict[str, tuple[float | None, str, bool]]], title: str,
+                       n_settings: int):
+    """One row per model (names never overlap), one bar per dataset: (sum over its settings, the text the table
+    shows for it, whether it is complete); an incomplete sum is drawn light, a missing dataset as an outline."""
     models = list(per_model)
-    settings = list(dict.fromkeys(s for m in models for s in per_model[m]))
-    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.28 * max(len(models), 1) * max(len(settings), 1)))
-    handles = grouped_bars(ax, models, {s: [per_model[m].get(s) for m in models] for s in settings},
-                           horizontal=True)
+    datasets = list(dict.fromkeys(d for m in models for d in per_model[m]))
+    cell = {d: [per_model[m].get(d, (None, "missing", False)) for m in models] for d in datasets}
+    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.28 * max(len(models), 1) * max(len(datasets), 1)))
+    handles = grouped_bars(ax, models, {d: [c[0] for c in cells] for d, cells in cell.items()}, horizontal=True,
+                           texts={d: [c[1] for c in cells] for d, cells in cell.items()},
+                           faded={d: [not c[2] for c in cells] for d, cells in cell.items()},
+                           limit=n_settings, quantity=f"sum over the {n_settings} settings (light: incomplete)")
     ax.set_title(title, fontsize=10)
-    _legend_below(ax, handles)
+    _legend_outside(ax, handles, right=True)
     return fig
 
 
 def attack_stages_figure(stages_by_norm: dict[str, dict[str, float]], title: str):
-    """Robust accuracy after each AutoAttack stage (clean first), one line per norm, values at the points."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for norm, stages in stages_by_norm.items():
-        ax.plot(list(stages), list(stages.values()), marker="o", label=norm)
-        for x, y in zip(stages, stages.values()):
-            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
-    ax.set_ylim(0, 1.1)
+    """Robust accuracy after each AutoAttack stage (clean first), one line per norm, values at the points.
+    Norms often reach the same accuracies: each line has its own marker and dash, a small sideways offset and
+    its values on its own level, so a line under another stays visible."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    order = list(dict.fromkeys(s for stages in stages_by_norm.values() for s in stages))
+    step = 0.08
+    for j, (norm, stages) in enumerate(stages_by_norm.items()):
+        shift = (j - (len(stages_by_norm) - 1) / 2) * step
+        xs = [order.index(s) + shift for s in stages]
+        style = {"color": plt.get_cmap("tab10")(j % 10), "marker": "os^Dv"[j % 5],
+                 "linestyle": ("-", "--", ":", "-.")[j % 4]}
+        ax.plot(xs, list(stages.values()), label=norm, markersize=6, markerfacecolor="none", linewidth=1.4,
+                **style)
+        for x, y in zip(xs, stages.values()):
+            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 6 + 9 * j), ha="center",
+                        fontsize=7, color=style["color"])
+    ax.set_xticks(range(len(order)), order)
+    ax.set_ylim(0, 1.1 + 0.06 * len(stages_by_norm))
     ax.set_ylabel("accuracy")
     ax.set_xlabel("after attack stage")
     ax.set_title(title, fontsize=10)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # never over a point
     ax.grid(alpha=0.3)
     return fig
 
 
+MAX_NAMED_TICKS = 40  # classes per panel that are named under their bars; beyond, the worst are named below
+
+
 def class_accuracy_figure(per_class: dict[str, list[float | None]], class_names: list[str], title: str,
                           n_named: int = 5):
-    """Per-class accuracy per setting, sorted worst first (integer class ranks), the worst classes named."""
-    fig, axes = plt.subplots(1, len(per_class), figsize=(3.2 * len(per_class), 3.6), squeeze=False)
+    """Per-class accuracy per setting, sorted worst first. Up to MAX_NAMED_TICKS classes each bar is named;
+    with more, the ticks are class ranks (integers) and the `n_named` worst classes are named under the axes,
+    never on the bars."""
+    n = len(class_names)
+    named = n <= MAX_NAMED_TICKS
+    width = max(3.2, 0.16 * n + 1.0) if named else 3.2
+    fig, axes = plt.subplots(1, len(per_class), figsize=(width * len(per_class), 3.6 + (0.9 if named else 0)),
+                             squeeze=False)
     for ax, (setting, values) in zip(axes[0], per_class.items()):
         values = np.asarray([np.nan if v is None else v for v in values], dtype=float)
-        order = np.argsort(np.nan_to_num(values, nan=np.inf))
+        order = np.argsort(np.nan_to_num(values, nan=np.inf), kind="stable")
         present = [int(i) for i in order if not np.isnan(values[i])]
         heights = [max(values[i], ZERO_SLIVER) for i in present]
         ax.bar(range(1, len(present) + 1), heights, color="tab:blue", edgecolor="tab:blue")
         ax.set_ylim(0, 1)
         ax.set_xlim(0.4, len(present) + 0.6)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(setting, fontsize=9)
-        ax.set_xlabel("class rank, worst first", fontsize=8)
-        worst = "\n".join(f"{class_names[i]}: {values[i]:.2f}" for i in present[:n_named])
-        ax.text(0.02, 0.98, "worst:\n" + worst, transform=ax.transAxes, va="top", fontsize=6)
+        if named:
+            ax.set_xticks(range(1, len(present) + 1), [class_names[i] for i in present], rotation=90, fontsize=7)
+            ax.set_xlabel("class, worst first", fontsize=8)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            worst = "\n".join(f"{class_names[i]}: {values[i]:.2f}" for i in present[:n_named])
+            ax.set_xlabel(f"class rank, worst first\nworst {min(n_named, len(present))}:\n{worst}", fontsize=7)
     axes[0][0].set_ylabel("accuracy")
     fig.suptitle(title, fontsize=10)
     return fig
@@ -163,7 +204,7 @@ def black_box_figure(black_box: BlackBoxScore, title: str):
     fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(splits) * max(len(series), 1)), 4.2))
     handles = grouped_bars(ax, splits, series)
     ax.set_title(title, fontsize=10)
-    _legend_below(ax, handles)
+    _legend_outside(ax, handles)
     return fig
 
 
@@ -217,21 +258,31 @@ def overlap_curves_figure(curves: dict[str, tuple[Sequence[int], Sequence[float]
 
 
 def instability_distance_figure(points: dict[str, tuple[np.ndarray, np.ndarray]], title: str):
-    """Instability against intra / inter distance per edit, one colour per perturbation type (a fixed sample of
-    at most MAX_SCATTER_POINTS per type). Edits at distance 0 tokenize like the query: their B is undefined."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    """Instability against intra / inter distance per edit, one panel per perturbation type on shared axes (in
+    one cloud, thousands of points hide each other's types), each a fixed sample of at most MAX_SCATTER_POINTS
+    with its count in the title. Edits at distance 0 tokenize like the query: their B is undefined."""
+    columns = min(math.ceil(math.sqrt(len(points))), 4) or 1
+    rows = -(-len(points) // columns) or 1
+    fig, axes = plt.subplots(rows, columns, figsize=(2.6 * columns + 0.6, 2.3 * rows + 0.8), squeeze=False)
+    finite = [v for x, _ in points.values() for v in np.asarray(x, dtype=float) if np.isfinite(v)]
+    right = max(finite, default=1.0) * 1.05 or 1.0
     rng = np.random.default_rng(0)
-    for i, (name, (x, y)) in enumerate(points.items()):
+    for i, (ax, (name, (x, y))) in enumerate(zip(axes.flat, points.items())):
         shown = rng.permutation(len(x))[:MAX_SCATTER_POINTS] if len(x) > MAX_SCATTER_POINTS else slice(None)
         style = _series_style(i)
-        ax.scatter(np.asarray(x)[shown], np.asarray(y)[shown], s=6, alpha=0.5, label=name, rasterized=True,
-                   color=style["color"], marker=style["marker"])
-    ax.set_xlabel("intra / inter text distance")
-    ax.set_ylabel("instability = 1 - RBO_ext")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2, markerscale=2, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.scatter(np.asarray(x)[shown], np.asarray(y)[shown], s=5, alpha=0.35, rasterized=True,
+                   color=style["color"], marker=style["marker"], linewidths=0)
+        ax.set_title(f"{name} (n={len(x)})", fontsize=8)
+        ax.set(xlim=(0, right), ylim=(-0.02, 1.02))  # the same axes in every panel
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if i + columns >= len(points):  # the lowest panel of its column
+            ax.set_xlabel("intra / inter distance", fontsize=8)
+        if i % columns == 0:
+            ax.set_ylabel("1 - RBO_ext", fontsize=8)
+    for ax in list(axes.flat)[len(points):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{title} (one panel per perturbation type)", fontsize=10)
     return fig
 
 

@@ -25,6 +25,11 @@ SCORES_SCHEMA = 2
 WHITE_BOX_SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoattack_linf")
 BLACK_BOX_SETTINGS = ("test", "common", *TRANSFER_SPLITS)
 PROTOCOLS = {"white_box": WHITE_BOX_SETTINGS, "black_box": BLACK_BOX_SETTINGS}
+# A complete evaluation writes SCORES_FILE (what a leaderboard pool collects); a PARTIAL one (max_images) writes
+# PARTIAL_DIR/PARTIAL_SCORES_FILE beside it, so it never replaces the complete record nor enters a pool unasked.
+SCORES_FILE = "scores.json"
+PARTIAL_DIR = "partial"
+PARTIAL_SCORES_FILE = "scores.partial.json"
 
 
 # The AutoAttack settings of WHITE_BOX_SETTINGS and the norm each is run at.
@@ -154,11 +159,13 @@ class ModelIdentity(JsonRecord):
 @dataclass(frozen=True)
 class ProtocolScore(JsonRecord):
     """One dataset's settings under a protocol and their sum (max 5 white-box, 9 black-box). A missing setting
-    stays None and is listed; it never counts as 0. `score` is None unless the sum is complete."""
+    stays None and is listed; it never counts as 0. `score` is None unless every setting holds a full number
+    (over the whole split); otherwise `partial_sum` over `covered` of `max` settings says what there is."""
 
     protocol: str
     settings: dict[str, Accuracy | None]
-    DERIVED: ClassVar[tuple[str, ...]] = ("score", "partial_sum", "max", "missing", "partial")
+    DERIVED: ClassVar[tuple[str, ...]] = ("score", "partial_sum", "covered", "max", "missing", "partial",
+                                          "partial_settings")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -177,6 +184,10 @@ class ProtocolScore(JsonRecord):
         return sum(a.value for a in self.present.values())
 
     @property
+    def covered(self) -> int:
+        return len(self.present)
+
+    @property
     def max(self) -> int:
         return len(self.names)
 
@@ -185,9 +196,25 @@ class ProtocolScore(JsonRecord):
         return any(a.partial for a in self.present.values())
 
     @property
-    def incomplete(self) -> list[str]:
-        """Settings without a full number: missing ones here; subclasses add their own reasons."""
+    def without_number(self) -> list[str]:
+        """Settings with no number a sum may add: missing ones here; subclasses add their own reasons."""
         return self.missing
+
+    @property
+    def partial_settings(self) -> list[str]:
+        """Settings measured over part of their split (allow_partial): a number, never a full one."""
+        return [s for s, a in self.present.items() if a.partial and s not in self.without_number]
+
+    @property
+    def measured(self) -> dict[str, Accuracy]:
+        """What a partial sum adds up: the full numbers and those over part of a split."""
+        return {s: a for s, a in self.present.items() if s not in self.without_number}
+
+    @property
+    def incomplete(self) -> list[str]:
+        """Settings without a full number: no number, or one over part of a split."""
+        short = set(self.without_number) | set(self.partial_settings)
+        return [s for s in self.names if s in short]
 
     @property
     def complete(self) -> bool:
@@ -202,12 +229,19 @@ class ProtocolScore(JsonRecord):
     def score(self) -> float | None:
         return self.partial_sum if self.complete else None
 
+    def _shortfalls(self) -> list[str]:
+        parts = [f"missing: {', '.join(self.missing)}"] if self.missing else []
+        return parts + ([f"over part of the split: {', '.join(self.partial_settings)}"] if self.partial else [])
+
     def describe(self) -> str:
-        """`2.3000 / 5`, or why there is no score yet."""
+        """`2.3000 / 5`, or the partial sum "over 3 of 5 settings" and why there is no score yet."""
         if self.score is not None:
             return f"{self.score:.4f} / {self.max}"
-        return (f"incomplete ({self.partial_sum:.4f} over {self.max - len(self.missing)} of {self.max} settings; "
-                f"missing: {', '.join(self.missing)})")
+        return (f"{'PARTIAL' if self.partial else 'incomplete'} ({self.partial_sum:.4f} over {self.covered} of "
+                f"{self.max} settings; {'; '.join(self._shortfalls())})")
+
+    def __str__(self) -> str:
+        return self.describe()
 
 
 @dataclass(frozen=True)
@@ -225,17 +259,18 @@ class BlackBoxScore(ProtocolScore):
     DERIVED: ClassVar[tuple[str, ...]] = ProtocolScore.DERIVED + ("complete",)
 
     @property
-    def incomplete(self) -> list[str]:
+    def without_number(self) -> list[str]:
+        """Missing settings and upper bounds (a card surrogate absent)."""
         return [s for s in self.names if s in self.missing or self.absent_surrogates.get(s)]
 
     def describe(self) -> str:
-        if self.complete:
+        if self.complete or not self.absent_surrogates:
             return super().describe()
         absent: dict[str, list[str]] = {}
         for split, names in self.absent_surrogates.items():
             for name in names:
                 absent.setdefault(name, []).append(split)
-        parts = [f"missing: {', '.join(self.missing)}"] if self.missing else []
+        parts = self._shortfalls()
         parts += ["absent surrogates: " + "; ".join(f"{s} ({', '.join(v)})" for s, v in absent.items())] if absent else []
         return f"incomplete (upper bound {self.partial_sum:.4f} of {self.max}; {'; '.join(parts)})"
 
@@ -305,7 +340,9 @@ class ScoresRecord(JsonRecord):
     severity_sweep: dict[str, dict[int, Accuracy]] | None = None
     versions: dict[str, str] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
+    max_images: int | None = None  # the first N images of each split were evaluated (allow_partial)
     schema: int = SCORES_SCHEMA
+    DERIVED: ClassVar[tuple[str, ...]] = ("partial",)
 
     @classmethod
     def from_json(cls, data: dict) -> ScoresRecord:
@@ -326,7 +363,20 @@ class ScoresRecord(JsonRecord):
 
     @property
     def title(self) -> str:
-        return f"{self.model.run_name} on {self.dataset}"
+        return f"{self.model.run_name} on {self.dataset}" + (" (PARTIAL)" if self.partial else "")
+
+    @property
+    def partial(self) -> bool:
+        """Some setting was scored over part of its split."""
+        return self.white_box.partial or bool(self.black_box and self.black_box.partial)
+
+    def folder(self, out_dir: Path) -> Path:
+        """Where this record's files go under an evaluation's output dir (a PARTIAL one apart)."""
+        return Path(out_dir) / PARTIAL_DIR if self.partial else Path(out_dir)
+
+    @property
+    def file_name(self) -> str:
+        return PARTIAL_SCORES_FILE if self.partial else SCORES_FILE
 
     def protocol(self, name: str) -> ProtocolScore | None:
         return {"white_box": self.white_box, "black_box": self.black_box}[name]

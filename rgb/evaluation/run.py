@@ -61,9 +61,9 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     )
     record = evaluate_model(model, meta, run / WEIGHTS_FILE if run.is_dir() else run, instantiate(cfg.data), options)
     log.info("%s", format_table(record))
-    log.info("results in %s", options.out_dir)
+    log.info("results in %s", record.folder(options.out_dir))
     if cfg.wandb.enabled:
         from rgb.evaluation.wandb_report import log_evaluation
 
-        log_evaluation(record, options.out_dir, str(cfg.wandb.project))
+        log_evaluation(record, record.folder(options.out_dir), str(cfg.wandb.project))
     return record.white_box.score

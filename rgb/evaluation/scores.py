@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rgb.data.catalog import DATASETS, TRANSFER_SPLITS
 from rgb.evaluation.records import PROTOCOLS, Accuracy, BlackBoxScore, JsonRecord, ProtocolScore
@@ -17,40 +18,52 @@ BENCHMARK_DATASETS = tuple(DATASETS)
 
 @dataclass(frozen=True)
 class SumScore(JsonRecord):
-    """Sum of a model's settings over a list of datasets; `score` only when every (dataset, setting) is scored,
-    else the partial sum over `covered` of `max` settings, with what is missing listed."""
+    """Sum of a model's settings over a list of datasets; `score` only when every (dataset, setting) holds a full
+    number, else the partial sum over `covered` of `max` settings, with what is missing and what was measured
+    over part of a split (PARTIAL) listed."""
 
     protocol: str
     datasets: list[str]
     partial_sum: float
     covered: int
     missing: list[str]
-    partial: bool
+    partial_settings: list[str]  # "dataset/setting" scored over part of its split
+    DERIVED: ClassVar[tuple[str, ...]] = ("score", "max", "partial", "complete")
 
     @property
     def max(self) -> int:
         return len(PROTOCOLS[self.protocol]) * len(self.datasets)
 
     @property
+    def partial(self) -> bool:
+        return bool(self.partial_settings)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and not self.partial_settings
+
+    @property
     def score(self) -> float | None:
-        return None if self.missing else self.partial_sum
+        return self.partial_sum if self.complete else None
 
     def describe(self, digits: int = 2) -> str:
         if self.score is not None:
             return f"{self.score:.{digits}f}"
-        return f"{self.partial_sum:.{digits}f} / {self.covered} (partial, of {self.max})"
+        text = f"{self.partial_sum:.{digits}f} / {self.covered}"
+        text += f" (partial, of {self.max})" if self.missing else ""
+        return text + (f" PARTIAL ({len(self.partial_settings)} over part of a split)" if self.partial else "")
 
 
 def sum_score(per_dataset: Mapping[str, ProtocolScore | None], datasets: Sequence[str],
               protocol: str = "white_box") -> SumScore:
     """Sum over `datasets`; a dataset without a record counts all its settings as missing."""
-    missing, total, covered, partial = [], 0.0, 0, False
+    missing, partial, total, covered = [], [], 0.0, 0
     for dataset in datasets:
         found = per_dataset.get(dataset) or ProtocolScore(protocol, {})
-        missing += [f"{dataset}/{s}" for s in found.incomplete]
-        total += sum(a.value for a in found.scored.values())
-        covered += len(found.scored)
-        partial |= found.partial
+        missing += [f"{dataset}/{s}" for s in found.without_number]
+        partial += [f"{dataset}/{s}" for s in found.partial_settings]
+        total += sum(a.value for a in found.measured.values())
+        covered += len(found.measured)
     return SumScore(protocol, list(datasets), total, covered, missing, partial)
 
 

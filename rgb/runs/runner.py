@@ -87,7 +87,7 @@ class Target:
         """What the results of one budget depend on; a run directory only ever holds one identity."""
         identity = {
             "weights_sha256": self.weights_sha256, "dataset": self.datamodule.dataset, "split": "test",
-            "split_sha256": self.split_sha256, "n_images": len(self.split), "norm": budget.threat.norm.key,
+            "split_sha256": self.split_sha256, "n_images": self.n_images(settings), "norm": budget.threat.norm.key,
             "eps": budget.threat.eps, "version": settings.version, "seed": settings.seed,
             "attacks": None if settings.attacks is None else list(settings.attacks),
             "precision": settings.precision, "batch_size": settings.batch_size, "export_adversarial": settings.export,
@@ -96,7 +96,13 @@ class Target:
             identity["impl"] = settings.impl
         if settings.tail_rows:  # APGD-T then draws other random starts
             identity["tail_rows"] = settings.tail_rows
+        if settings.max_images is not None:
+            identity["max_images"] = settings.max_images
         return identity
+
+    def n_images(self, settings: AttackSettings) -> int:
+        """The images attacked: the whole test split, or its first `max_images`."""
+        return len(self.split) if settings.max_images is None else min(settings.max_images, len(self.split))
 
 
 def batch_record(result, x, y, image_id, budget: Budget, seconds: float, keep_images: bool) -> dict:
@@ -178,7 +184,7 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
     attacks = json.loads(attacks.pop())
     warnings = sorted({w for r in records if "warnings" in r for w in json.loads(bytes(r["warnings"].tolist()))})
     columns = {name: torch.cat([r[name] for r in records]) for name in RESULT_COLUMNS}
-    if not torch.equal(columns["label"], target.split.labels):
+    if not torch.equal(columns["label"], target.split.labels[: target.n_images(settings)]):
         raise AttackRunError(f"{run.directory}: stored labels differ from the test split")
     results_sha256 = run.write_results(columns)
 

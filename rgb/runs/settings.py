@@ -68,6 +68,7 @@ class AttackSettings:
     threads: int = 1
     tail_rows: int = 0
     input_format: str = "auto"
+    max_images: int | None = None  # attack the first N test images only (rgb.benchmark(n_examples=N)): PARTIAL
 
     @classmethod
     def from_config(cls, cfg: DictConfig, budgets: tuple[Budget, ...], surrogate: str, threads: int = 1
