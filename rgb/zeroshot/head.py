@@ -174,6 +174,20 @@ def describe_classes(cache: TextFeatureCache, text: torch.Tensor, templates: lis
     return text
 
 
+def enrich_worst_classes(cache: TextFeatureCache, unlabelled_features: torch.Tensor, text: torch.Tensor,
+                         templates: list[str], class_names: list[str], weights: torch.Tensor, kept: torch.Tensor,
+                         method: str, descriptions: dict[str, list[str]] | None, count: int, scale: float):
+    """(head, per-class pseudo-Cmm, the `count` worst classes, the described ones): the ensemble's head with the
+    worst classes by pseudo-Cmm under it described where `descriptions` has them (same template weights)."""
+    head = ensemble_head(text, weights, kept, method)
+    pseudo_cmm, worst = worst_classes(unlabelled_features, head, text, class_names, scale, count)
+    enriched = [c for c in worst if c in descriptions] if descriptions else []
+    if enriched:
+        head = ensemble_head(describe_classes(cache, text, templates, class_names, descriptions, enriched), weights,
+                             kept, method)
+    return head, pseudo_cmm, worst, enriched
+
+
 def build_zeroshot_head(clip: LoadedCLIP, dataset_class_names: list[str], settings: PromptSettings,
                         dataset: str, unlabelled_features: torch.Tensor | None = None,
                         device: str | torch.device = "cpu") -> ZeroShotHead:
@@ -205,21 +219,19 @@ def build_zeroshot_head(clip: LoadedCLIP, dataset_class_names: list[str], settin
     record_params = {"k": settings.k, "tau": settings.tau, "pool": settings.pool, "split": settings.split,
                      "cmm_units": settings.cmm_units, "mad_t": settings.mad_t,
                      "single_template": settings.single_template, "descriptions": settings.descriptions,
+                     "enrich_worst": settings.enrich_worst,
                      "zpe_pretraining_features": pretraining_record}
     result = ZeroShotHead(settings.ensemble, templates, class_names, weights, kept, head, scale, template_index,
                           record_params, label=ensemble_label(settings.ensemble, **params),
                           unlabelled_images=len(unlabelled_features))
     if len(unlabelled_features) == 0:
         return result
-    result.pseudo_cmm, result.worst_classes = worst_classes(
-        unlabelled_features, head, text, class_names, cmm_scale(scale, settings.cmm_units), settings.enrich_worst)
+    result.head, result.pseudo_cmm, result.worst_classes, result.enriched = enrich_worst_classes(
+        cache, unlabelled_features, text, templates, class_names, weights, kept, settings.ensemble, descriptions,
+        settings.enrich_worst, cmm_scale(scale, settings.cmm_units))
     result.questions = {c: description_question(c) for c in result.worst_classes}
-    if descriptions:
-        result.enriched = [c for c in result.worst_classes if c in descriptions]
-        text = describe_classes(cache, text, templates, class_names, descriptions, result.enriched)
-        result.head = ensemble_head(text, weights, kept, settings.ensemble)
-        if result.enriched:
-            result.label = described_label(result.label)
+    if result.enriched:
+        result.label = described_label(result.label)
     return result
 
 
@@ -250,5 +262,5 @@ def features_of(model: OpenCLIPClassifier, loader, device: str | torch.device = 
 
 
 __all__ = ["DATASET_IDS", "PromptSettings", "ZeroShotHead", "build_zeroshot_head", "check_class_names",
-           "describe_classes", "described_label", "features_of", "load_pretraining_features", "worst_classes",
+           "describe_classes", "described_label", "enrich_worst_classes", "features_of", "load_pretraining_features", "worst_classes",
            "zeroshot_classifier"]
