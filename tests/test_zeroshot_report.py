@@ -8,6 +8,7 @@ from pathlib import Path
 
 import hydra
 import pytest
+import safetensors.torch
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -87,10 +88,20 @@ def test_worst_k_cmm_units_and_descriptions_are_options(cpe_run, mini_dir, tmp_p
     descriptions = tmp_path / "descriptions.json"
     names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     descriptions.write_text(json.dumps({name: [f"the shape of {name}", "a thick stroke"] for name in names}))
+    model, _ = load_with_meta(cpe_run / "run")
+    with torch.no_grad():
+        pretraining = model.image_features(torch.rand(6, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    features = tmp_path / "pretraining.safetensors"
+    safetensors.torch.save_file({"features": pretraining.contiguous()}, str(features))
     report, out = report_of(cpe_run, mini_dir, "worst_k=[1,5,10,20,100]", "zeroshot_report_options.cmm_units=cosine",
-                            f"zeroshot_report_options.descriptions={descriptions}")
+                            f"zeroshot_report_options.descriptions={descriptions}",
+                            f"zeroshot_report_options.zpe_pretraining_features={features}",
+                            "zeroshot_report_options.mad_t=0.5")
     rows = by_ensemble(report)
-    assert list(rows) == [*ROWS[:2], "descriptor", *ROWS[2:], "cpe (+descriptions)", "exported (cpe (weights))"]
+    published = "zpe (median+0.5*MAD, logit average, pretraining+test debias)"
+    assert list(rows) == [*ROWS[:2], "descriptor", *ROWS[2:4], published, CPE, "cpe (+descriptions)",
+                          "exported (cpe (weights))"]
+    assert report["zpe_pretraining_features"]["images"] == 6 and report["zpe_variants"] == [ROWS[3], published]
     assert rows["descriptor"]["worst@20"] is None and rows["descriptor"]["worst@100"] is None  # 10 classes
     markdown = (out / "comparison.md").read_text()
     assert report["cmm_units"] == "cosine" and "Cmm in cosine units" in markdown

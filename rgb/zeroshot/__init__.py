@@ -1,5 +1,6 @@
 """Zero-shot CLIP classifiers: prompt ensembles (single, mean, zpe, zpe_select, cpe), heads from prompts, the
-comparison table (class-wise metrics: rgb.core.classwise), the embedded mini CLIP, and text brittleness (perturbations, ranking instability).
+comparison table (class-wise metrics: rgb.core.classwise), the embedded mini CLIP, and text brittleness
+(perturbations, ranking instability).
 
 Sits at the models layer: imports rgb.core, rgb.data and rgb.models only. Definitions: docs/zeroshot-spec.md.
 """

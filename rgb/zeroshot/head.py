@@ -48,7 +48,8 @@ def load_pretraining_features(path: str | Path) -> tuple[torch.Tensor, str]:
     try:
         tensors = safetensors.torch.load_file(str(path))
     except Exception as error:  # safetensors raises its own error types for unreadable files
-        raise PromptError(f"zpe pretraining features file {path} is not a readable safetensors file ({error})") from None
+        raise PromptError(f"zpe pretraining features file {path} is not a readable safetensors file "
+                          f"({error})") from None
     features = tensors.get("features")
     if features is None or features.ndim != 2 or features.shape[0] == 0 or not features.dtype.is_floating_point:
         raise PromptError(f"zpe pretraining features file {path} needs a float tensor 'features' of shape (images "
