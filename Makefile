@@ -47,7 +47,7 @@ demo: $(VENV)/.installed mini
 	$(OFFLINE) $(PY) evaluate.py run=$(ZEROSHOT_RUN)
 	$(OFFLINE) $(PY) evaluate.py run=$(ZEROSHOT_RUN) zeroshot_report=true
 	$(OFFLINE) $(PY) evaluate.py run=$(ZEROSHOT_RUN) text_robustness=true \
-		'text_robustness_options.types=[keyboard_typo,char_swap,punctuation,keywords_only,word_shuffle]'
+		'text_robustness_options.types=[keyboard_typo,char_swap,punctuation,keywords_only,word_shuffle,template_synonym]'
 	$(OFFLINE) $(PY) evaluate.py 'pool=[outputs/eval/digits]' 'leaderboard_datasets=[digits]'
 
 # The test suite (slow tests included; RGB_FAST=1 skips them).

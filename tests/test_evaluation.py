@@ -13,7 +13,7 @@ from rgb.core.files import file_sha256
 from rgb.data import RGBDataModule
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, write_leaderboard
-from rgb.evaluation.metrics import class_wise_summary, per_class_accuracy, worst_k_count
+from rgb.core.classwise import class_wise_summary, per_class_accuracy, worst_k_count
 from rgb.evaluation.model_eval import (
     AttackExpectation,
     EvalOptions,

@@ -1,5 +1,6 @@
 """evaluate.py text_robustness=true on the mini benchmark: a zero-shot run built from a tiny random-weight CLIP
-(the way strategy=zeroshot exports one), every Class 1 and 2 perturbation type end to end, undefined B counted,
+(the way strategy=zeroshot exports one), every default perturbation type end to end, no-op edits left out and
+counted,
 the feature caches, the pool comparison, and bad input in one line."""
 
 import json
@@ -27,7 +28,7 @@ from rgb.evaluation.text_robustness import (
 )
 from rgb.models import export_factory_model, export_model, load_clip, load_with_meta, register_architecture
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, zeroshot_classifier
-from rgb.zeroshot.perturb import DEFAULT_TYPES, LEXICAL, SYNTACTIC
+from rgb.zeroshot.perturb import DEFAULT_TYPES, LEXICAL, SEMANTIC, SYNTACTIC
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -69,7 +70,7 @@ def evaluate_config(mini_dir: Path, out: Path, *overrides: str):
                                               f"paths.data_dir={out / 'data'}", "text_robustness=true", *overrides])
 
 
-def test_every_class_1_and_2_type_end_to_end(tiny_runs, mini_dir, tmp_path):
+def test_every_default_type_end_to_end(tiny_runs, mini_dir, tmp_path):
     run = tiny_runs[0]
     run_evaluation(evaluate_config(mini_dir, tmp_path, f"run={run}"))
     out = tmp_path / "eval" / "digits" / "clip_a" / "text_robustness"
@@ -79,22 +80,26 @@ def test_every_class_1_and_2_type_end_to_end(tiny_runs, mini_dir, tmp_path):
     record = json.loads((out / "text_robustness.json").read_text())
     queries = pq.read_table(out / "queries.parquet").to_pydict()
     assert record["n_queries"] == len(TEMPLATES) * 10 and record["n_images"] == 450
-    assert {row["perturbation_type"] for row in record["summary"]} == set(DEFAULT_TYPES)
-    assert {row["perturbation_class"] for row in record["summary"]} == {LEXICAL, SYNTACTIC}
+    summary = {row["perturbation_type"]: row for row in record["summary"]}
+    assert set(summary) == set(DEFAULT_TYPES) and "template_synonym" in summary
+    assert {row["perturbation_class"] for row in record["summary"]} == {LEXICAL, SYNTACTIC, SEMANTIC}
     assert [c for c in queries if c.startswith("overlap@")] == ["overlap@10", "overlap@50", "overlap@100"]
 
-    # undefined B: kept as rows (NaN), counted in the summary, never dropped
+    # CLIP's tokenizer lowercases: the case edits are no edits (lowercase: the prompts are lowercase already);
+    # they are left out of the statistics and counted per type
+    assert (summary["lowercase"]["n"], summary["lowercase"]["n_noop"]) == (0, 30)
+    for case in ("uppercase", "title_case"):
+        assert (summary[case]["n"], summary[case]["n_noop"], summary[case]["n_same_tokens"]) == (0, 0, 30)
+        assert summary[case]["instability_mean"] is None and summary[case]["brittleness_mean"] is None
+    assert not set(queries["perturbation_type"]) & {"lowercase", "uppercase", "title_case"}
+    assert summary["char_swap"]["n_noop"] == summary["char_swap"]["n_same_tokens"] == 0
+    # what is measured changes the tokens: every B is defined or a stable ranking (-inf), counted apart
     brittleness = np.array(queries["brittleness"], dtype=float)
     assert len(brittleness) == record["n_perturbations"] == sum(row["n"] for row in record["summary"])
-    undefined = int(np.isnan(brittleness).sum())
-    assert undefined == sum(row["brittleness_undefined"] for row in record["summary"]) > 0
-    # CLIP's tokenizer lowercases: the case edits encode like the query (intra 0, instability 0, B undefined)
-    lowercase = np.isin(queries["perturbation_type"], ["lowercase", "uppercase", "title_case"])
-    assert np.all(np.array(queries["instability"])[lowercase] == 0) and np.isnan(brittleness[lowercase]).all()
-    shown = [r for r in record["summary"] if r["perturbation_type"] in ("lowercase", "uppercase", "title_case")]
-    assert all(r["brittleness_mean"] is None for r in shown)
-    assert sum(r["brittleness_undefined"] for r in shown) == lowercase.sum()
-    assert "undef" in (out / "summary.md").read_text()
+    assert record["n_generated"] == record["n_perturbations"] + 90
+    assert int(np.isneginf(brittleness).sum()) == sum(row["brittleness_stable"] for row in record["summary"])
+    assert int(np.isnan(brittleness).sum()) == sum(row["brittleness_undefined"] for row in record["summary"]) == 0
+    assert "| no-op | same tokens |" in (out / "summary.md").read_text()
     csv = pa_csv.read_csv(out / "summary.csv").to_pydict()
     assert csv["perturbation_type"] == [row["perturbation_type"] for row in record["summary"]]
 
@@ -108,11 +113,8 @@ def test_every_class_1_and_2_type_end_to_end(tiny_runs, mini_dir, tmp_path):
         predicted = model(torch.stack([test[i][0] for i in range(len(test))])).argmax(1)
     own = float((predicted == test.labels).double().mean())
     views = {row["perturbation_type"]: row for row in record["classification"]}
-    assert set(views) == set(DEFAULT_TYPES)
+    assert set(views) == set(DEFAULT_TYPES) - {"lowercase", "uppercase", "title_case"}
     assert all(math.isclose(v["accuracy"], own) for v in views.values())
-    assert views["lowercase"]["flip_rate"] == 0
-    assert views["lowercase"]["perturbed_accuracy"] == views["lowercase"]["accuracy"]
-    assert views["uppercase"]["flip_rate"] == 0
     assert views["class_name_only"]["edited_prompts"] == len(TEMPLATES) * 10
     assert views["class_name_only"]["flip_rate"] > 0
 
@@ -214,11 +216,17 @@ def test_a_collection_needs_two_images(tiny_runs, mini_dir, tmp_path):
             return ImageSplit(found.rows.select([0]), found.image_size)
 
     model, meta = load_with_meta(tiny_runs[0])
-    options = TextRobustnessOptions(split="test", queries=None, types=("uppercase",), seeds=(0,), user_edits=None)
+    options = TextRobustnessOptions(split="test", queries=None, types=("char_swap",), seeds=(0,), user_edits=None)
     data = OneImage(str(mini_dir), "digits", 32, 10, {"linf": 4 / 255})
     message = one_line_error(lambda: measure_text_robustness(model, meta, tiny_runs[0] / "model.safetensors", data,
                                                              options, tmp_path))
     assert message.startswith("the test split holds 1 image(s): ranking instability needs a collection of at least 2")
+    no_edits = TextRobustnessOptions(split="test", queries=None, types=("uppercase", "lowercase"), seeds=(0,),
+                                     user_edits=None)
+    message = one_line_error(lambda: measure_text_robustness(model, meta, tiny_runs[0] / "model.safetensors", data,
+                                                             no_edits, tmp_path))
+    assert message == ("no perturbation to measure: every edit of the types uppercase, lowercase leaves the text or "
+                       "its tokens as they were")
 
 
 def test_load_queries_keeps_order_and_class_names(tmp_path):

@@ -1,13 +1,21 @@
-"""rgb.zeroshot ensembles and class-wise metrics on hand-made features (no model): spec §2 and §3."""
+"""rgb.zeroshot ensembles and the comparison table on hand-made features (no model): spec §2 and §3. The class-wise
+metrics themselves are specified once, in tests/test_evaluation.py (rgb.core.classwise)."""
 
 import math
 
 import pytest
 import torch
 
-from rgb.zeroshot.ensembles import EnsembleError, ensemble_head, ensemble_weights, matching_margins, pseudo_labels
-from rgb.zeroshot.metrics import class_accuracies, class_wise_metrics
-from rgb.zeroshot.report import comparison_table
+from rgb.zeroshot.ensembles import (
+    EnsembleError,
+    ensemble_head,
+    ensemble_label,
+    ensemble_weights,
+    mad_selection,
+    matching_margins,
+    pseudo_labels,
+)
+from rgb.zeroshot.report import average_rows, comparison_table, row_metrics
 
 # cos(theta[t, c]): template t's text feature of class c is cos * b_c + sin * b_3, images of class i are b_i.
 # Then s * f(x) . e[t, j] = s * cos[t, i] for j = i and 0 otherwise, so Cmm_t[i] = s * cos[t, i] exactly.
@@ -89,11 +97,12 @@ def test_labels_shuffled_give_identical_weights_in_the_comparison_table():
     shuffled = labels[torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))]
     table = comparison_table(images, labels, text, templates, logit_scale=SCALE)
     table_shuffled = comparison_table(images, shuffled, text, templates, logit_scale=SCALE)
-    assert [row["ensemble"] for row in table] == ["single", "mean", "zpe", "cpe"]
+    assert [row["ensemble"] for row in table] == ["single", "mean", "zpe (test debias)",
+                                                  "zpe (median+2*MAD, logit average, test debias)", "cpe (weights)"]
     for row, row_shuffled in zip(table, table_shuffled):
         assert row["templates"] == row_shuffled["templates"]
-    assert table[3]["overall"] == 1.0 and table_shuffled[3]["overall"] < 1.0
-    assert [t["kept"] for t in table[3]["templates"]] == [False, True, False, True]
+    assert table[4]["overall"] == 1.0 and table_shuffled[4]["overall"] < 1.0
+    assert [t["kept"] for t in table[4]["templates"]] == [False, True, False, True]
 
 
 def test_single_mean_and_zpe():
@@ -127,14 +136,71 @@ def test_bad_input_is_one_line(call, message):
     assert "\n" not in str(err.value)
 
 
-def test_class_wise_metrics():
-    labels = torch.tensor([0, 0, 1, 1, 2, 2, 2, 2, 3])
-    predictions = torch.tensor([0, 0, 1, 0, 2, 0, 0, 0, 1])  # Acc = 1, 0.5, 0.25, 0
-    assert class_accuracies(predictions, labels, 5)[:4].tolist() == [1.0, 0.5, 0.25, 0.0]
-    assert math.isnan(class_accuracies(predictions, labels, 5)[4])  # no image: NaN, not 0
-    m = class_wise_metrics(predictions, labels, 5)
-    assert m == {"overall": 4 / 9, "worst@1": 0.0, "worst@5": 1.75 / 4, "worst@10": 1.75 / 4, "hm": 0.0, "gm": 0.0}
-    predictions[-1] = 3  # Acc = 1, 0.5, 0.25, 1
-    m = class_wise_metrics(predictions, labels, 4)
-    assert m["worst@1"] == 0.25 and m["hm"] == pytest.approx(4 / (1 + 2 + 4 + 1))
-    assert m["gm"] == pytest.approx((0.5 * 0.25) ** 0.25)
+def zpe_scores_by_hand(images, text, pretraining=None):
+    """score_t = mean_x max_c (l_t(x)_c - b_t,c), with loops (the spec's formula, not the vectorised code)."""
+    scores = []
+    for t in range(text.shape[0]):
+        logits = [[SCALE * float(images[n] @ text[t, c]) for c in range(text.shape[1])] for n in range(len(images))]
+        bias = [sum(row[c] for row in logits) / len(logits) for c in range(text.shape[1])]
+        if pretraining is not None:
+            pre = [[SCALE * float(p @ text[t, c]) for c in range(text.shape[1])] for p in pretraining]
+            bias = [(bias[c] + sum(row[c] for row in pre) / len(pre)) / 2 for c in range(text.shape[1])]
+        scores.append(sum(max(v - b for v, b in zip(row, bias)) for row in logits) / len(logits))
+    return torch.tensor(scores)
+
+
+def test_zpe_select_is_the_published_form():
+    images, text, _ = hand_made()
+    scores = zpe_scores_by_hand(images, text)
+    weights, kept = ensemble_weights(images, text, "zpe_select", logit_scale=SCALE, mad_t=0.5)
+    torch.testing.assert_close(weights, torch.softmax(scores, 0).float())
+    median = scores.median() if len(scores) % 2 else scores.sort().values[1:3].mean()
+    mad = (scores - median).abs().sort().values[1:3].mean()
+    assert kept.tolist() == (scores >= median + 0.5 * mad).tolist()
+    head = ensemble_head(text, weights, kept, "zpe_select")
+    expected = sum(weights[t] * text[t] for t in range(4) if kept[t]) / weights[kept].sum()
+    torch.testing.assert_close(head, expected)  # the weighted average of the logits: not renormalised
+    pretraining = torch.nn.functional.normalize(torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.2, 0.1, 0.0, 1.0]]), dim=-1)
+    debiased, _ = ensemble_weights(images, text, "zpe_select", logit_scale=SCALE, pretraining_features=pretraining)
+    torch.testing.assert_close(debiased, torch.softmax(zpe_scores_by_hand(images, text, pretraining), 0).float())
+    assert not torch.allclose(debiased, weights)
+    assert ensemble_label("zpe_select", pretraining_features=pretraining, mad_t=0.5) == \
+        "zpe (median+0.5*MAD, logit average, pretraining+test debias)"
+    assert ensemble_label("zpe") == "zpe (test debias)" and ensemble_label("cpe") == "cpe (weights)"
+    with pytest.raises(EnsembleError, match=r"pretraining features must be \(images >= 1, 4\)"):
+        ensemble_weights(images, text, "zpe_select", pretraining_features=torch.zeros(2, 3))
+
+
+def test_mad_selection_by_hand():
+    scores = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0])  # median 2, MAD 1
+    assert mad_selection(scores, 0.5).tolist() == [False, False, False, True, True]
+    assert mad_selection(scores, 0.0).tolist() == [False, False, True, True, True]
+    assert mad_selection(torch.tensor([0.0, 1.0, 2.0, 3.0, 3.5]), 2.0).tolist() == [False] * 4 + [True]  # best kept
+
+
+def test_cmm_units_are_a_parameter():
+    images, text, _ = hand_made()
+    logit, _ = ensemble_weights(images, text, "cpe", logit_scale=SCALE)
+    cosine, _ = ensemble_weights(images, text, "cpe", logit_scale=SCALE, cmm_units="cosine")
+    torch.testing.assert_close(cosine, torch.tensor(softmax([0.5, 0.6, 0.3, 0.8])))  # Cmm_t[i] = cos[t, i]
+    assert not torch.allclose(logit, cosine)
+    with pytest.raises(EnsembleError, match="unknown Cmm units 'degrees'"):
+        ensemble_weights(images, text, "cpe", cmm_units="degrees")
+
+
+def test_the_table_takes_fixed_heads_and_any_worst_k_and_averages_over_datasets():
+    images, text, labels = hand_made(images_per_class=(3, 3, 3))
+    templates = [f"t{i} {{}}." for i in range(4)]
+    names = text[3]  # a fixed head: template 3 alone
+    table = comparison_table(images, labels, text, templates, logit_scale=SCALE, methods=("mean",),
+                             heads={"clip (class names)": names}, worst_k=(1, 2, 5))
+    assert [r["ensemble"] for r in table] == ["clip (class names)", "mean"] and table[0]["templates"] == []
+    metrics = row_metrics(table[0])
+    assert list(metrics) == ["overall", "worst@1", "worst@2", "worst@5", "hm", "gm"]
+    assert metrics["worst@5"] is None  # 3 classes: worst@5 is not a number
+    other = [dict(r, overall=r["overall"] / 2) for r in table]
+    averaged = average_rows([table, other, table[1:]])
+    assert [r["ensemble"] for r in averaged] == ["clip (class names)", "mean"]
+    assert averaged[1]["overall"] == pytest.approx(table[1]["overall"] * (1 + 0.5 + 1) / 3)
+    assert averaged[1]["datasets"] == 3 and averaged[1]["worst@5"] is None
+    assert averaged[0]["datasets"] == 2 and averaged[0]["overall"] is None  # missing from one: no average

@@ -88,10 +88,10 @@ def test_classifier_is_image_tower_plus_one_matmul(clip, tmp_path):
     assert head.class_names[-1] == "four ish"  # `_` -> space
 
 
-@pytest.mark.parametrize("ensemble", ["single", "mean", "zpe", "cpe"])
+@pytest.mark.parametrize("ensemble", ["single", "mean", "zpe", "zpe_select", "cpe"])
 def test_export_load_round_trip_is_bit_identical(clip, tmp_path, ensemble):
     unlabelled = None
-    if ensemble in ("zpe", "cpe"):
+    if ensemble in ("zpe", "zpe_select", "cpe"):
         probe = zeroshot_classifier(clip, build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "d"))
         with torch.no_grad():
             unlabelled = probe.image_features(images(20, seed=1))
@@ -110,6 +110,109 @@ def test_export_load_round_trip_is_bit_identical(clip, tmp_path, ensemble):
     assert json.loads((tmp_path / "run" / META_FILE).read_text()) == meta
     if ensemble == "single":
         assert [t["kept"] for t in record["templates"]] == [True, False, False, False]
+    labels = {"single": "single", "mean": "mean", "zpe": "zpe (test debias)", "cpe": "cpe (weights)",
+              "zpe_select": "zpe (median+2*MAD, logit average, test debias)"}
+    assert record["label"] == labels[ensemble]  # which variant ran
+
+
+def unlabelled_features(clip, tmp_path, n=20, seed=1):
+    probe = zeroshot_classifier(clip, build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "d"))
+    with torch.no_grad():
+        return probe.image_features(images(n, seed=seed))
+
+
+def test_zpe_select_with_a_pretraining_feature_file_is_recorded(clip, tmp_path):
+    from rgb.core import file_sha256
+    from rgb.zeroshot.ensembles import ensemble_weights
+
+    unlabelled = unlabelled_features(clip, tmp_path)
+    pretraining = unlabelled_features(clip, tmp_path, n=7, seed=5)
+    path = tmp_path / "pretraining.safetensors"
+    safetensors.torch.save_file({"features": pretraining}, str(path))
+    chosen = settings(tmp_path, ensemble="zpe_select", mad_t=0.5, zpe_pretraining_features=str(path))
+    head = build_zeroshot_head(clip, CLASSES, chosen, "digits", unlabelled)
+    record = head.record()
+    assert record["label"] == "zpe (median+0.5*MAD, logit average, pretraining+test debias)"
+    assert record["params"]["zpe_pretraining_features"] == {"file": str(path), "sha256": file_sha256(path),
+                                                            "images": 7}
+    text = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "digits")
+    from rgb.zeroshot.text import TextFeatureCache
+
+    features = TextFeatureCache(clip, tmp_path / "cache").prompt_features(head.templates, head.class_names)
+    expected, kept = ensemble_weights(unlabelled, features, "zpe_select", logit_scale=clip.logit_scale, mad_t=0.5,
+                                      pretraining_features=pretraining)
+    assert torch.equal(head.weights, expected) and torch.equal(head.kept, kept) and text.label == "mean"
+    without = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="zpe_select", mad_t=0.5), "digits",
+                                  unlabelled)
+    assert not torch.equal(without.weights, head.weights)  # the pretraining term moves the scores
+    for content, message in ((b"not safetensors", "not a readable safetensors file"),
+                             (None, "does not exist")):
+        bad = tmp_path / f"bad-{message[:3]}.safetensors"
+        if content is not None:
+            bad.write_bytes(content)
+        with pytest.raises(PromptError, match=message) as err:
+            build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="zpe_select",
+                                                        zpe_pretraining_features=str(bad)), "digits", unlabelled)
+        assert "\n" not in str(err.value)
+    safetensors.torch.save_file({"features": torch.zeros(3, 5)}, str(tmp_path / "narrow.safetensors"))
+    with pytest.raises(PromptError, match=r"pretraining features must be \(images >= 1, 64\); got \(3, 5\)"):
+        build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="zpe_select", zpe_pretraining_features=str(
+            tmp_path / "narrow.safetensors")), "digits", unlabelled)
+
+
+def test_the_single_template_joins_a_user_pool_only_for_the_single_ensemble(clip, tmp_path):
+    user = ("a drawing of a {}.", "{} written by hand.")
+    for ensemble, unlabelled in (("mean", None), ("cpe", unlabelled_features(clip, tmp_path))):
+        head = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble=ensemble, templates=user), "digits",
+                                   unlabelled)
+        assert head.templates == list(user) and head.record()["single_template_index"] is None
+    head = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="single", templates=user), "digits")
+    assert head.templates == [*user, "a photo of a {}."] and head.template_index == 2
+
+
+def prompts_config(*overrides):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=["strategy=zeroshot", *overrides])
+    return cfg, OmegaConf.to_container(cfg.prompts, resolve=True)
+
+
+@pytest.mark.parametrize("dataset", ["caltech101", "fgvc-aircraft-2013b", "flowers-102", "oxford-iiit-pet",
+                                     "stanford_cars", "uc-merced-land-use-dataset", "digits"])
+def test_dataset_templates_reach_every_dataset_by_its_id(dataset):
+    from rgb.core.configs import data_config_for
+    from rgb.data.catalog import DATASETS, MINI
+
+    assert sorted([*DATASETS, MINI.name]) == sorted(["caltech101", "fgvc-aircraft-2013b", "flowers-102",
+                                                     "oxford-iiit-pet", "stanford_cars",
+                                                     "uc-merced-land-use-dataset", "digits"])
+    cfg, prompts = prompts_config(f"data={data_config_for(dataset)}")
+    assert cfg.data.dataset == dataset
+    chosen = PromptSettings.from_config(prompts)
+    templates, _ = chosen.template_list(cfg.data.dataset)
+    extras = chosen.dataset_templates.get(dataset, [])
+    assert len(extras) >= (0 if dataset == "caltech101" else 1)  # CLIP's domain prompts, where they matter
+    pool = templates[:80]  # the 80 ImageNet templates, then this dataset's extras they lack
+    assert set(extras) <= set(templates) and templates[80:] == [t for t in extras if t not in pool]
+
+
+def test_unknown_dataset_template_keys_are_refused_when_the_config_loads():
+    _, prompts = prompts_config()
+    prompts["dataset_templates"] = {**prompts["dataset_templates"], "flowers102": ["a photo of a {}, a flower."]}
+    with pytest.raises(PromptError, match=r"unknown dataset id\(s\) 'flowers102'; keys are dataset ids: .*flowers-102")\
+            as err:
+        PromptSettings.from_config(prompts)
+    assert "\n" not in str(err.value)
+    for key, value, message in (("ensemble", "zpe_best", "unknown prompt ensemble 'zpe_best'"),
+                                ("cmm_units", "radians", "unknown Cmm units 'radians'"),
+                                ("zpe_pretraining_features", "x.safetensors", "read by the zpe_select ensemble only")):
+        _, prompts = prompts_config()
+        with pytest.raises(PromptError, match=message):
+            PromptSettings.from_config({**prompts, key: value})
 
 
 def test_text_features_are_cached_per_tower_and_prompts(clip, tmp_path):

@@ -32,6 +32,7 @@ from rgb.zeroshot.perturb import (
     Perturbation,
     PerturbationError,
     Query,
+    drop_non_edits,
     generate,
     load_user_edits,
     template_queries,
@@ -139,10 +140,11 @@ def test_inter_distance_is_the_mean_over_pairs():
         inter_distance(features[:1])
 
 
-def test_brittleness_index_by_hand_and_undefined_values():
+def test_brittleness_index_by_hand_stable_and_undefined_values():
     values = brittleness_index(torch.tensor([0.5, 0.0, 0.3]), torch.tensor([0.1, 0.2, 0.0]), inter=0.8)
     assert float(values[0]) == pytest.approx(math.log(4.0))
-    assert math.isnan(float(values[1])) and math.isnan(float(values[2]))
+    assert float(values[1]) == -math.inf  # the text moved, the ranking did not: the least brittle case
+    assert math.isnan(float(values[2]))  # intra 0: undefined
 
 
 # --- the per-query table, its summary, the classification view ------------------------------------------------------
@@ -178,6 +180,41 @@ def test_query_table_by_hand():
     assert lowercase["instability_mean"] == 0.0 and lowercase["overlap@1_mean"] == 1.0
     assert summary[1]["brittleness_undefined"] == 0
     assert summary[1]["brittleness_median"] == pytest.approx(math.log(expected))
+    assert summary[0]["brittleness_stable"] == summary[1]["brittleness_stable"] == 0
+
+
+def test_stable_rankings_are_counted_apart_and_dropped_edits_reported():
+    images = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+    queries = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # two queries: an inter distance
+    perturbed = torch.tensor([[0.99, 0.14], [0.0, 1.0], [0.98, 0.2]])  # rows 0, 2: moved a little, same ranking
+    items = [_perturbation(0, "char_swap"), _perturbation(0, "char_swap"), _perturbation(0, "char_swap")]
+    table = query_table(images, queries, perturbed, items, ks=(1,))
+    assert table["brittleness"][0] == -math.inf and table["brittleness"][2] == -math.inf
+    assert np.isfinite(table["brittleness"][1])
+    (row, dropped_row) = summarize(table, {"char_swap": {"n_noop": 1, "n_same_tokens": 2},
+                                           "uppercase": {"n_noop": 0, "n_same_tokens": 5}})
+    assert (row["brittleness_stable"], row["brittleness_undefined"]) == (2, 0)
+    assert row["brittleness_mean"] == pytest.approx(table["brittleness"][1])  # the mean of finite B
+    assert row["brittleness_median"] == -math.inf  # two of three are the lowest B there is
+    assert (row["n"], row["n_noop"], row["n_same_tokens"]) == (3, 1, 2)
+    assert (dropped_row["perturbation_type"], dropped_row["perturbation_class"], dropped_row["n"]) == (
+        "uppercase", LEXICAL, 0)
+    assert dropped_row["n_same_tokens"] == 5 and math.isnan(dropped_row["instability_mean"])
+
+
+def test_edits_that_change_nothing_the_model_reads_are_dropped():
+    import open_clip
+
+    queries = template_queries(["a photo of a {}.", "A Photo Of The {}"], ["goldfish", "Tree Frog"])
+    items = generate(queries, types=["lowercase", "uppercase", "title_case", "char_swap", "punctuation"])
+    kept, counts = drop_non_edits(items, open_clip.get_tokenizer("ViT-B-32"))
+    assert {item.type for item in kept} == {"char_swap", "punctuation"}  # open_clip lowercases every text
+    assert counts["lowercase"] == {"n_noop": 1, "n_same_tokens": 3}  # "a photo of a goldfish." is lowercase
+    assert counts["title_case"]["n_noop"] == 1 and sum(counts["title_case"].values()) == 4
+    assert counts["uppercase"] == {"n_noop": 0, "n_same_tokens": 4}
+    assert counts["char_swap"] == {"n_noop": 0, "n_same_tokens": 0}
+    without_tokenizer, plain = drop_non_edits(items)
+    assert len(without_tokenizer) == len(items) - 2 and plain["uppercase"] == {"n_noop": 0, "n_same_tokens": 0}
 
 
 def test_query_table_is_batch_size_independent():
@@ -241,9 +278,10 @@ def test_every_generated_type_tags_its_edits():
     queries = template_queries(TEMPLATES, CLASSES)
     items = generate(queries, seeds=(0, 7))
     assert {item.type for item in items} == set(DEFAULT_TYPES)
+    assert "template_synonym" in DEFAULT_TYPES and {"synonym", "paraphrase"}.isdisjoint(DEFAULT_TYPES)
     for item in items:
         kind = PERTURBATION_TYPES[item.type]
-        assert item.perturbation_class == kind.perturbation_class in (LEXICAL, SYNTACTIC)
+        assert item.perturbation_class == kind.perturbation_class in (LEXICAL, SYNTACTIC, SEMANTIC)
         assert item.query == queries[item.query_index].text
         assert item.seed in ((0, 7) if kind.seeded else (0,))
     counts = {name: sum(item.type == name for item in items) for name in DEFAULT_TYPES}

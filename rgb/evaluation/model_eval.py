@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from rgb.attacks.registry import VERSIONS, is_standard
+from rgb.core.classwise import class_wise_summary
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.core.threat import Norm
 from rgb.data import RGBDataModule
@@ -33,7 +34,6 @@ from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, transfer_co
 from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
-from rgb.evaluation.metrics import class_wise_summary
 from rgb.evaluation.records import SCORES_FILE, Accuracy, AttackSummary, ModelIdentity, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import black_box_score
 from rgb.models.checks import check_model_fits

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-import types
-import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from rgb.core.classwise import ClassWise
 from rgb.core.files import atomic_write_bytes
+from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 
@@ -36,10 +36,6 @@ PARTIAL_SCORES_FILE = "scores.partial.json"
 ATTACK_SETTING_NORMS = {f"autoattack_{norm.key}": norm for norm in NORMS}
 
 
-class RecordError(ValueError):
-    """A scores record that cannot be read (another schema, a missing field)."""
-
-
 def white_box_setting(name: str) -> str:
     """A white-box setting as users write it, in its WHITE_BOX_SETTINGS spelling: "test", "Common", a norm in any
     case ("Linf", "l2": read by rgb.core.threat) or "AutoAttack_L1"."""
@@ -50,58 +46,6 @@ def white_box_setting(name: str) -> str:
         return f"autoattack_{parse_norm(key.removeprefix('autoattack_')).key}"
     except ValueError:
         raise RecordError(f"unknown white-box setting {name!r}: one of test, common, l1, l2, linf (any case)") from None
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, JsonRecord):
-        return value.to_json()
-    if isinstance(value, dict):
-        return {str(k): _encode(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # strict JSON has no NaN: an absent class is null
-    return value
-
-
-def _decode(kind: Any, value: Any) -> Any:
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        return _decode(next(a for a in args if a is not type(None)), value)
-    if value is None:
-        return None
-    if origin is dict:
-        return {_decode(args[0], k): _decode(args[1], v) for k, v in value.items()}
-    if origin in (list, tuple):
-        return [_decode(args[0], v) for v in value]
-    if isinstance(kind, type) and issubclass(kind, JsonRecord):
-        return kind.from_json(value)
-    if kind in (int, float):
-        return kind(value)
-    return value
-
-
-class JsonRecord:
-    """to_json / from_json for the dataclasses below; `DERIVED` properties are written too (for readers of the
-    file) and recomputed, never trusted, when read back."""
-
-    DERIVED: ClassVar[tuple[str, ...]] = ()
-
-    def to_json(self) -> dict:
-        out = {f.name: _encode(getattr(self, f.name)) for f in fields(self)}
-        out.update({name: _encode(getattr(self, name)) for name in self.DERIVED})
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict):
-        hints = typing.get_type_hints(cls)
-        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-        absent = [name for name in required if name not in data]
-        if absent:
-            raise RecordError(f"{cls.__name__} record lacks {absent}")
-        return cls(**{f.name: _decode(hints[f.name], data[f.name]) for f in fields(cls) if f.name in data})
 
 
 @dataclass(frozen=True)
@@ -273,18 +217,6 @@ class BlackBoxScore(ProtocolScore):
         parts = self._shortfalls()
         parts += ["absent surrogates: " + "; ".join(f"{s} ({', '.join(v)})" for s, v in absent.items())] if absent else []
         return f"incomplete (upper bound {self.partial_sum:.4f} of {self.max}; {'; '.join(parts)})"
-
-
-@dataclass(frozen=True)
-class ClassWise(JsonRecord):
-    """Per-class accuracy of one setting (None for a class absent from the split) and its summaries."""
-
-    per_class: list[float | None]
-    mean: float
-    worst: dict[str, float | None]  # worst-k mean by k as configured ("1", "5", "10%"); None: fewer classes
-    harmonic_mean: float
-    geometric_mean: float
-    worst_classes: list[int]
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from rgb.zeroshot.perturb import (
     Perturbation,
     PerturbationError,
     Query,
+    drop_non_edits,
     generate,
     load_user_edits,
     perturbation_type,
@@ -232,19 +233,22 @@ def _rows_table(rows: list[dict]) -> dict[str, np.ndarray]:
 
 def _cell(value) -> str:
     if isinstance(value, float):
-        return "undef" if math.isnan(value) else f"{value:.4f}"
+        return "undef" if math.isnan(value) else "-inf" if value == -math.inf else f"{value:.4f}"
     return str(value)
 
 
 def summary_markdown(title: str, summary: list[dict], classification: list[dict]) -> str:
     """The summary per (perturbation class, type) and, when measured, the classification view."""
-    header = ["class", "type", "n", "instab. mean", "instab. median",
+    header = ["class", "type", "n", "no-op", "same tokens", "instab. mean", "instab. median",
               *[name.removesuffix("_mean") for name in summary[0] if name.startswith("overlap@")],
-              "intra mean", "B mean", "B median", "B undefined"]
-    keys = ["perturbation_class", "perturbation_type", "n", "instability_mean", "instability_median",
-            *[name for name in summary[0] if name.startswith("overlap@")], "intra_mean", "brittleness_mean",
-            "brittleness_median", "brittleness_undefined"]
-    lines = [f"# Text robustness: {title} (inter-query distance {summary[0]['inter']:.4f})", ""]
+              "intra mean", "B mean", "B median", "B stable (-inf)", "B undefined"]
+    keys = ["perturbation_class", "perturbation_type", "n", "n_noop", "n_same_tokens", "instability_mean",
+            "instability_median", *[name for name in summary[0] if name.startswith("overlap@")], "intra_mean",
+            "brittleness_mean", "brittleness_median", "brittleness_stable", "brittleness_undefined"]
+    lines = [f"# Text robustness: {title} (inter-query distance {summary[0]['inter']:.4f})", "",
+             "n counts the edits measured; no-op (text unchanged) and same-tokens (the tokenizer reads the query) "
+             "edits are left out. B mean is over finite B; a stable ranking (instability 0, text moved) is the least "
+             "brittle case, B = -inf, counted apart and in the median; undefined: intra distance 0.", ""]
     lines += markdown_table(header, [[_cell(row[k]) for k in keys] for row in summary],
                             ["---", "---"] + ["---:"] * (len(header) - 2))
     if classification:
@@ -294,10 +298,15 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
     templates = [t["template"] for t in record["templates"]]
     queries = template_queries(templates, record["class_names"]) if from_templates else load_queries(options.queries)
     user_edits = load_user_edits(options.user_edits) if options.user_edits else None
-    perturbations = generate(queries, options.types, options.seeds, user_edits)
-    if not perturbations:
+    generated = generate(queries, options.types, options.seeds, user_edits)
+    if not generated:
         raise EvaluationError(f"empty query set: none of the types {', '.join(options.types)} applies to the "
                               f"{len(queries)} queries")
+    clip = _clip_of(model)
+    perturbations, dropped = drop_non_edits(generated, clip.tokenizer)
+    if not perturbations:
+        raise EvaluationError(f"no perturbation to measure: every edit of the types {', '.join(options.types)} leaves "
+                              "the text or its tokens as they were")
     timings["generation_s"] = time.perf_counter() - started
 
     split = datamodule.split(options.split)
@@ -313,7 +322,7 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
 
     started = time.perf_counter()
     texts = list(dict.fromkeys([q.text for q in queries] + [p.text for p in perturbations]))
-    cache = TextFeatureCache(_clip_of(model), None if options.cache_dir is None else options.cache_dir / "texts",
+    cache = TextFeatureCache(clip, None if options.cache_dir is None else options.cache_dir / "texts",
                              options.device)
     features = cache.features(texts)
     row_of = {text: i for i, text in enumerate(texts)}
@@ -327,7 +336,7 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
     timings["query_table_s"] = time.perf_counter() - started
     reported = {name: values for name, values in table.items()
                 if not name.startswith("overlap@") or int(name.split("@")[1]) in options.ks}
-    summary = summarize(reported)
+    summary = summarize(reported, dropped)
 
     classification, agreement = [], None
     if from_templates:
@@ -350,7 +359,7 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
         "model": run_name, "weights_sha256": weights_sha256, "dataset": datamodule.dataset, "split": options.split,
         "split_sha256": split_sha256(split), "n_images": len(split),
         "queries": "templates" if from_templates else str(options.queries), "n_queries": len(queries),
-        "n_perturbations": len(perturbations), "distinct_texts": len(texts), "texts_encoded": cache.computed,
+        "n_perturbations": len(perturbations), "n_generated": len(generated), "distinct_texts": len(texts), "texts_encoded": cache.computed,
         "types": list(options.types), "seeds": list(options.seeds), "ks": list(options.ks), "p": options.p,
         "image_features": "cache" if from_cache else "computed", "head_agreement": agreement,
         "summary": [{k: _finite_or_none(v) for k, v in row.items()} for row in summary],
@@ -389,7 +398,8 @@ def pool_rows(results: Sequence[TextRobustnessResult]) -> list[dict]:
     return [{"model": r.model, "perturbation_class": row["perturbation_class"],
              "perturbation_type": row["perturbation_type"], "n": row["n"],
              **{key: row[key] for key in ("instability_mean", "instability_median", "brittleness_mean",
-                                          "brittleness_median", "brittleness_undefined")}}
+                                          "brittleness_median", "brittleness_stable", "brittleness_undefined",
+                                          "n_noop", "n_same_tokens")}}
             for r in results for row in r.summary]
 
 
@@ -397,12 +407,14 @@ def pool_markdown(results: Sequence[TextRobustnessResult]) -> str:
     """Perturbation types as rows, per model its mean instability and mean finite B (with the undefined count)."""
     types = list(dict.fromkeys(row["perturbation_type"] for r in results for row in r.summary))
     by_model = [{row["perturbation_type"]: row for row in r.summary} for r in results]
-    header = ["type", *[f"{r.model} {what}" for r in results for what in ("instab.", "B (undef.)")]]
+    header = ["type", *[f"{r.model} {what}" for r in results for what in ("instab.", "B (stable, undef.)")]]
     rows = [[name, *[cell for found in by_model for cell in (
         (_cell(found[name]["instability_mean"]),
-         f"{_cell(found[name]['brittleness_mean'])} ({found[name]['brittleness_undefined']})")
+         f"{_cell(found[name]['brittleness_mean'])} ({found[name]['brittleness_stable']}, "
+         f"{found[name]['brittleness_undefined']})")
         if name in found else ("missing", "missing"))]] for name in types]
-    lines = ["# Text robustness side by side: mean instability, mean finite B (undefined count)", ""]
+    lines = ["# Text robustness side by side: mean instability, mean finite B (stable -inf count, undefined count)",
+             ""]
     return "\n".join(lines + markdown_table(header, rows, ["---"] + ["---:"] * (len(header) - 1))) + "\n"
 
 

@@ -39,8 +39,8 @@ def prompt_head(model, cfg: DictConfig, datamodule, device: str = "cpu") -> Zero
 
 def log_head(head: ZeroShotHead) -> None:
     """The ensemble's template weights, the kept templates and the worst classes by pseudo-Cmm."""
-    log.info("zero-shot head: %s ensemble over %d templates, %d kept, %d classes, logit scale %.2f",
-             head.ensemble, len(head.templates), int(head.kept.sum()), len(head.class_names), head.logit_scale)
+    log.info("zero-shot head: %s over %d templates, %d kept, %d classes, logit scale %.2f",
+             head.label, len(head.templates), int(head.kept.sum()), len(head.class_names), head.logit_scale)
     ranked = sorted(zip(head.templates, head.weights.tolist(), head.kept.tolist()), key=lambda r: -r[1])
     for template, weight, kept in ranked:
         log.info("  template weight %.4f %s %r", weight, "kept   " if kept else "dropped", template)

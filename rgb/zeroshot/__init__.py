@@ -1,5 +1,6 @@
-"""Zero-shot CLIP classifiers: prompt ensembles (single, mean, zpe, cpe), heads from prompts, class-wise metrics,
-the comparison table, the embedded mini CLIP, and text brittleness (perturbations, ranking instability).
+"""Zero-shot CLIP classifiers: prompt ensembles (single, mean, zpe, zpe_select, cpe), heads from prompts, the
+comparison table (class-wise metrics: rgb.core.classwise), the embedded mini CLIP, and text brittleness
+(perturbations, ranking instability).
 
 Sits at the models layer: imports rgb.core, rgb.data and rgb.models only. Definitions: docs/zeroshot-spec.md.
 """
@@ -22,6 +23,7 @@ from rgb.zeroshot.ensembles import (
     EnsembleError,
     cpe_scores,
     ensemble_head,
+    ensemble_label,
     ensemble_weights,
     matching_margins,
     mean_head,
@@ -35,7 +37,6 @@ from rgb.zeroshot.head import (
     features_of,
     zeroshot_classifier,
 )
-from rgb.zeroshot.metrics import WORST_K, class_accuracies, class_wise_metrics
 from rgb.zeroshot.perturb import (
     DEFAULT_TYPES,
     Perturbation,
@@ -48,7 +49,7 @@ from rgb.zeroshot.perturb import (
     template_queries,
 )
 from rgb.zeroshot.prompts import PromptError, assemble_templates, check_templates, load_descriptions, template_pool
-from rgb.zeroshot.report import comparison_table
+from rgb.zeroshot.report import average_rows, comparison_table, head_row, row_metrics
 from rgb.zeroshot.text import TextFeatureCache, encode_texts
 
 __all__ = [
@@ -63,25 +64,25 @@ __all__ = [
     "PromptSettings",
     "Query",
     "TextFeatureCache",
-    "WORST_K",
     "ZeroShotHead",
     "assemble_templates",
+    "average_rows",
     "brittleness_index",
     "build_zeroshot_head",
     "check_class_names",
     "check_templates",
-    "class_accuracies",
-    "class_wise_metrics",
     "classification_view",
     "comparison_table",
     "cpe_scores",
     "embedded_clip_classifier",
     "encode_texts",
     "ensemble_head",
+    "ensemble_label",
     "ensemble_weights",
     "ensure_embedded_clip",
     "features_of",
     "generate",
+    "head_row",
     "instability",
     "inter_distance",
     "load_descriptions",
@@ -94,6 +95,7 @@ __all__ = [
     "query_table",
     "rank_images",
     "rbo_ext",
+    "row_metrics",
     "summarize",
     "template_pool",
     "template_queries",

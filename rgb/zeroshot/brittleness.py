@@ -7,7 +7,9 @@ Rankings are (Q, D) tensors of image row indices, best first; everything is batc
 - RBO_ext(p) = (X_D / D) p^D + ((1 - p) / p) sum_{d=1..D} (X_d / d) p^d   (Webber et al. 2010, extrapolated)
 - instability = 1 - RBO_ext(0.99)
 - d(u, v) = 1 - cos(u, v); intra = d(q, q'); inter = mean d over all pairs of original queries
-- B = ln(instability * inter / intra), NaN (counted, never dropped) where intra = 0 or instability = 0.
+- B = ln(instability * inter / intra). Where instability = 0 but the text moved (intra > 0) the ranking did not
+  change at all: the least brittle case, B = -inf, counted apart (`brittleness_stable`) rather than dropped as
+  undefined. NaN (undefined, counted) only where intra = 0 (the spec leaves both undefined; this split is ours).
 
 Numerics: since p^D + ((1 - p) / p) sum_d p^d = 1, instability is computed as the equal sum of deficits
 (1 - X_D / D) p^D + ((1 - p) / p) sum_d (1 - X_d / d) p^d, so identical rankings give instability exactly 0 and
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from rgb.zeroshot.perturb import Perturbation
+from rgb.zeroshot.perturb import Perturbation, perturbation_type
 
 DEFAULT_P = 0.99
 DEFAULT_KS = (10, 50, 100)
@@ -126,11 +128,12 @@ def inter_distance(query_features: torch.Tensor) -> float:
 
 
 def brittleness_index(instability_values, intra, inter: float) -> torch.Tensor:
-    """B = ln(instability * inter / intra), float64; NaN where intra = 0 or instability = 0 (undefined)."""
+    """B = ln(instability * inter / intra), float64; -inf where instability = 0 < intra (a stable ranking, the
+    least brittle case), NaN where intra = 0 (undefined)."""
     inst = torch.as_tensor(instability_values, dtype=torch.float64)
     intra = torch.as_tensor(intra, dtype=torch.float64)
-    defined = (inst > 0) & (intra > 0)
-    ratio = torch.where(defined, inst * inter / torch.where(defined, intra, 1.0), torch.nan)
+    moved = intra > 0
+    ratio = torch.where(moved, inst * inter / torch.where(moved, intra, 1.0), torch.nan)
     return torch.log(ratio)
 
 
@@ -150,7 +153,7 @@ def query_table(image_features: torch.Tensor, query_features: torch.Tensor, pert
     (P, D), row i for perturbations[i], whose `query_index` points into the original queries. Columns are numpy
     arrays (pandas.DataFrame(table) works). overlap@k is NaN where k > N (the collection is shorter than k).
     Encode identical texts / token sequences once, so that edits that tokenize identically get identical
-    features, intra = 0 and an undefined B, as the spec intends."""
+    features, intra = 0 and an undefined B (better: leave them out, rgb.zeroshot.perturb.drop_non_edits)."""
     image_features, query_features, perturbed_features = (
         torch.as_tensor(t) for t in (image_features, query_features, perturbed_features))
     n_queries, n_images = query_features.shape[0], image_features.shape[0]
@@ -199,12 +202,16 @@ def query_table(image_features: torch.Tensor, query_features: torch.Tensor, pert
     return table
 
 
-def summarize(table: dict[str, np.ndarray]) -> list[dict]:
+def summarize(table: dict[str, np.ndarray], dropped: dict[str, dict[str, int]] | None = None) -> list[dict]:
     """One row per (perturbation class, type), in order of first appearance: mean/median instability, mean
-    overlap@k, mean intra, inter, mean/median of the finite B and the count of undefined B."""
+    overlap@k, mean intra, inter, the mean of the finite B, the median of the defined B (-inf for a stable
+    ranking is the lowest B, so it counts there), the counts of stable (B = -inf) and undefined (NaN) B, and with
+    `dropped` (rgb.zeroshot.perturb.drop_non_edits) the edits of each type left out (`n_noop`, `n_same_tokens`);
+    a type whose edits were all left out gets a row with n = 0."""
     n_rows = len(table["perturbation_type"])
     if n_rows == 0:
         raise ValueError("empty table: nothing to summarise")
+    dropped = dropped or {}
     groups: dict[tuple[str, str], list[int]] = {}
     for row, key in enumerate(zip(table["perturbation_class"], table["perturbation_type"])):
         groups.setdefault(key, []).append(row)
@@ -214,6 +221,7 @@ def summarize(table: dict[str, np.ndarray]) -> list[dict]:
         index = np.array(rows)
         brittleness = table["brittleness"][index]
         finite = brittleness[np.isfinite(brittleness)]
+        defined = brittleness[~np.isnan(brittleness)]
         summary.append({
             "perturbation_class": perturbation_class,
             "perturbation_type": type_name,
@@ -224,8 +232,19 @@ def summarize(table: dict[str, np.ndarray]) -> list[dict]:
             "intra_mean": float(table["intra"][index].mean()),
             "inter": float(table["inter"][index][0]),
             "brittleness_mean": float(finite.mean()) if finite.size else math.nan,
-            "brittleness_median": float(np.median(finite)) if finite.size else math.nan,
-            "brittleness_undefined": int(len(index) - finite.size),
+            "brittleness_median": float(np.median(defined)) if defined.size else math.nan,
+            "brittleness_stable": int(np.isneginf(brittleness).sum()),
+            "brittleness_undefined": int(np.isnan(brittleness).sum()),
+            **dropped.get(type_name, {"n_noop": 0, "n_same_tokens": 0}),
+        })
+    inter = float(table["inter"][0])
+    for type_name in [t for t in dropped if t not in {row["perturbation_type"] for row in summary}]:
+        summary.append({
+            "perturbation_class": perturbation_type(type_name).perturbation_class, "perturbation_type": type_name,
+            "n": 0, "instability_mean": math.nan, "instability_median": math.nan,
+            **{f"{name}_mean": math.nan for name in overlap_columns}, "intra_mean": math.nan, "inter": inter,
+            "brittleness_mean": math.nan, "brittleness_median": math.nan, "brittleness_stable": 0,
+            "brittleness_undefined": 0, **dropped[type_name],
         })
     return summary
 

@@ -1,13 +1,20 @@
-"""Prompt ensembles as pure functions of features: `single`, `mean`, `zpe`, `cpe` (docs/zeroshot-spec.md §2).
+"""Prompt ensembles as pure functions of features: `single`, `mean`, `zpe`, `zpe_select`, `cpe`
+(docs/zeroshot-spec.md §2).
 
 Everything here takes L2-normalised image features F (N, D) and text features E (M, C, D) (template t, class c)
 and never sees a label: CPE's class-wise matching margins use pseudo-labels from the `mean` ensemble of the same
-features. Logit units (s * cosine, s = the CLIP logit scale) throughout, as the spec fixes.
+features. Logit units (s * cosine, s = the CLIP logit scale) unless CPE's `cmm_units="cosine"` is asked for.
 
-ZPE (Allingham et al. 2023, test-time form, as implemented here): with l_t(x) = s * F(x) . E[t]^T (C logits),
-score_t = mean_x max_c (l_t(x)_c - mean_x' l_t(x')_c) (the max logit after removing the template's average logit
-per class over the same unlabelled images), w = softmax(score / tau). Its head, like `mean`'s, is the
-renormalised weighted sum of the text features; CPE's head is the weighted average without renormalising.
+ZPE (Allingham et al. 2023, arXiv 2302.06235), with l_t(x) = s * F(x) . E[t]^T (C logits) over the unlabelled
+images X: score_t = mean_x max_c (l_t(x)_c - b_t,c), w = softmax(score / tau). Two variants run, each labelled:
+- `zpe`, labelled `zpe (test debias)`: the authors' ablation. b_t = mean over X of l_t (the unlabelled images'
+  mean logit per class), every template kept, head = the renormalised weighted sum of the text features.
+- `zpe_select`, the published form as far as it runs offline: b_t = (mean over P of l_t + mean over X of l_t) / 2
+  when the user gives features P of unlabelled pretraining-like images (`pretraining+test debias`), else the
+  test term alone; templates kept where score_t >= median(score) + t * MAD(score) (MAD = median absolute
+  deviation; the best template is always kept); head = the weighted average of the kept templates' text features
+  without renormalising, so the logits are the weighted average of the templates' logits.
+CPE's head is the weighted average without renormalising too.
 """
 
 from __future__ import annotations
@@ -51,11 +58,22 @@ def class_means(image_features: torch.Tensor, labels: torch.Tensor, num_classes:
     return sums[present] / counts[present, None], present
 
 
+CMM_UNITS = ("logit", "cosine")
+
+
+def cmm_scale(logit_scale: float, units: str) -> float:
+    """The factor of the similarities that Cmm is measured in: s for logit units, 1 for cosine units."""
+    if units not in CMM_UNITS:
+        raise EnsembleError(f"unknown Cmm units {units!r}; choose one of {', '.join(CMM_UNITS)}")
+    return float(logit_scale) if units == "logit" else 1.0
+
+
 def matching_margins(image_features: torch.Tensor, heads: torch.Tensor, labels: torch.Tensor,
                      logit_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Cmm (spec §2 cpe steps 2-3) of each head in `heads` (..., C, D) for the classes that have an image under
     `labels`: Hhat[i, j] = mean over {x : label i} of s * f(x) . W[j] (the mean of dot products is the dot product
-    with the mean feature), Cmm[i] = Hhat[i, i] - max_{j != i} Hhat[i, j]. Returns (Cmm (..., C'), class ids (C',))."""
+    with the mean feature), Cmm[i] = Hhat[i, i] - max_{j != i} Hhat[i, j]. Returns (Cmm (..., C'), class ids (C',)).
+    `logit_scale` is s (logit units) or 1 (cosine units): see `cmm_scale`."""
     num_classes = heads.shape[-2]
     centres, present = class_means(image_features, labels, num_classes)
     similarity = logit_scale * centres @ heads.transpose(-1, -2)  # (..., C', C)
@@ -77,15 +95,30 @@ def median_selection(weights: torch.Tensor) -> torch.Tensor:
     return weights >= torch.quantile(weights, 0.5)
 
 
+def mad_selection(scores: torch.Tensor, t: float) -> torch.Tensor:
+    """ZPE's selection: keep templates with score >= median + t * MAD (median of M values, even M: the mean of
+    the two middle); the best-scoring template is kept even when the threshold lies above it."""
+    median = torch.quantile(scores, 0.5)
+    threshold = median + t * torch.quantile((scores - median).abs(), 0.5)
+    kept = scores >= threshold
+    kept[scores.argmax()] = True
+    return kept
+
+
 @dataclass(frozen=True)
 class EnsembleParams:
     logit_scale: float = 100.0
     k: float = 0.1
     tau: float = 1.0
-    template_index: int = 0
+    template_index: int | None = 0  # None: the single template is not in the pool
+    cmm_units: str = "logit"
+    mad_t: float = 2.0
+    pretraining_features: torch.Tensor | None = None
 
 
 def _single(F_img, E, p: EnsembleParams):
+    if p.template_index is None:
+        raise EnsembleError("the single template is not in the template pool")
     if not 0 <= p.template_index < E.shape[0]:
         raise EnsembleError(f"single template index {p.template_index} is outside the pool of {E.shape[0]}")
     weights = torch.zeros(E.shape[0], dtype=E.dtype)
@@ -97,18 +130,43 @@ def _mean(F_img, E, p: EnsembleParams):
     return torch.full((E.shape[0],), 1.0 / E.shape[0], dtype=E.dtype), torch.ones(E.shape[0], dtype=torch.bool)
 
 
-def _zpe(F_img, E, p: EnsembleParams):
-    if F_img.shape[0] == 0:
+def _mean_logits(features: torch.Tensor, E: torch.Tensor, logit_scale: float) -> torch.Tensor:
+    """(M, C) mean over the images of l_t(x)_c (the mean of dot products is the dot product with the mean)."""
+    return logit_scale * torch.einsum("d,mcd->mc", features.mean(0), E)
+
+
+def zpe_scores(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: float,
+               pretraining_features: torch.Tensor | None = None) -> torch.Tensor:
+    """score_t = mean_x max_c (l_t(x)_c - b_t,c): b_t the unlabelled images' mean logit, or with pretraining
+    features the average of that and their mean logit (the module docstring)."""
+    if image_features.shape[0] == 0:
         raise EnsembleError("zpe needs unlabelled images to score the templates; the split is empty")
-    logits = p.logit_scale * torch.einsum("nd,mcd->mnc", F_img, E)
-    score = (logits - logits.mean(1, keepdim=True)).amax(-1).mean(-1)
+    logits = logit_scale * torch.einsum("nd,mcd->mnc", image_features, text_features)
+    bias = _mean_logits(image_features, text_features, logit_scale)
+    if pretraining_features is not None:
+        if pretraining_features.ndim != 2 or pretraining_features.shape[0] == 0 \
+                or pretraining_features.shape[1] != text_features.shape[2]:
+            raise EnsembleError(f"zpe pretraining features must be (images >= 1, {text_features.shape[2]}); got "
+                                f"{tuple(pretraining_features.shape)}")
+        bias = (bias + _mean_logits(F.normalize(pretraining_features.float(), dim=-1), text_features, logit_scale)) / 2
+    return (logits - bias[:, None, :]).amax(-1).mean(-1)
+
+
+def _zpe(F_img, E, p: EnsembleParams):
+    score = zpe_scores(F_img, E, p.logit_scale)
     return torch.softmax(score / p.tau, 0), torch.ones(E.shape[0], dtype=torch.bool)
 
 
-def cpe_scores(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: float, k: float) -> dict:
+def _zpe_select(F_img, E, p: EnsembleParams):
+    score = zpe_scores(F_img, E, p.logit_scale, p.pretraining_features)
+    return torch.softmax(score / p.tau, 0), mad_selection(score, p.mad_t)
+
+
+def cpe_scores(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: float, k: float,
+               cmm_units: str = "logit") -> dict:
     """CPE steps 1-4: pseudo-labels, per-template Cmm over the pseudo-labelled classes, worst-k score."""
     labels = pseudo_labels(image_features, text_features)
-    cmm, present = matching_margins(image_features, text_features, labels, logit_scale)
+    cmm, present = matching_margins(image_features, text_features, labels, cmm_scale(logit_scale, cmm_units))
     return {"pseudo_labels": labels, "cmm": cmm, "classes": present, "score": worst_k_mean(cmm, k),
             "classes_without_images": text_features.shape[1] - len(present)}
 
@@ -116,21 +174,32 @@ def cpe_scores(image_features: torch.Tensor, text_features: torch.Tensor, logit_
 def _cpe(F_img, E, p: EnsembleParams):
     if F_img.shape[0] == 0:
         raise EnsembleError("cpe needs unlabelled images to pseudo-label; the split has none")
-    weights = torch.softmax(cpe_scores(F_img, E, p.logit_scale, p.k)["score"] / p.tau, 0)
+    weights = torch.softmax(cpe_scores(F_img, E, p.logit_scale, p.k, p.cmm_units)["score"] / p.tau, 0)
     return weights, median_selection(weights)
+
+
+def _zpe_select_label(p: EnsembleParams) -> str:
+    debias = "test" if p.pretraining_features is None else "pretraining+test"
+    return f"zpe (median+{p.mad_t:g}*MAD, logit average, {debias} debias)"
 
 
 @dataclass(frozen=True)
 class Ensemble:
     weigh: Callable  # (image features, text features, params) -> (weights (M,), kept (M,))
     renormalise: bool  # head = normalise(sum w E) (CLIP style) or the weighted average (CPE, similarity space)
+    label: Callable[[EnsembleParams], str]  # what ran, as reports and model.json name it
+
+
+def _named(name: str) -> Callable[[EnsembleParams], str]:
+    return lambda params: name
 
 
 ENSEMBLES: dict[str, Ensemble] = {
-    "single": Ensemble(_single, renormalise=True),
-    "mean": Ensemble(_mean, renormalise=True),
-    "zpe": Ensemble(_zpe, renormalise=True),
-    "cpe": Ensemble(_cpe, renormalise=False),
+    "single": Ensemble(_single, renormalise=True, label=_named("single")),
+    "mean": Ensemble(_mean, renormalise=True, label=_named("mean")),
+    "zpe": Ensemble(_zpe, renormalise=True, label=_named("zpe (test debias)")),
+    "zpe_select": Ensemble(_zpe_select, renormalise=False, label=_zpe_select_label),
+    "cpe": Ensemble(_cpe, renormalise=False, label=_named("cpe (weights)")),
 }
 
 
@@ -140,17 +209,32 @@ def _ensemble(method: str) -> Ensemble:
     return ENSEMBLES[method]
 
 
-def ensemble_weights(image_features: torch.Tensor, text_features: torch.Tensor, method: str, *,
-                     logit_scale: float = 100.0, k: float = 0.1, tau: float = 1.0,
-                     template_index: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights (M,), kept (M,) bool) of the templates under `method` in single | mean | zpe | cpe.
+def ensemble_params(*, logit_scale: float = 100.0, k: float = 0.1, tau: float = 1.0,
+                    template_index: int | None = 0,
+                    cmm_units: str = "logit", mad_t: float = 2.0,
+                    pretraining_features: torch.Tensor | None = None) -> EnsembleParams:
+    """The parameters of every ensemble, checked: `k`, `tau`, `cmm_units` are CPE's worst-k fraction, softmax
+    temperature (also ZPE's) and Cmm units; `mad_t` and `pretraining_features` are `zpe_select`'s; `template_index`
+    is `single`'s template."""
+    cmm_scale(logit_scale, cmm_units)
+    if not 0 < float(k) <= 1 or not float(tau) > 0 or not float(mad_t) >= 0:
+        raise EnsembleError(f"ensemble parameters need 0 < k <= 1, tau > 0 and mad_t >= 0; got k={k}, tau={tau}, "
+                            f"mad_t={mad_t}")
+    return EnsembleParams(float(logit_scale), float(k), float(tau), None if template_index is None
+                          else int(template_index), cmm_units, float(mad_t), pretraining_features)
 
-    image_features (N, D) and text_features (M, C, D), both L2-normalised; no labels are taken. `k` and `tau` are
-    CPE's worst-k fraction and softmax temperature (tau also ZPE's); `template_index` is `single`'s template.
-    """
+
+def ensemble_label(method: str, **params) -> str:
+    """How reports and model.json name what `method` runs with these parameters (e.g. `zpe (test debias)`)."""
+    return _ensemble(method).label(ensemble_params(**params))
+
+
+def ensemble_weights(image_features: torch.Tensor, text_features: torch.Tensor, method: str,
+                     **params) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights (M,), kept (M,) bool) of the templates under `method` (a key of ENSEMBLES), with the parameters
+    of `ensemble_params`. image_features (N, D) and text_features (M, C, D), both L2-normalised; no labels."""
     _check(image_features, text_features)
-    params = EnsembleParams(float(logit_scale), float(k), float(tau), int(template_index))
-    weights, kept = _ensemble(method).weigh(image_features.float(), text_features.float(), params)
+    weights, kept = _ensemble(method).weigh(image_features.float(), text_features.float(), ensemble_params(**params))
     return weights, kept
 
 

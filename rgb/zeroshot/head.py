@@ -5,11 +5,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import safetensors.torch
 import torch
 
+from rgb.core import file_sha256
+from rgb.data.catalog import DATASETS, MINI
 from rgb.models.openclip import LoadedCLIP, OpenCLIPClassifier, classifier_from_clip
-from rgb.zeroshot.ensembles import ensemble_head, ensemble_weights, matching_margins, pseudo_labels
+from rgb.zeroshot.ensembles import (
+    ENSEMBLES,
+    EnsembleError,
+    cmm_scale,
+    ensemble_head,
+    ensemble_label,
+    ensemble_params,
+    ensemble_weights,
+    matching_margins,
+    pseudo_labels,
+)
 from rgb.zeroshot.prompts import (
     PromptError,
     check_templates,
@@ -21,7 +35,26 @@ from rgb.zeroshot.prompts import (
 )
 from rgb.zeroshot.text import TextFeatureCache
 
-NEEDS_IMAGES = ("zpe", "cpe")
+NEEDS_IMAGES = ("zpe", "zpe_select", "cpe")
+DATASET_IDS = (*DATASETS, MINI.name)  # the keys `dataset_templates` may use
+
+
+def load_pretraining_features(path: str | Path) -> tuple[torch.Tensor, str]:
+    """(features (N, D), sha256) of a safetensors file whose tensor `features` holds image features of unlabelled
+    pretraining-like images (ZPE's pretraining debias term), made with the same image tower."""
+    path = Path(path)
+    if not path.is_file():
+        raise PromptError(f"zpe pretraining features file {path} does not exist")
+    try:
+        tensors = safetensors.torch.load_file(str(path))
+    except Exception as error:  # safetensors raises its own error types for unreadable files
+        raise PromptError(f"zpe pretraining features file {path} is not a readable safetensors file "
+                          f"({error})") from None
+    features = tensors.get("features")
+    if features is None or features.ndim != 2 or features.shape[0] == 0 or not features.dtype.is_floating_point:
+        raise PromptError(f"zpe pretraining features file {path} needs a float tensor 'features' of shape (images "
+                          f">= 1, dim); it holds {', '.join(f'{k} {tuple(v.shape)}' for k, v in tensors.items())}")
+    return features.float(), file_sha256(path)
 
 
 @dataclass(frozen=True)
@@ -39,6 +72,24 @@ class PromptSettings:
     descriptions: str | None = None  # JSON class name -> descriptors (Menon & Vondrick enrichment)
     enrich_worst: int = 10  # K: classes with the lowest pseudo-Cmm that get descriptions / questions
     cache_dir: str | None = None
+    cmm_units: str = "logit"  # cpe: similarities of Cmm in logit units (s * cosine) or cosine units
+    mad_t: float = 2.0  # zpe_select: keep templates scoring >= median + mad_t * MAD (0.5 ImageNet, 2.0 fine-grained)
+    zpe_pretraining_features: str | None = None  # zpe_select: image features of unlabelled pretraining-like images
+
+    def __post_init__(self):
+        if self.ensemble not in ENSEMBLES:
+            raise PromptError(f"unknown prompt ensemble {self.ensemble!r}; choose one of {', '.join(ENSEMBLES)}")
+        unknown = sorted(set(self.dataset_templates) - set(DATASET_IDS))
+        if unknown:
+            raise PromptError(f"prompts.dataset_templates: unknown dataset id(s) {', '.join(map(repr, unknown))}; "
+                              f"keys are dataset ids: {', '.join(DATASET_IDS)}")
+        if self.zpe_pretraining_features is not None and self.ensemble != "zpe_select":
+            raise PromptError(f"prompts.zpe_pretraining_features is read by the zpe_select ensemble only, not "
+                              f"{self.ensemble}")
+        try:
+            ensemble_params(k=self.k, tau=self.tau, cmm_units=self.cmm_units, mad_t=self.mad_t)
+        except EnsembleError as error:
+            raise PromptError(f"prompts: {error}") from None
 
     @classmethod
     def from_config(cls, config: dict) -> PromptSettings:
@@ -51,15 +102,15 @@ class PromptSettings:
         values["dataset_templates"] = dict(values.get("dataset_templates") or {})
         return cls(**values)
 
-    def template_list(self, dataset: str) -> tuple[list[str], int]:
-        """(the pool + this dataset's extras + the user's, index of `single_template` in it (appended if absent))."""
+    def template_list(self, dataset: str) -> tuple[list[str], int | None]:
+        """(the pool + this dataset's extras + the user's, index of `single_template` in it). The single template
+        is appended for the `single` ensemble only (it alone needs no pool); elsewhere the index is None when the
+        pool lacks it, so a user's pool is weighed as given."""
         templates = [*template_pool(self.pool), *self.dataset_templates.get(dataset, ()), *self.templates]
         if self.ensemble == "single" and self.single_template not in templates:
-            templates.append(self.single_template)  # `single` alone needs no pool
+            templates.append(self.single_template)
         templates = check_templates(templates)
-        if self.single_template not in templates:
-            templates = check_templates([*templates, self.single_template])
-        return templates, templates.index(self.single_template)
+        return templates, templates.index(self.single_template) if self.single_template in templates else None
 
 
 @dataclass
@@ -73,8 +124,9 @@ class ZeroShotHead:
     kept: torch.Tensor
     head: torch.Tensor  # (C, D) W of the spec; the classifier's weight is logit_scale * W
     logit_scale: float
-    template_index: int
+    template_index: int | None
     params: dict
+    label: str = ""  # what ran (`zpe (test debias)`, `cpe (+descriptions)`, ...)
     pseudo_cmm: list[float] | None = None  # per class under the final head (NaN: no pseudo-labelled image)
     worst_classes: list[str] = field(default_factory=list)
     questions: dict[str, str] = field(default_factory=dict)
@@ -84,7 +136,8 @@ class ZeroShotHead:
     def record(self) -> dict:
         """The `zeroshot` section of model.json (plain JSON values)."""
         return {
-            "ensemble": self.ensemble, "class_names": self.class_names, "logit_scale": self.logit_scale,
+            "ensemble": self.ensemble, "label": self.label, "class_names": self.class_names,
+            "logit_scale": self.logit_scale,
             "templates": [{"template": t, "weight": float(w), "kept": bool(k)}
                           for t, w, k in zip(self.templates, self.weights, self.kept)],
             "params": self.params, "single_template_index": self.template_index,
@@ -93,15 +146,47 @@ class ZeroShotHead:
         }
 
 
-def _worst_classes(image_features, head, labeller_features, class_names, logit_scale, count):
-    """Per-class pseudo-Cmm of `head` (pseudo-labels from the mean ensemble) and the `count` lowest classes."""
+def described_label(label: str) -> str:
+    """The label of an ensemble whose worst classes got descriptions: `cpe (weights)` -> `cpe (+descriptions)`."""
+    return f"{label.removesuffix(' (weights)')} (+descriptions)"
+
+
+def worst_classes(image_features, head, labeller_features, class_names, scale, count):
+    """Per-class pseudo-Cmm of `head` (pseudo-labels from the mean ensemble of `labeller_features`; similarities
+    times `scale`, see `cmm_scale`) and the `count` lowest classes."""
     labels = pseudo_labels(image_features, labeller_features)
-    cmm, present = matching_margins(image_features, head, labels, logit_scale)
+    cmm, present = matching_margins(image_features, head, labels, scale)
     per_class = [math.nan] * len(class_names)
     for c, value in zip(present.tolist(), cmm.tolist()):
         per_class[c] = value
     order = sorted(present.tolist(), key=lambda c: per_class[c])
     return per_class, [class_names[c] for c in order[:count]]
+
+
+def describe_classes(cache: TextFeatureCache, text: torch.Tensor, templates: list[str], class_names: list[str],
+                     descriptions: dict[str, list[str]], classes: list[str]) -> torch.Tensor:
+    """A copy of `text` (M, C, D) where each class of `classes` has, per template, the mean feature of its
+    described prompts `"{filled template}, which has {descriptor}"` (Menon & Vondrick; spec §2)."""
+    text = text.clone()
+    for name in classes:
+        c = class_names.index(name)
+        prompts = [described(t, name, d) for t in templates for d in descriptions[name]]
+        text[:, c] = cache.features(prompts).view(len(templates), len(descriptions[name]), -1).mean(1)
+    return text
+
+
+def enrich_worst_classes(cache: TextFeatureCache, unlabelled_features: torch.Tensor, text: torch.Tensor,
+                         templates: list[str], class_names: list[str], weights: torch.Tensor, kept: torch.Tensor,
+                         method: str, descriptions: dict[str, list[str]] | None, count: int, scale: float):
+    """(head, per-class pseudo-Cmm, the `count` worst classes, the described ones): the ensemble's head with the
+    worst classes by pseudo-Cmm under it described where `descriptions` has them (same template weights)."""
+    head = ensemble_head(text, weights, kept, method)
+    pseudo_cmm, worst = worst_classes(unlabelled_features, head, text, class_names, scale, count)
+    enriched = [c for c in worst if c in descriptions] if descriptions else []
+    if enriched:
+        head = ensemble_head(describe_classes(cache, text, templates, class_names, descriptions, enriched), weights,
+                             kept, method)
+    return head, pseudo_cmm, worst, enriched
 
 
 def build_zeroshot_head(clip: LoadedCLIP, dataset_class_names: list[str], settings: PromptSettings,
@@ -115,29 +200,39 @@ def build_zeroshot_head(clip: LoadedCLIP, dataset_class_names: list[str], settin
     descriptions = load_descriptions(settings.descriptions, class_names) if settings.descriptions else None
     if settings.ensemble in NEEDS_IMAGES and (unlabelled_features is None or len(unlabelled_features) == 0):
         raise PromptError(f"{settings.ensemble} needs unlabelled images: the {settings.split} split has none")
+    pretraining, pretraining_record = None, None
+    if settings.zpe_pretraining_features is not None:
+        pretraining, digest = load_pretraining_features(settings.zpe_pretraining_features)
+        pretraining_record = {"file": str(settings.zpe_pretraining_features), "sha256": digest,
+                              "images": len(pretraining)}
     cache = TextFeatureCache(clip, settings.cache_dir, device)
     text = cache.prompt_features(templates, class_names)
     scale = clip.logit_scale
-    params = {"logit_scale": scale, "k": settings.k, "tau": settings.tau, "template_index": template_index}
+    params = {"logit_scale": scale, "k": settings.k, "tau": settings.tau, "template_index": template_index,
+              "cmm_units": settings.cmm_units, "mad_t": settings.mad_t, "pretraining_features": pretraining}
     if unlabelled_features is None:
         unlabelled_features = torch.zeros(0, text.shape[-1])
-    weights, kept = ensemble_weights(unlabelled_features, text, settings.ensemble, **params)
+    try:
+        weights, kept = ensemble_weights(unlabelled_features, text, settings.ensemble, **params)
+    except EnsembleError as error:
+        raise PromptError(str(error)) from None
     head = ensemble_head(text, weights, kept, settings.ensemble)
+    record_params = {"k": settings.k, "tau": settings.tau, "pool": settings.pool, "split": settings.split,
+                     "cmm_units": settings.cmm_units, "mad_t": settings.mad_t,
+                     "single_template": settings.single_template, "descriptions": settings.descriptions,
+                     "enrich_worst": settings.enrich_worst,
+                     "zpe_pretraining_features": pretraining_record}
     result = ZeroShotHead(settings.ensemble, templates, class_names, weights, kept, head, scale, template_index,
-                          {"k": settings.k, "tau": settings.tau, "pool": settings.pool, "split": settings.split},
+                          record_params, label=ensemble_label(settings.ensemble, **params),
                           unlabelled_images=len(unlabelled_features))
     if len(unlabelled_features) == 0:
         return result
-    result.pseudo_cmm, result.worst_classes = _worst_classes(
-        unlabelled_features, head, text, class_names, scale, settings.enrich_worst)
+    result.head, result.pseudo_cmm, result.worst_classes, result.enriched = enrich_worst_classes(
+        cache, unlabelled_features, text, templates, class_names, weights, kept, settings.ensemble, descriptions,
+        settings.enrich_worst, cmm_scale(scale, settings.cmm_units))
     result.questions = {c: description_question(c) for c in result.worst_classes}
-    if descriptions:
-        result.enriched = [c for c in result.worst_classes if c in descriptions]
-        for name in result.enriched:
-            c = class_names.index(name)
-            prompts = [described(t, name, d) for t in templates for d in descriptions[name]]
-            text[:, c] = cache.features(prompts).view(len(templates), len(descriptions[name]), -1).mean(1)
-        result.head = ensemble_head(text, weights, kept, settings.ensemble)
+    if result.enriched:
+        result.label = described_label(result.label)
     return result
 
 
@@ -167,5 +262,6 @@ def features_of(model: OpenCLIPClassifier, loader, device: str | torch.device = 
         return torch.cat([model.image_features(batch[0].to(device)).float().cpu() for batch in loader])
 
 
-__all__ = ["PromptSettings", "ZeroShotHead", "build_zeroshot_head", "check_class_names", "features_of",
+__all__ = ["DATASET_IDS", "PromptSettings", "ZeroShotHead", "build_zeroshot_head", "check_class_names",
+           "describe_classes", "described_label", "enrich_worst_classes", "features_of", "load_pretraining_features", "worst_classes",
            "zeroshot_classifier"]

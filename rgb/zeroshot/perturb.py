@@ -4,7 +4,7 @@ Every edit is a `Perturbation` tagged (class, type, seed). Its randomness comes 
 (query text, type, seed) alone, so the same seed gives the same edits whatever the order, batching or subset of the
 queries. Types live in one registry, `PERTURBATION_TYPES` (name -> class, edit function).
 
-- Class 1 lexical and Class 2 syntactic edits are generated here (the 12 `DEFAULT_TYPES`). Choices the spec
+- Class 1 lexical and Class 2 syntactic edits are generated here (12 types). Choices the spec
   leaves open: punctuation is one type that removes trailing punctuation or, where there is none, adds a period;
   keyword extraction drops scikit-learn stop words but keeps the class name's words; there is no offline
   part-of-speech tagger, so the seed's noun-only extraction becomes class-name-only (filled templates know their
@@ -12,6 +12,10 @@ queries. Types live in one registry, `PERTURBATION_TYPES` (name -> class, edit f
 - Class 3 semantic: `template_synonym` swaps one template word (photo, picture, ...) from a small built-in table;
   `synonym` and `paraphrase` come from a user JSONL file (`load_user_edits`), since no offline resource covers
   synonyms of class names or paraphrases.
+- `DEFAULT_TYPES` are the 13 generated types (Classes 1, 2 and `template_synonym`), so a default run shows the
+  seed's Class 1 vs 2 vs 3 contrast. An edit that leaves the text unchanged, or that the model's tokenizer maps to
+  the query's own tokens (open_clip lowercases: case edits are no-ops for it), is not a perturbation:
+  `drop_non_edits` takes such edits out and counts them per type (`n_noop`, `n_same_tokens`).
 
 Stop words are scikit-learn's `ENGLISH_STOP_WORDS` (already a dependency). The QWERTY neighbour table is built here
 from the three letter rows: the PyPI typo libraries either seed Python's global `random` module (`typo`), which
@@ -293,8 +297,8 @@ PERTURBATION_TYPES: dict[str, PerturbationType] = {
     )
 }
 
-# The generated (Class 1 and 2) types: what runs when no type is named.
-DEFAULT_TYPES = tuple(name for name, kind in PERTURBATION_TYPES.items() if kind.perturbation_class != SEMANTIC)
+# The generated types (Classes 1 and 2, and Class 3's template synonyms): what runs when no type is named.
+DEFAULT_TYPES = tuple(name for name in PERTURBATION_TYPES if name not in USER_FILE_TYPES)
 
 
 def perturbation_type(name: str) -> PerturbationType:
@@ -363,3 +367,31 @@ def generate(queries: Sequence[Query], types: Sequence[str] = DEFAULT_TYPES, see
                     perturbations.append(
                         Perturbation(index, query.text, text, kind.perturbation_class, kind.name, seed))
     return perturbations
+
+
+def drop_non_edits(perturbations: Sequence[Perturbation], tokenize: Callable[[list[str]], object] | None = None
+                   ) -> tuple[list[Perturbation], dict[str, dict[str, int]]]:
+    """(the edits that change what the model reads, per type {"n_noop", "n_same_tokens"}): n_noop counts edits
+    whose text equals the query, n_same_tokens those whose tokens (`tokenize(texts)` -> one row per text, e.g.
+    open_clip's tokenizer) equal the query's. Every type of `perturbations` gets a count, 0 where none dropped."""
+    counts = {item.type: {"n_noop": 0, "n_same_tokens": 0} for item in perturbations}
+    changed = [item for item in perturbations if item.text != item.query]
+    for item in perturbations:
+        if item.text == item.query:
+            counts[item.type]["n_noop"] += 1
+    if tokenize is None or not changed:
+        return changed, counts
+    texts = list(dict.fromkeys([item.query for item in changed] + [item.text for item in changed]))
+    rows = {text: tuple(row) for text, row in zip(texts, _token_rows(tokenize(texts)))}
+    kept = []
+    for item in changed:
+        if rows[item.text] == rows[item.query]:
+            counts[item.type]["n_same_tokens"] += 1
+        else:
+            kept.append(item)
+    return kept, counts
+
+
+def _token_rows(tokens) -> list[list[int]]:
+    return tokens.tolist() if hasattr(tokens, "tolist") else [list(row) for row in tokens]
+

@@ -1,12 +1,34 @@
-"""Class-wise views of per-image correctness: per-class accuracy, worst-k, harmonic and geometric means."""
+"""Class-wise metrics of per-image correctness (the CPE seed's worst@k, HM, GM; docs/zeroshot-spec.md §3): the one
+definition that evaluate's scores and the zero-shot comparison report both use.
+
+worst@k rule: k counts classes (3) or is a share of them ("10%", 0.1; at least one class). When k exceeds the
+classes present in the split, worst@k is None ("not a number"), not the mean over the classes there are: a capped
+worst@10 of a 5-class split is the mean class accuracy under another name, and averaged across datasets it would
+mix two definitions in one column. (The spec caps k at C; this deviation is stated in docs/design.md.)
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from rgb.evaluation.records import ClassWise
+from rgb.core.jsonrecord import JsonRecord
+
+DEFAULT_WORST_K = (1, 5, 10)
+
+
+@dataclass(frozen=True)
+class ClassWise(JsonRecord):
+    """Per-class accuracy of one setting (None for a class absent from the split) and its summaries."""
+
+    per_class: list[float | None]
+    mean: float
+    worst: dict[str, float | None]  # worst-k mean by k as configured ("1", "5", "10%"); None: fewer classes
+    harmonic_mean: float
+    geometric_mean: float
+    worst_classes: list[int]
 
 
 def per_class_accuracy(labels, correct_flags, num_classes: int) -> np.ndarray:
@@ -21,7 +43,7 @@ def per_class_accuracy(labels, correct_flags, num_classes: int) -> np.ndarray:
 
 def worst_k_count(k: int | float | str, num_classes: int) -> int | None:
     """k as a class count (3) or a percentage of the classes ("10%" or 0.1), at least 1; None when the split
-    has fewer than k classes (worst@10 of a 5-class split is not a number)."""
+    has fewer than k classes (the module's worst@k rule)."""
     if isinstance(k, str) and k.endswith("%"):
         k = float(k[:-1]) / 100
     if isinstance(k, float) and 0 < k < 1:
@@ -31,11 +53,24 @@ def worst_k_count(k: int | float | str, num_classes: int) -> int | None:
     return int(k) if int(k) <= num_classes else None
 
 
-def class_wise_summary(labels, correct_flags, num_classes: int, worst_k=(1, 5, 10)) -> ClassWise:
+def check_worst_k(worst_k) -> tuple:
+    """The configured worst-k list, each entry checked (one line for a bad one)."""
+    worst_k = tuple(worst_k)
+    if not worst_k:
+        raise ValueError("worst_k is empty: give at least one k (e.g. [1, 5, 10])")
+    for k in worst_k:
+        worst_k_count(k, 1)
+    return worst_k
+
+
+def class_wise_summary(labels, correct_flags, num_classes: int, worst_k=DEFAULT_WORST_K) -> ClassWise:
     """Per-class accuracy with the worst-k means and the harmonic / geometric means over present classes.
 
     The harmonic and geometric means are 0 as soon as one class has accuracy 0: that is the point of them.
     """
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.size == 0:
+        raise ValueError("class-wise metrics of an empty split")
     per_class = per_class_accuracy(labels, correct_flags, num_classes)
     present = per_class[~np.isnan(per_class)]
     ordered = np.sort(present)
@@ -51,3 +86,7 @@ def class_wise_summary(labels, correct_flags, num_classes: int, worst_k=(1, 5, 1
         harmonic_mean=harmonic, geometric_mean=geometric,
         worst_classes=[int(i) for i in np.argsort(np.nan_to_num(per_class, nan=np.inf))[:5]],
     )
+
+
+__all__ = ["DEFAULT_WORST_K", "ClassWise", "check_worst_k", "class_wise_summary", "per_class_accuracy",
+           "worst_k_count"]
