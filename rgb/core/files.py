@@ -24,6 +24,11 @@ def atomic_write_json(path: Path, record) -> None:
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
+def stable_id(path: Path) -> str:
+    """A run id from a directory (W&B runs): a requeued, resumed or repeated job continues the same run."""
+    return hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -75,6 +75,21 @@ def locked(run_dir: Path):
         handle.close()  # releases the flock
 
 
+def run_names(cfg) -> dict:
+    """The run's own name and, for a job of a multirun, its sweep (name, directory, job number), recorded in
+    model.json: attack.py and evaluate.py name their outputs from this record (rgb.runs.store.run_name_for),
+    never from the directory, whose name is only the job number in a sweep."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    sweep = None
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        hydra_cfg = HydraConfig.get()
+        sweep = {"name": str(cfg.get("sweep_name") or Path(hydra_cfg.sweep.dir).name),
+                 "dir": str(Path(hydra_cfg.sweep.dir).resolve()), "job": int(hydra_cfg.job.num)}
+    return {"run_name": str(cfg.run_name), "sweep": sweep}
+
+
 def start_record(threads: int, trainer, resumed_from: str | None) -> dict:
     """What this start ran on: recorded in run.json and, through it, in model.json."""
     return {
