@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from hydra import compose, initialize_config_dir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -150,7 +151,7 @@ def attack_array(train_sweep, workspace):
     attack_dir = root / "outputs" / "attack" / "digits"
     process = launch("attack.py", "-m", "attack=slurm", f"runs={train_sweep}", "shard.count=2", *ATTACK, *paths,
                      *LAUNCHER, cwd=root)
-    shard = attack_dir / f"{SWEEP_NAME}-j0" / "linf" / "shard-0-of-2"  # array task 0: model 0, shard 0
+    shard = attack_dir / f"{SWEEP_NAME}-j1" / "linf" / "shard-0-of-2"  # array task 1: model 1, shard 0
     before = {}
 
     def started() -> bool:
@@ -159,7 +160,7 @@ def attack_array(train_sweep, workspace):
 
     submitit = attack_dir / "multirun" / SWEEP_NAME / ".submitit"
     with cancelled_on_failure(process, submitit):
-        requeue_mid_work(process, submitit, 0, started,
+        requeue_mid_work(process, submitit, 1, started,
                          finished=lambda: len(list(shard.glob("batch-*.pt"))) >= 14)  # 29 batches: 14 in shard 0
         finish(process)
     return attack_dir, shard, before
@@ -172,12 +173,16 @@ def test_attack_array_over_the_sweep_resumes_a_requeued_shard(attack_array, trai
         ["multirun", f"{SWEEP_NAME}-j0", f"{SWEEP_NAME}-j1"])  # named from the train record, never "0"
     after = {p.name: p.stat().st_mtime_ns for p in shard.glob("batch-*.pt")}
     assert len(after) == 14 and all(after[name] == mtime for name, mtime in before.items())  # none recomputed
-    single = root / "single"
-    finish(launch("attack.py", f"run={train_sweep / '0'}", f"output_dir={single}", *ATTACK, *paths, cwd=root))
-    merged = pq.read_table(attack_dir / f"{SWEEP_NAME}-j0" / "linf" / "results.parquet")
+    from rgb.runs.runner import attack_from_config
+
+    single = root / "single"  # the same attack in one process, here (no SLURM, no shards)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("attack", overrides=[f"run={train_sweep / '1'}", f"output_dir={single}", *ATTACK, *paths])
+    attack_from_config(cfg, threads=1)
+    merged = pq.read_table(attack_dir / f"{SWEEP_NAME}-j1" / "linf" / "results.parquet")
     assert merged.num_rows == 450 and merged.equals(pq.read_table(single / "linf" / "results.parquet"))
-    summary = json.loads((attack_dir / f"{SWEEP_NAME}-j0" / "linf" / "summary.json").read_text())
-    assert summary["run_name"] == f"{SWEEP_NAME}-j0" and summary["complete"]
+    summary = json.loads((attack_dir / f"{SWEEP_NAME}-j1" / "linf" / "summary.json").read_text())
+    assert summary["run_name"] == f"{SWEEP_NAME}-j1" and summary["complete"]
     logs = list((attack_dir / "multirun" / SWEEP_NAME).glob("*/attack.log"))
     assert any("accuracy after clean" in p.read_text() for p in logs)  # the per-stage numbers reach the log
 
