@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ CONFIG_DIR = str(config_dir())
 
 
 def _run_name(path) -> str:
-    from rgb.runs.settings import run_name_for
+    from rgb.runs.store import run_name_for
 
     return run_name_for(path)
 
@@ -74,7 +75,7 @@ def _infer_data_override(argv: list[str]) -> list[str]:
     run = next((a.split("=", 1)[1] for a in argv if a.startswith("run=")), None)
     if not run:
         return argv
-    path = Path(run)
+    path = Path(run.split(",")[0])  # a sweep over models (runs=): they share a dataset
     meta_file = path / "model.json" if path.is_dir() else path.with_suffix(".json")
     try:
         dataset = json.loads(meta_file.read_text()).get("dataset")
@@ -84,6 +85,70 @@ def _infer_data_override(argv: list[str]) -> list[str]:
     return argv + [f"data={name}"] if name else argv
 
 
+# Config choices that need an optional extra: (group, option or None for any) -> (plugin module, extra).
+EXTRAS = {
+    ("hydra/launcher", "slurm"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    ("hydra/launcher", "submitit_slurm"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    ("hydra/launcher", "submitit_local"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    ("attack", "slurm"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    ("hparams_search", None): ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+}
+
+
+def _missing_extra(argv: list[str]) -> str | None:
+    """A launcher or sweeper that is not installed: the pip line, instead of Hydra's "Could not load" report."""
+    from importlib.util import find_spec
+
+    for arg in argv:
+        group, _, option = arg.lstrip("+~").partition("=")
+        needed = EXTRAS.get((group, option)) or EXTRAS.get((group, None))
+        if needed and option not in ("", "null") and find_spec(needed[0]) is None:
+            return f"{group}={option} needs the optional extra: pip install 'robustgenbench[{needed[1]}]'"
+    return None
+
+
+def _expand_runs(argv: list[str]) -> list[str]:
+    """attack.py `runs=SWEEP_DIR` (or a glob of run dirs): one multirun job per model, as `run=A,B,...` (times
+    the shards under attack=slurm: one array), its logs in one sweep dir named after the train sweep."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("runs=")]
+    if not given:
+        return argv
+    if not any(a in ("-m", "--multirun") for a in argv):
+        raise ValueError("runs= attacks every model of a sweep as one multirun: add -m (and attack=slurm for SLURM)")
+    from rgb.runs.store import model_record, train_runs
+
+    runs = train_runs(given[-1])
+    if not runs:
+        raise ValueError(f"runs={given[-1]} names no trained model (no model.json in it or in its job dirs)")
+    odd = [str(r) for r in runs if not re.fullmatch(r"[\w./-]+", str(r))]  # one Hydra sweep value each
+    if odd:
+        raise ValueError(f"runs=: rename {odd[0]}: a run path may hold letters, digits, '/', '-', '_' and '.'")
+    sweep = (model_record(runs[0]) or {}).get("sweep") or {}
+    label = sweep.get("name") or Path(given[-1].rstrip("/*")).name
+    return [*argv, "run=" + ",".join(str(r) for r in runs),
+            f"sweep_dir=${{paths.output_dir}}/attack/${{data.dataset}}/multirun/{label}"]
+
+
+def _log_to_files(cfg: DictConfig) -> None:
+    """A command's log file (Hydra's <job>.log) holds all it said: warnings, Lightning's lines (Lightning keeps
+    them to itself when it was imported before Hydra set up logging, as in a SLURM job) and, file only so that
+    the console stays short, the composed config."""
+    logging.captureWarnings(True)
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        if not logger.propagate:
+            logger.handlers.clear()
+            logger.propagate = True
+    try:
+        composed = OmegaConf.to_yaml(cfg, resolve=True)
+    except Exception:  # an interpolation only the command itself can report (it will): the config as written
+        composed = OmegaConf.to_yaml(cfg)
+    record = logging.LogRecord(log.name, logging.INFO, __file__, 0, "composed config:\n%s", (composed,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def _command(name: str, config_name: str, body: Callable[[DictConfig, int], object], infer_data: bool):
     """A Hydra main for `body(cfg, threads)` with the shared start-up and one-line errors."""
 
@@ -91,6 +156,7 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
     def main(cfg: DictConfig):
         from rgb.core.machine import configure_threads
 
+        _log_to_files(cfg)
         errors = user_errors()
         try:
             threads = configure_threads(cfg.get("threads", "auto"))
@@ -100,6 +166,14 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             sys.exit(2)
 
     def entry() -> None:
+        missing = _missing_extra(sys.argv[1:])
+        if missing:
+            sys.exit(f"{name}: error: {missing}")
+        if config_name == "attack":
+            try:
+                sys.argv[1:] = _expand_runs(sys.argv[1:])
+            except ValueError as err:
+                sys.exit(f"{name}: error: {err}")
         if infer_data:
             sys.argv[1:] = _infer_data_override(sys.argv[1:])
         argv = sys.argv[1:]

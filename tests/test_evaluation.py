@@ -298,3 +298,23 @@ def test_wandb_offline_files_contain_the_summary(tmp_path, mini_dir, tiny_run, m
     for key in (b"white_box/settings/test", b"white_box/partial_sum", b"class_wise/test/harmonic_mean", b"settings"):
         assert key in records
     assert len(list(run_dir.rglob("media/images/plots/*.png"))) == len(result.plots)
+
+
+def test_attack_wandb_offline_run_logs_stages_and_names_the_train_run(tmp_path, mini_dir, tiny_run, clean_pred,
+                                                                       monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    from rgb.core.files import stable_id
+    from rgb.runs.store import read_run
+    from rgb.runs.wandb_report import log_attack
+
+    write_attack(tmp_path / "attack", "linf", tiny_run, datamodule(mini_dir), np.arange(450) % 2 == 0, clean_pred)
+    summary = read_run(tmp_path / "attack" / "linf").summary
+    run_dir = log_attack({"linf": summary}, tmp_path / "attack", project="rgb-tests")
+    import wandb
+
+    wandb.teardown()
+    assert run_dir.name.endswith(stable_id(tmp_path / "attack"))  # a requeued merge continues this run
+    records = next(run_dir.rglob("*.wandb")).read_bytes()
+    for key in (b"linf/accuracy_after/apgd-ce", b"linf/images_per_second", b"linf/robust_accuracy",
+                stable_id(tiny_run).encode(), summary.weights_sha256.encode()):  # the train run it attacked
+        assert key in records

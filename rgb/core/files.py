@@ -118,6 +118,11 @@ def read_cached_tensors(path: Path, what: str) -> dict | None:
         return None
 
 
+def stable_id(path: Path) -> str:
+    """A run id from a directory (W&B runs): a requeued, resumed or repeated job continues the same run."""
+    return hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -287,5 +288,43 @@ def board_figure(board: Leaderboard):
                               len(board.settings))
 
 
+def seed_spread(records: Sequence[ScoresRecord], metas: Sequence[dict], protocol: str = "white_box") -> dict | None:
+    """Mean and standard deviation (n - 1) over seeds, per setting and of the Sum, when the trained models (their
+    scores records and model.json) are one recipe on one dataset that differ in the seed only; else None."""
+    identities = [(meta.get("training") or {}).get("identity") for meta in metas]
+    if len(records) < 2 or any(identity is None for identity in identities):
+        return None
+    recipes = [{k: v for k, v in identity.items() if k != "seed"} for identity in identities]
+    seeds = [identity.get("seed") for identity in identities]
+    if any(r != recipes[0] for r in recipes) or len(set(seeds)) < len(seeds) or len({r.dataset for r in records}) > 1:
+        return None
+    scores = [record.protocol(protocol) for record in records]
+
+    def spread(values: list) -> dict | None:
+        return None if None in values else {"mean": statistics.fmean(values), "std": statistics.stdev(values)}
+
+    return {"dataset": records[0].dataset, "protocol": protocol, "models": [r.model.run_name for r in records],
+            "seeds": seeds, "settings": {s: spread([sc.settings[s].value if sc.settings.get(s) else None
+                                                    for sc in scores]) for s in PROTOCOLS[protocol]},
+            "sum": spread([sc.score for sc in scores])}
+
+
+def seed_spread_markdown(spread: dict) -> str:
+    seeds = ", ".join(str(s) for s in spread["seeds"])
+    rows = [[name, "missing" if v is None else f"{v['mean']:.4f} +- {v['std']:.4f}"]
+            for name, v in [*spread["settings"].items(), ("Sum", spread["sum"])]]
+    lines = [f"# Mean +- std over seeds {seeds} ({spread['dataset']}, {spread['protocol']}; std with n - 1)", "",
+             *markdown_table(["setting", "mean +- std"], rows, ["---", "---:"]), "",
+             f"Models: {', '.join(spread['models'])} (one recipe, the seed alone differs)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_seed_spread(spread: dict, out_dir: Path) -> None:
+    """seeds.md and seeds.json beside the leaderboard."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out_dir / "seeds.md", seed_spread_markdown(spread).encode())
+    atomic_write_bytes(out_dir / "seeds.json", (json.dumps(spread, indent=2) + "\n").encode())
+
+
 __all__ = ["Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard", "find_records",
-           "to_markdown", "write_leaderboard"]
+           "seed_spread", "seed_spread_markdown", "to_markdown", "write_leaderboard", "write_seed_spread"]

@@ -13,11 +13,20 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.core.machine import resolve_device
-from rgb.evaluation.leaderboard import LeaderboardError, find_records, to_markdown, write_leaderboard
+from rgb.evaluation.leaderboard import (
+    LeaderboardError,
+    find_records,
+    seed_spread,
+    seed_spread_markdown,
+    to_markdown,
+    write_leaderboard,
+    write_seed_spread,
+)
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table
-from rgb.evaluation.records import RecordError
+from rgb.evaluation.records import RecordError, ScoresRecord
 from rgb.models import load_with_meta
 from rgb.models.io import WEIGHTS_FILE
+from rgb.runs.store import train_reference, train_runs
 
 log = logging.getLogger(__name__)
 # Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
@@ -36,23 +45,48 @@ def run_evaluation(cfg: DictConfig) -> float | None:
         module, function = REPORTS[asked[0]]
         return getattr(importlib.import_module(module), function)(cfg)
     if cfg.pool:
-        datasets = cfg.get("leaderboard_datasets")
-        try:
-            board = write_leaderboard(find_records(list(cfg.pool)), Path(cfg.leaderboard_dir), str(cfg.protocol),
-                                      None if datasets is None else [str(d) for d in datasets],
-                                      str(cfg.get("rank_by", "borda")))
-        except (LeaderboardError, RecordError) as err:
-            raise EvaluationError(str(err)) from err
-        log.info("%s", to_markdown(board).rstrip("\n"))
-        log.info("leaderboard written to %s", cfg.leaderboard_dir)
-        return None
+        return _pool(cfg)
     if cfg.run is None:
         raise EvaluationError("nothing to evaluate: give run=<train output dir or .safetensors> or pool=[DIR,...]")
+    return _score(cfg)[0].white_box.score
+
+
+def _pool(cfg: DictConfig) -> None:
+    """pool=[...]: a train sweep or run dir is evaluated first, each model as run=DIR would be; a dir of scores.json
+    files is taken as it is. Then the leaderboard, and mean +- std over seeds when the trained models of the pool
+    differ in their seed only."""
+    sources, trained = [], []
+    for entry in cfg.pool:
+        runs = train_runs(entry)
+        sources += [Path(str(entry))] if not runs else []
+        for run in runs:
+            member = OmegaConf.merge(cfg, {"run": str(run), "pool": None})
+            record, meta = _score(member)
+            sources.append(Path(str(member.output_dir)))
+            trained.append((record, meta))
+    datasets = cfg.get("leaderboard_datasets")
+    try:
+        board = write_leaderboard(find_records(sources), Path(cfg.leaderboard_dir), str(cfg.protocol),
+                                  None if datasets is None else [str(d) for d in datasets],
+                                  str(cfg.get("rank_by", "borda")))
+    except (LeaderboardError, RecordError) as err:
+        raise EvaluationError(str(err)) from err
+    log.info("%s", to_markdown(board).rstrip("\n"))
+    spread = seed_spread([record for record, _ in trained], [meta for _, meta in trained], str(cfg.protocol))
+    if spread is not None:
+        write_seed_spread(spread, Path(cfg.leaderboard_dir))
+        log.info("%s", seed_spread_markdown(spread).rstrip("\n"))
+    log.info("leaderboard written to %s", cfg.leaderboard_dir)
+    return None
+
+
+def _score(cfg: DictConfig) -> tuple[ScoresRecord, dict]:
+    """Evaluate the model of `cfg.run` (its scores record and model.json), named as its run record says."""
     if cfg.max_images is not None and not cfg.allow_partial:
         raise EvaluationError("max_images scores part of each split: add allow_partial=true to accept that")
     run = Path(str(cfg.run))
     model, meta = load_with_meta(run)
-    meta.setdefault("run_name", str(cfg.run_name))
+    meta["run_name"] = str(cfg.run_name)  # rgb.runs.store.run_name_for: a sweep job's unique name, as attack.py's
     options = EvalOptions(
         attack_dir=Path(str(cfg.attack_dir)), out_dir=Path(str(cfg.output_dir)), transfer=bool(cfg.transfer),
         severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
@@ -65,5 +99,6 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     if cfg.wandb.enabled:
         from rgb.evaluation.wandb_report import log_evaluation
 
-        log_evaluation(record, record.folder(options.out_dir), str(cfg.wandb.project))
-    return record.white_box.score
+        log_evaluation(record, record.folder(options.out_dir), str(cfg.wandb.project),
+                       train=train_reference(run, record.model.weights_sha256))
+    return record, meta

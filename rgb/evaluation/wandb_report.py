@@ -6,23 +6,21 @@ directory, so re-evaluating the same model updates the same W&B run.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import wandb
 
+from rgb.core.files import stable_id
 from rgb.evaluation.records import ScoresRecord
 
 
-def run_id(out_dir: Path) -> str:
-    return hashlib.sha1(str(Path(out_dir).resolve()).encode()).hexdigest()[:16]
-
-
-def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: str = "evaluate") -> Path:
-    """Log one scores record (its `metrics()` as the run summary); returns the local W&B run directory."""
+def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: str = "evaluate",
+                   train: dict | None = None) -> Path:
+    """Log one scores record (its `metrics()` as the run summary); returns the local W&B run directory. `train`:
+    the training run it scores (its dir, W&B id, sweep, weights hash), in the config."""
     run = wandb.init(project=project, name=f"{record.model.run_name}@{record.dataset}", group=record.dataset,
-                     job_type=job_type, dir=str(out_dir), id=run_id(out_dir), resume="allow",
-                     config={"model": record.model.to_json(), "eps": record.eps})
+                     job_type=job_type, dir=str(out_dir), id=stable_id(out_dir), resume="allow",
+                     config={"model": record.model.to_json(), "eps": record.eps, "train": train})
     try:
         run.summary.update(record.metrics())
         table = wandb.Table(columns=["setting", "accuracy", "correct", "total", "partial"])
@@ -42,7 +40,7 @@ def log_text_robustness(result, project: str) -> Path:
     classification view as tables, their numbers as the run summary, the plots as images."""
     out_dir = result.out_dir
     run = wandb.init(project=project, name=f"{result.model}@text_robustness", group=result.record["dataset"],
-                     job_type="text_robustness", dir=str(out_dir), id=run_id(out_dir), resume="allow",
+                     job_type="text_robustness", dir=str(out_dir), id=stable_id(out_dir), resume="allow",
                      config={key: result.record[key] for key in ("model", "weights_sha256", "dataset", "split",
                                                                  "queries", "types", "seeds", "ks", "p")})
     try:

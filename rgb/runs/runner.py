@@ -29,8 +29,8 @@ from rgb.data.fingerprint import split_sha256
 from rgb.models import WEIGHTS_FILE, apply_speed_options, library_versions, load_with_meta
 from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
-from rgb.runs.settings import AttackRunError, AttackSettings, Budget, run_name_for, white_box_budgets
-from rgb.runs.store import RESULT_COLUMNS, RunDirectory, RunSummary
+from rgb.runs.settings import AttackRunError, AttackSettings, Budget, white_box_budgets
+from rgb.runs.store import RESULT_COLUMNS, RunDirectory, RunSummary, run_name_for
 
 log = logging.getLogger(__name__)
 
@@ -273,10 +273,18 @@ def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dic
             continue
         summaries[budget.name] = merge(target, settings, budget, run, count)
         log.info("%s", summaries[budget.name].line())
+        log.info("%s", summaries[budget.name].stages())
     return summaries
 
 
 def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
     """attack.py: white-box AutoAttack of `cfg.run` at the data config's budgets for `cfg.norms`."""
     budgets = white_box_budgets(cfg.norms, cfg.data)
-    return execute(AttackSettings.from_config(cfg, budgets, surrogate=run_name_for(cfg.run), threads=threads))
+    settings = AttackSettings.from_config(cfg, budgets, surrogate=run_name_for(cfg.run), threads=threads)
+    summaries = execute(settings)
+    tracking = cfg.get("wandb") or {}
+    if tracking.get("enabled") and summaries:  # the shard that merges logs the run
+        from rgb.runs.wandb_report import log_attack
+
+        log_attack(summaries, settings.output_dir, str(tracking.get("project", "robustgenbench")))
+    return summaries

@@ -13,21 +13,12 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.core.machine import DeviceError, resolve_device
 from rgb.core.threat import Norm, ThreatModel, parse_norm
 from rgb.data.catalog import TRANSFER_BUDGETS
-from rgb.models import WEIGHTS_FILE
 
 IMPLEMENTATIONS = ("ours", "reference")
 
 
 class AttackRunError(RuntimeError):
     """A one-line problem with an attack run: bad settings, a directory made for another run, missing shards."""
-
-
-def run_name_for(path: str | Path) -> str:
-    """Run name from where the model lives: the train run dir's name, or the stem of an exported weights file."""
-    path = Path(str(path))
-    if path.suffix == ".safetensors":
-        return path.parent.name if path.name == WEIGHTS_FILE else path.stem
-    return path.name
 
 
 @dataclass(frozen=True)
@@ -90,8 +81,10 @@ class AttackSettings:
             device = resolve_device(str(cfg.device))
         except DeviceError as err:
             raise AttackRunError(str(err)) from err
+        from rgb.runs.store import run_name_for  # the store imports this module's error
+
         return cls(
-            run=run, run_name=run_name_for(run), data=OmegaConf.to_container(cfg.data, resolve=True),
+            run=run, run_name=str(cfg.run_name) if cfg.get("run_name") else run_name_for(run), data=OmegaConf.to_container(cfg.data, resolve=True),
             budgets=budgets, version=str(cfg.version), seed=int(cfg.seed), attacks=attacks,
             precision=str(cfg.precision), batch_size=batch_size, device=device,
             compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),

@@ -1,4 +1,5 @@
-"""The attack run store: the only code that knows the layout of a run directory and the summary.json schema.
+"""The attack run store: the only code that knows the layout of a run directory and the summary.json schema, and
+the names that attack and evaluation outputs get from the train run they score (`run_name_for`, `train_runs`).
 
 One threat model's directory holds `run.json` (the identity of what its results depend on), per-batch tensor
 files of every shard (`shard-<i>-of-<n>/batch-<start>.pt`, atomic), and after merging `results.parquet` plus
@@ -7,6 +8,7 @@ files of every shard (`shard-<i>-of-<n>/batch-<start>.pt`, atomic), and after me
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import json
@@ -18,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256
+from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, stable_id
+from rgb.models import META_FILE, WEIGHTS_FILE
 from rgb.runs.settings import AttackRunError
 
 MANIFEST = "run.json"
@@ -29,6 +32,58 @@ RESULT_COLUMNS = (
     "forward_rows", "backward_rows",
 )
 SUMMARY_SCHEMA = 2
+
+
+def model_record(path: str | Path) -> dict | None:
+    """The model.json of a train run dir or of an exported weights file (None when absent or unreadable)."""
+    path = Path(str(path))
+    meta_file = path / META_FILE if path.is_dir() else path.with_suffix(".json")
+    try:
+        record = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def run_name_for(path: str | Path) -> str:
+    """The name of a model's attack and evaluation outputs, from the train run's own record (model.json): a sweep
+    job is `<sweep name>-j<job>` (unique within its sweep, and sweeps never share a directory), any other run its
+    recorded run_name. Only a model without a record is named by where it lives (its dir, or its file's stem)."""
+    path = Path(str(path))
+    record = model_record(path) or {}
+    sweep = record.get("sweep")
+    if isinstance(sweep, dict) and sweep.get("name") and sweep.get("job") is not None:
+        return f"{sweep['name']}-j{sweep['job']}"
+    if record.get("run_name"):
+        return str(record["run_name"])
+    if path.suffix == ".safetensors":
+        return path.parent.name if path.name == WEIGHTS_FILE else path.stem
+    return path.name
+
+
+def train_reference(path: str | Path, weights_sha256: str) -> dict:
+    """What ties an attack or evaluation to the training run of its model (W&B config): the run dir, the W&B id
+    its WandbLogger took from that dir, its recorded name and sweep, and the hash of the weights scored."""
+    path = Path(str(path))
+    run_dir = path if path.is_dir() else path.parent
+    record = model_record(path) or {}
+    return {"run_dir": str(run_dir.resolve()), "wandb_id": stable_id(run_dir), "run_name": record.get("run_name"),
+            "sweep": record.get("sweep"), "weights_sha256": weights_sha256}
+
+
+def train_runs(pattern: str | Path) -> list[Path]:
+    """The models a `runs=` / `pool=` entry names: a train run dir, a sweep dir (its job dirs holding model.json,
+    in job order) or a glob of run dirs. Empty when it names none (an eval dir of scores.json, say)."""
+    pattern = str(pattern)
+    found = [Path(p) for p in sorted(glob.glob(pattern))] if glob.has_magic(pattern) else [Path(pattern)]
+    runs = []
+    for path in found:
+        if (path / META_FILE).is_file():
+            runs.append(path)
+        elif path.is_dir():
+            jobs = [p.parent for p in path.glob(f"*/{META_FILE}") if p.parent.name.isdigit()]
+            runs.extend(sorted(jobs, key=lambda p: int(p.name)))
+    return runs
 
 
 @dataclass
@@ -100,6 +155,16 @@ class RunSummary:
             f"{self.forward_rows_per_image:.0f} forward + {self.backward_rows_per_image:.0f} backward rows "
             f"per image{label}{impl}"
         )
+
+
+    def stages(self) -> str:
+        """Accuracy after each stage of the cascade (what each attack took away)."""
+        steps = ", ".join(f"{stage} {value:.2%}" for stage, value in self.accuracy_after.items())
+        return f"{self.norm} eps={self.eps:.6g}: accuracy after {steps}"
+
+    def throughput(self) -> float:
+        """Images per second of attack wall time (summed over batches)."""
+        return self.n / self.attack_seconds if self.attack_seconds > 0 else float("nan")
 
 
 class RunDirectory:
@@ -270,4 +335,5 @@ def read_run(directory: Path) -> RunResult | None:
     return RunResult(directory, summary, columns)
 
 
-__all__ = ["MANIFEST", "RESULT_COLUMNS", "RunDirectory", "RunResult", "RunSummary", "read_run"]
+__all__ = ["MANIFEST", "RESULT_COLUMNS", "RunDirectory", "RunResult", "RunSummary", "model_record", "read_run",
+           "run_name_for", "train_runs"]

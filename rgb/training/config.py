@@ -32,6 +32,7 @@ class TrainingConfigError(TrainingError, ValueError):
 # which weights it produces. Everything else is the run's identity. fnmatch patterns over dotted keys.
 RESUMABLE_KEYS = (
     "run_name",
+    "sweep_name",
     "run_dir",
     "ckpt_path",
     "threads",

@@ -3,7 +3,6 @@ best weights with the record of what produced them."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import sys
@@ -19,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import configure_threads
+from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.core.machine import DeviceError
 from rgb.models import META_FILE, export_model, rebuild_like
 from rgb.training.config import TrainingConfigError, TrainingError, training_identity, validate_config
@@ -31,6 +31,7 @@ from rgb.training.rundir import (
     SameHyperparameters,
     load_checkpoint_file,
     locked,
+    run_names,
     start_record,
 )
 
@@ -47,11 +48,6 @@ def accumulation_steps(effective_batch_size: int | None, batch_size: int, world_
             f"effective_batch_size {effective_batch_size} is not a multiple of batch_size x devices = {per_step}"
         )
     return effective_batch_size // per_step
-
-
-def stable_run_id(run_dir: Path) -> str:
-    """W&B run id from the run dir: a requeued or resumed job continues the same W&B run."""
-    return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
 def resume_path(ckpt_path: str | None, last: Path | None) -> str | None:
@@ -112,7 +108,8 @@ def best_state_dict(best: ModelCheckpoint | None, module: RobustFinetuneModule) 
 
 
 def export_best(
-    datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, run_dir: Path, record: dict
+    datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, run_dir: Path, record: dict,
+    names: dict,
 ) -> Path:
     """Export the best weights with what produced them: the run's stored identity and starts (`record`, from
     run.json), never the command line of the start that happens to export."""
@@ -121,6 +118,7 @@ def export_best(
     model.load_state_dict(state, strict=True)
     identity = record["identity"]
     meta = {
+        **names,
         "class_names": datamodule.class_names,
         "dataset": datamodule.dataset,
         "data_source": datamodule.source,
@@ -259,7 +257,7 @@ def fit_and_export(
                 f"rates (optim.head_lr, optim.backbone_lr) and start fresh (delete {run_dir} or another run_name)"
             )
         if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
-            exported = export_best(datamodule, module, best, run_dir, record)
+            exported = export_best(datamodule, module, best, run_dir, record, run_names(cfg))
             log.info("exported %s (%s = %.4f)", exported, cfg.monitor.metric, value)
         elif trainer.is_global_zero:
             log.info("nothing left to train in %s: %s unchanged", run_dir, META_FILE)

@@ -75,6 +75,22 @@ def locked(run_dir: Path):
         handle.close()  # releases the flock
 
 
+def run_names(cfg) -> dict:
+    """The run's own name and, for a job of a multirun, its sweep (the sweep dir's name, the dir, the job number),
+    recorded in model.json: attack.py and evaluate.py name their outputs from this record
+    (rgb.runs.store.run_name_for), since a sweep job's directory is named by its number only. A single run's name
+    is its dir's: `run_name` unless the dir was set by hand (run_dir=, hydra.run.dir=)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
+        return {"run_name": Path(str(cfg.run_dir)).name, "sweep": None}
+    hydra_cfg = HydraConfig.get()
+    sweep_dir = Path(str(hydra_cfg.sweep.dir))
+    return {"run_name": str(cfg.run_name),
+            "sweep": {"name": sweep_dir.name, "dir": str(sweep_dir.resolve()), "job": int(hydra_cfg.job.num)}}
+
+
 def start_record(threads: int, trainer, resumed_from: str | None) -> dict:
     """What this start ran on: recorded in run.json and, through it, in model.json."""
     return {

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import configure_threads, resolve_device
 from rgb.models import export_model, load_clip_of
+from rgb.training.rundir import run_names
 from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ def train_zeroshot(cfg: DictConfig) -> float:
     if cfg.monitor.metric not in metrics:
         raise KeyError(f"monitored metric {cfg.monitor.metric!r} is not reported by strategy=zeroshot: {sorted(metrics)}")
     meta = {
+        **run_names(cfg),
         "class_names": datamodule.class_names,
         "dataset": datamodule.dataset,
         "data_source": datamodule.source,

@@ -1,0 +1,116 @@
+"""Run identity across sweeps: one sweep dir per multirun, outputs named from the train run's record (never the job
+number), whole sweeps as one attack/evaluate command, the pip line for a missing launcher, and the log file."""
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rgb import cli
+from rgb.evaluation.leaderboard import seed_spread, seed_spread_markdown
+from rgb.runs.store import run_name_for, train_runs
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_hydra(config, *overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config, overrides=list(overrides), return_hydra_config=True)
+
+
+def job_dir(sweep: Path, job: int, run_name="m-ce-ff-e1-s0", sweep_name="m-ce-ff-e1") -> Path:
+    directory = sweep / str(job)
+    directory.mkdir(parents=True)
+    record = {"run_name": run_name, "sweep": {"name": sweep_name, "dir": str(sweep), "job": job}, "dataset": "digits"}
+    (directory / "model.json").write_text(json.dumps(record))
+    return directory
+
+
+def test_a_seed_sweep_shares_one_sweep_dir_without_the_seed():
+    dirs = {str(compose_hydra("train", f"seed={seed}").hydra.sweep.dir) for seed in (0, 1)}
+    assert dirs == {"./outputs/train/digits/multirun/test_resnet-ce-full_finetune-e10"}
+    assert compose_hydra("train", "sweep_name=lr_study").hydra.sweep.dir.endswith("/multirun/lr_study")
+
+
+def test_outputs_are_named_from_the_train_record_not_the_directory(tmp_path):
+    first, second = job_dir(tmp_path / "a", 0), job_dir(tmp_path / "b", 0, sweep_name="other")
+    assert (run_name_for(first), run_name_for(second)) == ("m-ce-ff-e1-j0", "other-j0")  # job 0 of two sweeps
+    assert run_name_for(first / "model.safetensors") == "m-ce-ff-e1-j0"
+    single = tmp_path / "outputs" / "renamed_dir"
+    single.mkdir(parents=True)
+    (single / "model.json").write_text(json.dumps({"run_name": "recorded", "sweep": None}))
+    assert run_name_for(single) == "recorded"
+    assert run_name_for(tmp_path / "no_record") == "no_record"  # a model without a record: where it lives
+    assert run_name_for(tmp_path / "exported.safetensors") == "exported"
+
+
+def test_train_runs_of_a_sweep_in_job_order_and_of_a_glob(tmp_path):
+    sweep = tmp_path / "sweep"
+    jobs = [job_dir(sweep, job) for job in (10, 2, 0)]
+    (sweep / ".submitit").mkdir()
+    assert train_runs(sweep) == [jobs[2], jobs[1], jobs[0]]
+    assert train_runs(f"{sweep}/1*") == [jobs[0]]
+    assert train_runs(jobs[1]) == [jobs[1]]
+    assert train_runs(tmp_path / "empty") == []
+
+
+def test_runs_becomes_one_multirun_job_per_model(tmp_path):
+    sweep = tmp_path / "sweep"
+    jobs = [job_dir(sweep, job) for job in (0, 1)]
+    argv = cli._expand_runs(["-m", "attack=slurm", f"runs={sweep}"])
+    assert argv[-2] == f"run={jobs[0]},{jobs[1]}"
+    assert argv[-1] == "sweep_dir=${paths.output_dir}/attack/${data.dataset}/multirun/m-ce-ff-e1"
+    assert cli._infer_data_override(argv)[-1] == "data=mini"  # the dataset of the sweep's models
+    with pytest.raises(ValueError, match="add -m"):
+        cli._expand_runs([f"runs={sweep}"])
+    with pytest.raises(ValueError, match="names no trained model"):
+        cli._expand_runs(["-m", f"runs={tmp_path / 'nothing'}"])
+
+
+def test_a_missing_launcher_names_the_extra_to_install(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert cli._missing_extra(["-m", "hydra/launcher=slurm"]) == (
+        "hydra/launcher=slurm needs the optional extra: pip install 'robustgenbench[slurm]'")
+    assert "robustgenbench[slurm]" in cli._missing_extra(["attack=slurm"])
+    assert "robustgenbench[sweep]" in cli._missing_extra(["hparams_search=optuna_robust"])
+    assert cli._missing_extra(["hydra/launcher=basic", "hparams_search=null", "attack=node"]) is None
+
+
+def test_the_missing_extra_stops_the_entry_point(monkeypatch, capsys):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr(sys, "argv", ["train.py", "-m", "hydra/launcher=slurm", "seed=0,1"])
+    with pytest.raises(SystemExit) as stop:
+        cli.train_main()
+    assert str(stop.value) == ("train.py: error: hydra/launcher=slurm needs the optional extra: "
+                               "pip install 'robustgenbench[slurm]'")
+
+
+def test_no_config_names_the_old_distribution():
+    assert not [p for p in CONF.rglob("*.yaml") if "rgb[" in p.read_text()]
+
+
+def fake_record(name, values, score):
+    settings = {s: (None if v is None else SimpleNamespace(value=v)) for s, v in values.items()}
+    protocol = SimpleNamespace(settings=settings, score=score)
+    return SimpleNamespace(dataset="digits", model=SimpleNamespace(run_name=name), protocol=lambda _: protocol)
+
+
+def fake_meta(seed, lr=0.1):
+    return {"training": {"identity": {"seed": seed, "optim.head_lr": lr}}}
+
+
+def test_mean_and_std_over_seeds_only_when_the_seed_alone_differs():
+    values = [{"test": 0.8, "common": 0.5, "autoattack_linf": 0.1, "autoattack_l2": None},
+              {"test": 0.6, "common": 0.7, "autoattack_linf": 0.3, "autoattack_l2": None}]
+    records = [fake_record(f"s-j{i}", v, None) for i, v in enumerate(values)]
+    spread = seed_spread(records, [fake_meta(0), fake_meta(1)])
+    assert spread["seeds"] == [0, 1] and spread["models"] == ["s-j0", "s-j1"]
+    assert spread["settings"]["test"] == pytest.approx({"mean": 0.7, "std": 0.1414213562})  # sample std (n - 1)
+    assert spread["settings"]["autoattack_l2"] is None and spread["sum"] is None  # missing stays missing
+    assert "0.7000 +- 0.1414" in seed_spread_markdown(spread)
+    assert seed_spread(records, [fake_meta(0), fake_meta(1, lr=0.2)]) is None  # another recipe: no spread
+    assert seed_spread(records, [fake_meta(0), fake_meta(0)]) is None
+    assert seed_spread(records[:1], [fake_meta(0)]) is None
