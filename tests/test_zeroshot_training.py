@@ -38,7 +38,8 @@ def test_zeroshot_strategy_exports_a_run_that_loads_and_logs_the_ensemble(tmp_pa
     assert weights.sum().item() == pytest.approx(1.0, abs=1e-5) and torch.equal(kept, weights >= weights.quantile(0.5))  # even M: mean of the middle two
     assert record["unlabelled_images"] == 270 and record["worst_classes"]
     log = caplog.text
-    assert "cpe ensemble over 82 templates" in log and "worst classes by pseudo-Cmm" in log and "template weight" in log
+    assert record["label"] == "cpe (weights)"
+    assert "cpe (weights) over 82 templates" in log and "worst classes by pseudo-Cmm" in log and "template weight" in log
     datamodule = hydra.utils.instantiate(cfg.data)
     assert validation_metrics(model, datamodule, "cpu")["val/acc"] == pytest.approx(value)
 

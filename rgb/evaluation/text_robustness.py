@@ -266,6 +266,8 @@ def _finite_or_none(value):
 
 
 def _figures(table: dict[str, np.ndarray], summary: list[dict], name: str, out: Path) -> list[Path]:
+    """The overlap curves, the scatter and the heatmap of the measured types (a type whose edits were all left out
+    as no edits has no cell: the tables count it)."""
     types = list(dict.fromkeys(table["perturbation_type"]))
     by_type = {t: table["perturbation_type"] == t for t in types}
     overlap_ks = sorted(int(c.split("@")[1]) for c in table if c.startswith("overlap@"))
@@ -273,7 +275,7 @@ def _figures(table: dict[str, np.ndarray], summary: list[dict], name: str, out: 
               for t, rows in by_type.items()}
     normalised = table["intra"] / table["inter"]
     points = {t: (normalised[rows], table["instability"][rows]) for t, rows in by_type.items()}
-    panels = {label: {name: {row["perturbation_type"]: row[key] for row in summary}}
+    panels = {label: {name: {row["perturbation_type"]: row[key] for row in summary if row["n"]}}
               for key, label in POOL_METRICS.items()}
     return [
         plots.save(plots.overlap_curves_figure(curves, f"mean overlap@k per perturbation type: {name}"),
@@ -423,7 +425,8 @@ def compare_models(results: Sequence[TextRobustnessResult], out: Path) -> list[P
     out.mkdir(parents=True, exist_ok=True)
     _write_table(_rows_table(pool_rows(results)), out / "pool")
     atomic_write_bytes(out / "pool.md", pool_markdown(results).encode())
-    panels = {label: {r.model: {row["perturbation_type"]: row[key] for row in r.summary} for r in results}
+    panels = {label: {r.model: {row["perturbation_type"]: row[key] for row in r.summary if row["n"]}
+                      for r in results}
               for key, label in POOL_METRICS.items()}
     return [plots.save(plots.brittleness_heatmap_figure(panels, "text brittleness per model and perturbation type"),
                        out / "brittleness_heatmap.png")]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
+from safetensors import SafetensorError
 
 from rgb.core import file_sha256
 from rgb.data.catalog import DATASETS, MINI
@@ -47,7 +48,7 @@ def load_pretraining_features(path: str | Path) -> tuple[torch.Tensor, str]:
         raise PromptError(f"zpe pretraining features file {path} does not exist")
     try:
         tensors = safetensors.torch.load_file(str(path))
-    except Exception as error:  # safetensors raises its own error types for unreadable files
+    except (SafetensorError, OSError) as error:
         raise PromptError(f"zpe pretraining features file {path} is not a readable safetensors file "
                           f"({error})") from None
     features = tensors.get("features")
