@@ -312,7 +312,7 @@ def _write(record: ScoresRecord, clean, common, per_sample, names, options: Eval
     record.save(out / record.file_name)
     if record.partial:
         log.warning("PARTIAL evaluation (max_images=%s): written to %s; %s", record.max_images,
-                    out / record.file_name, "the complete record beside it is kept"
+                    out / record.file_name, "the whole-split record beside it is kept"
                     if (options.out_dir / SCORES_FILE).is_file() else "not a leaderboard entry")
     return record
 
