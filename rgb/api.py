@@ -24,6 +24,7 @@ from rgb.cli import CONFIG_DIR, register_resolvers
 from rgb.core.configs import data_config_for, data_configs
 from rgb.core.machine import configure_threads, resolve_device
 from rgb.core.threat import parse_norm
+from rgb.core.values import path_name
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.models import write_export
 from rgb.runs.runner import InMemoryModel, execute
@@ -73,7 +74,7 @@ def benchmark(
         raise EvaluationError(f"settings must be a non-empty subset of {SETTINGS}, got {list(settings)}")
     norms = [parse_norm(s).key for s in settings if s not in ("test", "common")]
     data = _data_config_name(dataset)
-    name = name or type(model).__name__
+    name = path_name(name or type(model).__name__)  # a directory name inside output_dir, never `../x` or `a/b`
     configure_threads(threads)
     common = [f"data={data}", f"paths.output_dir={output_dir}", f"device={device}"]
     common += [f"data.source={source}"] if source else []

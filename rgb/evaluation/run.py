@@ -12,6 +12,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
 from rgb.evaluation.leaderboard import LeaderboardError, find_records, to_markdown, write_leaderboard
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table
@@ -53,17 +54,20 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     run = Path(str(cfg.run))
     model, meta = load_with_meta(run)
     meta.setdefault("run_name", str(cfg.run_name))
-    options = EvalOptions(
-        attack_dir=Path(str(cfg.attack_dir)), out_dir=Path(str(cfg.output_dir)), transfer=bool(cfg.transfer),
-        severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
-        max_images=cfg.max_images, worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
-        device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
-    )
-    record = evaluate_model(model, meta, run / WEIGHTS_FILE if run.is_dir() else run, instantiate(cfg.data), options)
+    out_dir = Path(str(cfg.output_dir))
+    with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
+        options = EvalOptions(
+            attack_dir=Path(str(cfg.attack_dir)), out_dir=staging, transfer=bool(cfg.transfer),
+            severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
+            max_images=cfg.max_images, worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
+            device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
+        )
+        weights = run / WEIGHTS_FILE if run.is_dir() else run
+        record = evaluate_model(model, meta, weights, instantiate(cfg.data), options)
     log.info("%s", format_table(record))
-    log.info("results in %s", options.out_dir)
+    log.info("results in %s", out_dir)
     if cfg.wandb.enabled:
         from rgb.evaluation.wandb_report import log_evaluation
 
-        log_evaluation(record, options.out_dir, str(cfg.wandb.project))
+        log_evaluation(record, out_dir, str(cfg.wandb.project))
     return record.white_box.score

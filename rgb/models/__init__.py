@@ -13,6 +13,7 @@ from rgb.models.families import FAMILIES, ModelFamily, family_named, family_of
 from rgb.models.io import (
     META_FILE,
     WEIGHTS_FILE,
+    ExportFileError,
     export_factory_model,
     export_model,
     library_versions,
@@ -36,6 +37,7 @@ from rgb.models.openclip import (
 __all__ = [
     "FAMILIES",
     "META_FILE",
+    "ExportFileError",
     "LoadedCLIP",
     "ModelFamily",
     "NormalizedClassifier",
