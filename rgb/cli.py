@@ -21,15 +21,15 @@ from omegaconf.errors import InterpolationResolutionError
 
 from rgb.core.configs import config_dir, data_config_for, data_configs
 from rgb.core.values import (
+    INT,
     NON_NEGATIVE_INT,
     POSITIVE,
     POSITIVE_INT,
-    INT,
     ConfigValueError,
     Rule,
+    flatten,
     integer,
     number,
-    flatten,
     optional,
     path_name,
     problems,

@@ -39,9 +39,11 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     if cfg.pool:
         datasets = cfg.get("leaderboard_datasets")
         try:
-            board = write_leaderboard(find_records(list(cfg.pool)), Path(cfg.leaderboard_dir), str(cfg.protocol),
-                                      None if datasets is None else [str(d) for d in datasets],
-                                      str(cfg.get("rank_by", "borda")))
+            records = find_records(list(cfg.pool))
+            with replaced_whole(Path(cfg.leaderboard_dir)) as staging:  # all files new, or all as they were
+                board = write_leaderboard(records, staging, str(cfg.protocol),
+                                          None if datasets is None else [str(d) for d in datasets],
+                                          str(cfg.get("rank_by", "borda")))
         except (LeaderboardError, RecordError) as err:
             raise EvaluationError(str(err)) from err
         log.info("%s", to_markdown(board).rstrip("\n"))
