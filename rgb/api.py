@@ -25,6 +25,7 @@ from torch import nn
 from rgb.cli import CONFIG_DIR, register_resolvers
 from rgb.core.configs import data_config_for, data_configs
 from rgb.core.machine import configure_threads, resolve_device
+from rgb.core.values import path_name
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, RecordError, white_box_setting
 from rgb.models import write_export
@@ -88,7 +89,7 @@ def benchmark(
                               f"{n_examples!r}")
     norms = [norm.key for setting, norm in ATTACK_SETTING_NORMS.items() if setting in chosen]
     data = _data_config_name(dataset)
-    name = name or type(model).__name__
+    name = path_name(name or type(model).__name__)  # a directory name inside output_dir, never `../x` or `a/b`
     configure_threads(threads)
     common = [f"data={data}", f"paths.output_dir={output_dir}", f"device={device}"]
     common += [f"data.source={source}"] if source else []

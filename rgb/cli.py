@@ -7,8 +7,10 @@ Heavy libraries (torch, Lightning, timm, datasets) are imported inside the comma
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -16,8 +18,23 @@ from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from rgb.core.configs import config_dir, data_config_for, data_configs
+from rgb.core.values import (
+    INT,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_INT,
+    ConfigValueError,
+    Rule,
+    flatten,
+    integer,
+    number,
+    optional,
+    path_name,
+    problems,
+)
 
 log = logging.getLogger("rgb")
 CONFIG_DIR = str(config_dir())
@@ -34,6 +51,7 @@ def register_resolvers() -> None:
     from rgb.data.resolvers import register_resolvers as register_data_resolvers
 
     OmegaConf.register_new_resolver("rgb.run_name", _run_name, replace=True)
+    OmegaConf.register_new_resolver("rgb.path_name", path_name, replace=True)
     register_data_resolvers()
 
 
@@ -55,7 +73,19 @@ USER_ERRORS = (
     ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.zeroshot.perturb", "PerturbationError"),
     ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
     ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),
+    ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
 )
+# OSErrors that are the user's machine, not a bug: shown as one line with what to do.
+OS_ERRORS = {
+    errno.ENOSPC: "the disk is full: free space or point paths.output_dir elsewhere",
+    errno.EDQUOT: "the disk quota is used up: free space or point paths.output_dir elsewhere",
+    errno.EROFS: "a read-only filesystem: point paths.output_dir (or output_dir) to a writable place",
+    errno.EACCES: "no permission: point paths.output_dir (or output_dir) to a writable place",
+    errno.EPERM: "not permitted: point paths.output_dir (or output_dir) to a writable place",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
+    errno.EISDIR: "a directory where a file is expected",
+    errno.ENAMETOOLONG: "a name too long for the filesystem: choose a shorter run_name",
+}
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -68,21 +98,145 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-def _infer_data_override(argv: list[str]) -> list[str]:
-    """`data=` from the run's model.json when the user names a run but no data config (attack/evaluate)."""
-    if any(a.split("=", 1)[0].lstrip("+~") == "data" for a in argv):
+def os_error_line(err: OSError) -> str | None:
+    """One line for an OSError the user can act on (full disk, read-only or unwritable place), else None."""
+    hint = OS_ERRORS.get(err.errno)
+    if hint is None:
+        return None
+    where = " -> ".join(str(f) for f in (err.filename, err.filename2) if f)
+    return f"{err.strerror}{f': {where}' if where else ''} ({hint})"
+
+
+def _error_line(err: Exception, errors: tuple[type[BaseException], ...]) -> str | None:
+    """The one line for an exception that is the user's to fix; None for a bug (it keeps its traceback)."""
+    if isinstance(err, errors):
+        return _one_line(err)
+    if isinstance(err, OSError):
+        return os_error_line(err)
+    cause = _value_error_in(err)
+    return _one_line(cause) if cause is not None else None
+
+
+def program(default: str) -> str:
+    """The command as the user typed it: `rgb-attack` or `attack.py`."""
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else default
+
+
+# Values a user types that every command reads: numbers checked before anything runs (rgb.core.values).
+def _worst_k(value) -> bool:
+    def one(k) -> bool:
+        if isinstance(k, str) and k.endswith("%"):
+            try:
+                return 0 < float(k[:-1]) < 100
+            except ValueError:
+                return False
+        return (integer(k) and k >= 1) or (number(k) and 0 < k < 1)
+
+    return isinstance(value, list) and bool(value) and all(one(k) for k in value)
+
+
+def _ints(rule: Rule) -> Rule:
+    ok, what = rule
+    return (lambda v: isinstance(v, list) and bool(v) and all(ok(x) for x in v), f"a non-empty list of {what}s")
+
+
+DATA_RULES: dict[str, Rule] = {
+    "data.budgets.*": POSITIVE, "data.transfer_budgets.*": POSITIVE, "data.image_size": POSITIVE_INT,
+    "data.batch_size": POSITIVE_INT, "data.eval_batch_size": POSITIVE_INT, "data.num_workers": NON_NEGATIVE_INT,
+}
+ATTACK_RULES: dict[str, Rule] = {
+    **DATA_RULES, "seed": INT, "batch_size": POSITIVE_INT, "tail_rows": NON_NEGATIVE_INT,
+    "shard.index": optional(NON_NEGATIVE_INT), "shard.count": optional(POSITIVE_INT),
+    "shard.devices": (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1"),
+}
+VALUE_RULES: dict[str, dict[str, Rule]] = {
+    "attack": ATTACK_RULES,
+    "transfer": ATTACK_RULES,
+    "evaluate": {
+        **DATA_RULES, "batch_size": POSITIVE_INT, "max_images": optional(POSITIVE_INT),
+        "worst_k": (_worst_k, "a non-empty list of class counts >= 1 or percentages ('10%')"),
+        "text_robustness_options.ks": _ints(POSITIVE_INT), "text_robustness_options.seeds": _ints(INT),
+        "text_robustness_options.p": (lambda v: number(v) and 0 < v < 1, "a number in (0, 1)"),
+    },
+    "train": DATA_RULES,  # the rest by rgb.training.config.validate_config, which train() runs first
+}
+
+
+def _values(cfg: DictConfig, rules: dict[str, Rule]) -> dict:
+    """{dotted key: resolved value} of the keys the rules name (the rest of the config is not resolved here)."""
+    flat = {}
+    for key in rules:
+        prefix = key.removesuffix(".*")
+        node = OmegaConf.select(cfg, prefix, default=rules)  # `rules`: a marker for an absent key
+        if node is rules:
+            continue
+        value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        flat.update(flatten(value, prefix) if key.endswith(".*") else {key: value})
+    return flat
+
+
+def check_values(config_name: str, cfg: DictConfig) -> None:
+    """ConfigValueError naming every value of the command's config that breaks its rule (VALUE_RULES)."""
+    rules = VALUE_RULES.get(config_name, {})
+    found = problems(_values(cfg, rules), rules)
+    if found:
+        raise ConfigValueError("invalid value: " + "; ".join(found))
+
+
+# Overrides (and environment variables) that choose where the data is read from: the user's choice beats the run's.
+SOURCE_KEYS = ("data.source", "paths.mini_dir", "paths.data_dir", "paths.root_dir")
+SOURCE_ENV = ("RGB_BENCHMARK", "RGB_ROOT")
+# What the last _infer_from_run decided about the data source, logged once the command runs.
+_source_note: list[str] = []
+
+
+def _infer_from_run(argv: list[str]) -> list[str]:
+    """`data=` and `data.source=` from the run's model.json when the user names a run but not those (attack,
+    evaluate, transfer): a model trained on `paths.mini_dir=DIR` is attacked on DIR, not on the default. The
+    overrides go next to `run=`, so Hydra's flags (`--cfg job --resolve`) may come before or after them."""
+    _source_note.clear()
+    keys = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")}
+    position = next((i for i, a in enumerate(argv) if a.startswith("run=")), None)
+    if position is None:
         return argv
-    run = next((a.split("=", 1)[1] for a in argv if a.startswith("run=")), None)
-    if not run:
-        return argv
-    path = Path(run.split(",")[0])  # a sweep over models (runs=): they share a dataset
+    path = Path(argv[position].split("=", 1)[1].split(",")[0])  # a sweep over models (runs=): one dataset
     meta_file = path / "model.json" if path.is_dir() else path.with_suffix(".json")
     try:
-        dataset = json.loads(meta_file.read_text()).get("dataset")
-    except (OSError, ValueError):
+        record = json.loads(meta_file.read_text())
+        dataset, source = record.get("dataset"), record.get("data_source")
+    except (OSError, ValueError, AttributeError):
         return argv
     name = data_config_for(dataset)
-    return argv + [f"data={name}"] if name else argv
+    given = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+~") == "data"), None)
+    added = [f"data={name}"] if given is None and name else []
+    if source and name and (given or name) == name:
+        chosen = [k for k in SOURCE_KEYS if k in keys] + [f"${v}" for v in SOURCE_ENV if v in os.environ]
+        if chosen:
+            _source_note.append(f"given by {', '.join(chosen)} (the run was trained on {source})")
+        else:
+            added.append(f"data.source={_quoted(source)}")
+            _source_note.append(f"recorded in {meta_file}")
+    return [*argv[:position + 1], *added, *argv[position + 1:]]
+
+
+def _quoted(value: str) -> str:
+    """A path as a Hydra override value (quoted when it holds characters the override grammar reads)."""
+    if all(c.isalnum() or c in "._-/:@+~" for c in value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# Jobs of a sweep run by this process that failed with a user error: the other jobs still run, then these are named.
+_failed_jobs: list[str] = []
+_ENTRY_PID = os.getpid()
+
+
+def _in_local_sweep() -> bool:
+    """A multirun job of this very process (the basic launcher): its failure must not end the other jobs."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN and os.getpid() == _ENTRY_PID
 
 
 # Config choices that need an optional extra: (group, option or None for any) -> (plugin module, extra).
@@ -159,11 +313,23 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
         _log_to_files(cfg)
         errors = user_errors()
         try:
+            check_values(config_name, cfg)
+            if _source_note:
+                log.info("data source: %s (%s)", cfg.data.source, _source_note[0])
             threads = configure_threads(cfg.get("threads", "auto"))
             return body(cfg, threads)
-        except errors as err:
-            log.error("%s: error: %s", name, _one_line(err))
-            sys.exit(2)
+        except (*errors, OSError, InterpolationResolutionError) as err:
+            line = _error_line(err, errors)
+            if line is None:
+                raise
+            log.error("%s: error: %s", program(name), line)
+            if not _in_local_sweep():
+                sys.exit(2)
+            from hydra.core.hydra_config import HydraConfig
+
+            job = HydraConfig.get().job
+            _failed_jobs.append(f"job {job.num} ({job.override_dirname or 'no overrides'}): {line}")
+            return None
 
     def entry() -> None:
         missing = _missing_extra(sys.argv[1:])
@@ -175,15 +341,19 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             except ValueError as err:
                 sys.exit(f"{name}: error: {err}")
         if infer_data:
-            sys.argv[1:] = _infer_data_override(sys.argv[1:])
+            sys.argv[1:] = _infer_from_run(sys.argv[1:])
         argv = sys.argv[1:]
         if not _asks_for_help(argv):
             register_resolvers()
             inspecting = any(a in INSPECTION_FLAGS for a in argv)
             problem = None if inspecting else _missing_required(config_name, argv) or _compose_error(config_name, argv)
             if problem:
-                sys.exit(f"{name}: error: {problem}")
+                sys.exit(f"{program(name)}: error: {problem}")
+        _failed_jobs.clear()
         main()
+        if _failed_jobs:
+            sys.exit(f"{program(name)}: error: {len(_failed_jobs)} job(s) of the sweep failed, the others ran: "
+                     + "; ".join(_failed_jobs))
 
     entry.__name__ = name.replace("-", "_")
     return entry
@@ -206,9 +376,38 @@ def _compose_error(config_name: str, argv: list[str]) -> str | None:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name=config_name):
             cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
         OmegaConf.to_container(cfg.data, resolve=True)
-        str(cfg.hydra.run.dir)
+        run_dir = Path(str(cfg.hydra.run.dir))
+        for key in OUTPUT_KEYS:  # a run name that cannot name a directory fails here, before anything is written
+            OmegaConf.select(cfg, key)
+        check_values(config_name, cfg)
     except Exception as err:  # any composition failure is the user's config: shown, not raised
-        return f"config: {_one_line(err).split(' Config search path:')[0]}"
+        cause = _value_error_in(err)
+        return _one_line(cause) if cause else f"config: {_one_line(err).split(' Config search path:')[0]}"
+    return unwritable(run_dir)
+
+
+# Output places of the commands' configs, resolved by the check before a command starts.
+OUTPUT_KEYS = ("output_dir", "attack_dir", "leaderboard_dir")
+
+
+def _value_error_in(err: BaseException) -> ConfigValueError | None:
+    """The ConfigValueError behind an interpolation error (`${rgb.path_name:...}` refusing a run name), if any."""
+    while err is not None and not isinstance(err, ConfigValueError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def unwritable(path: Path) -> str | None:
+    """Why the directory `path` cannot be created or written into (None when it can): said before Hydra
+    creates it, which would be a traceback."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot create {path}: {existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return (f"cannot create or write {path}: {existing} is not writable (read-only or no permission); point "
+                f"paths.output_dir (or output_dir) to a writable place")
     return None
 
 

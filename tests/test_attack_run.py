@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from rgb.core.files import flock
 from rgb.data import load_split
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.snapshot import write_readme, write_split
@@ -321,3 +323,48 @@ def test_processes_on_one_cpu_share_its_threads(monkeypatch, device, expected):
     with pytest.raises(Opened):
         runner._spawned_shard(0, SimpleNamespace(threads=4, processes=2, device=device))
     assert chosen == [expected]
+
+
+@pytest.mark.parametrize("holder", ["saves the batch", "dies"])
+def test_a_batch_another_process_holds_is_waited_for_never_attacked_twice(
+    surrogate, small_bench, reference, tmp_path, holder
+):
+    """Issue 19 item 24: two attack.py processes on one run both did all the work. A batch another process holds
+    (its flock) is skipped, then waited for: taken from the holder's file, or attacked here once the holder died
+    without one. The merged result equals the single-process run."""
+    out = tmp_path / "claimed"
+    locks = out / "linf" / "locks"
+    locks.mkdir(parents=True)
+    held = flock(locks / f"batch-{BATCH:06d}.lock")  # "the other process" is attacking batch 1
+    summaries = {}
+    worker = threading.Thread(target=lambda: summaries.update(attack(overrides(surrogate, small_bench, out))))
+    worker.start()
+    deadline = time.monotonic() + 600
+    while len(batch_files(out)) < N_BATCHES - 1 and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p.name for p in batch_files(out)] == [f"batch-{s:06d}.pt" for s in range(0, N_IMAGES, BATCH) if s != BATCH]
+    time.sleep(0.5)
+    assert worker.is_alive() and len(batch_files(out)) == N_BATCHES - 1  # waiting for batch 1, not attacking it
+    theirs = out / "linf" / "shard-0-of-1" / f"batch-{BATCH:06d}.pt"
+    if holder == "saves the batch":
+        theirs.write_bytes((reference[0] / "linf" / "shard-0-of-1" / theirs.name).read_bytes())
+        written = theirs.stat().st_mtime_ns
+    held.close()
+    worker.join(600)
+    assert not worker.is_alive() and summaries["linf"]["n"] == N_IMAGES
+    if holder == "saves the batch":
+        assert theirs.stat().st_mtime_ns == written  # taken as the holder wrote it
+    pd.testing.assert_frame_equal(results(out), results(reference[0]))
+
+
+@pytest.mark.slow
+def test_two_attack_processes_on_one_run_share_its_batches(surrogate, small_bench, reference, tmp_path):
+    out = tmp_path / "two"
+    command = [sys.executable, str(REPO / "attack.py"), *overrides(surrogate, small_bench, out)]
+    both = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    for process in both:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-2000:]
+    assert len(batch_files(out)) == N_BATCHES
+    pd.testing.assert_frame_equal(results(out), results(reference[0]))

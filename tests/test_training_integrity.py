@@ -4,6 +4,7 @@ checkpoints, and configs refused before anything starts (issue 13, training item
 import csv
 import errno
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -300,3 +301,126 @@ def test_threads_are_set_and_recorded(tmp_path, mini_dir, monkeypatch):
     assert [s["threads"] for s in starts] == [1] and torch.get_num_threads() == 1
     assert starts[0]["host"] == socket.gethostname() and starts[0]["resumed_from"] is None
     assert time.strptime(starts[0]["started"], "%Y-%m-%dT%H:%M:%S")
+
+
+# ---------------------------------------------------------------- zero-shot run dirs: the same identity and lock
+
+
+from test_zeroshot_training import TINY_CLIP  # noqa: E402  (the tiny random open_clip of the zero-shot tests)
+
+ZEROSHOT = ["strategy=zeroshot", "monitor.metric=val/acc", *TINY_CLIP]
+
+
+def exported_files(run_dir):
+    return {name: file_sha256(run_dir / name) for name in ("model.safetensors", "model.json", "run.json")}
+
+
+def test_zeroshot_rerun_with_other_prompts_is_refused_and_keeps_the_export(tmp_path, mini_dir, caplog):
+    """Issue 19 item 18: prompts=cpe under the run name of a prompts=mean head replaced its export silently."""
+    extra = [f"paths.data_dir={tmp_path / 'data'}"]
+    train(compose_train(tmp_path / "run", mini_dir, *ZEROSHOT, "prompts=mean", *extra))
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    meta = json.loads((tmp_path / "run" / "model.json").read_text())
+    assert run["task"] == "train" and run["identity"]["prompts.ensemble"] == "mean" and len(run["starts"]) == 1
+    assert meta["training"]["identity"] == run["identity"] and meta["training"]["starts"] == run["starts"]
+    before = exported_files(tmp_path / "run")
+    with pytest.raises(TrainingError) as err:
+        train(compose_train(tmp_path / "run", mini_dir, *ZEROSHOT, "prompts=cpe", *extra))
+    assert "was made by another training config" in one_line(err) and "prompts.ensemble 'mean' -> 'cpe'" in one_line(err)
+    assert exported_files(tmp_path / "run") == before
+    with caplog.at_level("INFO", logger="rgb.training.zeroshot"):  # the same config again: nothing to redo
+        value = train(compose_train(tmp_path / "run", mini_dir, *ZEROSHOT, "prompts=mean", *extra))
+    assert exported_files(tmp_path / "run") == before and value == meta["monitor_value"]
+    assert "already holds this zero-shot head" in caplog.text
+
+
+def test_zeroshot_weights_without_a_run_record_are_not_replaced(tmp_path, mini_dir):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model.safetensors").write_bytes(b"weights of an earlier rgb")
+    with pytest.raises(TrainingError, match=r"holds model.safetensors but no run.json"):
+        train(compose_train(tmp_path / "run", mini_dir, *ZEROSHOT, f"paths.data_dir={tmp_path / 'data'}"))
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == b"weights of an earlier rgb"
+
+
+def test_zeroshot_run_dir_is_locked_like_a_training_run(tmp_path, mini_dir):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(TrainingError, match=f"in use by another training run: pid {holder.pid}"):
+            train(compose_train(tmp_path, mini_dir, *ZEROSHOT, f"paths.data_dir={tmp_path / 'data'}"))
+        assert not (tmp_path / "run.json").exists() and not (tmp_path / "model.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_default_run_names_tell_the_zeroshot_ensembles_apart(tmp_path, mini_dir):
+    names = {p: compose_train(tmp_path, mini_dir, "strategy=zeroshot", "model=openclip_mini", f"prompts={p}").run_name
+             for p in ("mean", "cpe", "zpe")}
+    assert names == {p: f"rgb-mini-clip-zeroshot-{p}-s0" for p in ("mean", "cpe", "zpe")}
+    assert compose_train(tmp_path, mini_dir).run_name == "test_resnet-ce-full_finetune-e10-s0"  # unchanged
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["monitor.metric=val/nothing"], "monitored metric 'val/nothing' is not reported by strategy=zeroshot"),
+    (["prompts.tau=0"], "prompts.tau must be a finite number > 0, got 0"),
+    (["prompts.k=abc"], "prompts.k must be a fraction in (0, 1], got 'abc'"),
+    (["run_name=../x"], "run_name must be one directory name"),
+])
+def test_zeroshot_configs_are_validated_before_the_run_dir_is_claimed(tmp_path, mini_dir, overrides, message):
+    with pytest.raises(TrainingConfigError) as err:
+        train(compose_train(tmp_path / "run", mini_dir, *ZEROSHOT, *overrides))
+    assert message in one_line(err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_zeroshot_head_on_a_timm_model_is_a_training_error(tmp_path, mini_dir):
+    with pytest.raises(TrainingConfigError, match="zero-shot head needs a CLIP text tower: model family 'timm'"):
+        train(compose_train(tmp_path / "run", mini_dir, "strategy=zeroshot", "monitor.metric=val/acc", *FAST))
+    assert not (tmp_path / "run" / "model.json").exists()
+
+
+def test_a_monitored_metric_that_is_never_logged_is_one_line(tmp_path, mini_dir):
+    with pytest.raises(TrainingConfigError) as err:
+        train(compose_train(tmp_path, mini_dir, *SHORT, "monitor.metric=val/acc_typo"))
+    assert "monitored metric 'val/acc_typo' was never logged" in one_line(err) and "'val/acc'" in one_line(err)
+    assert not (tmp_path / "model.json").exists()
+
+
+# ---------------------------------------------------------------- the .hydra record and sweeps, through train.py
+
+
+def train_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RGB_THREADS": "1"}
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_a_refused_start_leaves_the_hydra_record_of_the_trained_config(tmp_path, mini_dir):
+    """Issue 19 item 20: a refused re-run rewrote .hydra/config.yaml and overrides.yaml."""
+    common = [f"paths.output_dir={tmp_path}", f"paths.mini_dir={mini_dir}", "run_name=r", *SHORT]
+    first = train_command(*common, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_dir = tmp_path / "train" / "digits" / "r"
+    record = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
+    assert sorted(record) == ["config.yaml", "hydra.yaml", "overrides.yaml"] and b"run_name=r" in record["overrides.yaml"]
+    # train.log gets the refusal appended; run.lock names whoever holds (or last held) the lock, not the config.
+    kept = [p for p in run_dir.rglob("*") if p.is_file() and p.name not in ("train.log", "run.lock")]
+    files = {p: file_sha256(p) for p in kept}
+    refused = train_command(*common, "optim.head_lr=0.5", cwd=tmp_path)
+    assert refused.returncode == 2 and "was made by another training config" in refused.stderr + refused.stdout
+    assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == record
+    assert {p: file_sha256(p) for p in kept} == files
+    assert {p for p in run_dir.rglob("*") if p.is_file() and p.name not in ("train.log", "run.lock")} == set(files)
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_its_good_jobs_and_names_the_bad_one(tmp_path, mini_dir):
+    swept = train_command("-m", f"paths.output_dir={tmp_path}", f"paths.mini_dir={mini_dir}", *SHORT,
+                          "optim.head_lr=-1,0.004", cwd=tmp_path)
+    assert swept.returncode == 1, swept.stderr[-2000:]
+    last = swept.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: error: 1 job(s) of the sweep failed, the others ran: job 0 (")
+    assert "optim.head_lr must be a finite number > 0, got -1" in last
+    assert len(list((tmp_path / "train" / "digits" / "multirun").rglob("model.json"))) == 1

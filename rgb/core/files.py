@@ -1,15 +1,20 @@
-"""Files that are either old or whole: atomic writes, content hashes, and files that do not read named as such."""
+"""Files that are either old or whole: atomic writes, content hashes, files that do not read named as such, and
+locks that die with their process."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +126,44 @@ def read_cached_tensors(path: Path, what: str) -> dict | None:
 def stable_id(path: Path) -> str:
     """A run id from a directory (W&B runs): a requeued, resumed or repeated job continues the same run."""
     return hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def replaced_whole(directory: Path):
+    """A staging copy of `directory` to write into: when the block ends normally it replaces `directory`, after an
+    error (a full disk while copying or writing) `directory` is left exactly as it was, never half-updated."""
+    directory = Path(directory)
+    staging = directory.with_name(f".{directory.name}.new.{os.getpid()}")
+    retired = directory.with_name(f".{directory.name}.old.{os.getpid()}")
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        if directory.is_dir():
+            shutil.copytree(directory, staging, symlinks=True)
+        else:
+            staging.mkdir(parents=True)
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if directory.exists():
+        os.replace(directory, retired)
+    os.replace(staging, directory)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def flock(path: Path, wait: bool = False) -> IO | None:
+    """An exclusive `flock` on `path` (created if absent, never truncated), held until the returned handle is
+    closed or its process dies (the kernel releases it: a killed holder never blocks the next run). None when
+    another process holds it and `wait` is false; an OSError when the filesystem has no flock."""
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError as err:
+        handle.close()
+        if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return None
+        raise
+    return handle
 
 
 def file_sha256(path: Path) -> str:

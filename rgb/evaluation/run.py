@@ -12,6 +12,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
 from rgb.evaluation.leaderboard import (
     LeaderboardError,
@@ -65,16 +66,19 @@ def _pool(cfg: DictConfig) -> None:
             sources.append(Path(str(member.output_dir)))
             trained.append((record, meta))
     datasets = cfg.get("leaderboard_datasets")
+    spread = seed_spread([record for record, _ in trained], [meta for _, meta in trained], str(cfg.protocol))
     try:
-        board = write_leaderboard(find_records(sources), Path(cfg.leaderboard_dir), str(cfg.protocol),
-                                  None if datasets is None else [str(d) for d in datasets],
-                                  str(cfg.get("rank_by", "borda")))
+        records = find_records(sources)
+        with replaced_whole(Path(cfg.leaderboard_dir)) as staging:  # all files new, or all as they were
+            board = write_leaderboard(records, staging, str(cfg.protocol),
+                                      None if datasets is None else [str(d) for d in datasets],
+                                      str(cfg.get("rank_by", "borda")))
+            if spread is not None:
+                write_seed_spread(spread, staging)
     except (LeaderboardError, RecordError) as err:
         raise EvaluationError(str(err)) from err
     log.info("%s", to_markdown(board).rstrip("\n"))
-    spread = seed_spread([record for record, _ in trained], [meta for _, meta in trained], str(cfg.protocol))
     if spread is not None:
-        write_seed_spread(spread, Path(cfg.leaderboard_dir))
         log.info("%s", seed_spread_markdown(spread).rstrip("\n"))
     log.info("leaderboard written to %s", cfg.leaderboard_dir)
     return None
@@ -87,18 +91,21 @@ def _score(cfg: DictConfig) -> tuple[ScoresRecord, dict]:
     run = Path(str(cfg.run))
     model, meta = load_with_meta(run)
     meta["run_name"] = str(cfg.run_name)  # rgb.runs.store.run_name_for: a sweep job's unique name, as attack.py's
-    options = EvalOptions(
-        attack_dir=Path(str(cfg.attack_dir)), out_dir=Path(str(cfg.output_dir)), transfer=bool(cfg.transfer),
-        severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
-        max_images=cfg.max_images, worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
-        device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
-    )
-    record = evaluate_model(model, meta, run / WEIGHTS_FILE if run.is_dir() else run, instantiate(cfg.data), options)
+    out_dir = Path(str(cfg.output_dir))
+    with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
+        options = EvalOptions(
+            attack_dir=Path(str(cfg.attack_dir)), out_dir=staging, transfer=bool(cfg.transfer),
+            severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
+            max_images=cfg.max_images, worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
+            device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
+        )
+        weights = run / WEIGHTS_FILE if run.is_dir() else run
+        record = evaluate_model(model, meta, weights, instantiate(cfg.data), options)
     log.info("%s", format_table(record))
-    log.info("results in %s", record.folder(options.out_dir))
+    log.info("results in %s", record.folder(out_dir))
     if cfg.wandb.enabled:
         from rgb.evaluation.wandb_report import log_evaluation
 
-        log_evaluation(record, record.folder(options.out_dir), str(cfg.wandb.project),
+        log_evaluation(record, record.folder(out_dir), str(cfg.wandb.project),
                        train=train_reference(run, record.model.weights_sha256))
     return record, meta

@@ -6,18 +6,23 @@ import json
 from pathlib import Path
 
 import safetensors.torch
+from safetensors import SafetensorError
 import timm
 import torch
 from torch import nn
 
 import rgb
-from rgb.core.files import atomic_output, atomic_write_json, file_sha256
+from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
 from rgb.models.factory import ModelLoadError
 from rgb.models.families import DEFAULT_FAMILY, family_named, family_of
 from rgb.models.user_factory import build_from_factory
 
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "model.json"
+
+
+class ExportFileError(CorruptFileError):
+    """An exported model whose model.json or model.safetensors does not read (truncated, overwritten): named."""
 
 
 def library_versions() -> dict[str, str]:
@@ -92,13 +97,23 @@ def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
     """(eval-mode model for [0,1] inputs, export record) from a train run dir or an exported safetensors file.
     A record without `family` is a timm export (written before families existed)."""
     weights, meta_file = _locate(Path(path))
-    meta = json.loads(meta_file.read_text())
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ExportFileError(f"{meta_file} is not a readable export record ({err}): truncated or not a "
+                              f"model.json; export the model again") from None
+    if not isinstance(meta, dict):
+        raise ExportFileError(f"{meta_file} is not an export record (a JSON object); export the model again")
     meta.setdefault("family", DEFAULT_FAMILY)
     try:
         model = rebuild(meta)
     except ModelLoadError as err:
         raise ModelLoadError(f"{meta_file}: {err}") from None
-    safetensors.torch.load_model(model, str(weights), strict=True)
+    try:
+        safetensors.torch.load_model(model, str(weights), strict=True)
+    except SafetensorError as err:
+        raise ExportFileError(f"{weights} is corrupt ({err}): truncated or not a safetensors file; export the "
+                              f"model again") from None
     return model.eval(), meta
 
 

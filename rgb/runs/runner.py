@@ -138,11 +138,14 @@ def batch_record(result, x, y, image_id, budget: Budget, seconds: float, keep_im
 
 def attack_shard(target: Target, settings: AttackSettings, budget: Budget, run: RunDirectory,
                  index: int, count: int, device: str) -> None:
-    """Attack the unfinished batches of shard `index` of `count`, saving each batch as soon as it is done."""
+    """Attack the unfinished batches of shard `index` of `count`, saving each batch as soon as it is done.
+
+    Each batch is claimed first (RunDirectory.claim_batch): a second process on the same run takes the batches
+    nobody holds, then waits for the ones another process is attacking and takes over those whose holder died.
+    A batch's result does not depend on which process attacked it."""
     mine = run.shard_starts(index, count)
     done = run.batch_files()
     todo = [s for s in mine if s not in done]
-    run.clear_temporary(index, count)
     n = run.identity["n_images"]
     sizes = {s: min(settings.batch_size, n - s) for s in mine}
     robust = sum(int(run.load(done[s], s)["robust"].sum()) for s in mine if s in done)
@@ -157,21 +160,45 @@ def attack_shard(target: Target, settings: AttackSettings, budget: Budget, run: 
     def progress(name: str, *position) -> None:
         show(name if not position else f"{name} {'/'.join(str(p) for p in position)}")
 
-    show()
-    indices = [i for s in todo for i in range(s, s + sizes[s])]
-    loader = DataLoader(Subset(target.split, indices), batch_size=settings.batch_size, shuffle=False,
-                        num_workers=target.datamodule.num_workers)
+    def batches(starts: list[int]):
+        indices = [i for s in starts for i in range(s, s + sizes[s])]
+        loader = DataLoader(Subset(target.split, indices), batch_size=settings.batch_size, shuffle=False,
+                            num_workers=target.datamodule.num_workers)
+        return zip(starts, loader)
+
     implementation = attack_implementation(settings.impl)
-    with bar:
-        for start, (x, y, image_id) in zip(todo, loader):
+
+    def attack_claimed(start: int, load) -> None:
+        """The batch at `start`, under its lock: attacked and saved, or counted if another process saved it
+        meanwhile. `load()`: its (x, y, image_id)."""
+        nonlocal robust, finished
+        other = run.finished(start)
+        if other is not None:
+            record = run.load(other, start)
+        else:
+            x, y, image_id = load()
             began = time.perf_counter()
             result = implementation.run(target.model, x, y, budget.threat, settings, device, progress)
             seconds = time.perf_counter() - began
             record = batch_record(result, x, y, image_id, budget, seconds, settings.export)
             run.save(index, count, start, record)
-            robust, finished = robust + int(record["robust"].sum()), finished + len(y)
-            bar.update(len(y))
-            show()
+        robust, finished = robust + int(record["robust"].sum()), finished + sizes[start]
+        bar.update(sizes[start])
+        show()
+
+    show()
+    held_by_others = []
+    with bar:
+        for start, batch in batches(todo):
+            claim = run.claim_batch(start)
+            if claim is None:
+                held_by_others.append(start)
+                continue
+            with claim:
+                attack_claimed(start, lambda batch=batch: batch)
+        for start in held_by_others:  # wait for their holders; a holder that died leaves the batch to us
+            with run.claim_batch(start, wait=True):
+                attack_claimed(start, lambda start=start: next(batches([start]))[1])
 
 
 def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDirectory, shard_count: int

@@ -2,7 +2,8 @@
 the names that attack and evaluation outputs get from the train run they score (`run_name_for`, `train_runs`).
 
 One threat model's directory holds `run.json` (the identity of what its results depend on), per-batch tensor
-files of every shard (`shard-<i>-of-<n>/batch-<start>.pt`, atomic), and after merging `results.parquet` plus
+files of every shard (`shard-<i>-of-<n>/batch-<start>.pt`, atomic; `locks/batch-<start>.lock` held by the process
+attacking that batch, so several processes may share one shard), and after merging `results.parquet` plus
 `summary.json`. Evaluation reads results only through `read_run`, which checks what it reads.
 """
 
@@ -20,11 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, stable_id
+from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, stable_id
 from rgb.models import META_FILE, WEIGHTS_FILE
 from rgb.runs.settings import AttackRunError
 
 MANIFEST = "run.json"
+LOCK_DIR = "locks"  # one flock file per batch: which process is attacking it
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.json"
 RESULT_COLUMNS = (
@@ -223,10 +225,25 @@ class RunDirectory:
         files = self.batch_files()
         return [s for s in self.starts if s not in files]
 
-    def clear_temporary(self, index: int, count: int) -> None:
-        """Remove temp files left by a killed process of this shard."""
-        for stale in self.shard_dir(index, count).glob("*.tmp.*"):
-            stale.unlink()
+    def finished(self, start: int) -> Path | None:
+        """The result file of the batch at `start`, whichever shard layout wrote it (None while it is missing)."""
+        return next(iter(sorted(self.directory.glob(f"shard-*-of-*/batch-{start:06d}.pt"))), None)
+
+    def claim_batch(self, start: int, wait: bool = False):
+        """The lock of the batch at `start` (a handle to close), so two processes on one run never attack the same
+        batch: None while another process holds it (unless `wait`). Temp files of that batch left by a killed
+        process are removed once the lock is held (a live writer's are never touched)."""
+        locks = self.directory / LOCK_DIR
+        locks.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = flock(locks / f"batch-{start:06d}.lock", wait=wait)
+        except OSError as err:
+            raise AttackRunError(f"cannot lock batches in {locks} ({err.strerror}): this filesystem has no flock; "
+                                 f"run one attack process per shard") from err
+        if handle is not None:
+            for stale in self.directory.glob(f"shard-*-of-*/batch-{start:06d}.pt.tmp.*"):
+                stale.unlink(missing_ok=True)
+        return handle
 
     def save(self, index: int, count: int, start: int, record: dict[str, torch.Tensor]) -> None:
         shard_dir = self.shard_dir(index, count)

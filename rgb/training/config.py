@@ -8,16 +8,31 @@ of its first start in `run.json`, and a resume under another identity is refused
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from fnmatch import fnmatchcase
 
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import parse_norm
+from rgb.core.values import (
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    PATH_NAME,
+    POSITIVE,
+    POSITIVE_INT,
+    Rule,
+    flatten,
+    integer,
+    number,
+)
+from rgb.core.values import problems as check
 from rgb.training.losses import LOSSES
 from rgb.training.module import STRATEGIES
 from rgb.training.optim import SCHEDULERS
+
+
+# strategy=zeroshot: a head built from prompts, no fit (rgb.training.zeroshot); the fine-tuning strategies are
+# rgb.training.module.STRATEGIES.
+ZEROSHOT = "zeroshot"
 
 
 class TrainingError(RuntimeError):
@@ -64,16 +79,6 @@ def resumable(key: str) -> bool:
     return any(fnmatchcase(key, pattern) or key.startswith(f"{pattern}.") for pattern in RESUMABLE_KEYS)
 
 
-def flatten(node, prefix: str = "") -> dict:
-    """{"a.b": leaf}; lists and empty mappings are leaves."""
-    if not isinstance(node, dict) or not node:
-        return {prefix: node}
-    flat = {}
-    for key, value in node.items():
-        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
 def resolved(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
@@ -98,14 +103,6 @@ def identity_changes(stored: dict, current: dict) -> list[str]:
 
 # ---------------------------------------------------------------- validation
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _norm(value) -> bool:
     try:
         parse_norm(value)
@@ -115,10 +112,6 @@ def _norm(value) -> bool:
 
 
 # key -> (rule, what the rule says). Missing keys are skipped: the instantiation names those.
-Rule = tuple[Callable[[object], bool], str]
-POSITIVE: Rule = (lambda v: _number(v) and v > 0, "a finite number > 0")
-NON_NEGATIVE: Rule = (lambda v: _number(v) and v >= 0, "a finite number >= 0")
-POSITIVE_INT: Rule = (lambda v: _integer(v) and v >= 1, "an integer >= 1")
 RULES: dict[str, Rule] = {
     # The new head starts random: it must learn. A zero backbone lr keeps the backbone weights (its BN statistics
     # still adapt under full_finetune): a meaningful ablation, so 0 is allowed there.
@@ -126,7 +119,7 @@ RULES: dict[str, Rule] = {
     "optim.backbone_lr": NON_NEGATIVE,
     "optim.head_weight_decay": NON_NEGATIVE,
     "optim.backbone_weight_decay": NON_NEGATIVE,
-    "optim.betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v),
+    "optim.betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(number(b) and 0 <= b < 1 for b in v),
                     "two numbers in [0, 1)"),
     "optim.scheduler": (lambda v: v in SCHEDULERS, f"one of {list(SCHEDULERS)}"),
     "optim.warmup_epochs": NON_NEGATIVE,
@@ -136,23 +129,27 @@ RULES: dict[str, Rule] = {
     "loss.attack.norm": (_norm, "Linf, L2 or L1"),
     "loss.attack.eps": POSITIVE,
     "loss.attack.n_iter": POSITIVE_INT,
-    "strategy.name": (lambda v: v in STRATEGIES, f"one of {list(STRATEGIES)}"),
+    "strategy.name": (lambda v: v in (*STRATEGIES, ZEROSHOT), f"one of {[*STRATEGIES, ZEROSHOT]}"),
     "data.batch_size": POSITIVE_INT,
     "data.eval_batch_size": POSITIVE_INT,
     "trainer.max_epochs": POSITIVE_INT,
-    "effective_batch_size": (lambda v: v is None or (_integer(v) and v >= 1), "null or an integer >= 1"),
-    "seed": (lambda v: v is None or _integer(v), "null or an integer"),
+    "effective_batch_size": (lambda v: v is None or (integer(v) and v >= 1), "null or an integer >= 1"),
+    "seed": (lambda v: v is None or integer(v), "null or an integer"),
     "monitor.mode": (lambda v: v in ("min", "max"), "min or max"),
     "monitor.metric": (lambda v: isinstance(v, str) and bool(v), "a metric name"),
-    "threads": (lambda v: v == "auto" or (_integer(v) and v >= 1), "auto or an integer >= 1"),
+    "threads": (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1"),
+    "run_name": PATH_NAME,
+    # The prompt ensembles (strategy=zeroshot, head_init=zeroshot): CPE's worst-k fraction, the temperature.
+    "prompts.k": (lambda v: number(v) and 0 < v <= 1, "a fraction in (0, 1]"),
+    "prompts.tau": POSITIVE,
+    "prompts.enrich_worst": NON_NEGATIVE_INT,
 }
 
 
 def validate_config(cfg: DictConfig) -> None:
     """Raise TrainingConfigError naming every key that breaks its rule (one line)."""
     flat = flatten(resolved(cfg))
-    problems = [f"{key} must be {what}, got {flat[key]!r}" for key, (ok, what) in RULES.items()
-                if key in flat and not ok(flat[key])]
+    problems = check(flat, RULES)
     batch, effective = flat.get("data.batch_size"), flat.get("effective_batch_size")
     if not problems and effective is not None and effective % batch:
         problems.append(f"effective_batch_size {effective} must be a multiple of data.batch_size {batch}")

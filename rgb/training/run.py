@@ -21,10 +21,10 @@ from rgb.core import configure_threads
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.core.machine import DeviceError
 from rgb.models import META_FILE, export_model, rebuild_like
-from rgb.training.config import TrainingConfigError, TrainingError, training_identity, validate_config
+from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
-from rgb.training.zeroshot import initialise_head, train_zeroshot
+from rgb.training.zeroshot import check_zeroshot_config, initialise_head, train_zeroshot
 from rgb.training.rundir import (
     AtomicCheckpointIO,
     RunManifest,
@@ -33,6 +33,7 @@ from rgb.training.rundir import (
     locked,
     run_names,
     start_record,
+    write_hydra_record,
 )
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,19 @@ class StartProgress(Callback):
         return self.first_step is not None and trainer.global_step > self.first_step
 
 
+class MonitoredMetric(Callback):
+    """After each validation: the monitored metric must have been logged, one line naming the logged ones
+    (Lightning's checkpoint callback, which runs after this one, would stop with a traceback)."""
+
+    def __init__(self, metric: str):
+        self.metric = metric
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and self.metric not in trainer.callback_metrics:
+            raise TrainingConfigError(f"monitored metric {self.metric!r} was never logged; logged: "
+                                      f"{sorted(trainer.callback_metrics)}: set monitor.metric to one of them")
+
+
 def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
     """The configured callbacks; a callback refusing its settings is reported as its own one-line error."""
     callbacks = []
@@ -185,31 +199,39 @@ def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
 def monitored_value(trainer: L.Trainer, best: ModelCheckpoint | None, metric: str) -> float:
     if best is not None and best.best_model_score is not None:
         return float(best.best_model_score)
-    if metric not in trainer.callback_metrics:
-        raise KeyError(f"monitored metric {metric!r} was never logged; logged: {sorted(trainer.callback_metrics)}")
+    if metric not in trainer.callback_metrics:  # no validation ran (MonitoredMetric checks each one)
+        raise TrainingConfigError(f"monitored metric {metric!r} was never logged; logged: "
+                                  f"{sorted(trainer.callback_metrics)}: set monitor.metric to one of them")
     return float(trainer.callback_metrics[metric])
 
 
 def train(cfg: DictConfig) -> float:
-    """Fit the configured run, export `model.safetensors` + `model.json` into the run dir, return the monitored
-    metric (best value when checkpointing, for Hydra sweepers).
+    """Fit the configured run (or build its head from prompts: strategy=zeroshot), export `model.safetensors` +
+    `model.json` into the run dir, return the monitored metric (best value when checkpointing, for Hydra sweepers).
 
     Before anything starts: the config is validated, the CPU threads set, the run dir locked and its identity
-    checked against run.json (process of rank 0; the other DDP ranks run under its lock)."""
-    if cfg.strategy.name == "zeroshot":  # a head from prompts: no fit, no checkpoints (rgb.training.zeroshot)
-        return train_zeroshot(cfg)
+    checked against run.json (process of rank 0; the other DDP ranks run under its lock). Nothing in the run dir
+    changes before that check passes (the .hydra/ record included)."""
     validate_config(cfg)
     try:
         threads = configure_threads(cfg.get("threads", "auto"))
     except DeviceError as err:
         raise TrainingConfigError(str(err)) from None
-    callbacks = instantiate_callbacks(cfg.callbacks)  # they check their own settings: before the run dir is claimed
+    zeroshot = cfg.strategy.name == ZEROSHOT  # a head from prompts: no fit, no checkpoints (rgb.training.zeroshot)
+    if zeroshot:
+        check_zeroshot_config(cfg)
+    # The callbacks check their own settings: before the run dir is claimed.
+    callbacks = [] if zeroshot else instantiate_callbacks(cfg.callbacks)
     run_dir = Path(cfg.run_dir)
     if rank_zero_only.rank != 0:
         return fit_and_export(cfg, run_dir, threads, callbacks, None, None)
     with locked(run_dir):
         manifest = RunManifest(run_dir)
-        return fit_and_export(cfg, run_dir, threads, callbacks, manifest, manifest.claim(training_identity(cfg)))
+        record = manifest.claim(training_identity(cfg))
+        write_hydra_record(run_dir, cfg)
+        if zeroshot:
+            return train_zeroshot(cfg, threads, manifest, record)
+        return fit_and_export(cfg, run_dir, threads, callbacks, manifest, record)
 
 
 def fit_and_export(
@@ -230,7 +252,7 @@ def fit_and_export(
         compile=cfg.compile,
     )
     progress = StartProgress()
-    callbacks = [*callbacks, progress, SameHyperparameters()]
+    callbacks = [*callbacks, progress, SameHyperparameters(), MonitoredMetric(cfg.monitor.metric)]
     best = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
     loggers = build_loggers(cfg.logger, run_dir)
     status, summary = "failed", {}
@@ -248,7 +270,9 @@ def fit_and_export(
         if ckpt_path is not None:
             log.info("resuming from %s", ckpt_path)
         if manifest is not None:
-            record = manifest.add_start(record, start_record(threads, trainer, ckpt_path))
+            accelerator = type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
+            record = manifest.add_start(record, start_record(threads, accelerator, trainer.num_devices,
+                                                             trainer.num_nodes, str(trainer.precision), ckpt_path))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         value = monitored_value(trainer, best, cfg.monitor.metric)
         if not math.isfinite(value):  # Lightning ranks NaN as the worst value: here every validation was NaN/inf

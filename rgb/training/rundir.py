@@ -12,8 +12,6 @@ whole or absent.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import io
 import json
 import logging
@@ -27,14 +25,17 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback
 
 from rgb.core import atomic_write_bytes, atomic_write_json
+from rgb.core.files import flock
 from rgb.models import WEIGHTS_FILE
-from rgb.training.config import TrainingError, flatten, identity_changes
+from rgb.core.values import flatten
+from rgb.training.config import TrainingError, identity_changes
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
 MANIFEST = "run.json"
 CHECKPOINT_DIR = "checkpoints"
+HYDRA_RECORD = ".hydra"
 # Keep the list of changes in a refusal readable.
 SHOWN_CHANGES = 6
 # Module hyper-parameters that change speed only (float rounding), never the training: may differ on resume.
@@ -54,17 +55,16 @@ def locked(run_dir: Path):
     """Hold `<run_dir>/run.lock` for the block; refuse in one line when another live process holds it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_file = run_dir / LOCK_FILE
-    handle = open(lock_file, "a+")  # never truncate before holding the lock: the holder's record stays readable
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise TrainingError(f"cannot lock {lock_file} ({err.strerror}): this filesystem has no flock") from err
-            raise TrainingError(
-                f"{run_dir} is in use by another training run: {_holder(lock_file)}; wait for it to finish or "
-                f"choose another run_name"
-            ) from None
+        handle = flock(lock_file)  # never truncated before it is held: the holder's record stays readable
+    except OSError as err:
+        raise TrainingError(f"cannot lock {lock_file} ({err.strerror}): this filesystem has no flock") from err
+    if handle is None:
+        raise TrainingError(
+            f"{run_dir} is in use by another training run: {_holder(lock_file)}; wait for it to finish or "
+            f"choose another run_name"
+        )
+    try:
         record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
         handle.seek(0)
         handle.truncate()
@@ -91,18 +91,36 @@ def run_names(cfg) -> dict:
             "sweep": {"name": sweep_dir.name, "dir": str(sweep_dir.resolve()), "job": int(hydra_cfg.job.num)}}
 
 
-def start_record(threads: int, trainer, resumed_from: str | None) -> dict:
+def start_record(threads: int, accelerator: str, devices: int, num_nodes: int, precision: str,
+                 resumed_from: str | None) -> dict:
     """What this start ran on: recorded in run.json and, through it, in model.json."""
     return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "host": socket.gethostname(),
         "threads": threads,
-        "accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
-        "devices": trainer.num_devices,
-        "num_nodes": trainer.num_nodes,
-        "precision": str(trainer.precision),
+        "accelerator": accelerator,
+        "devices": devices,
+        "num_nodes": num_nodes,
+        "precision": precision,
         "resumed_from": resumed_from,
     }
+
+
+def write_hydra_record(run_dir: Path, cfg) -> None:
+    """The `.hydra/` record (config.yaml, hydra.yaml, overrides.yaml) of a start whose identity run.json accepted.
+    Hydra itself would write it before the run starts (conf/hydra/default.yaml turns that off), so a refused start
+    would rewrite the record of the config that trained the weights."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return  # train(cfg) called from Python: there is no Hydra run to record
+    hydra_cfg = HydraConfig.get()
+    record = run_dir / HYDRA_RECORD
+    record.mkdir(parents=True, exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                       ("overrides.yaml", hydra_cfg.overrides.task)):
+        atomic_write_bytes(record / name, OmegaConf.to_yaml(node).encode())
 
 
 class RunManifest:
@@ -130,10 +148,12 @@ class RunManifest:
         record = self.read()
         checkpoints = sorted((self.run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
         fresh = f"start fresh with another run_name, or delete {self.run_dir}"
-        if record is None and checkpoints:
+        made = [f"checkpoints ({checkpoints[0].name}, ...)"] if checkpoints else []
+        made += [WEIGHTS_FILE] if (self.run_dir / WEIGHTS_FILE).is_file() else []
+        if record is None and made:
             raise TrainingError(
-                f"{self.run_dir} holds checkpoints ({checkpoints[0].name}, ...) but no {MANIFEST}, so the config "
-                f"that made them is unknown; {fresh}"
+                f"{self.run_dir} holds {' and '.join(made)} but no {MANIFEST}, so the config that made them is "
+                f"unknown; {fresh}"
             )
         changes = identity_changes(record["identity"], identity) if record is not None else []
         if changes and (checkpoints or (self.run_dir / WEIGHTS_FILE).is_file()):

@@ -4,6 +4,7 @@ labels are read only to report the validation accuracy of the finished head."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from pathlib import Path
@@ -13,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.core import configure_threads, resolve_device
-from rgb.models import export_model, load_clip_of
-from rgb.training.rundir import run_names
+from rgb.core import resolve_device
+from rgb.models import META_FILE, WEIGHTS_FILE, export_model, load_clip_of
+from rgb.training.config import ZEROSHOT, TrainingConfigError
+from rgb.training.rundir import RunManifest, run_names, start_record
 from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
 
 log = logging.getLogger(__name__)
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def check_zeroshot_capable(model: torch.nn.Module) -> None:
     if getattr(model, "family", None) != "openclip":
-        raise ValueError(
+        raise TrainingConfigError(
             f"a zero-shot head needs a CLIP text tower: model family {getattr(model, 'family', 'factory')!r} has none "
             "(use an open_clip model, e.g. model=openclip_vit_b16 or model=openclip_mini)"
         )
@@ -92,18 +94,32 @@ def validation_metrics(model, datamodule, device: str) -> dict[str, float]:
     return {"val/acc": correct / count, "val/loss": loss / count}
 
 
-def train_zeroshot(cfg: DictConfig) -> float:
+# What strategy=zeroshot reports on the validation split (monitor.metric must be one of them).
+ZEROSHOT_METRICS = ("val/acc", "val/loss")
+
+
+def check_zeroshot_config(cfg: DictConfig) -> None:
+    """Before the run dir is claimed: the monitored metric must be one the zero-shot head reports."""
+    if cfg.monitor.metric not in ZEROSHOT_METRICS:
+        raise TrainingConfigError(f"monitored metric {cfg.monitor.metric!r} is not reported by strategy=zeroshot: "
+                                  f"set monitor.metric to one of {list(ZEROSHOT_METRICS)}")
+
+
+def train_zeroshot(cfg: DictConfig, threads: int, manifest: RunManifest, record: dict) -> float:
     """`strategy=zeroshot`: build the head (no gradient step), export the run dir like a trained run, return the
-    monitored validation metric."""
+    monitored validation metric. Called under the run dir's lock, once run.json accepted the config: a re-run of
+    an exported head changes nothing (attack runs of its weights stay valid)."""
     run_dir = Path(cfg.run_dir)
-    configure_threads(cfg.get("threads", "auto"))
+    meta_file = run_dir / META_FILE
+    if record["starts"] and meta_file.is_file() and (run_dir / WEIGHTS_FILE).is_file():
+        log.info("%s already holds this zero-shot head: %s unchanged", run_dir, META_FILE)
+        return float(json.loads(meta_file.read_text())["monitor_value"])
     datamodule = hydra.utils.instantiate(cfg.data)
     model = hydra.utils.instantiate(cfg.model)
-    head = init_head_from_prompts(model, cfg, datamodule)
     device = resolve_device("auto")
+    record = manifest.add_start(record, start_record(threads, device.split(":")[0], 1, 1, "32-true", None))
+    head = init_head_from_prompts(model, cfg, datamodule)
     metrics = validation_metrics(model, datamodule, device)
-    if cfg.monitor.metric not in metrics:
-        raise KeyError(f"monitored metric {cfg.monitor.metric!r} is not reported by strategy=zeroshot: {sorted(metrics)}")
     meta = {
         **run_names(cfg),
         "class_names": datamodule.class_names,
@@ -111,13 +127,14 @@ def train_zeroshot(cfg: DictConfig) -> float:
         "data_source": datamodule.source,
         "image_size": datamodule.image_size,
         "loss": None,
-        "strategy": "zeroshot",
+        "strategy": ZEROSHOT,
         "epochs": 0,
         "seed": cfg.seed,
-        "weights": "zeroshot",
+        "weights": ZEROSHOT,
         "monitor": cfg.monitor.metric,
         "monitor_value": metrics[cfg.monitor.metric],
         "zeroshot": head.record(),
+        "training": {"identity": record["identity"], "starts": record["starts"]},
     }
     exported = export_model(model.cpu().eval(), run_dir, meta)
     log.info("exported %s (val/acc %.4f, val/loss %.4f)", exported, metrics["val/acc"], metrics["val/loss"])

@@ -88,8 +88,10 @@ def load_descriptions(path: str | Path, class_names: list[str]) -> dict[str, lis
         if key not in known:
             unknown.append(str(name))
             continue
-        if not isinstance(descriptors, list) or not all(isinstance(d, str) and d for d in descriptors):
-            raise PromptError(f"descriptions file {path}: {name!r} must map to a list of non-empty strings")
+        if not isinstance(descriptors, list) or not descriptors or not all(isinstance(d, str) and d.strip()
+                                                                          for d in descriptors):
+            raise PromptError(f"descriptions file {path}: {name!r} must map to a non-empty list of non-empty "
+                              f"strings, got {descriptors!r}")
         descriptions[key] = descriptors
     if unknown:
         hints = {u: difflib.get_close_matches(u.replace("_", " "), class_names, n=1) for u in unknown[:5]}

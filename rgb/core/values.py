@@ -1,0 +1,88 @@
+"""Rules for the numbers and names a user types into a config, checked in one place before anything runs: a bad
+value is one line naming the key, the rule and the value (never a traceback from deep inside a command).
+
+A rule is (predicate, what it says); `problems` checks a flat {dotted key: value} against {key: rule}; keys that
+are absent are skipped (an absent key is the composition's to report). Plain Python: no Hydra, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+Rule = tuple[Callable[[object], bool], str]
+
+# The longest file name most filesystems take (ext4, xfs, btrfs: 255 bytes).
+NAME_MAX = 255
+
+
+class ConfigValueError(ValueError):
+    """A config value that breaks its rule (or a name that would leave its output tree)."""
+
+
+def number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+POSITIVE: Rule = (lambda v: number(v) and v > 0, "a finite number > 0")
+NON_NEGATIVE: Rule = (lambda v: number(v) and v >= 0, "a finite number >= 0")
+POSITIVE_INT: Rule = (lambda v: integer(v) and v >= 1, "an integer >= 1")
+NON_NEGATIVE_INT: Rule = (lambda v: integer(v) and v >= 0, "an integer >= 0")
+INT: Rule = (integer, "an integer")
+
+
+def flatten(node, prefix: str = "") -> dict:
+    """{"a.b": leaf}; lists and empty mappings are leaves."""
+    if not isinstance(node, dict) or not node:
+        return {prefix: node}
+    flat = {}
+    for key, value in node.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def optional(rule: Rule) -> Rule:
+    ok, what = rule
+    return (lambda v: v is None or ok(v), f"null or {what}")
+
+
+def problems(flat: dict, rules: dict[str, Rule]) -> list[str]:
+    """`key must be <rule>, got <value>` for every key of `rules` (a dotted key, or `a.*`: every key under `a`)
+    whose value in `flat` breaks its rule."""
+    found = []
+    for pattern, (ok, what) in rules.items():
+        keys = [k for k in flat if k.startswith(pattern[:-1])] if pattern.endswith(".*") else [pattern]
+        found += [f"{key} must be {what}, got {flat[key]!r}" for key in keys if key in flat and not ok(flat[key])]
+    return found
+
+
+_UNSAFE = re.compile(r"[/\\\x00]")
+
+
+def name_problem(name) -> str | None:
+    """Why `name` cannot be one directory inside an output tree (None when it can)."""
+    text = str(name)
+    if not text.strip() or text in (".", "..") or _UNSAFE.search(text):
+        return "it must be non-empty, not '.' or '..', and hold no '/'"
+    if len(text.encode()) > NAME_MAX:
+        return f"it is {len(text.encode())} bytes, longer than a file name may be ({NAME_MAX})"
+    return None
+
+
+PATH_NAME: Rule = (lambda v: name_problem(v) is None,
+                   f"one directory name (non-empty, no '/', not '..', at most {NAME_MAX} bytes)")
+
+
+def path_name(name) -> str:
+    """`name` when it is one directory name inside an output tree, else ConfigValueError: a run name must never
+    write outside its tree (`../x`, `a/b`) nor fail deep inside a command for its length."""
+    problem = name_problem(name)
+    if problem:
+        shown = str(name) if len(str(name)) <= 60 else f"{str(name)[:60]}..."
+        raise ConfigValueError(f"run name {shown!r} cannot name a directory: {problem}; choose another run_name")
+    return str(name)

@@ -1,0 +1,241 @@
+"""What a user can get wrong on the command line (issue 19, items 12, 14, 17, 22): one line naming the problem,
+never a traceback, and nothing written outside the output tree. Mostly in-process: the entry points' own checks."""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rgb import cli
+from rgb.core.files import replaced_whole
+from rgb.core.values import ConfigValueError, path_name
+from rgb.models import ExportFileError, create_model, export_model, load_with_meta
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def recorded_run(tmp_path):
+    """A run dir whose model.json says it was trained on the mini data in a non-default directory."""
+    run = tmp_path / "runs" / "tiny"
+    run.mkdir(parents=True)
+    (run / "model.json").write_text(json.dumps({"dataset": "digits", "data_source": str(tmp_path / "my_mini")}))
+    return run
+
+
+# ---------------------------------------------------------------- 12, 17: what is read from the run's model.json
+
+
+def test_inferred_data_goes_next_to_run_so_hydra_flags_may_follow(recorded_run):
+    argv = [f"run={recorded_run}", "--cfg", "job", "--resolve"]
+    inferred = cli._infer_from_run(argv)
+    assert inferred[:3] == [f"run={recorded_run}", "data=mini", f"data.source={recorded_run.parent.parent / 'my_mini'}"]
+    assert inferred[3:] == ["--cfg", "job", "--resolve"]
+    assert cli._source_note == [f"recorded in {recorded_run / 'model.json'}"]
+
+
+@pytest.mark.parametrize("given", ["paths.mini_dir=/elsewhere", "data.source=/elsewhere", "paths.data_dir=/x"])
+def test_a_source_the_user_gives_beats_the_recorded_one(recorded_run, given):
+    inferred = cli._infer_from_run([f"run={recorded_run}", given])
+    assert inferred == [f"run={recorded_run}", "data=mini", given]
+    assert cli._source_note[0].startswith(f"given by {given.split('=')[0]} (the run was trained on ")
+
+
+def test_the_recorded_source_is_not_used_for_another_data_config(recorded_run):
+    assert cli._infer_from_run([f"run={recorded_run}", "data=flowers102"]) == [f"run={recorded_run}", "data=flowers102"]
+
+
+def test_a_recorded_source_with_spaces_is_quoted_for_hydra(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "model.json").write_text(json.dumps({"dataset": "digits", "data_source": "/my data/it's"}))
+    assert cli._infer_from_run([f"run={run}"])[2] == "data.source='/my data/it\\'s'"
+
+
+def test_attack_cfg_job_resolve_shows_the_recorded_source(recorded_run):
+    """`attack.py run=X --cfg job --resolve` failed with "unrecognized arguments: data=mini"."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RGB_THREADS": "1"}
+    shown = subprocess.run([sys.executable, str(REPO / "attack.py"), f"run={recorded_run}", "--cfg", "job",
+                            "--resolve"], capture_output=True, text=True, env=env, timeout=600)
+    assert shown.returncode == 0, shown.stderr[-1500:]
+    assert f"source: {recorded_run.parent.parent / 'my_mini'}" in shown.stdout and "dataset: digits" in shown.stdout
+
+
+# ---------------------------------------------------------------- 14: the program as invoked
+
+
+def test_errors_name_the_program_as_it_was_invoked(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/rgb-attack"])
+    with pytest.raises(SystemExit) as err:
+        cli.attack_main()
+    assert str(err.value).startswith("rgb-attack: error: no model given")
+    monkeypatch.setattr(sys, "argv", [str(REPO / "evaluate.py")])
+    with pytest.raises(SystemExit) as err:
+        cli.evaluate_main()
+    assert str(err.value).startswith("evaluate.py: error: nothing to evaluate")
+
+
+# ---------------------------------------------------------------- 22: run names that would leave the tree
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", "", "x" * 300])
+def test_run_names_that_are_not_one_directory_are_refused(name):
+    with pytest.raises(ConfigValueError) as err:
+        path_name(name)
+    assert "\n" not in str(err.value) and "choose another run_name" in str(err.value)
+
+
+@pytest.mark.parametrize("config, argv", [
+    ("train", ["run_name=../../escape"]),
+    ("train", ["run_name=" + "x" * 300]),
+    ("attack", ["run=RUN", "run_name=../escape"]),
+    ("evaluate", ["run=RUN", "run_name=a/b"]),
+])
+def test_entry_points_refuse_unsafe_run_names_before_hydra_creates_a_dir(config, argv, recorded_run, tmp_path):
+    argv = [a.replace("RUN", str(recorded_run)) for a in argv] + [f"paths.output_dir={tmp_path / 'out'}"]
+    problem = cli._compose_error(config, argv)
+    assert problem is not None and "cannot name a directory" in problem and "\n" not in problem
+    assert not (tmp_path / "out").exists() and not (tmp_path.parent / "escape").exists()
+
+
+def test_benchmark_refuses_a_name_that_leaves_the_output_dir(tmp_path):
+    import rgb
+
+    with pytest.raises(ConfigValueError, match="cannot name a directory"):
+        rgb.benchmark(torch.nn.Linear(2, 2), name="../../outside", output_dir=tmp_path / "out")
+    assert not any(tmp_path.rglob("*.safetensors"))
+
+
+# ---------------------------------------------------------------- 22: numbers that are not numbers, or out of range
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("attack", "seed=abc", "seed must be an integer, got 'abc'"),
+    ("attack", "batch_size=0", "batch_size must be an integer >= 1, got 0"),
+    ("attack", "shard.index=-1", "shard.index must be null or an integer >= 0"),
+    ("attack", "shard.count=two", "shard.count must be null or an integer >= 1"),
+    ("attack", "tail_rows=-5", "tail_rows must be an integer >= 0"),
+    ("attack", "data.budgets.linf=abc", "data.budgets.linf must be a finite number > 0, got 'abc'"),
+    ("attack", "data.budgets.l2=-1", "data.budgets.l2 must be a finite number > 0"),
+    ("evaluate", "max_images=abc", "max_images must be null or an integer >= 1, got 'abc'"),
+    ("evaluate", "worst_k=[0]", "worst_k must be a non-empty list of class counts"),
+    ("evaluate", "worst_k=[150%]", "worst_k must be"),
+    ("evaluate", "batch_size=-2", "batch_size must be an integer >= 1"),
+    ("evaluate", "text_robustness_options.p=1.5", "text_robustness_options.p must be a number in (0, 1)"),
+    ("train", "data.eval_batch_size=x", "data.eval_batch_size must be an integer >= 1"),
+])
+def test_bad_numbers_are_one_line_naming_the_key(config, override, message, recorded_run, tmp_path):
+    argv = ([] if config == "train" else [f"run={recorded_run}"]) + [override, f"paths.output_dir={tmp_path}"]
+    problem = cli._compose_error(config, argv)
+    assert problem is not None and message in problem and "\n" not in problem
+
+
+def test_good_values_pass_the_checks(recorded_run, tmp_path):
+    for config, argv in (("attack", ["shard.index=1", "shard.count=2", "data.budgets.linf=0.03"]),
+                         ("evaluate", ["worst_k=[1,'10%',0.2]", "max_images=5", "allow_partial=true"])):
+        assert cli._compose_error(config, [f"run={recorded_run}", f"paths.output_dir={tmp_path}", *argv]) is None
+
+
+# ---------------------------------------------------------------- 22: output places that cannot be written
+
+
+def test_an_output_dir_under_a_file_is_one_line(recorded_run, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    problem = cli._compose_error("attack", [f"run={recorded_run}", f"paths.output_dir={blocker / 'out'}"])
+    assert problem.startswith(f"cannot create {blocker}/out/attack/digits/tiny/logs/")
+    assert problem.endswith(f": {blocker} is a file, not a directory")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_an_unwritable_output_dir_is_one_line(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert "is not writable (read-only or no permission)" in cli.unwritable(locked / "out" / "x")
+    finally:
+        locked.chmod(0o700)
+
+
+@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "read-only filesystem"),
+                                         (errno.EACCES, "no permission"), (errno.ENAMETOOLONG, "shorter run_name")])
+def test_os_errors_of_the_users_machine_are_one_line(code, words):
+    line = cli.os_error_line(OSError(code, os.strerror(code), "/out/eval/x/scores.json"))
+    assert line.startswith(f"{os.strerror(code)}: /out/eval/x/scores.json (") and words in line
+    assert cli.os_error_line(OSError(errno.EBADF, "Bad file descriptor")) is None  # a bug stays a traceback
+
+
+# ---------------------------------------------------------------- 22: evaluate replaces its outputs whole
+
+
+def test_a_failed_write_leaves_the_previous_outputs_as_they_were(tmp_path):
+    out = tmp_path / "eval" / "run"
+    out.mkdir(parents=True)
+    (out / "scores.json").write_text("old scores")
+    (out / "plot.png").write_text("old plot")
+    with pytest.raises(OSError, match="No space"):
+        with replaced_whole(out) as staging:
+            (staging / "scores.json").write_text("new scores")
+            raise OSError(errno.ENOSPC, "No space left on device", str(staging / "plot.png"))
+    assert (out / "scores.json").read_text() == "old scores" and (out / "plot.png").read_text() == "old plot"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run"]  # no staging copy left behind
+    with replaced_whole(out) as staging:
+        (staging / "scores.json").write_text("new scores")
+    assert (out / "scores.json").read_text() == "new scores" and (out / "plot.png").read_text() == "old plot"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run"]
+
+
+def test_evaluate_writes_into_a_staging_copy_then_replaces(monkeypatch, tmp_path):
+    import rgb.evaluation.run as run_module
+
+    seen = []
+
+    def evaluate_model(model, meta, weights, datamodule, options):
+        seen.append(options.out_dir)
+        (options.out_dir / "scores.json").write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "scores.json").write_text("complete")
+    run = tmp_path / "model"
+    export_model(create_model("test_resnet", 10, pretrained=False), run, {"dataset": "digits", "num_classes": 10})
+    monkeypatch.setattr(run_module, "evaluate_model", evaluate_model)
+    monkeypatch.setattr(run_module, "instantiate", lambda cfg: None)
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"pool": None, "run": str(run), "max_images": None, "allow_partial": False,
+                            "run_name": "model", "attack_dir": str(tmp_path / "attack"), "output_dir": str(out),
+                            "transfer": False, "severity_sweep": False, "worst_k": [1], "device": "cpu",
+                            "batch_size": 8, "data": {}, "wandb": {"enabled": False}})
+    with pytest.raises(OSError):
+        run_module.run_evaluation(cfg)
+    assert seen and seen[0] != out and (out / "scores.json").read_text() == "complete"
+
+
+# ---------------------------------------------------------------- 22: damaged exports are named
+
+
+@pytest.mark.parametrize("damaged", ["model.json", "model.safetensors"])
+def test_a_truncated_export_is_named_in_one_line(tmp_path, damaged):
+    export_model(create_model("test_resnet", 10, pretrained=False), tmp_path, {"dataset": "digits"})
+    path = tmp_path / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ExportFileError) as err:
+        load_with_meta(tmp_path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value) and "export the model again" in str(err.value)
+
+
+def test_an_empty_descriptions_list_is_one_line(tmp_path):
+    from rgb.zeroshot.prompts import PromptError, load_descriptions
+
+    path = tmp_path / "descriptions.json"
+    path.write_text(json.dumps({"cat": []}))
+    with pytest.raises(PromptError, match="'cat' must map to a non-empty list of non-empty strings"):
+        load_descriptions(path, ["cat", "dog"])
