@@ -62,7 +62,9 @@ def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | N
 
 
 def _legend_below(ax, handles: list[Patch]) -> None:
-    # Below the axes: inside, it would cover the bars of accuracies near 1.
+    # Below the axes: inside, it would cover the bars of accuracies near 1. None without bars (no transfer split).
+    if not handles:
+        return
     ax.legend(handles=handles, fontsize=8, ncol=min(len(handles), 5), loc="upper center",
               bbox_to_anchor=(0.5, -0.12), frameon=False)
 

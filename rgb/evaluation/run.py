@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.core.machine import resolve_device
 from rgb.evaluation.leaderboard import LeaderboardError, find_records, to_markdown, write_leaderboard
-from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table
+from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, request_plan
 from rgb.evaluation.records import RecordError
 from rgb.models import load_with_meta
 from rgb.models.io import WEIGHTS_FILE
@@ -28,7 +28,8 @@ REPORTS = {
 
 
 def run_evaluation(cfg: DictConfig) -> float | None:
-    """Returns the (white-box) score of the model, for sweepers; None in pool mode or while incomplete."""
+    """Returns the score of the model, for sweepers (white-box; black-box for an API model); None in pool mode,
+    for a dry run or while incomplete."""
     asked = [flag for flag in REPORTS if cfg.get(flag)]
     if len(asked) > 1:
         raise EvaluationError(f"{' and '.join(asked)} are separate reports: set one of them per command")
@@ -53,12 +54,25 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     run = Path(str(cfg.run))
     model, meta = load_with_meta(run)
     meta.setdefault("run_name", str(cfg.run_name))
+    api_model = getattr(model, "inputs", "tensor") != "tensor"
+    if (cfg.get("dry_run") or cfg.get("max_requests") is not None) and not api_model:
+        raise EvaluationError(f"dry_run and max_requests count API requests; {run} is a {meta['family']} model")
     options = EvalOptions(
-        attack_dir=Path(str(cfg.attack_dir)), out_dir=Path(str(cfg.output_dir)), transfer=bool(cfg.transfer),
-        severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
+        attack_dir=Path(str(cfg.attack_dir)), out_dir=Path(str(cfg.output_dir)),
+        transfer=bool(cfg.transfer) or str(cfg.protocol) == "black_box",
+        severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial) or cfg.max_requests is not None,
         max_images=cfg.max_images, worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
         device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
+        api_cache_dir=Path(str(cfg.api_cache_dir)), max_requests=cfg.get("max_requests"),
     )
+    if cfg.get("dry_run"):
+        plan = request_plan(model, instantiate(cfg.data), options)
+        log.info("dry run of %s on %s: %d distinct requests to send (%d images in %d splits: %d answered by the "
+                 "cache, %d duplicates of other images)%s", meta["run_name"], meta["dataset"], plan["requests"],
+                 plan["images"], len(plan["splits"]), plan["answered_by_cache"], plan["duplicates"],
+                 "" if plan["tokens_estimate"] is None else
+                 f"; about {plan['tokens_estimate']} tokens at the cached answers' mean usage")
+        return None
     record = evaluate_model(model, meta, run / WEIGHTS_FILE if run.is_dir() else run, instantiate(cfg.data), options)
     log.info("%s", format_table(record))
     log.info("results in %s", options.out_dir)
@@ -66,4 +80,4 @@ def run_evaluation(cfg: DictConfig) -> float | None:
         from rgb.evaluation.wandb_report import log_evaluation
 
         log_evaluation(record, options.out_dir, str(cfg.wandb.project))
-    return record.white_box.score
+    return record.black_box.score if record.white_box_na else record.white_box.score

@@ -24,6 +24,7 @@ from rgb.models import META_FILE, export_model, rebuild_like
 from rgb.training.config import TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
+from rgb.training.api_run import export_api_run
 from rgb.training.zeroshot import initialise_head, train_zeroshot
 from rgb.training.rundir import (
     AtomicCheckpointIO,
@@ -192,14 +193,19 @@ def monitored_value(trainer: L.Trainer, best: ModelCheckpoint | None, metric: st
     return float(trainer.callback_metrics[metric])
 
 
-def train(cfg: DictConfig) -> float:
+# Strategies that export a run dir without fitting: a head from prompts (rgb.training.zeroshot), a model behind an
+# API (rgb.training.api_run). No checkpoints, no Lightning.
+WITHOUT_FIT = {"zeroshot": train_zeroshot, "api": export_api_run}
+
+
+def train(cfg: DictConfig) -> float | None:
     """Fit the configured run, export `model.safetensors` + `model.json` into the run dir, return the monitored
     metric (best value when checkpointing, for Hydra sweepers).
 
     Before anything starts: the config is validated, the CPU threads set, the run dir locked and its identity
     checked against run.json (process of rank 0; the other DDP ranks run under its lock)."""
-    if cfg.strategy.name == "zeroshot":  # a head from prompts: no fit, no checkpoints (rgb.training.zeroshot)
-        return train_zeroshot(cfg)
+    if cfg.strategy.name in WITHOUT_FIT:
+        return WITHOUT_FIT[cfg.strategy.name](cfg)
     validate_config(cfg)
     try:
         threads = configure_threads(cfg.get("threads", "auto"))
