@@ -385,6 +385,9 @@ class ApiClassifier:
             limiter.settle(event, sum(reply["usage"].values()))
             return reply
 
+    def _parse(self, record: dict) -> int | None:
+        return parse_answer(record["answer"], self.class_names)
+
     # ------------------------------------------------------------------------------------------ many images
     def plan(self, images: Sequence[bytes], cache: AnswerCache) -> tuple[int, list[str]]:
         """(images already answered, the distinct request keys still to ask, in order of first use)."""
@@ -412,7 +415,9 @@ class ApiClassifier:
         with tqdm(total=len(images), desc=desc, unit="img", leave=False) as bar, \
                 httpx.Client(limits=httpx.Limits(max_connections=self.client_settings.max_concurrency)) as http, \
                 ThreadPoolExecutor(self.client_settings.max_concurrency) as pool:
-            bar.update(sum(uses[k] for k in uses if k in cache))
+            cached = sum(uses[k] for k in uses if k in cache)
+            bar.update(cached)
+            abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)) is None)]
 
             def one(k: str) -> None:
                 reply = self._ask(http, limiter, images[first_image[k]], stats, lock)
@@ -421,16 +426,18 @@ class ApiClassifier:
                     stats.requests += 1
                     stats.prompt_tokens += reply["usage"]["prompt_tokens"]
                     stats.completion_tokens += reply["usage"]["completion_tokens"]
+                    abstained[0] += uses[k] if self._parse(reply) is None else 0
                     bar.update(uses[k])
-                    bar.set_postfix(sent=stats.requests, retried=stats.retries, refresh=False)
+                    bar.set_postfix(sent=stats.requests, cached=cached, retried=stats.retries,
+                                    abstained=abstained[0], refresh=False)
 
             done, _ = wait([pool.submit(one, k) for k in todo], return_when=FIRST_EXCEPTION)
             failed = next((f.exception() for f in done if f.exception() is not None), None)
             if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise failed
-        answers = [None if cache.get(k) is None else Answer(cache.get(k)["answer"], None) for k in keys]
-        answers = [a if a is None else Answer(a.text, parse_answer(a.text, self.class_names)) for a in answers]
+        answers = [None if cache.get(k) is None else Answer(cache.get(k)["answer"], self._parse(cache.get(k)))
+                   for k in keys]
         answered = sum(a is not None for a in answers)
         stats.cached = answered - stats.requests
         stats.unanswered = len(images) - answered

@@ -1,0 +1,154 @@
+"""API model throughput against rgb-serve on 127.0.0.1: the full 9-setting black-box run of the mini benchmark
+(test, common and the 7 transfer splits) asked at max_concurrency 1, 4 and 16, each from an empty answer cache.
+
+    python benchmarks/api_throughput.py                        # builds what it needs under a temporary directory
+    python benchmarks/api_throughput.py --work DIR --concurrency 1 4 16
+
+What it builds: the mini benchmark, the attack tests' tiny ViT as surrogate (4 epochs) and its 7 transfer splits
+(rgb-transfer with APGD-CE only: the standard cascade's L1 takes many minutes and the images are what matters
+here), and the embedded zero-shot CLIP (its architecture, random init: serving cost does not depend on the
+weights) behind rgb-serve. Per concurrency: requests/s and evaluation wall time; the share of images the cache
+answered (the unmodified transfer rows are the clean test images); a re-run (must send 0 requests). Then the
+client's own cost per request (PNG -> base64 data URL + JSON body, answer parse) against the server's model time.
+The machine may be shared: its load average is recorded with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from rgb.cli import register_resolvers
+from rgb.core import atomic_write_json
+from rgb.evaluation.api_eval import split_images
+from rgb.evaluation.records import ScoresRecord
+from rgb.evaluation.run import run_evaluation
+from rgb.models import library_versions, load_with_meta
+from rgb.models.api import parse_answer
+from rgb.serve import make_server
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+SURROGATE = [
+    "model.name=vit_tiny_patch16_224", "+model.img_size=32", "+model.patch_size=16", "+model.embed_dim=64",
+    "+model.depth=1", "+model.num_heads=1", "+model.global_pool=avg", "+model.class_token=false",
+    "optim.backbone_lr=3e-3", "optim.head_lr=3e-3", "trainer.max_epochs=4", "trainer.accelerator=cpu",
+    "callbacks.progress_bar.refresh_rate=0", "run_name=surrogate",
+]
+
+
+def config(name: str, work: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(name, overrides=[f"paths.root_dir={work}", f"paths.mini_dir={work / 'mini'}", *overrides])
+
+
+def prepare(work: Path) -> tuple[Path, Path]:
+    """(served zero-shot CLIP run, mini benchmark with transfer splits), built once in `work`."""
+    from rgb.data.mini import ensure_mini
+    from rgb.runs.transfer import make_transfer_splits
+    from rgb.training import train
+
+    ensure_mini(work / "mini")
+    runs = work / "outputs" / "train" / "digits"
+    surrogate, clip = runs / "surrogate", runs / "zs_clip"
+    if not (surrogate / "model.json").is_file():
+        train(config("train", work, *SURROGATE, f"run_dir={surrogate}"))
+    if not (work / "mini" / "data" / "digits" / "surrogate").is_dir() or \
+            len(list((work / "mini" / "data" / "digits" / "surrogate").glob("*.parquet"))) < 7:
+        make_transfer_splits(config("transfer", work, f"run={surrogate}", "attacks=[apgd-ce]", "progress=false"))
+    if not (clip / "model.json").is_file():
+        train(config("train", work, "model=openclip_mini", "model.random_init=true", "strategy=zeroshot",
+                     "prompts=single", f"run_dir={clip}", "callbacks.progress_bar.refresh_rate=0"))
+    return clip, work / "mini"
+
+
+def evaluate(work: Path, run: Path, *overrides: str) -> tuple[ScoresRecord, float]:
+    start = time.perf_counter()
+    run_evaluation(config("evaluate", work, f"run={run}", "protocol=black_box", *overrides))
+    seconds = time.perf_counter() - start
+    return ScoresRecord.load(work / "outputs" / "eval" / "digits" / run.name / "scores.json"), seconds
+
+
+def client_overhead(model, server, images: list[bytes]) -> dict:
+    """Per request: the client's encode + parse, and the server's decode + forward (median over the images)."""
+    encode, parse, serve = [], [], []
+    for image in images:
+        start = time.perf_counter()
+        json.dumps(model._body(image))
+        encode.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        answer = server.classify(image)
+        serve.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        parse_answer(answer, model.class_names)
+        parse.append(time.perf_counter() - start)
+    return {"encode_ms": 1e3 * statistics.median(encode), "parse_ms": 1e3 * statistics.median(parse),
+            "server_model_ms": 1e3 * statistics.median(serve), "images": len(images)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=None, help="build/reuse everything here (default: a temp dir)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--out", type=Path, default=RESULTS / "api_throughput_cpu.json")
+    args = parser.parse_args()
+    register_resolvers()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as scratch:
+        work = (args.work or Path(scratch)).resolve()
+        load_before = os.getloadavg()
+        clip, _ = prepare(work)
+        server = make_server(clip, port=0, served_name="zs_clip")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        from rgb.training import train
+
+        rows = []
+        direct, direct_s = evaluate(work, clip)
+        for concurrency in args.concurrency:
+            run = work / "outputs" / "train" / "digits" / f"api_c{concurrency}"
+            train(config("train", work, "model=api_chat", f"model.base_url={server.base_url}",
+                         "model.api_model=zs_clip", f"model.name={run.name}", f"run_dir={run}",
+                         f"model.max_concurrency={concurrency}"))
+            cache = work / f"api_cache_c{concurrency}"
+            asked_before = server.requests.count()
+            record, seconds = evaluate(work, run, f"api_cache_dir={cache}")
+            sent = server.requests.count() - asked_before
+            again, again_s = evaluate(work, run, f"api_cache_dir={cache}")
+            total = record.api.total
+            rows.append({
+                "max_concurrency": concurrency, "images": int(total["images"]), "requests": sent,
+                "wall_s": seconds, "requests_per_s": sent / seconds, "cache_share": 1 - sent / total["images"],
+                "rerun_requests": int(again.api.total["requests"]), "rerun_wall_s": again_s,
+                "same_score_as_direct": record.black_box.score == direct.black_box.score,
+                "black_box_score": record.black_box.score, "load_avg_after": os.getloadavg(),
+            })
+            print(rows[-1])
+        model, _ = load_with_meta(work / "outputs" / "train" / "digits" / f"api_c{args.concurrency[0]}")
+        from rgb.data import ImageSplit, load_split
+
+        test = ImageSplit(load_split(str(work / "mini"), "digits", "test"), 32)
+        overhead = client_overhead(model, server, split_images(test, len(test)))
+        server.shutdown()
+    result = {
+        "benchmark": "api_throughput", "served": "embedded zero-shot CLIP (rgb-mini-clip, random init) via rgb-serve",
+        "settings": 9, "direct_evaluate_wall_s": direct_s, "runs": rows, "per_request": overhead,
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "load_avg_before": load_before,
+                    "load_avg_after": os.getloadavg(), "shared": True, "threads": os.environ.get("RGB_THREADS")},
+        "versions": library_versions(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out, result)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
