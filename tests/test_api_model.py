@@ -16,13 +16,10 @@ import datasets
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 
-from rgb.core.threat import ThreatModel
 from rgb.data import ImageSplit, load_split
-from rgb.data.catalog import TRANSFER_SPLITS, split_budget
-from rgb.data.export import export_adversarial_split, quantise_within_budget
+from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.snapshot import write_readme, write_split
 from rgb.evaluation.api_eval import cache_path, split_images
@@ -45,6 +42,7 @@ from rgb.models.api import (
 from rgb.runs.settings import AttackRunError
 from rgb.serve import Faults, make_server
 from rgb.training import train
+from api_throughput import noise_transfer_splits
 from test_attack_run import trained_surrogate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,19 +126,7 @@ def _bench(mini_dir: Path, out: Path) -> Path:
         write_split(out / "data" / DATASET / f"{name}.parquet", CLASS_NAMES, rows)
     write_readme(out, "api test bench")
     clean_split = ImageSplit(load_split(str(out), DATASET, "test"), 32)
-    x = torch.stack([clean_split[i][0] for i in range(N_IMAGES)])
-    generator = torch.Generator().manual_seed(0)
-    modified = [i % 2 == 0 for i in range(N_IMAGES)]
-    for split in TRANSFER_SPLITS:
-        norm, eps = split_budget(split, 3 * 32 * 32)
-        noise = torch.randn(x.shape, generator=generator)
-        scale = {"linf": eps / noise.abs().amax(dim=(1, 2, 3), keepdim=True),
-                 "l2": eps / noise.flatten(1).norm(dim=1).view(-1, 1, 1, 1),
-                 "l1": eps / noise.flatten(1).abs().sum(dim=1).view(-1, 1, 1, 1)}[norm]
-        adversarial = quantise_within_budget(x, (x + noise * scale * 0.9).clamp(0, 1), norm, eps)
-        export_adversarial_split(clean_split, dataset=DATASET, image_size=32, root=out, surrogate=SURROGATE,
-                                 threat=ThreatModel(norm, eps), split_name=split, adversarial=adversarial,
-                                 modified=modified)
+    noise_transfer_splits(out, clean_split, [i % 2 == 0 for i in range(N_IMAGES)], SURROGATE)
     return out
 
 

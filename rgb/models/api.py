@@ -431,7 +431,11 @@ class ApiClassifier:
                     bar.set_postfix(sent=stats.requests, cached=cached, retried=stats.retries,
                                     abstained=abstained[0], refresh=False)
 
-            done, _ = wait([pool.submit(one, k) for k in todo], return_when=FIRST_EXCEPTION)
+            try:
+                done, _ = wait([pool.submit(one, k) for k in todo], return_when=FIRST_EXCEPTION)
+            except BaseException:  # Ctrl-C: ask nothing more; the requests in flight finish into the cache
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
             failed = next((f.exception() for f in done if f.exception() is not None), None)
             if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
                 pool.shutdown(wait=True, cancel_futures=True)
