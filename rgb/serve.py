@@ -93,7 +93,7 @@ def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_
     """A server for the model of a run dir (not started: call serve_forever, e.g. in a thread)."""
     model, meta = load_with_meta(run)
     if not isinstance(model, torch.nn.Module):
-        raise ServeError(f"{run} is a {meta.get('family')} model: rgb-serve serves models it can run itself")
+        raise ServeError(f"{run} holds a model of family {meta.get('family')!r}: rgb-serve serves models it runs itself")
     size = image_size or meta.get("image_size")
     if not size or not meta.get("class_names"):
         raise ServeError(f"{run}/model.json names no image_size or class_names: pass image_size= (and export the "

@@ -56,7 +56,8 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     meta.setdefault("run_name", str(cfg.run_name))
     api_model = getattr(model, "inputs", "tensor") != "tensor"
     if (cfg.get("dry_run") or cfg.get("max_requests") is not None) and not api_model:
-        raise EvaluationError(f"dry_run and max_requests count API requests; {run} is a {meta['family']} model")
+        raise EvaluationError(f"dry_run and max_requests count API requests; {run} holds a model of family "
+                              f"{meta['family']!r}")
     options = EvalOptions(
         attack_dir=Path(str(cfg.attack_dir)), out_dir=Path(str(cfg.output_dir)),
         transfer=bool(cfg.transfer) or str(cfg.protocol) == "black_box",

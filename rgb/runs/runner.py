@@ -65,8 +65,8 @@ class Target:
         else:
             model, meta = model.module, model.meta
         if not isinstance(model, torch.nn.Module):  # e.g. family `api`: answers, but no gradients to attack
-            raise AttackRunError(f"{settings.run} is a {meta.get('family')} model, which cannot be white-box "
-                                 f"attacked: score it with evaluate.py run={settings.run} protocol=black_box")
+            raise AttackRunError(f"{settings.run} holds a model of family {meta.get('family')!r}, which cannot be "
+                                 f"white-box attacked: score it with evaluate.py run={settings.run} protocol=black_box")
         weights = settings.run / WEIGHTS_FILE if settings.run.is_dir() else settings.run
         datamodule = hydra.utils.instantiate(settings.data)
         if meta.get("dataset") != datamodule.dataset:
