@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ("rgb-train", "rgb-attack", "rgb-evaluate", "rgb-transfer", "rgb-serve")
+SCRIPTS = ("rgb-train", "rgb-attack", "rgb-evaluate", "rgb-transfer")
 
 
 @pytest.fixture(scope="module")
