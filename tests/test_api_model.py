@@ -369,3 +369,30 @@ def test_kill_9_mid_run_then_resume_asks_nothing_twice(tmp_path, bench, served_r
         pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")["pred_test"],
         pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / served_run.name / "predictions.parquet")["pred_test"])
     assert json.loads((run / "model.json").read_text())["family"] == "api"
+
+
+@pytest.mark.slow
+def test_rgb_serve_command_answers_on_localhost(tmp_path, bench, served_run):
+    """The console script's code path (rgb.cli.serve_main) in a subprocess, port 0, one real request."""
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RGB_THREADS": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from rgb.cli import serve_main; serve_main()", f"run={served_run}", "port=0",
+         "served_name=tiny", f"paths.root_dir={tmp_path}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    guard = threading.Timer(180, lambda: os.killpg(child.pid, signal.SIGKILL))
+    guard.start()
+    try:
+        line = ""
+        while "serving" not in line and child.poll() is None:
+            line = child.stdout.readline()
+        url = line.split(" at ")[1].split()[0]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/chat/completions")
+        image = stored_images(bench)[0]
+        reply = httpx.post(url, json=classifier(url.removesuffix("/chat/completions"))._body(image), timeout=30)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] in CLASS_NAMES
+    finally:
+        guard.cancel()
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=30)
