@@ -36,7 +36,6 @@ from rgb.models.api import (
     CacheError,
     ClientSettings,
     RateLimiter,
-    RequestBudget,
     parse_answer,
 )
 from rgb.runs.settings import AttackRunError

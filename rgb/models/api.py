@@ -258,10 +258,6 @@ class RequestBudget:
             self.remaining -= granted
         return granted
 
-    @property
-    def exhausted(self) -> bool:
-        return self.remaining is not None and self.remaining <= 0
-
 
 @dataclass(frozen=True)
 class Answer:
