@@ -1,4 +1,4 @@
-"""The command-line entry points (`rgb-train`, `rgb-attack`, `rgb-evaluate`, `rgb-transfer`, and the thin
+"""The command-line entry points (`rgb-train`, `rgb-attack`, `rgb-evaluate`, `rgb-transfer`, `rgb-serve`, and the thin
 train.py / attack.py / evaluate.py of the repository): one place that registers the config resolvers, sets the
 CPU threads, fills `data=` from the model when it is not given, and turns every user-facing error into one line.
 
@@ -74,6 +74,7 @@ USER_ERRORS = (
     ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
     ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),
     ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
+    ("rgb.models.api", "ApiError"), ("rgb.models.api", "CacheError"), ("rgb.serve", "ServeError"),
 )
 # OSErrors that are the user's machine, not a bug: shown as one line with what to do.
 OS_ERRORS = {
@@ -375,7 +376,8 @@ def _compose_error(config_name: str, argv: list[str]) -> str | None:
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name=config_name):
             cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
-        OmegaConf.to_container(cfg.data, resolve=True)
+        if "data" in cfg:  # rgb-serve has none
+            OmegaConf.to_container(cfg.data, resolve=True)
         run_dir = Path(str(cfg.hydra.run.dir))
         for key in OUTPUT_KEYS:  # a run name that cannot name a directory fails here, before anything is written
             OmegaConf.select(cfg, key)
@@ -414,7 +416,7 @@ def unwritable(path: Path) -> str | None:
 def _missing_required(config_name: str, argv: list[str]) -> str | None:
     """Hydra reports a missing `run=` as a 230-line traceback; say it in one line before it starts."""
     keys = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
-    if config_name in ("attack", "transfer") and "run" not in keys:
+    if config_name in ("attack", "transfer", "serve") and "run" not in keys:
         return "no model given: pass run=<train output dir or exported .safetensors file>"
     if config_name == "evaluate" and not keys & {"run", "pool"}:
         return "nothing to evaluate: give run=<train output dir or .safetensors> or pool=[DIR,...]"
@@ -447,7 +449,14 @@ def _transfer(cfg: DictConfig, threads: int):
     make_transfer_splits(cfg, threads=threads)
 
 
+def _serve(cfg: DictConfig, threads: int):
+    from rgb.serve import serve_from_config
+
+    serve_from_config(cfg)
+
+
 train_main = _command("train.py", "train", _train, infer_data=False)
 attack_main = _command("attack.py", "attack", _attack, infer_data=True)
 evaluate_main = _command("evaluate.py", "evaluate", _evaluate, infer_data=True)
 transfer_main = _command("rgb-transfer", "transfer", _transfer, infer_data=True)
+serve_main = _command("rgb-serve", "serve", _serve, infer_data=False)

@@ -48,7 +48,7 @@ def test_run_dir_is_stable_and_named_after_model_loss_strategy():
 
 def timm_presets():
     """Model presets of the timm family (the open_clip ones are tested in tests/test_zeroshot_openclip.py)."""
-    return [o for o in options("model") if compose_train(f"model={o}").model._target_ == "rgb.models.create_model"]
+    return [o for o in options("model") if compose_train(f"model={o}").model.get("_target_") == "rgb.models.create_model"]
 
 
 @pytest.mark.parametrize("preset", timm_presets())

@@ -17,7 +17,7 @@ import io
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -76,6 +76,8 @@ class Leaderboard(JsonRecord):
     incomplete_borda_pairs: int  # pairs every incomplete entry has a full number for
     borda_excluded_pairs: list[list[str]]  # pairs some incomplete entry lacks: not in their Borda
     ignored: list[str]  # records of datasets outside `datasets` (not counted), as "model@dataset"
+    # models the protocol cannot apply to (an API model under white_box): "n/a (API model)", never ranked or 0
+    not_applicable: dict[str, str] = field(default_factory=dict)
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -127,7 +129,10 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = "white_
             by_model[name][record.dataset] = record
         else:
             ignored.append(f"{name}@{record.dataset}")
-    if not by_model:
+    not_applicable = {m: na for m, recs in by_model.items() for r in recs.values()
+                      if (na := r.not_applicable(protocol))}
+    by_model = {m: recs for m, recs in by_model.items() if m not in not_applicable}
+    if not by_model and not not_applicable:
         raise LeaderboardError("no scores records in the pool")
     scores = {m: {d: recs[d].protocol(protocol) if d in recs else None for d in datasets}
               for m, recs in by_model.items()}
@@ -149,7 +154,7 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = "white_
         rows += sorted(group, key=RANK_KEYS[rank_by])
     rows = [replace(row, rank=i) for i, row in enumerate(rows, start=1)]
     return Leaderboard(protocol, datasets, rank_by, rows, len(borda[True]["pairs"]), len(borda[False]["pairs"]),
-                       [list(p) for p in borda[False]["excluded_pairs"]], ignored)
+                       [list(p) for p in borda[False]["excluded_pairs"]], ignored, not_applicable)
 
 
 def model_info(record: ScoresRecord) -> dict:
@@ -161,11 +166,12 @@ def model_info(record: ScoresRecord) -> dict:
         "training": {"loss": record.model.loss, "strategy": record.model.strategy},
         "weights_sha256": record.model.weights_sha256, "dataset": record.dataset,
         "clean_acc": accuracy["test"], "common_acc": accuracy["common"],
-        "autoattack_acc": {n: accuracy[f"autoattack_{n}"] for n in ("l1", "l2", "linf")},
+        "autoattack_acc": {n: record.not_applicable("white_box") or accuracy[f"autoattack_{n}"]
+                           for n in ("l1", "l2", "linf")},
         "eps": record.eps, "seed": {n: a.seed for n, a in record.attacks.items()},
         "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.white_box.score,
         "partial": record.partial, "max_images": record.max_images,
-        "versions": record.versions,
+        "black_box_score": record.black_box.score if record.black_box else None, "versions": record.versions,
     }
 
 
@@ -209,14 +215,18 @@ def to_markdown(board: Leaderboard) -> str:
     header = ["rank", "model", "Borda", f"Sum (/{max_sum})"] + [f"{d} (/{n_settings})" for d in board.datasets]
     align = ["---:", "---", "---:", "---:"] + ["---:"] * len(board.datasets)
 
-    def ranking(rows: list[LeaderboardRow]) -> list[str]:
+    def ranking(rows: list[LeaderboardRow], unranked: Sequence[list[str]] = ()) -> list[str]:
         return markdown_table(header, [[str(r.rank), r.model, _points(r.borda), r.sum.describe()]
-                                       + [dataset_cell(r.per_dataset[d]) for d in board.datasets] for r in rows],
-                              align)
+                                       + [dataset_cell(r.per_dataset[d]) for d in board.datasets] for r in rows]
+                              + list(unranked), align)
+
+    # models the protocol cannot apply to (an API model under white_box): shown n/a below the ranks, never 0
+    unranked = [["-", m, "-", na] + [na] * len(board.datasets) for m, na in sorted(board.not_applicable.items())]
 
     lines = [f"# Leaderboard ({board.protocol}), ranked by {board.rank_by}", ""]
     other = next(k for k in ("borda", "sum") if k != board.rank_by)
-    lines += ranking(board.complete_rows) if board.complete_rows else ["No complete entry in this pool."]
+    lines += (ranking(board.complete_rows, unranked) if board.complete_rows or unranked
+              else ["No complete entry in this pool."])
     lines += ["", f"Ranked by {board.rank_by} (rank_by={other} ranks by {other.capitalize()}). Sum over "
                   f"{len(board.datasets)} datasets x {n_settings} settings = {max_sum}"
                   + (f"; Borda among the complete entries over the {board.borda_pairs} (dataset, setting) pairs."
@@ -229,6 +239,9 @@ def to_markdown(board: Leaderboard) -> str:
                       f"entries over the {board.incomplete_borda_pairs} pairs each has a full number for"
                       + (f"; {len(board.borda_excluded_pairs)} pairs excluded (missing or PARTIAL for some entry)"
                          if board.borda_excluded_pairs else "") + "."]
+    if board.not_applicable:
+        lines += ["", f"Not ranked under {board.protocol} (the protocol cannot apply to them; see their other "
+                      f"leaderboard): {', '.join(sorted(board.not_applicable))}."]
     if board.ignored:
         lines += ["", f"Not counted (dataset outside this leaderboard's list): {', '.join(board.ignored)}."]
     detail_rows = []

@@ -34,8 +34,10 @@ from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, transfer_co
 from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
+from rgb.evaluation.api_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import SCORES_FILE, Accuracy, AttackSummary, ModelIdentity, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import black_box_score
+from rgb.models.api import AnswerCache
 from rgb.models.checks import check_model_fits
 from rgb.models.io import library_versions
 from rgb.runs.implementations import REFERENCE_CASCADE
@@ -65,6 +67,8 @@ class EvalOptions:
     worst_k: tuple = (1, 5, 10)
     device: str = "cpu"
     batch_size: int = 256
+    api_cache_dir: Path | None = None  # API models: where their answer caches live (one file per model identity)
+    max_requests: int | None = None    # API models: new requests this evaluation may send (then partial)
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,39 @@ def predict(model, split, options: EvalOptions, desc: str) -> dict[str, np.ndarr
     return out
 
 
-def _accuracy(flags: np.ndarray, full_size: int, options: EvalOptions, what: str) -> Accuracy:
+class TensorPredictor:
+    """Evaluation's view of an nn.Module on [0,1] images: predictions over decoded batches."""
+
+    white_box_na = None
+    columns: dict = {}
+
+    def __init__(self, model, options: EvalOptions):
+        self.model, self.options = model.to(options.device).eval(), options
+
+    def identity(self, weights_path: Path) -> str:
+        return file_sha256(weights_path)
+
+    def __call__(self, split, desc: str) -> dict[str, np.ndarray]:
+        return predict(self.model, split, self.options, desc)
+
+    def usage(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+# How each kind of model is asked (`inputs` of the model: tensors, or the split's PNG bytes for API models).
+PREDICTORS = {"tensor": TensorPredictor, "png": ApiPredictor}
+
+
+def predictor_for(model, options: EvalOptions):
+    return PREDICTORS[getattr(model, "inputs", "tensor")](model, options)
+
+
+def _accuracy(flags: np.ndarray, full_size: int, options: EvalOptions, what: str) -> Accuracy | None:
+    if len(flags) == 0 and options.max_requests is not None:
+        return None  # nothing of this split answered yet: missing, never 0
     partial = len(flags) < full_size
     if partial and not options.allow_partial:
         raise EvaluationError(f"{what}: {len(flags)} of {full_size} images; pass allow_partial=true to score it "
@@ -228,25 +264,40 @@ def severity_sweep(model, datamodule: RGBDataModule, options: EvalOptions) -> di
 def evaluate_model(model, meta: dict, weights_path: Path, datamodule: RGBDataModule,
                    options: EvalOptions) -> ScoresRecord:
     """Everything about one (model, dataset): writes scores.json, predictions.parquet and plots to out_dir.
-    `model`: any nn.Module mapping [0,1] images to logits; `meta`: its model.json (run_name, dataset, ...)."""
-    model = model.to(options.device).eval()
+    `model`: any nn.Module mapping [0,1] images to logits, or an API model (black-box protocol only); `meta`: its
+    model.json (run_name, dataset, ...)."""
+    predictor = predictor_for(model, options)
+    try:
+        return _evaluate(predictor, meta, weights_path, datamodule, options)
+    finally:
+        predictor.close()
+
+
+def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: RGBDataModule,
+              options: EvalOptions) -> ScoresRecord:
     if meta.get("dataset") not in (None, datamodule.dataset):
         raise EvaluationError(f"the model was trained on {meta['dataset']!r}, the data config is {datamodule.dataset!r}")
     test = datamodule.split("test")
     names = test.class_names
-    check_model_fits(model, meta, test, datamodule.image_size, options.device, EvaluationError,
-                     f"{meta.get('run_name', 'the model')} on {datamodule.dataset}")
+    where = f"{meta.get('run_name', 'the model')} on {datamodule.dataset}"
+    if predictor.white_box_na is None:
+        check_model_fits(predictor.model, meta, test, datamodule.image_size, options.device, EvaluationError, where)
+    elif meta.get("class_names", names) != names or meta.get("num_classes", len(names)) != len(names):
+        raise EvaluationError(f"{where}: the model's class names are not those of the test split in "
+                              f"{datamodule.source}")
     if "zeroshot" in meta:
         try:
             check_class_names(meta["zeroshot"], names)
         except PromptError as err:
             raise EvaluationError(str(err)) from err
+    if predictor.white_box_na and options.severity_sweep:
+        raise EvaluationError(f"severity_sweep corrupts images on the fly: not for an {predictor.white_box_na}, "
+                              f"which sees only the benchmark's stored images")
 
-    clean = predict(model, test, options, "test")
-    expected = AttackExpectation(file_sha256(weights_path), datamodule.dataset, split_sha256(test),
-                                 datamodule.budgets, len(test), clean["pred"])
+    clean = predictor(test, "test")
+    weights_sha256 = predictor.identity(weights_path)
     common_split = datamodule.split("common")
-    common = predict(model, common_split, options, "common")
+    common = predictor(common_split, "common")
     corruption_of = corruption_keys(common_split.rows.data.column("corruption").to_pylist()[: len(common["pred"])])
     settings = {
         "test": _accuracy(clean["pred"] == clean["label"], len(test), options, "test"),
@@ -254,56 +305,106 @@ def evaluate_model(model, meta: dict, weights_path: Path, datamodule: RGBDataMod
     }
     per_sample = {"test": clean["pred"] == clean["label"], "common": common["pred"] == common["label"]}
     attacks, non_standard = {}, {}
-    for norm in NORMS:
-        found = read_attack(norm, options, expected)
-        settings[f"autoattack_{norm}"] = found.summary.robust if found and found.standard else None
-        if found and found.standard:
-            attacks[norm], per_sample[f"autoattack_{norm}"] = found.summary, found.robust
-        elif found:
-            non_standard[norm] = found.summary
-            log.warning("autoattack_%s: %s holds a non-standard result (%s); shown beside, not in the score",
-                        norm, options.attack_dir / norm, found.summary.label())
-    black_box = _black_box(model, datamodule, options, settings, per_sample) if options.transfer else None
+    if predictor.white_box_na is None:
+        expected = AttackExpectation(weights_sha256, datamodule.dataset, split_sha256(test), datamodule.budgets,
+                                     len(test), clean["pred"])
+        for norm in NORMS:
+            found = read_attack(norm, options, expected)
+            settings[f"autoattack_{norm}"] = found.summary.robust if found and found.standard else None
+            if found and found.standard:
+                attacks[norm], per_sample[f"autoattack_{norm}"] = found.summary, found.robust
+            elif found:
+                non_standard[norm] = found.summary
+                log.warning("autoattack_%s: %s holds a non-standard result (%s); shown beside, not in the score",
+                            norm, options.attack_dir / norm, found.summary.label())
+    else:
+        settings.update({f"autoattack_{norm}": None for norm in NORMS})
+    transfer = options.transfer or predictor.white_box_na is not None
+    black_box = _black_box(predictor, datamodule, options, settings, per_sample) if transfer else None
+    labels = test.labels.numpy()
     record = ScoresRecord(
-        model=ModelIdentity.of(meta, expected.weights_sha256), dataset=datamodule.dataset,
+        model=ModelIdentity.of(meta, weights_sha256), dataset=datamodule.dataset,
         source=datamodule.source, n_test=len(test), eps=dict(datamodule.budgets),
         white_box=ProtocolScore("white_box", settings),
         common_by_corruption={c: Accuracy.of(per_sample["common"][corruption_of == c], settings["common"].partial)
                               for c in CORRUPTIONS if (corruption_of == c).any()},
-        class_wise={setting: class_wise_summary(clean["label"][: len(flags)], flags, len(names), options.worst_k)
-                    for setting, flags in per_sample.items()},
+        class_wise={setting: class_wise_summary(labels[: len(flags)], flags, len(names), options.worst_k)
+                    for setting, flags in per_sample.items() if len(flags)},
         attacks=attacks, non_standard=non_standard, black_box=black_box,
-        severity_sweep=severity_sweep(model, datamodule, options) if options.severity_sweep else None,
+        severity_sweep=severity_sweep(predictor.model, datamodule, options) if options.severity_sweep else None,
         versions={**library_versions(), "python": platform.python_version()}, max_images=options.max_images,
+        white_box_na=predictor.white_box_na, api=predictor.usage(),
     )
-    return _write(record, clean, common, per_sample, names, options)
+    n_rows = len(test) if options.max_images is None else min(options.max_images, len(test))
+    return _write(record, n_rows, labels, clean, common, per_sample, predictor.columns, names, options)
 
 
-def _black_box(model, datamodule, options, settings, per_sample):
+def black_box_splits(datamodule: RGBDataModule) -> list[tuple[str, str]]:
+    """(surrogate, split) of every transfer split the black-box protocol scores, in order; splits outside the
+    card's coverage table are named and left out."""
     card = transfer_coverage(datamodule.dataset) if datamodule.dataset in DATASETS else None
-    transfer: dict[str, dict[str, Accuracy]] = {split: {} for split in TRANSFER_SPLITS}
+    found = []
     for surrogate, splits in transfer_splits_found(datamodule).items():
         for split in splits:
             if card is not None and surrogate in card and split not in card[surrogate]:
                 log.warning("%s-%s/%s is outside the card's coverage table: not scored", datamodule.dataset,
                             surrogate, split)
                 continue
-            data = datamodule.split(split, surrogate)  # a broken split is an error, never skipped
-            found = predict(model, data, options, f"{surrogate}/{split}")
-            flags = found["pred"] == found["label"]
-            transfer[split][surrogate] = _accuracy(flags, len(data), options, f"{surrogate}/{split}")
-            per_sample[f"{surrogate}/{split}"] = flags
+            found.append((surrogate, split))
+    return found
+
+
+def _black_box(predict_split, datamodule, options, settings, per_sample):
+    card = transfer_coverage(datamodule.dataset) if datamodule.dataset in DATASETS else None
+    transfer: dict[str, dict[str, Accuracy]] = {split: {} for split in TRANSFER_SPLITS}
+    for surrogate, split in black_box_splits(datamodule):
+        data = datamodule.split(split, surrogate)  # a broken split is an error, never skipped
+        found = predict_split(data, f"{surrogate}/{split}")
+        flags = found["pred"] == found["label"]
+        accuracy = _accuracy(flags, len(data), options, f"{surrogate}/{split}")
+        if accuracy is not None:
+            transfer[split][surrogate] = accuracy
+        per_sample[f"{surrogate}/{split}"] = flags
     return black_box_score(settings["test"], settings["common"], transfer, card)
 
 
-def _write(record: ScoresRecord, clean, common, per_sample, names, options: EvalOptions) -> ScoresRecord:
+def request_plan(model, datamodule: RGBDataModule, options: EvalOptions) -> dict:
+    """dry_run: what the black-box evaluation of an API model would ask (after the cache and duplicate images),
+    and the tokens that would take at the mean usage of the answers cached so far."""
+    cache = AnswerCache(cache_path(options.api_cache_dir, model))
+    splits = [("test", None), ("common", None)] + [(split, surrogate) for surrogate, split in black_box_splits(datamodule)]
+    images, per_split = [], {}
+    for split, surrogate in splits:
+        data = datamodule.split(split, surrogate)
+        n = len(data) if options.max_images is None else min(options.max_images, len(data))
+        found = split_images(data, n)
+        per_split[split if surrogate is None else f"{surrogate}/{split}"] = len(found)
+        images += found
+    cached, todo = model.plan(images, cache)
+    usage = [r.get("usage", {}) for r in cache.answers.values()]
+    tokens = [sum(u.values()) for u in usage if u]
+    return {"images": len(images), "splits": per_split, "answered_by_cache": cached, "requests": len(todo),
+            "duplicates": len(images) - cached - len(todo),
+            "tokens_estimate": round(len(todo) * sum(tokens) / len(tokens)) if tokens else None}
+
+
+def _pad(values, n: int) -> pa.Array:
+    """A column of n rows: the values of an answered prefix, then nulls (max_requests)."""
+    values = list(values)
+    return pa.array(values + [None] * (n - len(values)))
+
+
+def _write(record: ScoresRecord, n_rows: int, labels, clean, common, per_sample, extra: dict, names,
+           options: EvalOptions) -> ScoresRecord:
     """scores.json, predictions and plots in out_dir; a PARTIAL record's in out_dir/partial/ (its scores file
     named scores.partial.json), so a complete record already there is kept and a pool never collects it."""
     out = record.folder(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    columns = {"image_id": clean["image_id"], "label": clean["label"], "pred_test": clean["pred"],
-               "pred_common": common["pred"]}
-    columns.update({f"correct_{k.replace('/', '_')}": v for k, v in per_sample.items() if len(v) == len(clean["pred"])})
+    columns = {"image_id": np.arange(n_rows), "label": labels[:n_rows], "pred_test": _pad(clean["pred"], n_rows),
+               "pred_common": _pad(common["pred"], n_rows)}
+    columns.update({f"correct_{k.replace('/', '_')}": _pad(v, n_rows) for k, v in per_sample.items()
+                    if len(v) <= n_rows})
+    columns.update({name: _pad(values, n_rows) for name, values in extra.items()})
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table(columns), sink)
     atomic_write_bytes(out / "predictions.parquet", sink.getvalue().to_pybytes())
@@ -319,27 +420,55 @@ def _write(record: ScoresRecord, clean, common, per_sample, names, options: Eval
 
 def format_table(record: ScoresRecord) -> str:
     """The five-setting table of one record, with counts, as printed by evaluate.py and `make demo`; results
-    that are not the protocol's (another version, precision or attack subset) follow, labelled, never scored."""
+    that are not the protocol's (another version, precision or attack subset) follow, labelled, never scored.
+    An API model's white-box settings are n/a; its nine black-box settings follow with their abstentions."""
+    na = record.not_applicable("white_box")
     part = f"; PARTIAL: the first {record.max_images} images of each split" if record.partial else ""
     lines = [f"{record.model.run_name} on {record.dataset} (test n={record.n_test}{part})",
              f"{'setting':18s} {'accuracy':>9s} {'correct/total':>15s}"]
     for name, acc in record.white_box.settings.items():
         if acc is None:
-            lines.append(f"{name:18s} {'missing':>9s}")
+            lines.append(f"{name:18s} {na if na and name.startswith('autoattack_') else 'missing':>9s}")
             continue
         mark = " PARTIAL" if acc.partial else ""
         attack = record.attacks.get(name.removeprefix("autoattack_"))
         label = attack.label() if attack and name.startswith("autoattack_") else ""
         mark += f" [{label}]" if label else ""
         lines.append(f"{name:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d}{mark}")
-    lines.append(f"{'score':18s} {record.white_box.describe()}")
+    lines.append(f"{'score':18s} {na or record.white_box.describe()}")
     for norm, attack in record.non_standard.items():
         acc = attack.robust
         lines.append(f"{'autoattack_' + norm:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d} "
                      f"[non-standard: {attack.label()}; not in the score]")
+    if record.black_box is not None and record.api is not None:
+        lines += _black_box_lines(record)
     if record.black_box is not None:
         lines.append(f"{'black-box score':18s} {record.black_box.describe()}")
     return "\n".join(lines)
+
+
+def _black_box_lines(record: ScoresRecord) -> list[str]:
+    """The black-box settings of an API model with what each cost: requests sent, cached, retried, abstained."""
+    bb, per_split = record.black_box, record.api.per_split
+    lines = [f"{'black-box setting':18s} {'accuracy':>9s} {'correct/total':>15s} {'abstained':>9s} {'sent':>6s} "
+             f"{'cached':>6s} {'retried':>7s}  surrogate"]
+    for name in bb.names:
+        acc, surrogate = bb.settings.get(name), bb.strongest_surrogate.get(name)
+        counts = per_split.get(name if surrogate is None else f"{surrogate}/{name}")
+        if acc is None:
+            lines.append(f"{name:18s} {'missing':>9s}")
+            continue
+        cells = (f"{counts.abstained:>9d} {counts.requests:>6d} {counts.cached:>6d} {counts.retries:>7d}"
+                 if counts else f"{'':>9s} {'':>6s} {'':>6s} {'':>7s}")
+        lines.append(f"{name:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d} {cells}  {surrogate or ''}"
+                     f"{' PARTIAL' if acc.partial else ''}")
+    total = record.api.total
+    lines.append(f"{'api requests':18s} {int(total['requests'])} sent, {int(total['cached'])} cached, "
+                 f"{int(total['retries'])} retried, {int(total['abstained'])} abstained, "
+                 f"{int(total['prompt_tokens'])}+{int(total['completion_tokens'])} tokens"
+                 + (f"; PARTIAL: {int(total['unanswered'])} images not asked yet (max_requests="
+                    f"{record.api.max_requests}); re-run to continue" if record.api.partial else ""))
+    return lines
 
 
 __all__ = ["AttackExpectation", "EvalOptions", "EvaluationError", "evaluate_model", "format_table", "read_attack"]

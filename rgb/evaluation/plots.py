@@ -72,7 +72,10 @@ def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | N
 
 def _legend_outside(ax, handles: list[Patch], right: bool = False) -> None:
     # Outside the axes: inside, it would cover the bars of accuracies near 1. Under vertical bars (nothing but
-    # the group names below them); `right` of horizontal ones, whose axis label sits below.
+    # the group names below them); `right` of horizontal ones, whose axis label sits below. None without bars
+    # (no transfer split).
+    if not handles:
+        return
     if right:
         ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         return

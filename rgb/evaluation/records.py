@@ -91,7 +91,7 @@ class ModelIdentity(JsonRecord):
     weights_sha256: str
 
     # The architecture name each model family writes into model.json.
-    NAME_KEYS: ClassVar[tuple[str, ...]] = ("timm_name", "openclip_name", "factory", "name")
+    NAME_KEYS: ClassVar[tuple[str, ...]] = ("timm_name", "openclip_name", "factory", "api_model", "name")
 
     @classmethod
     def of(cls, meta: dict, weights_sha256: str) -> ModelIdentity:
@@ -255,6 +255,43 @@ class AttackSummary(JsonRecord):
 
 
 @dataclass(frozen=True)
+class RequestCounts(JsonRecord):
+    """What one split cost an API model (rgb.models.api.RequestStats, same field names)."""
+
+    images: int
+    requests: int
+    cached: int
+    retries: int
+    abstained: int
+    unanswered: int
+    prompt_tokens: int
+    completion_tokens: int
+    backoff_s: float
+
+
+@dataclass(frozen=True)
+class ApiUsage(JsonRecord):
+    """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
+    images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
+    PARTIAL, and a re-run asks only the rest."""
+
+    base_url: str
+    api_model: str
+    per_split: dict[str, RequestCounts]
+    max_requests: int | None
+    DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial")
+
+    @property
+    def total(self) -> dict[str, float]:
+        names = [f.name for f in fields(RequestCounts)]
+        return {n: sum(getattr(c, n) for c in self.per_split.values()) for n in names}
+
+    @property
+    def partial(self) -> bool:
+        return self.total["unanswered"] > 0
+
+
+@dataclass(frozen=True)
 class ScoresRecord(JsonRecord):
     """scores.json: everything evaluate.py knows about one model on one dataset."""
 
@@ -274,6 +311,8 @@ class ScoresRecord(JsonRecord):
     plots: list[str] = field(default_factory=list)
     max_images: int | None = None  # the first N images of each split were evaluated (allow_partial)
     schema: int = SCORES_SCHEMA
+    white_box_na: str | None = None  # why white-box settings do not apply ("API model"): shown as n/a, never 0
+    api: ApiUsage | None = None
     DERIVED: ClassVar[tuple[str, ...]] = ("partial",)
 
     @classmethod
@@ -312,6 +351,10 @@ class ScoresRecord(JsonRecord):
 
     def protocol(self, name: str) -> ProtocolScore | None:
         return {"white_box": self.white_box, "black_box": self.black_box}[name]
+
+    def not_applicable(self, protocol: str) -> str | None:
+        """`n/a (API model)` where a protocol cannot apply to this model (a leaderboard lists it, unranked)."""
+        return f"n/a ({self.white_box_na})" if protocol == "white_box" and self.white_box_na else None
 
     def metrics(self) -> dict[str, float]:
         """Every number of the record under a slash-separated key (accuracies as their value), for W&B."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from hydra.utils import instantiate
@@ -23,7 +24,7 @@ from rgb.evaluation.leaderboard import (
     write_leaderboard,
     write_seed_spread,
 )
-from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table
+from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, request_plan
 from rgb.evaluation.records import RecordError, ScoresRecord
 from rgb.models import load_with_meta
 from rgb.models.io import WEIGHTS_FILE
@@ -38,7 +39,8 @@ REPORTS = {
 
 
 def run_evaluation(cfg: DictConfig) -> float | None:
-    """Returns the (white-box) score of the model, for sweepers; None in pool mode or while incomplete."""
+    """Returns the score of the model, for sweepers (white-box; black-box for an API model); None in pool mode,
+    for a dry run or while incomplete."""
     asked = [flag for flag in REPORTS if cfg.get(flag)]
     if len(asked) > 1:
         raise EvaluationError(f"{' and '.join(asked)} are separate reports: set one of them per command")
@@ -49,7 +51,10 @@ def run_evaluation(cfg: DictConfig) -> float | None:
         return _pool(cfg)
     if cfg.run is None:
         raise EvaluationError("nothing to evaluate: give run=<train output dir or .safetensors> or pool=[DIR,...]")
-    return _score(cfg)[0].white_box.score
+    record = _score(cfg)[0]
+    if record is None:  # dry_run: nothing scored
+        return None
+    return record.black_box.score if record.white_box_na else record.white_box.score
 
 
 def _pool(cfg: DictConfig) -> None:
@@ -63,6 +68,8 @@ def _pool(cfg: DictConfig) -> None:
         for run in runs:
             member = OmegaConf.merge(cfg, {"run": str(run), "pool": None})
             record, meta = _score(member)
+            if record is None:  # dry_run
+                continue
             sources.append(Path(str(member.output_dir)))
             trained.append((record, meta))
     datasets = cfg.get("leaderboard_datasets")
@@ -84,23 +91,38 @@ def _pool(cfg: DictConfig) -> None:
     return None
 
 
-def _score(cfg: DictConfig) -> tuple[ScoresRecord, dict]:
-    """Evaluate the model of `cfg.run` (its scores record and model.json), named as its run record says."""
+def _score(cfg: DictConfig) -> tuple[ScoresRecord | None, dict]:
+    """Evaluate the model of `cfg.run` (its scores record, None for a dry run, and model.json), named as its run
+    record says."""
     if cfg.max_images is not None and not cfg.allow_partial:
         raise EvaluationError("max_images scores part of each split: add allow_partial=true to accept that")
     run = Path(str(cfg.run))
     model, meta = load_with_meta(run)
     meta["run_name"] = str(cfg.run_name)  # rgb.runs.store.run_name_for: a sweep job's unique name, as attack.py's
+    api_model = getattr(model, "inputs", "tensor") != "tensor"
+    if (cfg.get("dry_run") or cfg.get("max_requests") is not None) and not api_model:
+        raise EvaluationError(f"dry_run and max_requests count API requests; {run} holds a model of family "
+                              f"{meta['family']!r}")
     out_dir = Path(str(cfg.output_dir))
+    options = EvalOptions(
+        attack_dir=Path(str(cfg.attack_dir)), out_dir=out_dir,
+        transfer=bool(cfg.transfer) or str(cfg.protocol) == "black_box",
+        severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial) or cfg.max_requests is not None,
+        max_images=cfg.max_images, worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
+        device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
+        api_cache_dir=Path(str(cfg.api_cache_dir)), max_requests=cfg.get("max_requests"),
+    )
+    if cfg.get("dry_run"):
+        plan = request_plan(model, instantiate(cfg.data), options)
+        log.info("dry run of %s on %s: %d distinct requests to send (%d images in %d splits: %d answered by the "
+                 "cache, %d duplicates of other images)%s", meta["run_name"], meta["dataset"], plan["requests"],
+                 plan["images"], len(plan["splits"]), plan["answered_by_cache"], plan["duplicates"],
+                 "" if plan["tokens_estimate"] is None else
+                 f"; about {plan['tokens_estimate']} tokens at the cached answers' mean usage")
+        return None, meta
     with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
-        options = EvalOptions(
-            attack_dir=Path(str(cfg.attack_dir)), out_dir=staging, transfer=bool(cfg.transfer),
-            severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
-            max_images=cfg.max_images, worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
-            device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
-        )
         weights = run / WEIGHTS_FILE if run.is_dir() else run
-        record = evaluate_model(model, meta, weights, instantiate(cfg.data), options)
+        record = evaluate_model(model, meta, weights, instantiate(cfg.data), replace(options, out_dir=staging))
     log.info("%s", format_table(record))
     log.info("results in %s", record.folder(out_dir))
     if cfg.wandb.enabled:

@@ -2,6 +2,7 @@
 
 A family owns three things: which fields of model.json rebuild its architecture (`describe` / `rebuild`), and which
 module is its head (everything else is backbone). Adding a family = one module with a `FAMILY` + one entry here.
+A family whose `weights` is False (`api`: a model behind an endpoint) is rebuilt from its record alone.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Protocol
 
 from torch import nn
 
-from rgb.models import openclip, timm_family, user_factory
+from rgb.models import api, openclip, timm_family, user_factory
 from rgb.models.factory import ModelLoadError
 
 
@@ -30,7 +31,8 @@ class ModelFamily(Protocol):
 
 FAMILIES: dict[str, ModelFamily] = {
     family.name: family
-    for family in (timm_family.FAMILY, openclip.FAMILY, user_factory.FAMILY, user_factory.IN_MEMORY_FAMILY)
+    for family in (timm_family.FAMILY, openclip.FAMILY, user_factory.FAMILY, user_factory.IN_MEMORY_FAMILY,
+                   api.FAMILY)
 }
 DEFAULT_FAMILY = "timm"
 

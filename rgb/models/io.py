@@ -53,9 +53,15 @@ def write_export(model: nn.Module, out_dir: str | Path, record: dict, *, replace
 
 
 def export_model(model: nn.Module, out_dir: str | Path, meta: dict) -> Path:
-    """Write `model.safetensors` and `model.json` (family, its rebuild fields, versions, plus the caller's `meta`)."""
+    """Write `model.safetensors` and `model.json` (family, its rebuild fields, versions, plus the caller's `meta`).
+    A family without weights (`api`) gets the record alone; its path is returned then."""
     family = family_of(model)
-    return write_export(model, out_dir, {**meta, "family": family.name, **family.describe(model)})
+    record = {**meta, "family": family.name, **family.describe(model)}
+    if not getattr(family, "weights", True):
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        atomic_write_json(Path(out_dir) / META_FILE, {**record, "versions": library_versions()})
+        return Path(out_dir) / META_FILE
+    return write_export(model, out_dir, record)
 
 
 def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kwargs: dict | None = None,
@@ -73,13 +79,14 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
 
 def _locate(path: Path) -> tuple[Path, Path]:
     if path.is_dir():
-        weights, meta = path / WEIGHTS_FILE, path / META_FILE
-    else:
-        weights, meta = path, path.with_suffix(".json")
-    for needed in (weights, meta):
-        if not needed.is_file():
-            raise FileNotFoundError(f"{needed} not found (rgb.models.load needs {WEIGHTS_FILE} and {META_FILE})")
-    return weights, meta
+        return path / WEIGHTS_FILE, path / META_FILE
+    return path, path.with_suffix(".json")
+
+
+def _required(file: Path) -> Path:
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found (rgb.models.load needs {WEIGHTS_FILE} and {META_FILE})")
+    return file
 
 
 def rebuild(record: dict) -> nn.Module:
@@ -95,10 +102,11 @@ def rebuild_like(model: nn.Module) -> nn.Module:
 
 def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
     """(eval-mode model for [0,1] inputs, export record) from a train run dir or an exported safetensors file.
-    A record without `family` is a timm export (written before families existed)."""
+    A record without `family` is a timm export (written before families existed); a family without weights
+    (`api`) is rebuilt from the record alone."""
     weights, meta_file = _locate(Path(path))
     try:
-        meta = json.loads(meta_file.read_text())
+        meta = json.loads(_required(meta_file).read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ExportFileError(f"{meta_file} is not a readable export record ({err}): truncated or not a "
                               f"model.json; export the model again") from None
@@ -109,8 +117,10 @@ def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
         model = rebuild(meta)
     except ModelLoadError as err:
         raise ModelLoadError(f"{meta_file}: {err}") from None
+    if not getattr(family_named(meta["family"]), "weights", True):
+        return model, meta
     try:
-        safetensors.torch.load_model(model, str(weights), strict=True)
+        safetensors.torch.load_model(model, str(_required(weights)), strict=True)
     except SafetensorError as err:
         raise ExportFileError(f"{weights} is corrupt ({err}): truncated or not a safetensors file; export the "
                               f"model again") from None

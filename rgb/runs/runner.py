@@ -65,6 +65,9 @@ class Target:
                 raise AttackRunError(str(err)) from err
         else:
             model, meta = model.module, model.meta
+        if not isinstance(model, torch.nn.Module):  # e.g. family `api`: answers, but no gradients to attack
+            raise AttackRunError(f"{settings.run} holds a model of family {meta.get('family')!r}, which cannot be "
+                                 f"white-box attacked: score it with evaluate.py run={settings.run} protocol=black_box")
         weights = settings.run / WEIGHTS_FILE if settings.run.is_dir() else settings.run
         datamodule = hydra.utils.instantiate(settings.data)
         if meta.get("dataset") != datamodule.dataset:

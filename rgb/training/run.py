@@ -24,6 +24,7 @@ from rgb.models import META_FILE, export_model, rebuild_like
 from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
+from rgb.training.api_run import export_api_run
 from rgb.training.zeroshot import check_zeroshot_config, initialise_head, train_zeroshot
 from rgb.training.rundir import (
     AtomicCheckpointIO,
@@ -205,13 +206,19 @@ def monitored_value(trainer: L.Trainer, best: ModelCheckpoint | None, metric: st
     return float(trainer.callback_metrics[metric])
 
 
-def train(cfg: DictConfig) -> float:
+# Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.api_run).
+RECORD_ONLY = {"api": export_api_run}
+
+
+def train(cfg: DictConfig) -> float | None:
     """Fit the configured run (or build its head from prompts: strategy=zeroshot), export `model.safetensors` +
     `model.json` into the run dir, return the monitored metric (best value when checkpointing, for Hydra sweepers).
 
     Before anything starts: the config is validated, the CPU threads set, the run dir locked and its identity
     checked against run.json (process of rank 0; the other DDP ranks run under its lock). Nothing in the run dir
     changes before that check passes (the .hydra/ record included)."""
+    if cfg.strategy.name in RECORD_ONLY:
+        return RECORD_ONLY[cfg.strategy.name](cfg)
     validate_config(cfg)
     try:
         threads = configure_threads(cfg.get("threads", "auto"))

@@ -1,0 +1,184 @@
+"""API model throughput against rgb-serve on 127.0.0.1: the full 9-setting black-box run of the mini benchmark
+(test, common and the 7 transfer splits) asked at max_concurrency 1, 4 and 16, each from an empty answer cache.
+
+    python benchmarks/api_throughput.py                        # builds what it needs under a temporary directory
+    python benchmarks/api_throughput.py --work DIR --concurrency 1 4 16
+
+What it builds: the mini benchmark; 7 transfer splits whose unmodified rows are, as on the card, the test images
+a surrogate (the attack tests' tiny ViT, 4 epochs) gets wrong, and whose other rows carry a random perturbation
+within the budget (rgb-transfer's AutoAttack would take most of an hour of a loaded CPU for the L1 splits, and
+which images are distinct is what matters here); the embedded zero-shot CLIP (its architecture, random init:
+serving cost does not depend on the weights) behind rgb-serve. Per concurrency: requests/s and evaluation wall time; the share of images the cache
+answered (the unmodified transfer rows are the clean test images); a re-run (must send 0 requests). Then the
+client's own cost per request (PNG -> base64 data URL + JSON body, answer parse) against the server's model time.
+The machine may be shared: its load average is recorded with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from rgb.cli import register_resolvers
+from rgb.core import atomic_write_json
+from rgb.evaluation.api_eval import split_images
+from rgb.evaluation.records import ScoresRecord
+from rgb.evaluation.run import run_evaluation
+from rgb.models import library_versions, load_with_meta
+from rgb.models.api import parse_answer
+from rgb.serve import make_server
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+SURROGATE = [
+    "model.name=vit_tiny_patch16_224", "+model.img_size=32", "+model.patch_size=16", "+model.embed_dim=64",
+    "+model.depth=1", "+model.num_heads=1", "+model.global_pool=avg", "+model.class_token=false",
+    "optim.backbone_lr=3e-3", "optim.head_lr=3e-3", "trainer.max_epochs=4", "trainer.accelerator=cpu",
+    "callbacks.progress_bar.refresh_rate=0", "run_name=surrogate",
+]
+
+
+def config(name: str, work: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(name, overrides=[f"paths.root_dir={work}", f"paths.mini_dir={work / 'mini'}", *overrides])
+
+
+def noise_transfer_splits(root: Path, clean_split, modified: list[bool], surrogate: str, seed: int = 0) -> None:
+    """The 7 transfer splits of config `<dataset>-<surrogate>` in the snapshot `root`, made cheaply: a random
+    perturbation within each budget (8-bit, rgb.data.export) where `modified`, the clean test PNG elsewhere (as
+    the card copies the images its surrogate gets wrong). For request counting and throughput, where what
+    matters is which images are distinct, not how adversarial they are."""
+    import torch
+
+    from rgb.core.threat import ThreatModel
+    from rgb.data.catalog import TRANSFER_SPLITS, split_budget
+    from rgb.data.export import export_adversarial_split, quantise_within_budget
+
+    x = torch.stack([clean_split[i][0] for i in range(len(clean_split))])
+    generator = torch.Generator().manual_seed(seed)
+    dataset = clean_split.rows.info.config_name
+    for split in TRANSFER_SPLITS:
+        norm, eps = split_budget(split, x[0].numel())
+        noise = torch.randn(x.shape, generator=generator)
+        size = {"linf": noise.abs().amax(dim=(1, 2, 3)), "l2": noise.flatten(1).norm(dim=1),
+                "l1": noise.flatten(1).abs().sum(dim=1)}[norm]
+        adversarial = quantise_within_budget(x, (x + 0.9 * eps * noise / size.view(-1, 1, 1, 1)).clamp(0, 1), norm, eps)
+        export_adversarial_split(clean_split, dataset=dataset, image_size=x.shape[-1], root=root, surrogate=surrogate,
+                                 threat=ThreatModel(norm, eps), split_name=split, adversarial=adversarial,
+                                 modified=modified)
+
+
+def prepare(work: Path) -> tuple[Path, Path]:
+    """(served zero-shot CLIP run, mini benchmark with transfer splits), built once in `work`."""
+    import torch
+
+    from rgb.data import ImageSplit, load_split
+    from rgb.data.mini import ensure_mini
+    from rgb.training import train
+
+    ensure_mini(work / "mini")
+    runs = work / "outputs" / "train" / "digits"
+    surrogate, clip = runs / "surrogate", runs / "zs_clip"
+    if not (surrogate / "model.json").is_file():
+        train(config("train", work, *SURROGATE, f"run_dir={surrogate}"))
+    if len(list((work / "mini" / "data" / "digits" / "surrogate").glob("*.parquet"))) < 7:
+        test = ImageSplit(load_split(str(work / "mini"), "digits", "test"), 32)
+        with torch.inference_mode():
+            pred = load_with_meta(surrogate)[0](torch.stack([test[i][0] for i in range(len(test))])).argmax(1)
+        noise_transfer_splits(work / "mini", test, (pred == test.labels).tolist(), "surrogate")
+    if not (clip / "model.json").is_file():
+        train(config("train", work, "model=openclip_mini", "model.random_init=true", "strategy=zeroshot",
+                     "prompts=single", f"run_dir={clip}", "callbacks.progress_bar.refresh_rate=0"))
+    return clip, work / "mini"
+
+
+def evaluate(work: Path, run: Path, *overrides: str) -> tuple[ScoresRecord, float]:
+    start = time.perf_counter()
+    run_evaluation(config("evaluate", work, f"run={run}", "protocol=black_box", *overrides))
+    seconds = time.perf_counter() - start
+    return ScoresRecord.load(work / "outputs" / "eval" / "digits" / run.name / "scores.json"), seconds
+
+
+def client_overhead(model, server, images: list[bytes]) -> dict:
+    """Per request: the client's encode + parse, and the server's decode + forward (median over the images)."""
+    encode, parse, serve = [], [], []
+    for image in images:
+        start = time.perf_counter()
+        json.dumps(model._body(image))
+        encode.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        answer = server.classify(image)
+        serve.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        parse_answer(answer, model.class_names)
+        parse.append(time.perf_counter() - start)
+    return {"encode_ms": 1e3 * statistics.median(encode), "parse_ms": 1e3 * statistics.median(parse),
+            "server_model_ms": 1e3 * statistics.median(serve), "images": len(images)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=None, help="build/reuse everything here (default: a temp dir)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--out", type=Path, default=RESULTS / "api_throughput_cpu.json")
+    args = parser.parse_args()
+    register_resolvers()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as scratch:
+        work = (args.work or Path(scratch)).resolve()
+        load_before = os.getloadavg()
+        clip, _ = prepare(work)
+        server = make_server(clip, port=0, served_name="zs_clip")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        from rgb.training import train
+
+        rows = []
+        direct, direct_s = evaluate(work, clip)
+        for concurrency in args.concurrency:
+            run = work / "outputs" / "train" / "digits" / f"api_c{concurrency}"
+            train(config("train", work, "model=api_chat", f"model.base_url={server.base_url}",
+                         "model.api_model=zs_clip", f"model.name={run.name}", f"run_dir={run}",
+                         f"model.max_concurrency={concurrency}"))
+            cache = work / f"api_cache_c{concurrency}"
+            asked_before = server.requests.count()
+            record, seconds = evaluate(work, run, f"api_cache_dir={cache}")
+            sent = server.requests.count() - asked_before
+            again, again_s = evaluate(work, run, f"api_cache_dir={cache}")
+            total = record.api.total
+            rows.append({
+                "max_concurrency": concurrency, "images": int(total["images"]), "requests": sent,
+                "wall_s": seconds, "requests_per_s": sent / seconds, "cache_share": 1 - sent / total["images"],
+                "rerun_requests": int(again.api.total["requests"]), "rerun_wall_s": again_s,
+                "same_score_as_direct": record.black_box.score == direct.black_box.score,
+                "black_box_score": record.black_box.score, "load_avg_after": os.getloadavg(),
+            })
+            print(rows[-1])
+        model, _ = load_with_meta(work / "outputs" / "train" / "digits" / f"api_c{args.concurrency[0]}")
+        from rgb.data import ImageSplit, load_split
+
+        test = ImageSplit(load_split(str(work / "mini"), "digits", "test"), 32)
+        overhead = client_overhead(model, server, split_images(test, len(test)))
+        server.shutdown()
+    result = {
+        "benchmark": "api_throughput", "served": "embedded zero-shot CLIP (rgb-mini-clip, random init) via rgb-serve",
+        "settings": 9, "direct_evaluate_wall_s": direct_s, "runs": rows, "per_request": overhead,
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "load_avg_before": load_before,
+                    "load_avg_after": os.getloadavg(), "shared": True, "threads": os.environ.get("RGB_THREADS")},
+        "versions": library_versions(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out, result)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Predictions of an API model (rgb.models.api) on a benchmark split: from the split's own PNG bytes, through the
+answer cache, with the raw answer and the parsed class kept per image for audit (predictions.parquet)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+
+from rgb.evaluation.records import ApiUsage, RequestCounts
+from rgb.models.api import AnswerCache, ApiClassifier, RequestBudget
+
+ABSTAINED = -1  # the prediction of an answer that names no class (or several): never equal to a label
+
+
+def split_images(split, n: int) -> list[bytes]:
+    """The first n stored PNG files of an ImageSplit, byte for byte (never decoded or re-encoded)."""
+    return pc.struct_field(split.rows.data.column("image"), "bytes").to_pylist()[:n]
+
+
+def cache_path(cache_dir: Path, model: ApiClassifier) -> Path:
+    """One answer cache per model identity."""
+    return Path(cache_dir) / f"{model.identity_sha256}.jsonl"
+
+
+class ApiPredictor:
+    """Evaluation's view of an API model: per split the answered prefix of predictions (all of it unless
+    max_requests ran out), request counts per split, and the answer columns of predictions.parquet."""
+
+    white_box_na = "API model"
+
+    def __init__(self, model: ApiClassifier, options):
+        self.model, self.options = model, options
+        self.cache = AnswerCache(cache_path(options.api_cache_dir, model))
+        self.budget = RequestBudget(options.max_requests)
+        self.per_split: dict[str, RequestCounts] = {}
+        self.columns: dict[str, list] = {}
+
+    def identity(self, weights_path) -> str:
+        return self.model.identity_sha256
+
+    def __call__(self, split, desc: str) -> dict[str, np.ndarray]:
+        n = len(split) if self.options.max_images is None else min(self.options.max_images, len(split))
+        answers, stats = self.model.answer(split_images(split, n), self.cache, self.budget, desc)
+        self.per_split[desc] = RequestCounts(**asdict(stats))
+        names = self.model.class_names
+        key = desc.replace("/", "_")
+        self.columns[f"answer_{key}"] = [a.text if a else None for a in answers]
+        self.columns[f"parsed_{key}"] = [names[a.pred] if a and a.pred is not None else None for a in answers]
+        answered = next((i for i, a in enumerate(answers) if a is None), n)  # max_requests: the answered prefix
+        preds = [ABSTAINED if a.pred is None else a.pred for a in answers[:answered]]
+        return {"pred": np.asarray(preds, dtype=np.int64), "label": split.labels.numpy()[:answered],
+                "image_id": np.asarray(split.rows.data.column("image_id").to_numpy()[:answered], dtype=np.int64)}
+
+    def usage(self) -> ApiUsage:
+        return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
+                        self.options.max_requests)
+
+    def close(self) -> None:
+        self.cache.close()

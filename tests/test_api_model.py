@@ -1,0 +1,397 @@
+"""The `api` model family against a real `rgb-serve` on 127.0.0.1: the answer parser, the answer cache, the
+manners (retries, Retry-After, rate limit, one-line refusals), the black-box protocol image by image equal to
+evaluate.py of the served model, dry_run / max_requests, and a key that never reaches a file."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rgb.data import ImageSplit, load_split
+from rgb.data.catalog import TRANSFER_SPLITS
+from rgb.data.mini import CLASS_NAMES, DATASET
+from rgb.data.snapshot import write_readme, write_split
+from rgb.evaluation.api_eval import cache_path, split_images
+from rgb.evaluation.leaderboard import build_leaderboard, find_records, to_markdown
+from rgb.evaluation.model_eval import format_table
+from rgb.evaluation.records import ScoresRecord
+from rgb.evaluation.run import run_evaluation
+from rgb.models import load_with_meta
+from rgb.models.api import (
+    AnswerCache,
+    ApiClassifier,
+    ApiError,
+    ApiSettings,
+    CacheError,
+    ClientSettings,
+    RateLimiter,
+    parse_answer,
+)
+from rgb.runs.settings import AttackRunError
+from rgb.serve import Faults, make_server
+from rgb.training import train
+from api_throughput import noise_transfer_splits
+from test_attack_run import trained_surrogate
+
+REPO = Path(__file__).resolve().parents[1]
+N_IMAGES = 24
+SURROGATE = "noise"
+KEY_ENV = "RGB_TEST_API_KEY"
+
+
+# ------------------------------------------------------------------------------------------------ the parser
+@pytest.mark.parametrize("text, expected", [
+    ("three", 3), ("Three.", 3), ("**three**", 3), ("`seven`", 7), ("The answer is: two.", 2), ("Answer: five", 5),
+    ("The answer is **Nine**", 9), ("  FOUR\n", 4), ("I think it is a one", 1), ("It shows the digit eight.", 8),
+    ("Final answer: six\nBecause the loop ...", 6),
+])
+def test_parser_maps_answers_to_classes(text, expected):
+    assert parse_answer(text, CLASS_NAMES) == expected
+
+
+@pytest.mark.parametrize("text", ["", None, "I cannot tell.", "three or eight", "one, two", "a digit"])
+def test_parser_abstains_on_no_class_or_several(text):
+    assert parse_answer(text, CLASS_NAMES) is None
+
+
+def test_parser_prefers_the_longer_name_and_normalises_punctuation():
+    names = ["cat", "wild cat", "sea_lion", "Boeing 747-400"]
+    assert parse_answer("a wild cat", names) == 1
+    assert parse_answer("It is a Sea Lion!", names) == 2
+    assert parse_answer("boeing 747 400", names) == 3
+    assert parse_answer("a cat next to a sea lion", names) is None
+
+
+# ------------------------------------------------------------------------------------------------ the cache
+def test_cache_cuts_a_torn_last_line_and_refuses_damage_elsewhere(tmp_path):
+    path = tmp_path / "answers.jsonl"
+    cache = AnswerCache(path)
+    cache.add({"key": "a", "answer": "one", "usage": {}})
+    cache.add({"key": "b", "answer": "two", "usage": {}})
+    cache.close()
+    with open(path, "ab") as handle:  # kill -9 in the middle of a write
+        handle.write(b'{"key": "c", "ans')
+    reopened = AnswerCache(path)
+    assert set(reopened.answers) == {"a", "b"} and path.read_bytes().endswith(b"}\n")
+    reopened.add({"key": "c", "answer": "three", "usage": {}})
+    reopened.close()
+    assert set(AnswerCache(path).answers) == {"a", "b", "c"}
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"garbage\n" + b"".join(lines[1:]))
+    with pytest.raises(CacheError, match="line 2"):
+        AnswerCache(path)
+
+
+def test_rate_limiter_holds_requests_to_the_window():
+    now = [0.0]
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    limiter = RateLimiter(requests_per_minute=3, tokens_per_minute=None, clock=lambda: now[0], sleep=sleep)
+    for _ in range(7):
+        limiter.settle(limiter.acquire(), 10)
+    assert now[0] >= 120 and len(limiter._events) <= 3  # 7 requests at 3 a minute: two full windows waited
+
+    now[0], slept[:] = 0.0, []
+    tokens = RateLimiter(requests_per_minute=None, tokens_per_minute=100, clock=lambda: now[0], sleep=sleep)
+    for _ in range(3):
+        tokens.settle(tokens.acquire(), 60)  # the second waits for the first's 60 tokens to leave the window
+    assert now[0] >= 120
+
+
+# ------------------------------------------------------------------------------------------- the offline bench
+def _bench(mini_dir: Path, out: Path) -> Path:
+    """The first N test images with their common rows, and the 7 transfer splits of a surrogate `noise` (random
+    perturbations within each budget on every other image; the rest unmodified, i.e. the clean test PNG)."""
+    test = load_split(str(mini_dir), DATASET, "test").select(range(N_IMAGES))
+    common = load_split(str(mini_dir), DATASET, "common").select(range(N_IMAGES))
+    for name, split in (("test", test), ("common", common)):
+        rows = split.cast_column("image", datasets.Image(decode=False))[:]
+        rows["image"] = [image["bytes"] for image in rows["image"]]
+        write_split(out / "data" / DATASET / f"{name}.parquet", CLASS_NAMES, rows)
+    write_readme(out, "api test bench")
+    clean_split = ImageSplit(load_split(str(out), DATASET, "test"), 32)
+    noise_transfer_splits(out, clean_split, [i % 2 == 0 for i in range(N_IMAGES)], SURROGATE)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench(mini_dir, tmp_path_factory):
+    return _bench(mini_dir, tmp_path_factory.mktemp("api_bench") / "bench")
+
+
+@pytest.fixture(scope="module")
+def served_run(mini_dir, tmp_path_factory):
+    """A small trained model (the attack tests' tiny ViT, trained once per session)."""
+    return trained_surrogate(tmp_path_factory.getbasetemp(), mini_dir)
+
+
+class Running:
+    """rgb-serve in a thread of this process on 127.0.0.1 (port 0: any free port)."""
+
+    def __init__(self, run: Path, **kwargs):
+        self.server = make_server(run, port=0, served_name="tiny", **kwargs)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self.server
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(served_run):
+    with Running(served_run) as running:
+        yield running
+
+
+def compose_config(name: str, root: Path, bench: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(name, overrides=[f"paths.root_dir={root}", f"paths.mini_dir={bench}", *overrides])
+
+
+def api_run(root: Path, bench: Path, base_url: str, name: str = "api_tiny", *overrides: str) -> Path:
+    """train.py model=api_chat model.base_url=... model.api_model=tiny (no training: model.json only)."""
+    run = root / "outputs" / "train" / DATASET / name
+    train(compose_config("train", root, bench, "model=api_chat", f"model.base_url={base_url}",
+                         "model.api_model=tiny", f"model.name={name}", f"run_dir={run}", *overrides))
+    return run
+
+
+def evaluate(root: Path, bench: Path, run: Path, *overrides: str) -> ScoresRecord:
+    run_evaluation(compose_config("evaluate", root, bench, f"run={run}", "protocol=black_box", *overrides))
+    return ScoresRecord.load(root / "outputs" / "eval" / DATASET / run.name / "scores.json")
+
+
+def stored_images(bench: Path, split: str = "test", surrogate: str | None = None) -> list[bytes]:
+    data = ImageSplit(load_split(str(bench), DATASET, split, surrogate=surrogate), 32)
+    return split_images(data, len(data))
+
+
+def all_images(bench: Path) -> list[bytes]:
+    splits = [("test", None), ("common", None)] + [(s, SURROGATE) for s in TRANSFER_SPLITS]
+    return [image for split, surrogate in splits for image in stored_images(bench, split, surrogate)]
+
+
+def distinct_images(bench: Path) -> int:
+    return len(set(all_images(bench)))
+
+
+# ------------------------------------------------------------------------------------- the black-box protocol
+def test_api_model_scores_what_the_served_model_scores_image_by_image(tmp_path, bench, served_run, server):
+    run = api_run(tmp_path, bench, server.base_url)
+    model, meta = load_with_meta(run)
+    assert isinstance(model, ApiClassifier) and meta["family"] == "api" and not (run / "model.safetensors").exists()
+    assert meta["api"]["base_url"] == server.base_url and meta["class_names"] == CLASS_NAMES
+
+    before = server.requests.count()
+    record = evaluate(tmp_path, bench, run)
+    asked = server.requests.images[before:]
+    # one request per distinct image: the unmodified transfer rows are the test images, asked once
+    assert len(asked) == len(set(asked)) == distinct_images(bench) < N_IMAGES * 9
+    direct = evaluate(tmp_path, bench, served_run)
+    assert record.black_box.complete and record.black_box.score == pytest.approx(direct.black_box.score)
+    for setting in record.black_box.names:
+        assert record.black_box.settings[setting] == direct.black_box.settings[setting], setting
+    ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
+    theirs = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / served_run.name / "predictions.parquet")
+    assert len(set(theirs["pred_test"])) > 2  # a model that tells images apart, so the comparison means something
+    for column in ["pred_test", "pred_common"] + [f"correct_{SURROGATE}_{s}" for s in TRANSFER_SPLITS]:
+        assert ours[column].tolist() == theirs[column].tolist(), column
+    assert ours["parsed_test"].tolist() == [CLASS_NAMES[p] for p in theirs["pred_test"]]
+    assert ours["answer_test"].tolist() == ours["parsed_test"].tolist()  # rgb-serve answers with the class name
+
+    # white-box settings are n/a, never 0; the record keeps what the requests cost
+    assert all(record.white_box.settings[f"autoattack_{n}"] is None for n in ("l1", "l2", "linf"))
+    assert record.white_box_na == "API model" and record.api.total["requests"] == len(asked)
+    assert record.api.total["abstained"] == 0 and not record.api.partial
+    table = format_table(record)
+    assert "n/a (API model)" in table and "abstained" in table and f"{len(asked)} sent" in table
+
+    # a re-run asks nothing and scores the same
+    again = evaluate(tmp_path, bench, run)
+    assert server.requests.count() == before + len(asked)
+    assert again.black_box.score == record.black_box.score and again.api.total["requests"] == 0
+
+    # leaderboards: black-box ranks both by their own Sum; white-box never mixes the API model in
+    pool = find_records([tmp_path / "outputs" / "eval"])
+    black = build_leaderboard(pool, "black_box", [DATASET], "sum")
+    assert {r.model for r in black.rows} == {run.name, served_run.name}
+    white = build_leaderboard(pool, "white_box", [DATASET])
+    assert [r.model for r in white.rows] == [served_run.name] and white.not_applicable == {run.name: "n/a (API model)"}
+    assert "n/a (API model)" in to_markdown(white)
+
+
+def test_an_api_model_cannot_be_attacked(tmp_path, bench, server):
+    from rgb.runs.runner import attack_from_config
+
+    run = api_run(tmp_path, bench, server.base_url)
+    with pytest.raises(AttackRunError, match="cannot be white-box attacked"):
+        attack_from_config(compose_config("attack", tmp_path, bench, f"run={run}", "progress=false"), threads=1)
+
+
+# -------------------------------------------------------------------------------------------------- manners
+def classifier(base_url: str, **client) -> ApiClassifier:
+    return ApiClassifier(ApiSettings(base_url, "tiny"), ClientSettings(**client), CLASS_NAMES, DATASET)
+
+
+def test_faults_drive_retries_and_abstentions(tmp_path, bench, served_run):
+    images = stored_images(bench)
+    faults = Faults(rate_limit_every=3, retry_after_s=0.05, error_every=5, slow_every=7, slow_s=1.5,
+                    malformed_every=11)
+    with Running(served_run, faults=faults) as running:
+        model = classifier(running.base_url, max_concurrency=1, timeout_s=0.5, backoff_s=0.01, max_retries=5)
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        answers, stats = model.answer(images, cache)
+        served = running.requests.faults
+        assert served["rate_limit"] and served["error"] and served["slow"] and served["malformed"]
+        assert stats.retries == served["rate_limit"] + served["error"] + served["slow"]
+        assert stats.backoff_s >= 0.05 * served["rate_limit"]  # Retry-After honoured
+        assert stats.requests == len(images) and stats.abstained == served["malformed"]
+        assert sum(a.pred is None for a in answers) == served["malformed"]
+        assert running.requests.count() == len(images) + stats.retries
+        count = running.requests.count()
+        again, stats = model.answer(images, cache)  # everything cached, abstentions included: nothing asked
+        assert running.requests.count() == count and stats.requests == 0 and stats.cached == len(images)
+        assert [a.text for a in again] == [a.text for a in answers]
+
+
+def test_refusals_are_one_line_naming_endpoint_and_model_never_the_key(tmp_path, bench, served_run, monkeypatch):
+    image = stored_images(bench)[0]
+    secret = "sk-test-0123456789abcdef"
+    with Running(served_run, api_key="right-key") as running:
+        monkeypatch.setenv(KEY_ENV, secret)
+        model = classifier(running.base_url, api_key_env=KEY_ENV, max_retries=0)
+        with pytest.raises(ApiError) as refused:
+            model.answer([image], AnswerCache(tmp_path / "a.jsonl"))
+        message = str(refused.value)
+        assert "\n" not in message and running.base_url in message and "'tiny'" in message and "401" in message
+        assert secret not in message and KEY_ENV in message
+        monkeypatch.setenv(KEY_ENV, "right-key")
+        other = ApiClassifier(ApiSettings(running.base_url, "gpt-nothing"), ClientSettings(api_key_env=KEY_ENV),
+                              CLASS_NAMES, DATASET)
+        with pytest.raises(ApiError, match="404.*does not exist"):
+            other.answer([image], AnswerCache(tmp_path / "b.jsonl"))
+    dead = classifier(running.base_url, max_retries=2, backoff_s=0.01, timeout_s=1)  # the server is gone now
+    with pytest.raises(ApiError, match="gave up after 3 attempts, last: connection error"):
+        dead.answer([image], AnswerCache(tmp_path / "c.jsonl"))
+
+
+def test_the_key_never_reaches_a_file(tmp_path, bench, served_run, monkeypatch):
+    secret = "sk-never-written-5f2c9e"
+    monkeypatch.setenv(KEY_ENV, secret)
+    with Running(served_run, api_key=secret) as running:
+        run = api_run(tmp_path, bench, running.base_url, "api_keyed", f"model.api_key_env={KEY_ENV}")
+        record = evaluate(tmp_path, bench, run, "max_images=4", "allow_partial=true")
+        assert record.api.total["requests"] > 0
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".jsonl" for p in written) and any(p.name == "model.json" for p in written)
+    assert not [p for p in written if secret.encode() in p.read_bytes()]
+
+
+# ------------------------------------------------------------------------------------ dry run, max_requests
+def test_dry_run_counts_and_max_requests_stops_partial_then_resumes(tmp_path, bench, served_run, caplog):
+    with Running(served_run) as running:
+        run = api_run(tmp_path, bench, running.base_url)
+        distinct = distinct_images(bench)
+        with caplog.at_level("INFO"):
+            assert run_evaluation(compose_config("evaluate", tmp_path, bench, f"run={run}", "dry_run=true")) is None
+        assert f": {distinct} distinct requests to send" in caplog.text and running.requests.count() == 0
+        assert not (tmp_path / "outputs" / "eval").exists()
+
+        partial = evaluate(tmp_path, bench, run, "max_requests=30")
+        assert running.requests.count() == 30 and partial.api.partial
+        assert partial.white_box.settings["test"].partial is False  # test's 24 images came first, all answered
+        assert partial.white_box.settings["common"].partial and partial.white_box.settings["common"].total == 6
+        assert "PARTIAL" in format_table(partial)
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            run_evaluation(compose_config("evaluate", tmp_path, bench, f"run={run}", "dry_run=true"))
+        assert f": {distinct - 30} distinct requests to send" in caplog.text
+
+        whole = evaluate(tmp_path, bench, run)
+        assert running.requests.count() == distinct == len(set(running.requests.images))  # nothing asked twice
+        assert not whole.api.partial and whole.black_box.complete
+
+
+# ------------------------------------------------------------------------------------------ kill -9, resume
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_asks_nothing_twice(tmp_path, bench, served_run):
+    with Running(served_run, faults=Faults(slow_every=1, slow_s=0.05)) as running:
+        run = api_run(tmp_path, bench, running.base_url, "api_tiny", "model.max_concurrency=2")
+        model, _ = load_with_meta(run)
+        cache_file = cache_path(tmp_path / "outputs" / "api_cache", model)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "RGB_THREADS": "1"}
+        child = subprocess.Popen(
+            [sys.executable, str(REPO / "evaluate.py"), f"run={run}", "protocol=black_box",
+             f"paths.root_dir={tmp_path}", f"paths.mini_dir={bench}"],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and child.poll() is None:
+            if cache_file.is_file() and cache_file.read_bytes().count(b"\n") >= 40:
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, "the evaluation ended before it could be killed"
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        killed_at = running.requests.count()
+        kept = AnswerCache(cache_file).answers  # readable: at most a torn last line, cut off
+        assert 40 <= len(kept) <= killed_at
+        record = evaluate(tmp_path, bench, run)
+        after = running.requests.images[killed_at:]
+        key_of = {hashlib.sha256(image).hexdigest(): model.request_key(image) for image in all_images(bench)}
+        answered_before = {h for h in running.requests.images[:killed_at] if key_of[h] in kept}
+        assert not answered_before & set(after)  # no answer the cache held was asked again
+        assert len(after) == len(set(after)) and len(after) <= distinct_images(bench) - len(kept) + 2
+    assert record.black_box.complete and not record.api.partial
+    direct = evaluate(tmp_path, bench, served_run)
+    assert record.black_box.score == pytest.approx(direct.black_box.score)
+    assert np.array_equal(
+        pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")["pred_test"],
+        pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / served_run.name / "predictions.parquet")["pred_test"])
+    assert json.loads((run / "model.json").read_text())["family"] == "api"
+
+
+@pytest.mark.slow
+def test_rgb_serve_command_answers_on_localhost(tmp_path, bench, served_run):
+    """The console script's code path (rgb.cli.serve_main) in a subprocess, port 0, one real request."""
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RGB_THREADS": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from rgb.cli import serve_main; serve_main()", f"run={served_run}", "port=0",
+         "served_name=tiny", f"paths.root_dir={tmp_path}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    guard = threading.Timer(180, lambda: os.killpg(child.pid, signal.SIGKILL))
+    guard.start()
+    try:
+        line = ""
+        while "serving" not in line and child.poll() is None:
+            line = child.stdout.readline()
+        url = line.split(" at ")[1].split()[0]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/chat/completions")
+        image = stored_images(bench)[0]
+        reply = httpx.post(url, json=classifier(url.removesuffix("/chat/completions"))._body(image), timeout=30)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] in CLASS_NAMES
+    finally:
+        guard.cancel()
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=30)
