@@ -47,7 +47,9 @@ def test_factory_model_through_attack_and_evaluate_with_both_implementations(fac
     assert ref["forward_rows_per_image"] > 1 and ref["backward_rows_per_image"] > 0  # counted by rgb
     assert abs(mine["n_robust"] - ref["n_robust"]) <= 2  # the same standard attack, two implementations
     log = (tmp_path / "attack" / "digits" / "small_cnn" / "logs")
-    assert any("robust accuracy" in p.read_text() for p in log.rglob("attack.log"))  # output reaches the log file
+    logged = [p.read_text() for p in log.rglob("attack.log")]
+    assert any("robust accuracy" in text for text in logged)  # output reaches the log file ...
+    assert any("composed config:" in text and "accuracy after clean" in text for text in logged)  # ... all of it
     for attack_dir, label in ((tmp_path / "attack" / "digits" / "small_cnn", "ours"), (reference_dir, "reference")):
         shown = run("evaluate.py", f"run={factory_run}", f"paths.mini_dir={mini_dir}", f"paths.output_dir={tmp_path}",
                     "data.budgets.linf=0.2", f"attack_dir={attack_dir}", f"output_dir={tmp_path / 'eval' / label}",
