@@ -78,7 +78,7 @@ def test_every_class_1_and_2_type_end_to_end(tiny_runs, mini_dir, tmp_path):
         assert (out / name).stat().st_size > 0, name
     record = json.loads((out / "text_robustness.json").read_text())
     queries = pq.read_table(out / "queries.parquet").to_pydict()
-    assert record["n_queries"] == len(TEMPLATES) * 10 and record["n_images"] == 450
+    assert record["n_queries"] == len(TEMPLATES) * 10 and record["n_images"] == 200
     assert {row["perturbation_type"] for row in record["summary"]} == set(DEFAULT_TYPES)
     assert {row["perturbation_class"] for row in record["summary"]} == {LEXICAL, SYNTACTIC}
     assert [c for c in queries if c.startswith("overlap@")] == ["overlap@10", "overlap@50", "overlap@100"]

@@ -51,7 +51,7 @@ def test_every_ensemble_side_by_side_and_the_run_s_own_row_is_the_exported_model
     _, meta = load_with_meta(cpe_run / "run")
     rows = by_ensemble(report)
     assert list(rows) == [*ENSEMBLES, "exported (cpe)"]
-    assert (report["n_images"], report["unlabelled_split"], report["unlabelled_images"]) == (450, "validation", 270)
+    assert (report["n_images"], report["unlabelled_split"], report["unlabelled_images"]) == (200, "validation", 270)
     assert report["texts_encoded"] == 0  # the training run's text features, read from the prompts cache
     for row in rows.values():
         assert all(0 <= row[m] <= 1 for m in METRICS)
@@ -81,7 +81,7 @@ def test_the_unlabelled_split_option_changes_the_weights_and_never_the_scoring(c
     default, _ = report_of(cpe_run, mini_dir)
     transductive, _ = report_of(cpe_run, mini_dir, "zeroshot_report_options.unlabelled_split=test",
                                 "zeroshot_report_options.ensembles=[mean,cpe]")
-    assert (transductive["unlabelled_split"], transductive["unlabelled_images"]) == ("test", 450)
+    assert (transductive["unlabelled_split"], transductive["unlabelled_images"]) == ("test", 200)
     before, after = by_ensemble(default), by_ensemble(transductive)
     assert list(after) == ["mean", "cpe", "exported (cpe)"]
     weights = [[t["weight"] for t in rows["cpe"]["templates"]] for rows in (before, after)]
