@@ -199,3 +199,27 @@ def test_datamodule_loaders_cover_whole_splits_in_order(mini_dir):
     wrong = RGBDataModule(source=str(mini_dir), dataset=DATASET, image_size=32, num_classes=7, budgets={})
     with pytest.raises(ValueError, match="says 7 classes but digits .* has 10"):
         wrong.setup("fit")
+
+
+def test_corruptions_are_an_optional_extra(monkeypatch):
+    """Issue 24: the corruption library (OpenCV, scikit-image, numba) is an extra: a command that needs it names
+    the extra in one line, and the modules of training, attacking and scoring import without it."""
+    import subprocess
+    import sys
+
+    from rgb.data.benchmark import BenchmarkError
+    from rgb.data.corruptions import apply_corruption
+
+    monkeypatch.setitem(sys.modules, "imagecorruptions", None)  # as if not installed
+    with pytest.raises(BenchmarkError, match=r"robustgenbench\[corruptions\]"):
+        apply_corruption(np.zeros((32, 32, 3), dtype=np.uint8), CORRUPTIONS[0], 3, seed=0)
+    blocked = ("imagecorruptions", "cv2", "skimage", "numba")
+    code = ("import sys\n"
+            "class Block:\n"
+            f"    def find_spec(self, name, *args):\n"
+            f"        if name.split('.')[0] in {blocked!r}: raise ImportError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import rgb.cli, rgb.data.mini, rgb.runs.runner, rgb.evaluation.run, rgb.training.run, rgb.zeroshot\n"
+            "print('imported')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]
