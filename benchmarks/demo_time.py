@@ -7,8 +7,8 @@ machine once the venv is installed, <= 10 minutes beside two other CPU-bound pro
 
 The checkout's files (tracked and untracked, not ignored: what a clone plus your edits holds) are copied into a
 temporary folder with no data/ and no outputs/, so the mini benchmark and the embedded CLIP are built as on a
-fresh clone. The steps are the commands `make -n demo` prints (the venv counts as installed unless --install),
-each run and timed in turn; --busy K starts K pure-Python busy loops beside them. --steps N stops after N steps
+fresh clone. The steps are the commands `make -n demo` prints with the venv taken as installed (--install first
+runs and times `make install` into a new venv of the copy and records its size), each run and timed in turn; --busy K starts K pure-Python busy loops beside them. --steps N stops after N steps
 (to check the script itself quickly).
 """
 
@@ -42,10 +42,9 @@ def fresh_copy(destination: Path) -> Path:
     return destination
 
 
-def demo_steps(copy: Path, venv: Path, install: bool) -> list[str]:
-    """The shell commands of `make demo`, continuation lines joined (the installed venv is not remade unless
-    `install`)."""
-    command = ["make", "-n", "demo", f"VENV={venv}"] + ([] if install else ["-o", f"{venv}/.installed"])
+def demo_steps(copy: Path, venv: Path) -> list[str]:
+    """The shell commands of `make demo` with the venv taken as installed, continuation lines joined."""
+    command = ["make", "-n", "demo", f"VENV={venv}", "-o", f"{venv}/.installed"]
     printed = subprocess.run(command, cwd=copy, check=True, capture_output=True, text=True).stdout
     steps, pending = [], ""
     for line in printed.splitlines():
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("RGB_THREADS", None)
     if args.torch_index:
         env["TORCH_INDEX"] = args.torch_index
-    steps = demo_steps(copy, venv, args.install)[: args.steps]
+    steps = demo_steps(copy, venv)[: args.steps]
     record = {"what": "make demo, step by step, on a fresh copy (issue 24)", "command": " ".join(sys.argv),
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                           "available_cpus": available_cpus(), "python": platform.python_version()},
@@ -90,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(args.busy)]
     began = time.perf_counter()
     try:
+        if args.install:  # `make install` into a new venv of the copy: pip's downloads or its local wheel cache
+            start = time.perf_counter()
+            done = subprocess.run(["make", "install", f"VENV={venv}"], cwd=copy, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+            record["install_seconds"] = round(time.perf_counter() - start, 1)
+            record["install_returncode"] = done.returncode
+            print(f"{record['install_seconds']:7.1f} s  make install (rc {done.returncode})", flush=True)
+            if done.returncode:
+                print(done.stdout[-3000:], file=sys.stderr)
+                steps = []
         for step in steps:
             start = time.perf_counter()
             done = subprocess.run(["bash", "-c", step], cwd=copy, env=env, stdout=subprocess.PIPE,
@@ -107,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             process.wait()
     record["total_seconds"] = round(time.perf_counter() - began, 1)
     record["load_after"] = os.getloadavg()
-    record["complete"] = len(record["steps"]) == len(steps) and all(s["returncode"] == 0 for s in record["steps"])
+    record["complete"] = (len(record["steps"]) == len(steps) and all(s["returncode"] == 0 for s in record["steps"])
+                          and record.get("install_returncode", 0) == 0)
     if args.install and venv.is_dir():
         record["venv_bytes"] = du(venv)
     if args.keep:
