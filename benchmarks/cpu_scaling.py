@@ -86,6 +86,12 @@ def with_busy(count: int, body):
             process.wait()
 
 
+def write(path: Path, record: dict) -> None:
+    """The JSON so far (rewritten after every configuration: a long run interrupted keeps what it measured)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     from rgb.core.machine import available_cpus
 
@@ -117,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                                  **row})
                     print(f"{case} busy={busy} {config['name']}: {row['wall_s']:.1f} s "
                           f"({row['images_per_s']:.2f} img/s, {row['n_robust']}/{row['n']} robust)", flush=True)
+                    write(args.out, {**record, "cases": [*record["cases"], {"case": case, "rows": rows}]})
             single = {r["busy"]: r for r in rows if r["cores"] == 1}
             default = {r["busy"]: r for r in rows if r["name"].startswith("default")}
             summary = {"identical_results": len({r["results_sha256"] for r in rows}) == 1}
@@ -131,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                                slowdown_met=slowdown <= 2.5)
             record["cases"].append({"case": case, "n": args.n, "rows": rows, "summary": summary})
             print(case, json.dumps(summary), flush=True)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(record, indent=2) + "\n")
+            write(args.out, record)
     return 0
 
 
