@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # torch is pinned to the build this project is tested with; pip takes it from a local wheel cache when there is one.
 TORCH := torch==2.14.1 torchvision==0.29.1
+# CPU-only machine: `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes PyTorch's CPU wheels
+# (no CUDA libraries: a much smaller venv, same results).
+TORCH_INDEX ?=
 MINI := data/mini
 DEMO_RUN := outputs/train/digits/demo
 ZEROSHOT_RUN := outputs/train/digits/demo_zeroshot
@@ -15,8 +18,8 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet $(TORCH)
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
+	$(PIP) install --quiet -e '.[corruptions]'
 	touch $@
 
 # rbo (the reference RBO implementation the text-robustness test agrees with) pins numpy<2 though it runs on 2:

@@ -31,12 +31,12 @@ def test_benchmark_scores_a_user_module_and_resumes(user_model, mini_dir, tmp_pa
                   output_dir=tmp_path, progress=False, overrides=BUDGET)
     scores = json.loads((tmp_path / "eval" / "digits" / "cnn" / "scores.json").read_text())
     settings = scores["white_box"]["settings"]
-    assert settings["test"]["total"] == 450 and settings["common"]["total"] == 450
+    assert settings["test"]["total"] == 200 and settings["common"]["total"] == 200
     clean, robust = settings["test"]["accuracy"], settings["autoattack_linf"]["accuracy"]
     assert clean > 0.5 and robust < clean  # a trained model that the attack partly breaks
     assert settings["autoattack_l1"] is None and "autoattack_l1" in scores["white_box"]["missing"]
     summary = json.loads((tmp_path / "attack" / "digits" / "cnn" / "linf" / "summary.json").read_text())
-    assert summary["standard"] and summary["model_family"] == "python" and summary["n"] == 450
+    assert summary["standard"] and summary["model_family"] == "python" and summary["n"] == 200
     assert summary["n_robust"] == settings["autoattack_linf"]["correct"]
     batches = sorted((tmp_path / "attack" / "digits" / "cnn" / "linf").glob("shard-*/batch-*.pt"))
     stamps = [p.stat().st_mtime_ns for p in batches]

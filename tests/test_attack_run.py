@@ -296,33 +296,32 @@ def test_presets_compose(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_process_per_device_equals_one_process(surrogate, small_bench, reference, tmp_path):
+def test_worker_processes_equal_one_process(surrogate, small_bench, reference, tmp_path):
+    """shard.devices=2 on the CPU: two spawned single-threaded workers take the batches as they come and write
+    the node's shard layout; the results equal one process's, batch for batch."""
     out = tmp_path / "spawned"
-    attack(overrides(surrogate, small_bench, out, "shard.devices=2"))
-    assert {p.parent.name for p in batch_files(out)} == {"shard-0-of-2", "shard-1-of-2"}
+    attack(overrides(surrogate, small_bench, out, "shard.devices=2", "threads=2"))
+    assert {p.parent.name for p in batch_files(out)} == {"shard-0-of-1"} and len(batch_files(out)) == N_BATCHES
     pd.testing.assert_frame_equal(results(out), results(reference[0]))
 
 
 @pytest.mark.parametrize(("device", "expected"), [("cpu", 2), ("cuda", 4)])
-def test_processes_on_one_cpu_share_its_threads(monkeypatch, device, expected):
-    """shard.devices=N on the CPU: each process takes threads / N (more threads than cores spin-wait)."""
+def test_workers_on_one_cpu_share_its_threads(monkeypatch, device, expected):
+    """Workers on the CPU take threads / workers each (more threads than cores spin-wait); on GPUs their own."""
     import importlib
     from types import SimpleNamespace
 
     runner = importlib.import_module("rgb.runs.runner")
-    chosen = []
-
-    class Opened(Exception):
-        pass
+    chosen, events = [], []
 
     def refuse(*args):
-        raise Opened
+        raise AttackRunError("opened")
 
     monkeypatch.setattr(runner, "configure_threads", chosen.append)
     monkeypatch.setattr(runner.Target, "open", refuse)
-    with pytest.raises(Opened):
-        runner._spawned_shard(0, SimpleNamespace(threads=4, processes=2, device=device))
+    runner._worker(0, 2, SimpleNamespace(threads=4, device=device), None, SimpleNamespace(put=events.append))
     assert chosen == [expected]
+    assert events == [("error", (0, "AttackRunError: opened", None))]  # a user error: one line, no traceback
 
 
 @pytest.mark.parametrize("holder", ["saves the batch", "dies"])
@@ -368,3 +367,11 @@ def test_two_attack_processes_on_one_run_share_its_batches(surrogate, small_benc
         assert process.returncode == 0, stderr[-2000:]
     assert len(batch_files(out)) == N_BATCHES
     pd.testing.assert_frame_equal(results(out), results(reference[0]))
+
+
+def test_default_devices_on_the_cpu_are_one_worker_per_usable_core():
+    from rgb.runs.settings import process_count
+
+    assert process_count("auto", "cpu", threads=3) == 3 and process_count("auto", "cpu", threads=1) == 1
+    assert process_count(2, "cpu", threads=8) == 2
+    assert compose_attack(["run=x"]).shard.devices == "auto"

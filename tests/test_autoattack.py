@@ -265,6 +265,28 @@ def test_progress_reports_stages_and_steps_within_a_batch(trained_mlp, batch):
     assert throttled == [(stage, ()) for stage in stages]  # nothing between the stage starts within an hour
 
 
+def test_images_are_reported_as_they_leave_the_cascade(trained_mlp, batch):
+    """Issue 24: a bar counts images as they leave a batch (fooled or finished), not once per batch."""
+    x, y = batch
+    left, seen = [], []
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, n_queries=40, on_leave=left.append,
+                        progress=lambda name, *position: seen.append((name, sum(left)))).run(x, y, batch_size=32)
+    assert sum(left) == len(y) and all(n > 0 for n in left)
+    assert left[-1] == int(result.robust.sum()) > 0  # the robust ones leave after the last attack
+    fooled_by_first = int((result.fooled_by == 1).sum())
+    assert fooled_by_first > 0 and dict(seen)["apgd-t"] >= fooled_by_first  # ... the fooled ones before that
+
+
+def test_stage_positions_read_as_words():
+    from rgb.attacks.registry import describe_stage
+
+    assert describe_stage("apgd-t", (3, 9, 59, 100)) == "apgd-t target 3/9 step 59/100"
+    assert describe_stage("fab-t", (1, 9, 2, 100)) == "fab-t target 1/9 step 2/100"
+    assert describe_stage("apgd-ce", (12, 500)) == "apgd-ce step 12/500"
+    assert describe_stage("square", (10, 5000)) == "square query 10/5000" and describe_stage("square") == "square"
+    assert describe_stage("autoattack-reference", (1, 2)) == "autoattack-reference 1/2"  # outside the table
+
+
 def test_threat_model_checks_are_errors(batch):
     x = batch[0][:4]
     check_threat_model(x, x.clone(), "Linf", 0.1, unchanged=torch.ones(4, dtype=torch.bool))

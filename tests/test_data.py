@@ -16,12 +16,12 @@ from rgb.core.threat import Norm
 from rgb.data import BenchmarkError, ImageSplit, RGBDataModule, load_split, transfer_coverage
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.corruptions import corruption_of_row
-from rgb.data.mini import CLASS_NAMES, DATASET, TEST_SIZE, VALIDATION_SIZE, build_mini
+from rgb.data.mini import CLASS_NAMES, DATASET, HELD_OUT, TEST_SIZE, VALIDATION_SIZE, build_mini, digit_images, stratified_splits
 from rgb.data.resolvers import register_resolvers
 from rgb.data.snapshot import png_bytes, write_readme, write_split
 
 REPO = Path(__file__).resolve().parents[1]
-SPLIT_SIZES = {"train": 1797 - TEST_SIZE - VALIDATION_SIZE, "validation": VALIDATION_SIZE, "test": TEST_SIZE,
+SPLIT_SIZES = {"train": 1797 - HELD_OUT - VALIDATION_SIZE, "validation": VALIDATION_SIZE, "test": TEST_SIZE,
                "common": TEST_SIZE, "random_linf_30": TEST_SIZE}
 
 
@@ -38,6 +38,17 @@ def test_every_mini_split_loads_through_the_public_loader(mini_dir, split):
     assert x.shape == (3, 32, 32) and x.dtype == torch.float32
     assert 0.0 <= x.min() and x.max() <= 1.0 and x.max() > 0.5
     assert image_id == len(ds) - 1 and y == ds[len(ds) - 1]["label"]
+
+
+def test_mini_test_split_is_a_stratified_subset_of_the_held_out_images():
+    """A test split of 200 (20 per class, every class) drawn from the 450 images held out of training, so train and
+    validation are the images of the 450-image builds and only the test split shrank."""
+    _, labels = digit_images()
+    splits = stratified_splits(labels)
+    assert len(splits["test"]) == TEST_SIZE == 200
+    assert np.bincount(labels[splits["test"]], minlength=10).tolist() == [20] * 10
+    held_out = set(range(len(labels))) - set(splits["train"]) - set(splits["validation"])
+    assert len(held_out) == HELD_OUT and set(splits["test"]) <= held_out
 
 
 def test_perturbed_splits_match_test_and_the_card(mini_dir):
@@ -188,3 +199,27 @@ def test_datamodule_loaders_cover_whole_splits_in_order(mini_dir):
     wrong = RGBDataModule(source=str(mini_dir), dataset=DATASET, image_size=32, num_classes=7, budgets={})
     with pytest.raises(ValueError, match="says 7 classes but digits .* has 10"):
         wrong.setup("fit")
+
+
+def test_corruptions_are_an_optional_extra(monkeypatch):
+    """Issue 24: the corruption library (OpenCV, scikit-image, numba) is an extra: a command that needs it names
+    the extra in one line, and the modules of training, attacking and scoring import without it."""
+    import subprocess
+    import sys
+
+    from rgb.data.benchmark import BenchmarkError
+    from rgb.data.corruptions import apply_corruption
+
+    monkeypatch.setitem(sys.modules, "imagecorruptions", None)  # as if not installed
+    with pytest.raises(BenchmarkError, match=r"robustgenbench\[corruptions\]"):
+        apply_corruption(np.zeros((32, 32, 3), dtype=np.uint8), CORRUPTIONS[0], 3, seed=0)
+    blocked = ("imagecorruptions", "cv2", "skimage", "numba")
+    code = ("import sys\n"
+            "class Block:\n"
+            f"    def find_spec(self, name, *args):\n"
+            f"        if name.split('.')[0] in {blocked!r}: raise ImportError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import rgb.cli, rgb.data.mini, rgb.runs.runner, rgb.evaluation.run, rgb.training.run, rgb.zeroshot\n"
+            "print('imported')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]

@@ -182,7 +182,7 @@ def clean_pred(tiny_run, mini_dir):
 
 def expectation(run: Path, dm, clean_pred) -> AttackExpectation:
     return AttackExpectation(file_sha256(run / "model.safetensors"), "digits", split_sha256(dm.split("test")),
-                             dm.budgets, 450, clean_pred)
+                             dm.budgets, 200, clean_pred)
 
 
 def write_attack(folder: Path, norm: str, run: Path, dm, robust, clean_pred, **overrides):
@@ -223,16 +223,16 @@ def write_attack(folder: Path, norm: str, run: Path, dm, robust, clean_pred, **o
 
 def test_model_evaluation_writes_scores_plots_and_table(tmp_path, mini_dir, tiny_run, clean_pred):
     dm = datamodule(mini_dir)
-    n_robust = write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.arange(450) % 2 == 0, clean_pred)
-    write_attack(tmp_path / "attack", "l2", tiny_run, dm, np.ones(450), clean_pred)
+    n_robust = write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.arange(200) % 2 == 0, clean_pred)
+    write_attack(tmp_path / "attack", "l2", tiny_run, dm, np.ones(200), clean_pred)
     options = EvalOptions(attack_dir=tmp_path / "attack", out_dir=tmp_path / "eval")
     model, meta = load_with_meta(tiny_run)
     result = evaluate_model(model, meta, tiny_run / "model.safetensors", dm, options)
     wb = result.white_box
-    assert wb.settings["test"].total == 450 and wb.settings["common"].total == 450
-    assert wb.settings["autoattack_linf"] == Accuracy(n_robust, 450)
+    assert wb.settings["test"].total == 200 and wb.settings["common"].total == 200
+    assert wb.settings["autoattack_linf"] == Accuracy(n_robust, 200)
     assert wb.settings["autoattack_l1"] is None and wb.score is None and wb.missing == ["autoattack_l1"]
-    assert sum(a.total for a in result.common_by_corruption.values()) == 450
+    assert sum(a.total for a in result.common_by_corruption.values()) == 200
     assert len(result.common_by_corruption) == 11
     assert set(result.class_wise) == {"test", "common", "autoattack_l2", "autoattack_linf"}
     assert set(result.class_wise["test"].worst) == {"1", "5", "10"}  # the default worst-k
@@ -241,9 +241,9 @@ def test_model_evaluation_writes_scores_plots_and_table(tmp_path, mini_dir, tiny
     saved = ScoresRecord.load(tmp_path / "eval" / "scores.json")
     assert saved == result and saved.white_box.missing == ["autoattack_l1"]
     assert json.loads((tmp_path / "eval" / "scores.json").read_text())["white_box"]["missing"] == ["autoattack_l1"]
-    assert pq.read_table(tmp_path / "eval" / "predictions.parquet").num_rows == 450
+    assert pq.read_table(tmp_path / "eval" / "predictions.parquet").num_rows == 200
     table = format_table(result)
-    assert "autoattack_l1        missing" in table and f"{n_robust}/450" in table and "incomplete" in table
+    assert "autoattack_l1        missing" in table and f"{n_robust}/200" in table and "incomplete" in table
 
 
 @pytest.mark.parametrize(
@@ -252,14 +252,14 @@ def test_model_evaluation_writes_scores_plots_and_table(tmp_path, mini_dir, tiny
         ({"weights_sha256": "f" * 64}, "another model's weights"),
         ({"dataset": "flowers-102"}, "dataset 'flowers-102'"),
         ({"eps": 0.5}, "eps 0.5 instead of"),
-        ({"complete": False}, r"450 rows for n=450 \(complete=False\)"),
+        ({"complete": False}, r"200 rows for n=200 \(complete=False\)"),
         ({"n_robust": 0}, "differ from the summary"),
         ({"split_sha256": "0" * 64}, "other test images"),
     ],
 )
 def test_mismatched_attack_results_are_refused(tmp_path, mini_dir, tiny_run, clean_pred, overrides, message):
     dm = datamodule(mini_dir)
-    write_attack(tmp_path, "linf", tiny_run, dm, np.ones(450, dtype=bool), clean_pred, **overrides)
+    write_attack(tmp_path, "linf", tiny_run, dm, np.ones(200, dtype=bool), clean_pred, **overrides)
     with pytest.raises(EvaluationError, match=message):
         read_attack("linf", EvalOptions(attack_dir=tmp_path, out_dir=tmp_path / "o"),
                     expectation(tiny_run, dm, clean_pred))
@@ -267,13 +267,13 @@ def test_mismatched_attack_results_are_refused(tmp_path, mini_dir, tiny_run, cle
 
 def test_partial_results_need_consent_and_are_marked(tmp_path, mini_dir, tiny_run, clean_pred):
     dm = datamodule(mini_dir)
-    write_attack(tmp_path, "linf", tiny_run, dm, np.ones(300, dtype=bool), clean_pred)
+    write_attack(tmp_path, "linf", tiny_run, dm, np.ones(120, dtype=bool), clean_pred)
     expected = expectation(tiny_run, dm, clean_pred)
-    with pytest.raises(EvaluationError, match="300 of 450 images; pass allow_partial=true"):
+    with pytest.raises(EvaluationError, match="120 of 200 images; pass allow_partial=true"):
         read_attack("linf", EvalOptions(attack_dir=tmp_path, out_dir=tmp_path / "o"), expected)
     found = read_attack("linf", EvalOptions(attack_dir=tmp_path, out_dir=tmp_path / "o", allow_partial=True),
                         expected)
-    assert found.summary.robust.partial and found.summary.robust.total == 300 and found.standard
+    assert found.summary.robust.partial and found.summary.robust.total == 120 and found.standard
     (tmp_path / "l2").mkdir()
     with pytest.raises(EvaluationError, match="not merged/complete"):
         read_attack("l2", EvalOptions(attack_dir=tmp_path, out_dir=tmp_path / "o"), expected)
@@ -307,7 +307,7 @@ def test_attack_wandb_offline_run_logs_stages_and_names_the_train_run(tmp_path, 
     from rgb.runs.store import read_run
     from rgb.runs.wandb_report import log_attack
 
-    write_attack(tmp_path / "attack", "linf", tiny_run, datamodule(mini_dir), np.arange(450) % 2 == 0, clean_pred)
+    write_attack(tmp_path / "attack", "linf", tiny_run, datamodule(mini_dir), np.arange(200) % 2 == 0, clean_pred)
     summary = read_run(tmp_path / "attack" / "linf").summary
     run_dir = log_attack({"linf": summary}, tmp_path / "attack", project="rgb-tests")
     import wandb

@@ -46,22 +46,22 @@ def test_attack_run_with_other_clean_predictions_is_refused(tmp_path, mini_dir, 
     dm = datamodule(mini_dir)
     other = clean_pred.copy()
     other[7] = (other[7] + 1) % 10  # a run made with another model (or other images) predicts image 7 otherwise
-    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(450), other)
-    with pytest.raises(EvaluationError, match=r"clean predictions differ from this model's on 1 of 450 test "
+    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(200), other)
+    with pytest.raises(EvaluationError, match=r"clean predictions differ from this model's on 1 of 200 test "
                                               r"images \(first: image_id 7"):
         read_attack("linf", options(tmp_path), expectation(tiny_run, dm, clean_pred))
 
 
 def test_edited_summary_or_results_are_refused(tmp_path, mini_dir, tiny_run, clean_pred):
     dm = datamodule(mini_dir)
-    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(450), clean_pred, robust_accuracy=0.99)
-    with pytest.raises(EvaluationError, match=r"robust_accuracy 0.99 is not \d+/450"):
+    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(200), clean_pred, robust_accuracy=0.99)
+    with pytest.raises(EvaluationError, match=r"robust_accuracy 0.99 is not \d+/200"):
         read_attack("linf", options(tmp_path), expectation(tiny_run, dm, clean_pred))
-    write_attack(tmp_path / "attack", "l2", tiny_run, dm, np.zeros(450), clean_pred)
+    write_attack(tmp_path / "attack", "l2", tiny_run, dm, np.zeros(200), clean_pred)
     results = tmp_path / "attack" / "l2" / "results.parquet"
     table = pq.read_table(results)
     pq.write_table(table.set_column(table.column_names.index("robust"), "robust",
-                                    pa.array(np.ones(450, dtype=bool))), results)  # all robust, by hand
+                                    pa.array(np.ones(200, dtype=bool))), results)  # all robust, by hand
     with pytest.raises(EvaluationError, match="refusing"):
         read_attack("l2", options(tmp_path), expectation(tiny_run, dm, clean_pred))
 
@@ -170,14 +170,14 @@ def test_leaderboard_markdown_leads_with_one_row_per_model(tmp_path):
 ])
 def test_non_standard_results_are_labelled_not_scored(tmp_path, mini_dir, tiny_run, clean_pred, overrides, label):
     dm = datamodule(mini_dir)
-    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(450), clean_pred, **overrides)
+    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(200), clean_pred, **overrides)
     found = read_attack("linf", options(tmp_path), expectation(tiny_run, dm, clean_pred))
     assert not found.standard and found.summary.label() == label
 
 
 def test_non_standard_result_in_the_record_table_and_leaderboard(tmp_path, mini_dir, tiny_run, clean_pred):
     dm = datamodule(mini_dir)
-    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(450), clean_pred, precision="bf16",
+    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(200), clean_pred, precision="bf16",
                  standard=False)
     model, meta = load_with_meta(tiny_run)
     result = evaluate_model(model, meta, tiny_run / "model.safetensors", dm, options(tmp_path))
@@ -275,7 +275,7 @@ def test_black_box_from_transfer_splits_on_disk_and_sweep_are_plotted(tmp_path, 
     result = evaluate_model(model, meta, tiny_run / "model.safetensors", dm,
                             options(tmp_path, transfer=True, severity_sweep=True))
     bb = result.black_box
-    assert bb.strongest_surrogate["linf_4"] == "mine" and bb.by_surrogate["l2_2"]["mine"].total == 450
+    assert bb.strongest_surrogate["linf_4"] == "mine" and bb.by_surrogate["l2_2"]["mine"].total == 200
     assert bb.settings["linf_8"] is None and "linf_8" in bb.missing and bb.score is None  # missing, never 0
     assert {"severity_sweep.png", "black_box.png"} <= set(result.plots)
     for plot in result.plots:

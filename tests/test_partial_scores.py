@@ -139,7 +139,7 @@ def test_benchmark_n_examples_scores_a_labelled_partial_subset(mini_dir, tmp_pat
 
 def test_a_partial_evaluation_keeps_the_complete_record(tmp_path, mini_dir, tiny_run, clean_pred):
     dm = datamodule(mini_dir)
-    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(450, dtype=bool), clean_pred)
+    write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.ones(200, dtype=bool), clean_pred)
     model, meta = load_with_meta(tiny_run)
     out = tmp_path / "eval"
     full = evaluate_model(model, meta, tiny_run / "model.safetensors", dm,
@@ -153,7 +153,7 @@ def test_a_partial_evaluation_keeps_the_complete_record(tmp_path, mini_dir, tiny
     assert saved["partial"] is True and saved["max_images"] == 100 and saved["white_box"]["score"] is None
     assert part.common_by_corruption and all(a.partial for a in part.common_by_corruption.values())
     assert (out / "partial" / "settings.png").is_file() and part.title.endswith("(PARTIAL)")
-    assert "(test n=450; PARTIAL: the first 100 images of each split)" in format_table(part)
+    assert "(test n=200; PARTIAL: the first 100 images of each split)" in format_table(part)
     assert list(find_records([out])) == [out / "scores.json"]  # a pool collects the complete record only
     with pytest.raises(FileNotFoundError, match="PARTIAL records such as .*scores.partial.json enter only when named"):
         find_records([out / "partial"])

@@ -79,7 +79,7 @@ def test_every_default_type_end_to_end(tiny_runs, mini_dir, tmp_path):
         assert (out / name).stat().st_size > 0, name
     record = json.loads((out / "text_robustness.json").read_text())
     queries = pq.read_table(out / "queries.parquet").to_pydict()
-    assert record["n_queries"] == len(TEMPLATES) * 10 and record["n_images"] == 450
+    assert record["n_queries"] == len(TEMPLATES) * 10 and record["n_images"] == 200
     summary = {row["perturbation_type"]: row for row in record["summary"]}
     assert set(summary) == set(DEFAULT_TYPES) and "template_synonym" in summary
     assert {row["perturbation_class"] for row in record["summary"]} == {LEXICAL, SYNTACTIC, SEMANTIC}

@@ -56,7 +56,7 @@ def test_zero_shot_export_loads_and_is_scored_without_attacks(tmp_path, mini_dir
     scores, board = scores_and_leaderboard(tmp_path, mini_dir, run)
     settings = scores["white_box"]["settings"]
     assert list(settings) == list(SETTINGS)
-    assert settings["test"]["total"] == 450 and all(settings[s] is None for s in SETTINGS[2:])  # missing, not 0
+    assert settings["test"]["total"] == 200 and all(settings[s] is None for s in SETTINGS[2:])  # missing, not 0
     class_wise = scores["class_wise"]["test"]
     assert len(class_wise["per_class"]) == 10 and set(class_wise["worst"]) == {"1", "5", "10"}
     # the zero-shot report's row of the exported head: the same ClassWise record, computed from features
@@ -65,7 +65,7 @@ def test_zero_shot_export_loads_and_is_scored_without_attacks(tmp_path, mini_dir
                          "comparison.json").read_text())
     exported = report["rows"][-1]
     assert exported["ensemble"] == "exported (cpe (weights))"
-    assert exported["overall"] == settings["test"]["correct"] / 450
+    assert exported["overall"] == settings["test"]["correct"] / 200
     assert exported["class_wise"] == class_wise  # one rule, one module: the same numbers
     assert (scores["model"]["family"], scores["model"]["name"], scores["model"]["strategy"]) == (
         "openclip", EMBEDDED_ARCH, "zeroshot")
@@ -74,18 +74,18 @@ def test_zero_shot_export_loads_and_is_scored_without_attacks(tmp_path, mini_dir
 
 @pytest.mark.slow
 def test_zero_shot_run_is_attacked_in_three_norms_and_scored_in_five_settings(tmp_path, mini_dir):
-    """The standard cascade on all 450 test images in three norms, at budgets wide enough that every image the
+    """The standard cascade on all 200 test images in three norms, at budgets wide enough that every image the
     untrained model gets right falls to the first attack (at the mini's own budgets it resists: ~6 min a norm)."""
     run = zero_shot_run(tmp_path, mini_dir)
     summaries = attack_from_config(compose_config("attack", tmp_path, mini_dir, f"run={run}", "threads=1",
                                                   "progress=false", *WIDE_BUDGETS))
     assert sorted(summaries) == ["l1", "l2", "linf"]
     for summary in summaries.values():
-        assert summary.standard and summary.n == 450 and summary.robust_accuracy <= summary.clean_accuracy
+        assert summary.standard and summary.n == 200 and summary.robust_accuracy <= summary.clean_accuracy
     scores, board = scores_and_leaderboard(tmp_path, mini_dir, run, *WIDE_BUDGETS)
     settings = scores["white_box"]["settings"]
-    assert all(settings[s] is not None and settings[s]["total"] == 450 for s in SETTINGS)
+    assert all(settings[s] is not None and settings[s]["total"] == 200 for s in SETTINGS)
     for norm, summary in summaries.items():
-        assert settings[f"autoattack_{norm}"]["correct"] == round(summary.robust_accuracy * 450)
+        assert settings[f"autoattack_{norm}"]["correct"] == round(summary.robust_accuracy * 200)
     assert scores["white_box"]["score"] is not None and set(SETTINGS) <= set(scores["class_wise"])
     assert board["score"] == scores["white_box"]["score"] and board["architecture"] == EMBEDDED_ARCH

@@ -227,6 +227,17 @@ def test_text_features_are_cached_per_tower_and_prompts(clip, tmp_path):
     assert again.computed == len(CLASSES) and len(list((tmp_path / "cache").iterdir())) == 2
 
 
+def test_text_features_of_many_prompts_show_a_bar(clip, capsys):
+    """Issue 24: head building over many prompts is long work on a real text tower: a bar counts the texts."""
+    from rgb.zeroshot.text import ENCODE_BATCH, encode_texts
+
+    texts = [f"a photo of number {i}." for i in range(ENCODE_BATCH + 4)]
+    features = encode_texts(clip, texts)
+    assert features.shape[0] == len(texts) and f"/{len(texts)}" in capsys.readouterr().err
+    encode_texts(clip, texts[:ENCODE_BATCH])  # one batch: no bar
+    assert "text features" not in capsys.readouterr().err
+
+
 def test_descriptions_enrich_the_worst_classes(clip, tmp_path):
     probe = zeroshot_classifier(clip, build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "d"))
     with torch.no_grad():

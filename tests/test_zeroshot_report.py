@@ -56,10 +56,11 @@ def test_every_ensemble_side_by_side_and_the_run_s_own_row_is_the_exported_model
     _, meta = load_with_meta(cpe_run / "run")
     rows = by_ensemble(report)
     assert list(rows) == [*ROWS, "exported (cpe (weights))"]
-    assert (report["n_images"], report["unlabelled_split"], report["unlabelled_images"]) == (450, "validation", 270)
+    assert (report["n_images"], report["unlabelled_split"], report["unlabelled_images"]) == (200, "validation", 270)
     assert (report["cmm_units"], report["cpe_weights_split"], report["worst_k"]) == ("logit", "validation",
                                                                                      ["1", "5", "10"])
     assert report["zpe_variants"] == [ROWS[3], ROWS[4]] and report["run_label"] == CPE
+    assert report["texts_encoded"] == 0  # the training run's text features, read from the prompts cache
     for row in rows.values():
         assert all(0 <= row[m] <= 1 for m in METRICS)
         assert row["worst@1"] <= row["worst@5"] <= row["worst@10"]  # 10 classes: worst@10 = mean class accuracy
@@ -130,7 +131,7 @@ def test_the_unlabelled_split_option_changes_the_weights_and_never_the_scoring(c
     default, _ = report_of(cpe_run, mini_dir)
     transductive, _ = report_of(cpe_run, mini_dir, "zeroshot_report_options.unlabelled_split=test",
                                 "zeroshot_report_options.ensembles=[mean,cpe]")
-    assert (transductive["unlabelled_split"], transductive["unlabelled_images"]) == ("test", 450)
+    assert (transductive["unlabelled_split"], transductive["unlabelled_images"]) == ("test", 200)
     before, after = by_ensemble(default), by_ensemble(transductive)
     assert list(after) == ["clip (class names)", "mean", CPE, "exported (cpe (weights))"]
     weights = [[t["weight"] for t in rows[CPE]["templates"]] for rows in (before, after)]

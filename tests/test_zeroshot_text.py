@@ -228,6 +228,17 @@ def test_query_table_is_batch_size_independent():
         np.testing.assert_array_equal(whole[column], pieces[column])
 
 
+def test_query_table_counts_the_perturbed_queries_on_a_bar(capsys):
+    g = torch.Generator().manual_seed(2)
+    images, queries = torch.randn(40, 8, generator=g), torch.randn(6, 8, generator=g)
+    items = [_perturbation(i % 6, "char_swap") for i in range(15)]
+    query_table(images, queries, queries[[item.query_index for item in items]], items, batch_size=4)
+    err = capsys.readouterr().err
+    assert "text robustness" in err and "/15" in err
+    query_table(images, queries, queries[[item.query_index for item in items]], items, batch_size=4, progress=False)
+    assert "text robustness" not in capsys.readouterr().err
+
+
 def test_query_table_bad_inputs():
     images, queries = torch.randn(5, 3), torch.randn(2, 3)
     items = [_perturbation(0, "lowercase")]

@@ -100,6 +100,9 @@ class AutoAttack:
     `progress(name, *position)`, if given, hears `progress(name)` when attack `name` starts on a batch and then,
     at most every `progress_interval` seconds, the position of its current step (`rgb.attacks.common.Progress`:
     e.g. `("apgd-t", 3, 9, 40, 100)` for target 3 of 9, iteration 40 of 100), so a long batch is never silent.
+    `on_leave(n)`, if given, hears how many images just left the cascade: misclassified clean ones after the clean
+    pass, fooled ones after each attack's sub-batch, and the robust ones after the last attack (n sums to the
+    batch), so a progress bar moves as images finish instead of once per batch.
 
     `tail_rows` > 0 runs the targets left of APGD-T and FAB-T side by side once the batch's still-robust points
     times those targets fit in that many rows (spec §6.3 item 8; off by default): on a GPU a tail of a few
@@ -130,6 +133,7 @@ class AutoAttack:
         progress_interval: float = PROGRESS_INTERVAL,
         tail_rows: int = 0,
         input_format: str = "auto",
+        on_leave: Callable[[int], None] | None = None,
     ):
         self.model = model
         self.norm = parse_norm(norm)
@@ -158,6 +162,7 @@ class AutoAttack:
         self.n_queries = int(n_queries)
         self.progress = progress
         self.progress_interval = float(progress_interval)
+        self.on_leave = on_leave
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
         self.input_format = input_format
@@ -218,6 +223,7 @@ class AutoAttack:
         clean_correct = y_adv == y
         robust = clean_correct.clone()
         fooled_by = torch.where(clean_correct, -1, 0)
+        self._left(int((~clean_correct).sum()))
         x_adv = x.clone()
         accuracy_after = {"clean": float(robust.float().mean())}
         evaluations: dict[str, dict[str, int]] = {"clean": {"forward_rows": len(x) + probe_rows, "backward_rows": 0}}
@@ -241,10 +247,12 @@ class AutoAttack:
                 hit = rows[fooled]
                 x_adv[hit], y_adv[hit] = candidate[fooled], pred.argmax(dim=1)[fooled]
                 robust[hit], fooled_by[hit] = False, k
+                self._left(len(hit))
             evaluations[name] = {"forward_rows": counter.forward_rows, "backward_rows": counter.backward_rows}
             accuracy_after[name] = float(robust.float().mean())
         caught += self._caveated(self._masking_checks(accuracy_after))
         self._final_checks(x, y, x_adv, robust, batch_size)
+        self._left(int(robust.sum()))
         for message in caught:
             warnings.warn(f"AutoAttack: {message}", stacklevel=3)
         return AutoAttackResult(
@@ -268,6 +276,10 @@ class AutoAttack:
         return torch.where(out.fooled.view(-1, 1, 1, 1), out.x_adv.float(), x).cpu()
 
     # -- helpers -----------------------------------------------------------------------------------------
+    def _left(self, n: int) -> None:
+        if self.on_leave is not None and n:
+            self.on_leave(n)
+
     def _attack_model(self, probe: torch.Tensor, probe_logits: torch.Tensor) -> tuple[nn.Module, int]:
         """The model the attacks call (see `input_format`) and the rows its one-image probe spent."""
         wanted = self.input_format

@@ -35,13 +35,15 @@ def _freeze(record, *names: str) -> None:
 class AttackEntry:
     """One row of the attack table. `params`: fixed keyword arguments; `inputs`: the cascade inputs it takes;
     `min_classes`: fewer classes is an error; `black_box`: a success where white-box attacks failed hints at
-    gradient masking (AutoAttack warns)."""
+    gradient masking (AutoAttack warns); `position`: the names of the levels of its progress positions, outermost
+    first (`rgb.attacks.common.Progress`), so a stage reads `apgd-t target 3/9 step 59/100`."""
 
     attack: Attack
     inputs: frozenset[str]
     params: Mapping = field(default_factory=dict)
     min_classes: int = 2
     black_box: bool = False
+    position: tuple[str, ...] = ("step",)
 
     def __post_init__(self):
         _freeze(self, "params")
@@ -50,15 +52,27 @@ class AttackEntry:
             raise ValueError(f"unknown cascade inputs {sorted(unknown)}; known: {sorted(CASCADE_INPUTS)}")
 
 
+_BY_TARGET = ("target", "step")
 ATTACKS: Mapping[str, AttackEntry] = MappingProxyType({
     "apgd-ce": AttackEntry(apgd, _GRADIENT_INPUTS, {"loss": "ce"}),
     "apgd-dlr": AttackEntry(apgd, _GRADIENT_INPUTS, {"loss": "dlr"}, min_classes=3),
-    "apgd-t": AttackEntry(apgd_targeted, _TARGETED_INPUTS, min_classes=4),
-    "apgd-t-malt": AttackEntry(apgd_malt, _TARGETED_INPUTS, min_classes=4),
-    "fab-t": AttackEntry(fab_targeted, frozenset({"clean_logits", "n_iter", "tail_rows"}), min_classes=4),
-    "fab": AttackEntry(fab_untargeted, _GRADIENT_INPUTS),
-    "square": AttackEntry(square, frozenset({"generator", "n_queries"}), black_box=True),
+    "apgd-t": AttackEntry(apgd_targeted, _TARGETED_INPUTS, min_classes=4, position=_BY_TARGET),
+    "apgd-t-malt": AttackEntry(apgd_malt, _TARGETED_INPUTS, min_classes=4, position=_BY_TARGET),
+    "fab-t": AttackEntry(fab_targeted, frozenset({"clean_logits", "n_iter", "tail_rows"}), min_classes=4,
+                         position=_BY_TARGET),
+    "fab": AttackEntry(fab_untargeted, _GRADIENT_INPUTS, position=("restart", "step")),
+    "square": AttackEntry(square, frozenset({"generator", "n_queries"}), black_box=True, position=("query",)),
 })
+
+
+def describe_stage(name: str, position: tuple[int, ...] = ()) -> str:
+    """`name` and its progress position in words: ("apgd-t", (3, 9, 59, 100)) -> 'apgd-t target 3/9 step 59/100'.
+    Names outside the table (another implementation's stages) and unlabelled positions read as 'a/b'."""
+    labels = ATTACKS[name].position if name in ATTACKS else ()
+    pairs = [position[i : i + 2] for i in range(0, len(position), 2)]
+    if len(labels) != len(pairs):
+        return " ".join([name, *("/".join(str(p) for p in pair) for pair in pairs)])
+    return " ".join([name, *(f"{label} {'/'.join(str(p) for p in pair)}" for label, pair in zip(labels, pairs))])
 
 @dataclass(frozen=True)
 class Step:

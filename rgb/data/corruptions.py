@@ -11,8 +11,15 @@ def apply_corruption(image: np.ndarray, name: str, severity: int, seed: int) -> 
     """Corrupt one uint8 HxWx3 image reproducibly: the library draws from NumPy's global RNG, so seed it here."""
     if name not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {name!r}; available: {', '.join(CORRUPTIONS)}")
-    # Imported here: it pulls OpenCV, which needs libGL; attack.py and evaluate.py must start without it.
-    from imagecorruptions import corrupt
+    # Imported here: an optional extra (OpenCV, scikit-image, numba) that only common splits and the severity
+    # sweep use; every other command runs without it installed.
+    try:
+        from imagecorruptions import corrupt
+    except ImportError as err:
+        from rgb.data.benchmark import BenchmarkError
+
+        raise BenchmarkError(f"corruption {name!r} needs the corruption library: pip install "
+                             f"'robustgenbench[corruptions]' (imagecorruptions-imaug; {err})") from None
 
     np.random.seed(seed % 2**32)
     extra = {"seed": seed % 2**32} if name == "impulse_noise" else {}

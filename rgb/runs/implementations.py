@@ -40,11 +40,11 @@ class OursImplementation:
         return _standard_settings(settings)
 
     @staticmethod
-    def _attack(model, threat: ThreatModel, settings, device=None, progress=None) -> AutoAttack:
+    def _attack(model, threat: ThreatModel, settings, device=None, progress=None, on_leave=None) -> AutoAttack:
         return AutoAttack(model, threat.norm.value, threat.eps, version=settings.version, seed=settings.seed,
                           device=device, attacks=None if settings.attacks is None else list(settings.attacks),
                           precision=settings.precision, progress=progress, tail_rows=settings.tail_rows,
-                          input_format=settings.input_format)
+                          input_format=settings.input_format, on_leave=on_leave)
 
     def check(self, model, threat: ThreatModel, settings) -> None:
         """Fail on a bad version, attack list or precision before any directory is written."""
@@ -53,9 +53,12 @@ class OursImplementation:
         except ValueError as err:
             raise AttackRunError(f"{threat.name}: {err}") from err
 
-    def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress) -> AutoAttackResult:
+    def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress, on_leave=None
+            ) -> AutoAttackResult:
+        """`progress(name, *position)` hears the stages and steps, `on_leave(n)` the images that finished."""
         # A fresh instance per batch: no RNG state carries over between batches.
-        return self._attack(model, threat, settings, device, progress).run(x, y, batch_size=settings.batch_size)
+        return self._attack(model, threat, settings, device, progress, on_leave).run(x, y,
+                                                                                     batch_size=settings.batch_size)
 
 
 class RowCounter(nn.Module):
@@ -117,7 +120,8 @@ class ReferenceImplementation:
         if settings.version not in ("standard", "plus", "rand"):
             raise AttackRunError(f"impl=reference has versions standard, plus, rand; got {settings.version!r}")
 
-    def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress) -> AutoAttackResult:
+    def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress, on_leave=None
+            ) -> AutoAttackResult:
         from pyautoattack import AutoAttack as ReferenceAutoAttack
 
         counter = RowCounter(model)
@@ -142,6 +146,8 @@ class ReferenceImplementation:
         robust = y_adv == y
         fooled_by = torch.where(robust, -1, torch.where(clean_correct, 1, 0)).long()
         n = len(y)
+        if on_leave is not None:  # the reference reports nothing until its whole cascade is done
+            on_leave(n)
         delta = (x_adv - x).flatten(1)
         norm = {"linf": delta.abs().amax(1), "l2": delta.norm(dim=1), "l1": delta.abs().sum(1)}[threat.name]
         return AutoAttackResult(

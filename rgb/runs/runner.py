@@ -11,15 +11,20 @@ import json
 import logging
 import platform
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from queue import Empty
 
 import hydra
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, default_collate
 from tqdm import tqdm
 
 from rgb.attacks.autoattack import within_budget
+from rgb.attacks.common import AttackError
+from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
 from rgb.core.files import file_sha256
 from rgb.core.machine import configure_threads
@@ -139,69 +144,187 @@ def batch_record(result, x, y, image_id, budget: Budget, seconds: float, keep_im
     return record
 
 
-def attack_shard(target: Target, settings: AttackSettings, budget: Budget, run: RunDirectory,
-                 index: int, count: int, device: str) -> None:
-    """Attack the unfinished batches of shard `index` of `count`, saving each batch as soon as it is done.
+class Bars:
+    """One progress bar per budget of this shard: images are counted as they leave a batch (fooled, misclassified
+    or finished robust), so the bar and its ETA move within a batch; the postfix shows the robust share of the
+    finished batches and what each worker is doing (`apgd-t target 3/9 step 59/100`)."""
 
-    Each batch is claimed first (RunDirectory.claim_batch): a second process on the same run takes the batches
-    nobody holds, then waits for the ones another process is attacking and takes over those whose holder died.
-    A batch's result does not depend on which process attacked it."""
-    mine = run.shard_starts(index, count)
-    done = run.batch_files()
-    todo = [s for s in mine if s not in done]
-    n = run.identity["n_images"]
-    sizes = {s: min(settings.batch_size, n - s) for s in mine}
-    robust = sum(int(run.load(done[s], s)["robust"].sum()) for s in mine if s in done)
-    finished = sum(sizes[s] for s in mine if s in done)
-    bar = tqdm(total=sum(sizes.values()), initial=finished, unit="img", disable=not settings.progress,
-               desc=f"{budget.name} eps={budget.threat.eps:.4g} shard {index}/{count}", dynamic_ncols=True)
+    def __init__(self, settings: AttackSettings, runs: list[RunDirectory], index: int, count: int):
+        self.bars, self.robust, self.finished, self.stages = [], [], [], []
+        for position, (budget, run) in enumerate(zip(settings.budgets, runs)):
+            mine, done, n = run.shard_starts(index, count), run.batch_files(), run.identity["n_images"]
+            sizes = {s: min(settings.batch_size, n - s) for s in mine}
+            self.robust.append(sum(int(run.load(done[s], s)["robust"].sum()) for s in mine if s in done))
+            self.finished.append(sum(sizes[s] for s in mine if s in done))
+            self.stages.append({})
+            self.bars.append(tqdm(total=sum(sizes.values()), initial=self.finished[-1], unit="img",
+                                  position=position, disable=not settings.progress, dynamic_ncols=True,
+                                  desc=f"{budget.name} eps={budget.threat.eps:.4g} shard {index}/{count}"))
+            self._show(position)
 
-    def show(stage: str = "") -> None:
+    def stage(self, budget: int, worker: int, text: str) -> None:
+        self.stages[budget][worker] = text
+        self._show(budget)
+
+    def left(self, budget: int, n: int) -> None:
+        self.bars[budget].update(n)
+
+    def batch_done(self, budget: int, worker: int, n: int, robust: int) -> None:
+        self.robust[budget] += robust
+        self.finished[budget] += n
+        self.stages[budget].pop(worker, None)
+        self._show(budget)
+
+    def _show(self, budget: int) -> None:
+        robust, finished, stages = self.robust[budget], self.finished[budget], self.stages[budget]
         accuracy = f"{robust / finished:.1%}" if finished else "-"
-        bar.set_postfix_str(f"robust {accuracy} ({robust}/{finished})" + (f" | {stage}" if stage else ""))
+        doing = [f"w{w} {text}" if len(stages) > 1 else text for w, text in sorted(stages.items())]
+        self.bars[budget].set_postfix_str(" | ".join([f"robust {accuracy} ({robust}/{finished})", *doing]))
 
-    def progress(name: str, *position) -> None:
-        show(name if not position else f"{name} {'/'.join(str(p) for p in position)}")
+    def close(self) -> None:
+        for bar in self.bars:
+            bar.close()
 
-    def batches(starts: list[int]):
-        indices = [i for s in starts for i in range(s, s + sizes[s])]
-        loader = DataLoader(Subset(target.split, indices), batch_size=settings.batch_size, shuffle=False,
-                            num_workers=target.datamodule.num_workers)
-        return zip(starts, loader)
 
-    implementation = attack_implementation(settings.impl)
+class _Events:
+    """A worker's Bars: the same calls, sent to the parent process that draws the bars."""
 
-    def attack_claimed(start: int, load) -> None:
-        """The batch at `start`, under its lock: attacked and saved, or counted if another process saved it
-        meanwhile. `load()`: its (x, y, image_id)."""
-        nonlocal robust, finished
-        other = run.finished(start)
-        if other is not None:
-            record = run.load(other, start)
+    def __init__(self, queue):
+        self.queue = queue
+
+    def __getattr__(self, method: str):
+        return lambda *args: self.queue.put((method, args))
+
+
+def load_batch(target: Target, settings: AttackSettings, run: RunDirectory, start: int):
+    """(x, y, image_id) of the batch at `start`."""
+    n = min(settings.batch_size, run.identity["n_images"] - start)
+    return default_collate([target.split[i] for i in range(start, start + n)])
+
+
+def attack_batch(target: Target, settings: AttackSettings, b: int, run: RunDirectory, index: int, count: int,
+                 start: int, load: Callable[[], tuple], device: str, bars, worker: int = 0, wait: bool = False) -> bool:
+    """Attack the batch at `start` of budget number `b` (`load()`: its x, y, image_id) and save it (shard `index`
+    of `count`), under the batch's claim (RunDirectory.claim_batch): two processes on one run never attack the same
+    batch, and one that another process saved meanwhile is only counted. False, with nothing done, while another
+    live process holds the batch and `wait` is false; with `wait`, a holder that died leaves the batch to us."""
+    claim = run.claim_batch(start, wait=wait)
+    if claim is None:
+        return False
+    with claim:
+        theirs = run.finished(start)
+        if theirs is not None:
+            record = run.load(theirs, start)
+            bars.left(b, len(record["robust"]))
         else:
             x, y, image_id = load()
+            budget = settings.budgets[b]
             began = time.perf_counter()
-            result = implementation.run(target.model, x, y, budget.threat, settings, device, progress)
+            result = attack_implementation(settings.impl).run(
+                target.model, x, y, budget.threat, settings, device,
+                progress=lambda name, *position: bars.stage(b, worker, describe_stage(name, position)),
+                on_leave=lambda n: bars.left(b, n))
             seconds = time.perf_counter() - began
             record = batch_record(result, x, y, image_id, budget, seconds, settings.export)
             run.save(index, count, start, record)
-        robust, finished = robust + int(record["robust"].sum()), finished + sizes[start]
-        bar.update(sizes[start])
-        show()
+        bars.batch_done(b, worker, len(record["robust"]), int(record["robust"].sum()))
+    return True
 
-    show()
-    held_by_others = []
-    with bar:
-        for start, batch in batches(todo):
-            claim = run.claim_batch(start)
-            if claim is None:
-                held_by_others.append(start)
+
+def attack_held(target: Target, settings: AttackSettings, runs: list[RunDirectory], held: list[tuple[int, int]],
+                device: str, bars, worker: int = 0) -> None:
+    """The (budget, batch start) tasks other processes held: waited for, then counted or attacked here."""
+    for b, start in held:
+        attack_batch(target, settings, b, runs[b], settings.shard_index, settings.shard_count, start,
+                     lambda b=b, start=start: load_batch(target, settings, runs[b], start), device, bars, worker,
+                     wait=True)
+
+
+def unfinished(run: RunDirectory, index: int, count: int) -> list[int]:
+    done = run.batch_files()
+    return [s for s in run.shard_starts(index, count) if s not in done]
+
+
+def attack_shard(target: Target, settings: AttackSettings, runs: list[RunDirectory], bars: Bars) -> None:
+    """Attack the unfinished batches of this shard of every budget in this process, saving each batch as soon as
+    it is done; batches another process holds are left to the end, then waited for."""
+    index, count = settings.shard_index, settings.shard_count
+    held = []  # batches another process is attacking: waited for once the rest is done
+    for b, run in enumerate(runs):
+        todo = unfinished(run, index, count)
+        n = run.identity["n_images"]
+        indices = [i for s in todo for i in range(s, min(s + settings.batch_size, n))]
+        loader = DataLoader(Subset(target.split, indices), batch_size=settings.batch_size, shuffle=False,
+                            num_workers=target.datamodule.num_workers)
+        for start, batch in zip(todo, loader):
+            if not attack_batch(target, settings, b, run, index, count, start, lambda batch=batch: batch,
+                                settings.device, bars):
+                held.append((b, start))
+    attack_held(target, settings, runs, held, settings.device, bars)
+
+
+def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events) -> None:
+    """Worker `rank` of `workers` (a spawned process): takes (budget, batch start) tasks until a None, on GPU
+    `rank` or on the CPU with its share of the threads (one each by default: single-threaded processes cannot
+    spin-wait on each other the way OpenMP threads of processes sharing cores do), and reports to the parent."""
+    sink = _Events(events)
+    try:
+        device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
+        configure_threads(settings.threads if device.startswith("cuda") else max(1, settings.threads // workers))
+        target = Target.open(settings, device)
+        runs = list(run_directories(settings, target).values())
+        held = []
+        for b, start in iter(tasks.get, None):
+            if not attack_batch(target, settings, b, runs[b], settings.shard_index, settings.shard_count, start,
+                                lambda b=b, start=start: load_batch(target, settings, runs[b], start), device, sink,
+                                rank):
+                held.append((b, start))
+        attack_held(target, settings, runs, held, device, sink, rank)
+        events.put(("exit", (rank,)))
+    except Exception as err:  # the parent names it and stops the other workers
+        user = isinstance(err, (AttackRunError, AttackError))
+        events.put(("error", (rank, f"{type(err).__name__}: {err}", None if user else traceback.format_exc())))
+
+
+def attack_in_workers(settings: AttackSettings, runs: list[RunDirectory], tasks: list[tuple[int, int]],
+                      workers: int, bars: Bars) -> None:
+    """Attack `tasks` (budget number, batch start) in `workers` spawned processes that each take the next task
+    when done (a batch of robust images costs 100x one that falls at once, so a fixed split would leave cores
+    idle); the results are those of one process, batch for batch. The parent draws the bars."""
+    context = torch.multiprocessing.get_context("spawn")
+    queue, events = context.Queue(), context.Queue()
+    for task in [*tasks, *[None] * workers]:
+        queue.put(task)
+    processes = [context.Process(target=_worker, args=(rank, workers, settings, queue, events),
+                                 name=f"rgb-attack-{rank}") for rank in range(workers)]
+    for process in processes:
+        process.start()
+    running = set(range(workers))
+    try:
+        while running:
+            try:
+                method, args = events.get(timeout=1.0)
+            except Empty:
+                stopped = [rank for rank in sorted(running) if not processes[rank].is_alive()]
+                if stopped:
+                    rank = stopped[0]
+                    raise AttackRunError(f"attack worker {rank} stopped (exit code {processes[rank].exitcode}) "
+                                         f"before its batches were done; re-run to continue") from None
                 continue
-            with claim:
-                attack_claimed(start, lambda batch=batch: batch)
-        for start in held_by_others:  # wait for their holders; a holder that died leaves the batch to us
-            with run.claim_batch(start, wait=True):
-                attack_claimed(start, lambda start=start: next(batches([start]))[1])
+            if method == "exit":
+                running.discard(args[0])
+            elif method == "error":
+                rank, message, trace = args
+                if trace:
+                    log.error("attack worker %d failed:\n%s", rank, trace)
+                raise AttackRunError(f"attack worker {rank}: {message}")
+            else:
+                getattr(bars, method)(*args)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
 
 
 def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDirectory, shard_count: int
@@ -260,25 +383,14 @@ def run_directories(settings: AttackSettings, target: Target) -> dict[str, RunDi
     return {b.name: RunDirectory(settings.output_dir / b.name, target.identity(settings, b)) for b in settings.budgets}
 
 
-def _spawned_shard(rank: int, settings: AttackSettings) -> None:
-    """Process `rank` of `settings.processes` on this node: shard index * processes + rank, on GPU `rank`. On the
-    CPU the processes share the threads: more threads than cores makes every process spin-wait (measured: two
-    2-thread attack processes on 2 cores ran 4.5x slower than one thread each)."""
-    device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
-    shared_cpu = not device.startswith("cuda")
-    configure_threads(max(1, settings.threads // settings.processes) if shared_cpu else settings.threads)
-    target = Target.open(settings, device)
-    count = settings.shard_count * settings.processes
-    for budget, run in zip(settings.budgets, run_directories(settings, target).values()):
-        attack_shard(target, settings, budget, run, settings.shard_index * settings.processes + rank, count, device)
-
-
 def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dict[str, RunSummary]:
-    """Attack this node's shard(s) of every budget (unless merge_only), then merge every budget whose batches
-    are all there. Returns the merged summaries by budget name and logs one line per budget. `model`: an
-    in-memory model whose weights `settings.run` holds (rgb.benchmark), attacked in this process."""
-    spawn = settings.processes > 1 and not settings.merge_only and model is None
-    target = Target.open(settings, "cpu" if spawn else settings.device, model)
+    """Attack this node's shard of every budget (unless merge_only), then merge every budget whose batches are all
+    there. Returns the merged summaries by budget name and logs one line per budget. With `settings.processes`
+    > 1 the batches go to that many spawned workers (at most one per unfinished batch; a GPU each, or on the CPU
+    their share of the threads). `model`: an in-memory model whose weights `settings.run` holds (rgb.benchmark),
+    attacked in this process."""
+    pool = settings.processes > 1 and not settings.merge_only and model is None
+    target = Target.open(settings, "cpu" if pool else settings.device, model)
     runs = run_directories(settings, target)
     if not settings.merge_only:
         implementation = attack_implementation(settings.impl)
@@ -286,14 +398,21 @@ def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dic
             implementation.check(target.model, budget.threat, settings)
     for run in runs.values():
         run.claim(create=not settings.merge_only)
+    index, count = settings.shard_index, settings.shard_count
     if not settings.merge_only:
-        if spawn:
-            torch.multiprocessing.spawn(_spawned_shard, args=(settings,), nprocs=settings.processes, join=True)
-        else:
-            for budget in settings.budgets:
-                attack_shard(target, settings, budget, runs[budget.name], settings.shard_index,
-                             settings.shard_count, settings.device)
-    count = settings.shard_count * settings.processes
+        ordered = list(runs.values())
+        for run in ordered:
+            run.clear_temporary(index, count)
+        tasks = [(b, start) for b, run in enumerate(ordered) for start in unfinished(run, index, count)]
+        workers = min(settings.processes, len(tasks)) if pool else 1
+        bars = Bars(settings, ordered, index, count)
+        try:
+            if pool and (workers > 1 or not settings.device.startswith("cpu")):
+                attack_in_workers(settings, ordered, tasks, workers, bars)
+            else:
+                attack_shard(target, settings, ordered, bars)
+        finally:
+            bars.close()
     summaries = {}
     for budget in settings.budgets:
         run = runs[budget.name]

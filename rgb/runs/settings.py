@@ -88,7 +88,7 @@ class AttackSettings:
             budgets=budgets, version=str(cfg.version), seed=int(cfg.seed), attacks=attacks,
             precision=str(cfg.precision), batch_size=batch_size, device=device,
             compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
-            shard_index=index, shard_count=count, processes=process_count(cfg.shard.devices, device),
+            shard_index=index, shard_count=count, processes=process_count(cfg.shard.devices, device, threads),
             merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial),
             export_dir=Path(str(cfg.export_dir)), surrogate=surrogate, output_dir=Path(str(cfg.output_dir)),
             progress=bool(cfg.progress), impl=impl, threads=threads, tail_rows=int(cfg.get("tail_rows", 0)),
@@ -110,11 +110,13 @@ def shard_position(index, count) -> tuple[int, int]:
     return index, count
 
 
-def process_count(devices, device: str) -> int:
-    """Processes on this node: `auto` = one per visible GPU (1 without GPUs), or an explicit count."""
+def process_count(devices, device: str, threads: int = 1) -> int:
+    """Worker processes on this node: `auto` = one per visible GPU, or on the CPU one single-threaded worker per
+    thread this run may use (`threads`: the CPUs of its affinity mask, cgroup and SLURM allocation unless set);
+    or an explicit count."""
     gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
     if devices == "auto":
-        return max(gpus, 1)
+        return max(gpus, 1) if device.startswith("cuda") else max(int(threads), 1)
     count = int(devices)
     if count < 1 or (gpus and count > gpus):
         raise AttackRunError(f"shard.devices={devices}: need 1 <= devices <= {gpus or 'any'} (visible GPUs: {gpus})")

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from rgb.zeroshot.perturb import Perturbation, perturbation_type
 
@@ -146,8 +147,9 @@ def rank_images(query_features: torch.Tensor, image_features: torch.Tensor) -> t
 
 def query_table(image_features: torch.Tensor, query_features: torch.Tensor, perturbed_features: torch.Tensor,
                 perturbations: Sequence[Perturbation], *, ks: Sequence[int] = DEFAULT_KS, p: float = DEFAULT_P,
-                batch_size: int = 256) -> dict[str, np.ndarray]:
-    """One row per perturbation: its tags, intra distance, inter distance, instability, overlap@k and B.
+                batch_size: int = 256, progress: bool = True) -> dict[str, np.ndarray]:
+    """One row per perturbation: its tags, intra distance, inter distance, instability, overlap@k and B (a bar
+    counts the perturbed queries when there is more than one batch: about a minute at 188k queries).
 
     image_features (N, D) of the collection; query_features (Q, D) of the original queries; perturbed_features
     (P, D), row i for perturbations[i], whose `query_index` points into the original queries. Columns are numpy
@@ -177,6 +179,8 @@ def query_table(image_features: torch.Tensor, query_features: torch.Tensor, pert
                                    for i in range(0, n_queries, batch_size)]).to(torch.int32)
     inter = inter_distance(query_features) if n_queries > 1 else math.nan
     intras, instabilities, overlaps = [], [], {k: [] for k in ks}
+    bar = tqdm(total=len(perturbations), unit="query", desc="text robustness", dynamic_ncols=True, leave=False,
+               disable=not progress or len(perturbations) <= batch_size)
     for start in range(0, len(perturbations), batch_size):
         rows, edited = source[start:start + batch_size], perturbed_features[start:start + batch_size]
         intras.append(text_distance(query_features[rows], edited))
@@ -185,6 +189,8 @@ def query_table(image_features: torch.Tensor, query_features: torch.Tensor, pert
         for k in ks:
             overlaps[k].append(counts[:, k - 1].to(torch.float64) / k if k <= n_images
                                else torch.full((len(rows),), math.nan, dtype=torch.float64))
+        bar.update(len(rows))
+    bar.close()
     intra, instability_values = torch.cat(intras), torch.cat(instabilities)
     table = {
         "query_index": source.numpy(),

@@ -35,11 +35,20 @@ def text_tower_digest(clip: LoadedCLIP) -> str:
 
 
 @torch.no_grad()
-def encode_texts(clip: LoadedCLIP, texts: list[str], device: str | torch.device = "cpu") -> torch.Tensor:
-    """(n, D) float32 L2-normalised text features, in batches."""
+def encode_texts(clip: LoadedCLIP, texts: list[str], device: str | torch.device = "cpu",
+                 progress: bool = True) -> torch.Tensor:
+    """(n, D) float32 L2-normalised text features, in batches; a bar counts the texts when there is more than one
+    batch (a head over 80 templates x 196 classes, or the perturbed queries of text robustness, take minutes
+    on a large text tower)."""
+    from tqdm import tqdm
+
     model = clip.model.to(device).eval()
-    chunks = [model.encode_text(clip.tokenizer(texts[s : s + ENCODE_BATCH]).to(device)).float()
-              for s in range(0, len(texts), ENCODE_BATCH)]
+    chunks = []
+    with tqdm(total=len(texts), unit="text", desc="text features", dynamic_ncols=True, leave=False,
+              disable=not progress or len(texts) <= ENCODE_BATCH) as bar:
+        for s in range(0, len(texts), ENCODE_BATCH):
+            chunks.append(model.encode_text(clip.tokenizer(texts[s : s + ENCODE_BATCH]).to(device)).float())
+            bar.update(len(texts[s : s + ENCODE_BATCH]))
     return F.normalize(torch.cat(chunks), dim=-1).cpu()
 
 
