@@ -400,9 +400,7 @@ def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dic
         run.claim(create=not settings.merge_only)
     index, count = settings.shard_index, settings.shard_count
     if not settings.merge_only:
-        ordered = list(runs.values())
-        for run in ordered:
-            run.clear_temporary(index, count)
+        ordered = list(runs.values())  # stale temp files of a killed process go when its batch is claimed
         tasks = [(b, start) for b, run in enumerate(ordered) for start in unfinished(run, index, count)]
         workers = min(settings.processes, len(tasks)) if pool else 1
         bars = Bars(settings, ordered, index, count)
