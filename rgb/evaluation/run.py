@@ -17,7 +17,7 @@ from rgb.evaluation.leaderboard import LeaderboardError, find_records, to_markdo
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table
 from rgb.evaluation.records import RecordError
 from rgb.models import load_with_meta
-from rgb.models.io import WEIGHTS_FILE
+from rgb.models.io import WEIGHTS_FILE, origin_line
 
 log = logging.getLogger(__name__)
 # Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
@@ -53,6 +53,9 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     run = Path(str(cfg.run))
     model, meta = load_with_meta(run)
     meta.setdefault("run_name", str(cfg.run_name))
+    origin = origin_line(meta)
+    if origin:
+        log.info("model %s: %s", meta["run_name"], origin)
     options = EvalOptions(
         attack_dir=Path(str(cfg.attack_dir)), out_dir=Path(str(cfg.output_dir)), transfer=bool(cfg.transfer),
         severity_sweep=bool(cfg.severity_sweep), allow_partial=bool(cfg.allow_partial),
