@@ -76,11 +76,16 @@ def _infer_data_override(argv: list[str]) -> list[str]:
     path = Path(run)
     meta_file = path / "model.json" if path.is_dir() else path.with_suffix(".json")
     try:
-        dataset = json.loads(meta_file.read_text()).get("dataset")
+        meta = json.loads(meta_file.read_text())
     except (OSError, ValueError):
         return argv
+    dataset, source = meta.get("dataset"), meta.get("data_source")
     name = data_config_for(dataset)
-    return argv + [f"data={name}"] if name else argv
+    if name:
+        return argv + [f"data={name}"]
+    if dataset and source and Path(source).expanduser().is_dir():  # an imported dataset (rgb.data.import_folder)
+        return argv + ["data=custom", f"data.source={source}", f"data.dataset={dataset}"]
+    return argv
 
 
 def _command(name: str, config_name: str, body: Callable[[DictConfig, int], object], infer_data: bool):

@@ -164,6 +164,10 @@ def to_markdown(board: Leaderboard) -> str:
                   f"total / settings scored. Borda over the {board.borda_pairs} (dataset, setting) pairs every "
                   f"model has" + (f"; {len(board.borda_excluded_pairs)} pairs excluded (missing for some model)"
                                   if board.borda_excluded_pairs else "") + "."]
+    outside = [d for d in board.datasets if d not in BENCHMARK_DATASETS]
+    if outside:
+        lines += ["", f"Outside the card's six datasets (your own or the mini data; not RobustGenBench scores): "
+                      f"{', '.join(outside)}."]
     if board.ignored:
         lines += ["", f"Not counted (dataset outside this leaderboard's list): {', '.join(board.ignored)}."]
     detail_rows = []
