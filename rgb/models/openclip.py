@@ -101,6 +101,10 @@ class OpenCLIPClassifier(nn.Module):
         """L2-normalised image features f(x) of [0,1] images (what the head multiplies)."""
         return self.backbone.features(self.preprocess(x))
 
+    def tower_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The image tower's embeddings of [0,1] images before L2 normalisation (what FARE keeps close)."""
+        return self.backbone.visual(self.preprocess(x))
+
     @torch.no_grad()
     def set_head(self, weight: torch.Tensor) -> None:
         """Head = `weight` (C, D) (already scaled by the logit scale), zero bias."""
