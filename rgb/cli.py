@@ -209,6 +209,10 @@ def _infer_from_run(argv: list[str]) -> list[str]:
         return argv
     name = data_config_for(dataset)
     given = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+~") == "data"), None)
+    if name is None and given is None and dataset and source and Path(source).expanduser().is_dir():
+        # an imported dataset (rgb.data.import_folder): its snapshot names the classes and the image size
+        added = ["data=custom", f"data.source={_quoted(source)}", f"data.dataset={dataset}"]
+        return [*argv[:position + 1], *added, *argv[position + 1:]]
     added = [f"data={name}"] if given is None and name else []
     if source and name and (given or name) == name:
         chosen = [k for k in SOURCE_KEYS if k in keys] + [f"${v}" for v in SOURCE_ENV if v in os.environ]

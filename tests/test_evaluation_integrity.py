@@ -130,6 +130,8 @@ def test_sum_is_over_six_datasets_and_borda_over_the_same_list(tmp_path):
     assert "Not counted (dataset outside this leaderboard's list): a@digits, b@digits" in to_markdown(board)
     only_digits = build_leaderboard(find_records([tmp_path / "eval"]), datasets=["digits"])
     assert only_digits.rows[0].model == "b" and only_digits.rows[0].sum.score == 5
+    assert "Outside the card's six datasets" in to_markdown(only_digits)
+    assert "Outside the card's six" not in to_markdown(board)
 
 
 def test_rank_by_borda_or_sum_and_both_shown():

@@ -25,7 +25,7 @@ def data_configs() -> dict[str, str]:
     found = {}
     for path in sorted((config_dir() / "data").glob("[!_]*.yaml")):
         dataset = (yaml.safe_load(path.read_text()) or {}).get("dataset")
-        if dataset:
+        if dataset and dataset != "???":  # `custom` names no dataset: the user gives data.dataset
             found[str(dataset)] = path.stem
     return found
 

@@ -8,10 +8,7 @@ It writes only into a new or empty folder or over a previous mini build (`--forc
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,9 +18,8 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from rgb.data.benchmark import BenchmarkError
-from rgb.data.catalog import CORRUPTION_SEVERITY, MINI
-from rgb.data.corruptions import apply_corruption, corruption_of_row
-from rgb.data.snapshot import is_mini_build, png_bytes, write_readme, write_split
+from rgb.data.catalog import MINI
+from rgb.data.snapshot import build_staged, is_mini_build, write_dataset
 
 DATASET = MINI.name
 IMAGE_SIZE = 32
@@ -35,7 +31,6 @@ HELD_OUT = 450
 TEST_SIZE = MINI.test_size
 VALIDATION_SIZE = MINI.validation_size
 SEED = 0
-RANDOM_LINF = 30  # in 1/255 units, as the real `random_linf_30`
 
 
 def digit_images() -> tuple[np.ndarray, np.ndarray]:
@@ -61,59 +56,11 @@ def stratified_splits(labels: np.ndarray) -> dict[str, np.ndarray]:
     return {"train": np.sort(train), "validation": np.sort(validation), "test": np.sort(test)}
 
 
-def clean_columns(images: np.ndarray, labels: np.ndarray) -> dict[str, list]:
-    n = len(labels)
-    return {
-        "image": [png_bytes(im) for im in images],
-        "label": labels.tolist(),
-        "image_id": list(range(n)),
-        "perturbation": ["clean"] * n,
-        "is_modified": [False] * n,
-    }
-
-
-def common_columns(images: np.ndarray, labels: np.ndarray) -> dict[str, list]:
-    names = [corruption_of_row(i, len(images)) for i in range(len(images))]
-    corrupted = [apply_corruption(im, name, CORRUPTION_SEVERITY, SEED + i) for i, (im, name) in enumerate(zip(images, names))]
-    columns = clean_columns(np.stack(corrupted), labels)
-    columns["perturbation"] = [f"common_corruption_severity{CORRUPTION_SEVERITY}"] * len(images)
-    columns["corruption"] = names
-    columns["is_modified"] = [bool((c != im).any()) for c, im in zip(corrupted, images)]
-    return columns
-
-
-def random_linf_columns(images: np.ndarray, labels: np.ndarray) -> dict[str, list]:
-    """Uniform noise of at most 30/255 per pixel, drawn in whole grey levels so PNG storage keeps the bound exact."""
-    rng = np.random.default_rng(SEED)
-    noise = rng.integers(-RANDOM_LINF, RANDOM_LINF + 1, size=images.shape)
-    noisy = np.clip(images.astype(np.int64) + noise, 0, 255).astype(np.uint8)
-    columns = clean_columns(noisy, labels)
-    n = len(images)
-    columns.update(
-        perturbation=["random_uniform"] * n,
-        norm=["linf"] * n,
-        epsilon=[RANDOM_LINF / 255] * n,
-        is_modified=[bool((a != b).any()) for a, b in zip(noisy, images)],
-    )
-    return columns
-
-
 def write_mini(root: Path) -> None:
     """Write every split and the README of the mini benchmark into the (new) folder `root`."""
     images, labels = digit_images()
-    for split, index in stratified_splits(labels).items():
-        columns = clean_columns(images[index], labels[index])
-        write_split(root / "data" / DATASET / f"{split}.parquet", CLASS_NAMES, columns)
-        if split == "test":
-            write_split(
-                root / "data" / DATASET / "common.parquet", CLASS_NAMES, common_columns(images[index], labels[index])
-            )
-            write_split(
-                root / "data" / DATASET / "random_linf_30.parquet",
-                CLASS_NAMES,
-                random_linf_columns(images[index], labels[index]),
-            )
-    write_readme(root, MINI.title)
+    splits = {split: (images[index], labels[index]) for split, index in stratified_splits(labels).items()}
+    write_dataset(root, DATASET, CLASS_NAMES, splits, MINI.title, SEED)
 
 
 def check_replaceable(out_dir: Path) -> None:
@@ -129,30 +76,12 @@ def build_mini(out_dir: Path) -> Path:
     """Write the mini benchmark to `out_dir` (replacing a previous mini build only once the new one is complete)."""
     out_dir = Path(out_dir).expanduser()
     check_replaceable(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-    try:
+
+    def write(staging: Path) -> None:
         write_mini(staging)
-        install(staging, out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out_dir
+        check_replaceable(out_dir)  # again: the folder may have changed while the build ran
 
-
-def install(staging: Path, out_dir: Path) -> None:
-    """Move a finished build into place; a previous build is moved aside first and deleted only after."""
-    check_replaceable(out_dir)  # again: the folder may have changed while the build ran
-    previous = None
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        previous = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.previous-", dir=out_dir.parent)) / out_dir.name
-        os.rename(out_dir, previous)
-    try:
-        os.rename(staging, out_dir)
-    except OSError:
-        if not is_mini_build(out_dir):  # another process finished the same build first: keep it
-            raise
-    if previous is not None:
-        shutil.rmtree(previous.parent, ignore_errors=True)
+    return build_staged(out_dir, write, is_mini_build)
 
 
 def ensure_mini(out_dir: Path) -> Path:

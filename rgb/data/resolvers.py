@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from rgb.core.threat import parse_norm
 from rgb.data.catalog import TRANSFER_BUDGETS, WHITE_BOX_BUDGETS, scale_budget, split_budget
+from rgb.data.snapshot import snapshot_shape
 
 
 def image_dim(image_size: int) -> int:
@@ -42,7 +43,18 @@ def transfer_budget(split: str, image_size: int) -> float:
     return split_budget(split, image_dim(image_size))[1]
 
 
-RESOLVERS = {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget}
+def snapshot_classes(source: str, dataset: str) -> int:
+    """Classes of a local snapshot's config (`data=custom`)."""
+    return snapshot_shape(source, dataset)[0]
+
+
+def snapshot_image_size(source: str, dataset: str) -> int:
+    """Image side of a local snapshot's config (`data=custom`)."""
+    return snapshot_shape(source, dataset)[1]
+
+
+RESOLVERS = {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget,
+             "rgb.snapshot_classes": snapshot_classes, "rgb.snapshot_image_size": snapshot_image_size}
 
 
 def register_resolvers() -> None:

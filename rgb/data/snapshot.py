@@ -1,13 +1,18 @@
 """Write splits in the RobustGenBench snapshot layout: parquet under data/<dataset>/ + README.md YAML configs.
 
-Used by the mini benchmark builder, the mini transfer splits and the export of adversarial images, so that
-everything the suite writes is read back by the same `load_split` as the real benchmark.
+Used by the mini benchmark builder, the ImageFolder importer (rgb.data.import_folder), the mini transfer splits and
+the export of adversarial images, so that everything the suite writes is read back by the same `load_split` as the
+real benchmark. `write_dataset` writes a whole dataset config from its clean images (the model-independent splits
+generated as the card does); `build_staged` puts a build in place only once it is complete.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -15,8 +20,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
+from tqdm import tqdm
 
-from rgb.data.catalog import MINI
+from rgb.data.catalog import CORRUPTION_SEVERITY, MINI
+from rgb.data.corruptions import apply_corruption, corruption_of_row
+
+RANDOM_LINF = 30  # in 1/255 units, as the card's `random_linf_30`
 
 
 def benchmark_features(class_names: list[str]) -> datasets.Features:
@@ -86,6 +95,102 @@ def readme_title(root: Path) -> str | None:
     return None
 
 
+def snapshot_shape(root: str | Path, dataset: str) -> tuple[int, int]:
+    """(classes, image side) of config `dataset` in a local snapshot, from its test split (what `data=custom`
+    fills in, so an imported dataset needs no numbers on the command line)."""
+    path = Path(root).expanduser() / "data" / dataset / "test.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: data=custom needs data.source=<snapshot folder> and "
+                                f"data.dataset=<its config>, as written by python -m rgb.data.import_folder")
+    features = datasets.Features.from_arrow_schema(pq.read_schema(path))
+    first = pq.ParquetFile(path).read_row_group(0, columns=["image"]).column("image")[0].as_py()
+    with Image.open(io.BytesIO(first["bytes"])) as image:
+        width, height = image.size
+    if width != height:
+        raise ValueError(f"{path}: images are {width}x{height}; the benchmark's are square")
+    return len(features["label"].names), width
+
+
 def is_mini_build(root: Path) -> bool:
     """Whether `root` was written by the mini benchmark builder (transfer splits added later included)."""
     return readme_title(root) == MINI.title and (Path(root) / "data" / MINI.name).is_dir()
+
+
+def clean_columns(images: np.ndarray, labels: np.ndarray) -> dict[str, list]:
+    n = len(labels)
+    return {
+        "image": [png_bytes(im) for im in images],
+        "label": labels.tolist(),
+        "image_id": list(range(n)),
+        "perturbation": ["clean"] * n,
+        "is_modified": [False] * n,
+    }
+
+
+def common_columns(images: np.ndarray, labels: np.ndarray, seed: int = 0) -> dict[str, list]:
+    """The card's `common` split: the 11 corruptions at severity 3 in contiguous blocks (rgb.data.corruptions)."""
+    names = [corruption_of_row(i, len(images)) for i in range(len(images))]
+    rows = tqdm(enumerate(zip(images, names)), total=len(images), desc="common corruptions", leave=False)
+    corrupted = [apply_corruption(im, name, CORRUPTION_SEVERITY, seed + i) for i, (im, name) in rows]
+    columns = clean_columns(np.stack(corrupted), labels)
+    columns["perturbation"] = [f"common_corruption_severity{CORRUPTION_SEVERITY}"] * len(images)
+    columns["corruption"] = names
+    columns["is_modified"] = [bool((c != im).any()) for c, im in zip(corrupted, images)]
+    return columns
+
+
+def random_linf_columns(images: np.ndarray, labels: np.ndarray, seed: int = 0) -> dict[str, list]:
+    """Uniform noise of at most 30/255 per pixel, drawn in whole grey levels so PNG storage keeps the bound exact."""
+    rng = np.random.default_rng(seed)
+    noise = rng.integers(-RANDOM_LINF, RANDOM_LINF + 1, size=images.shape)
+    noisy = np.clip(images.astype(np.int64) + noise, 0, 255).astype(np.uint8)
+    columns = clean_columns(noisy, labels)
+    n = len(images)
+    columns.update(
+        perturbation=["random_uniform"] * n,
+        norm=["linf"] * n,
+        epsilon=[RANDOM_LINF / 255] * n,
+        is_modified=[bool((a != b).any()) for a, b in zip(noisy, images)],
+    )
+    return columns
+
+
+def write_dataset(root: Path, dataset: str, class_names: list[str], splits: dict[str, tuple[np.ndarray, np.ndarray]],
+                  title: str, seed: int = 0) -> None:
+    """Config `dataset` from clean (uint8 NxHxWx3 images, labels) per split: the clean splits, then `common` and
+    `random_linf_30` made from `test`, then the README that declares them (deterministic for a given seed)."""
+    folder = Path(root) / "data" / dataset
+    for split, (images, labels) in splits.items():
+        write_split(folder / f"{split}.parquet", class_names, clean_columns(images, labels))
+    images, labels = splits["test"]
+    write_split(folder / "common.parquet", class_names, common_columns(images, labels, seed))
+    write_split(folder / f"random_linf_{RANDOM_LINF}.parquet", class_names, random_linf_columns(images, labels, seed))
+    write_readme(Path(root), title)
+
+
+def build_staged(out_dir: Path, write: Callable[[Path], None], replaceable: Callable[[Path], bool]) -> Path:
+    """Run `write(staging folder)` next to `out_dir`, then move the finished build into place: nothing half-written
+    is ever at `out_dir`. A previous build there (`replaceable`) is moved aside first and deleted only after."""
+    out_dir = Path(out_dir).expanduser()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    try:
+        write(staging)
+        _install(staging, out_dir, replaceable)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def _install(staging: Path, out_dir: Path, replaceable: Callable[[Path], bool]) -> None:
+    previous = None
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        previous = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.previous-", dir=out_dir.parent)) / out_dir.name
+        os.rename(out_dir, previous)
+    try:
+        os.rename(staging, out_dir)
+    except OSError:
+        if not replaceable(out_dir):  # another process finished the same build first: keep it
+            raise
+    if previous is not None:
+        shutil.rmtree(previous.parent, ignore_errors=True)

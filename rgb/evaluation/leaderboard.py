@@ -242,6 +242,10 @@ def to_markdown(board: Leaderboard) -> str:
     if board.not_applicable:
         lines += ["", f"Not ranked under {board.protocol} (the protocol cannot apply to them; see their other "
                       f"leaderboard): {', '.join(sorted(board.not_applicable))}."]
+    outside = [d for d in board.datasets if d not in BENCHMARK_DATASETS]
+    if outside:
+        lines += ["", f"Outside the card's six datasets (your own or the mini data; not RobustGenBench scores): "
+                      f"{', '.join(outside)}."]
     if board.ignored:
         lines += ["", f"Not counted (dataset outside this leaderboard's list): {', '.join(board.ignored)}."]
     detail_rows = []

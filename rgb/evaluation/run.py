@@ -27,7 +27,7 @@ from rgb.evaluation.leaderboard import (
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, request_plan
 from rgb.evaluation.records import RecordError, ScoresRecord
 from rgb.models import load_with_meta
-from rgb.models.io import WEIGHTS_FILE
+from rgb.models.io import WEIGHTS_FILE, origin_line
 from rgb.runs.store import train_reference, train_runs
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,9 @@ def _score(cfg: DictConfig) -> tuple[ScoresRecord | None, dict]:
     run = Path(str(cfg.run))
     model, meta = load_with_meta(run)
     meta["run_name"] = str(cfg.run_name)  # rgb.runs.store.run_name_for: a sweep job's unique name, as attack.py's
+    origin = origin_line(meta)
+    if origin:
+        log.info("model %s: %s", meta["run_name"], origin)
     api_model = getattr(model, "inputs", "tensor") != "tensor"
     if (cfg.get("dry_run") or cfg.get("max_requests") is not None) and not api_model:
         raise EvaluationError(f"dry_run and max_requests count API requests; {run} holds a model of family "

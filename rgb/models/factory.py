@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import json
 from pathlib import Path
 
 import timm
@@ -10,6 +12,7 @@ import torch
 from torch import nn
 
 from rgb.core.files import corrupt_file_named
+from rgb.models.hub import HF_HUB, hub_files, source_record, split_source
 
 
 class WeightsMismatchError(ValueError):
@@ -64,7 +67,10 @@ class NormalizedClassifier(nn.Module):
 
 
 def check_model_name(name: str) -> None:
-    """Unknown timm names (or pretrained tags) fail at once, naming the closest registered ones."""
+    """Unknown timm names (or pretrained tags) fail at once, naming the closest registered ones. `hf-hub:` and
+    `local-dir:` names are timm's own loader's to check (their config names the architecture)."""
+    if split_source(name)[0] is not None:
+        return
     architecture, _, tag = name.partition(".")
     if not timm.is_model(architecture):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
@@ -90,6 +96,51 @@ def _head_rows(state_dict: dict, classifier_names: str | tuple | None) -> int:
     return rows[0] if rows else 0
 
 
+def _strict_create(name: str, source: str, **create_kwargs) -> nn.Module:
+    """timm.create_model with pretrained weights; a state_dict that does not fit is a one-line WeightsMismatchError."""
+    try:
+        return timm.create_model(name, pretrained=True, **create_kwargs)
+    except RuntimeError as err:
+        if "Error(s) in loading state_dict" not in str(err):
+            raise
+        detail = " ".join(str(err).split("\n", 1)[-1].split())
+        raise WeightsMismatchError(f"weights from {source} do not fit timm model {name!r}: {detail[:2000]}") from err
+
+
+def _source_config(name: str) -> tuple[str, dict]:
+    """(registry architecture, its model args) that an `hf-hub:` / `local-dir:` name's config.json gives: what
+    rebuilds the model later without the hub (model.json records the name and revision beside it)."""
+    source, rest = split_source(name)
+    if source == HF_HUB:
+        with hub_files(name, rest):
+            _, architecture, model_args = timm.models.load_model_config_from_hf(rest)
+    else:
+        folder = Path(rest).expanduser()
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"model {name}: {folder / 'config.json'} not found (a local-dir: model is a folder "
+                                    "with timm's config.json and weights, as timm's push_to_hub / save writes it)")
+        config = json.loads((folder / "config.json").read_text())  # timm's format: architecture, model_args, ...
+        architecture, model_args = config["architecture"], config.get("model_args")
+    return architecture, dict(model_args or {})
+
+
+def _create_from_source(name: str, pretrained: bool, timm_kwargs: dict) -> tuple[nn.Module, dict]:
+    """A hub / local-dir timm model through timm's own loader, its source head kept (so loading is strict), and
+    the recipe that rebuilds it from the registry architecture."""
+    architecture, model_args = _source_config(name)
+    source, rest = split_source(name)
+    with contextlib.ExitStack() as stack:
+        if source == HF_HUB:
+            stack.enter_context(hub_files(name, rest))
+        if pretrained:
+            backbone = _strict_create(name, name, **timm_kwargs)
+        else:
+            backbone = timm.create_model(name, pretrained=False, **timm_kwargs)
+    recipe_kwargs = {**model_args, **timm_kwargs}
+    return backbone, {"architecture": architecture, "timm_kwargs": recipe_kwargs,
+                      "source": source_record(name, "config.json")}
+
+
 def _create_with_weights(name: str, weights: str | None, timm_kwargs: dict) -> nn.Module:
     """timm model with pretrained weights loaded STRICTLY, keeping the source head (replaced afterwards).
 
@@ -105,17 +156,7 @@ def _create_with_weights(name: str, weights: str | None, timm_kwargs: dict) -> n
         state_dict = _weights_file_state_dict(Path(weights))
         num_classes = _head_rows(state_dict, pretrained_cfg.classifier)
         overlay = dict(state_dict=state_dict, num_classes=num_classes)
-    try:
-        backbone = timm.create_model(
-            name, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay=overlay, **timm_kwargs
-        )
-    except RuntimeError as err:
-        if "Error(s) in loading state_dict" not in str(err):
-            raise
-        detail = " ".join(str(err).split("\n", 1)[-1].split())
-        raise WeightsMismatchError(
-            f"weights from {source} do not fit timm model {name!r}: {detail[:2000]}"
-        ) from err
+    backbone = _strict_create(name, source, num_classes=num_classes, pretrained_cfg_overlay=overlay, **timm_kwargs)
     backbone.pretrained_cfg.pop("state_dict", None)  # drop the reference to the loaded copy
     return backbone
 
@@ -127,10 +168,22 @@ def create_model(
 
     Pretrained weights come from the hub, or from the local file `weights` (safetensors or torch) when given;
     any missing, unexpected or mis-shaped key outside the replaced head raises `WeightsMismatchError`.
+    `name` may be timm's `hf-hub:ORG/NAME[@REV]` or `local-dir:PATH`: config and weights then come from there
+    (the recipe records the registry architecture, so a reload needs neither; `source` says what was loaded).
     """
     check_model_name(name)
     if weights is not None and not pretrained:
         raise ValueError(f"weights={weights!r} given with pretrained=False; set pretrained=True to load them")
+    if split_source(name)[0] is not None:
+        if weights is not None:
+            raise ValueError(f"model {name} brings its own weights: drop weights={weights!r} (or use the architecture "
+                             "name with the weights file)")
+        backbone, sourced = _create_from_source(name, pretrained, timm_kwargs)
+        backbone.reset_classifier(num_classes)
+        recipe = dict(name=sourced["architecture"], num_classes=int(num_classes), timm_kwargs=sourced["timm_kwargs"],
+                      source=sourced["source"])
+        cfg = backbone.pretrained_cfg
+        return NormalizedClassifier(backbone, tuple(cfg["mean"]), tuple(cfg["std"]), recipe)
     if pretrained:
         backbone = _create_with_weights(name, None if weights is None else str(weights), timm_kwargs)
         backbone.reset_classifier(num_classes)

@@ -127,6 +127,20 @@ def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
     return model.eval(), meta
 
 
+def origin_line(meta: dict) -> str | None:
+    """Where an exported model's weights came from, in one line (evaluate.py logs it): the hub / local-dir name and
+    revision it was made from, and for CLIP which file or tag each tower came from; None when there is nothing
+    beyond the architecture's name."""
+    parts = []
+    source = meta.get("source")
+    if source:
+        where = source.get("revision") or source.get("path")
+        parts.append(f"from {source['name']}" + (f" (revision {where})" if where else ""))
+    for tower, origin in (meta.get("towers") or {}).items():
+        parts.append(f"{tower} tower: {origin}")
+    return "; ".join(parts) or None
+
+
 def load(path: str | Path) -> nn.Module:
     """Eval-mode model for [0,1] inputs from a train run dir or an exported `model.safetensors`."""
     return load_with_meta(path)[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from torch import nn
 
 from rgb.core.files import corrupt_file_named
 from rgb.models.factory import Normalize, WeightsMismatchError
+from rgb.models.hub import HF_HUB, LOCAL_DIR, hub_file, hub_files, source_record, split_revision, split_source
 
 INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear", "random": "bicubic"}
 
@@ -100,6 +102,10 @@ class OpenCLIPClassifier(nn.Module):
         """L2-normalised image features f(x) of [0,1] images (what the head multiplies)."""
         return self.backbone.features(self.preprocess(x))
 
+    def tower_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The image tower's embeddings of [0,1] images before L2 normalisation (what FARE keeps close)."""
+        return self.backbone.visual(self.preprocess(x))
+
     @torch.no_grad()
     def set_head(self, weight: torch.Tensor) -> None:
         """Head = `weight` (C, D) (already scaled by the logit scale), zero bias."""
@@ -112,8 +118,8 @@ def register_architecture(name: str, config: dict) -> None:
     the dict goes through a temporary JSON file; open_clip keeps the parsed config)."""
     import open_clip
 
-    if name in open_clip.list_models():
-        return
+    if split_source(name)[0] is not None or name in open_clip.list_models():
+        return  # hub / local-dir names: open_clip reads their config itself
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.json"
         path.write_text(json.dumps(config))
@@ -180,7 +186,8 @@ def _preprocess_of(clip_model, name: str, tag: str | None) -> dict:
 
 @dataclass
 class LoadedCLIP:
-    """A whole open_clip model (both towers) with what the zero-shot head needs from it."""
+    """A whole open_clip model (both towers) with what the zero-shot head needs from it. `towers` says where each
+    tower's weights came from (recorded in model.json, shown by evaluate)."""
 
     model: nn.Module
     tokenizer: object
@@ -189,6 +196,9 @@ class LoadedCLIP:
     weights: str | None
     config: dict
     preprocess: dict
+    text_weights: str | None = None
+    towers: dict | None = None
+    source: dict | None = None
 
     @property
     def logit_scale(self) -> float:
@@ -196,36 +206,158 @@ class LoadedCLIP:
 
     def recipe(self) -> dict:
         return {"name": self.name, "pretrained": self.pretrained, "weights": self.weights,
+                "text_weights": self.text_weights, "towers": self.towers, "source": self.source,
                 "open_clip_config": self.config, "preprocess": self.preprocess}
 
 
 @contextlib.contextmanager
-def _quiet_root_logger():
+def _quiet_root_logger(keep: int = logging.WARNING):
     """open_clip reports every model build as INFO on the root logger (about ten lines per load, in every command's
-    output); only its warnings are kept."""
+    output); only its warnings are kept (`keep`)."""
     root = logging.getLogger()
     level = root.level
-    root.setLevel(max(level, logging.WARNING))
+    root.setLevel(max(level, keep))
     try:
         yield
     finally:
         root.setLevel(level)
 
 
-def load_clip(name: str, pretrained: str | None = None, weights: str | None = None,
-              image_size: int | None = None) -> LoadedCLIP:
-    """Any open_clip architecture by name, weights from a pretrained tag or a local checkpoint (`weights`), or
-    random init (seed 0) when neither is given. `image_size` resizes the tower's input (position embeddings resampled)."""
+VISUAL_PREFIX = "visual."
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """A checkpoint file's state dict, weights only: safetensors, or a torch file holding the dict itself or under
+    `state_dict` (DDP's `module.` prefix removed), as RobustVLM and open_clip's trainer write them."""
+    path = Path(path)
+    if not path.is_file():
+        raise OpenCLIPWeightsError(f"CLIP weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        import safetensors.torch
+
+        return safetensors.torch.load_file(str(path))
+    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise OpenCLIPWeightsError(f"CLIP weights file {path} holds no state dict of tensors")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def image_tower_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The image tower's state dict (keys of `model.visual`) when `state` holds only that tower, with or without
+    the `visual.` prefix; None for a whole-CLIP state dict (keys of both towers)."""
+    visual = [k.startswith(VISUAL_PREFIX) for k in state]
+    if all(visual):
+        return {k.removeprefix(VISUAL_PREFIX): v for k, v in state.items()}
+    if not any(visual):
+        return dict(state)
+    return None
+
+
+def checkpoint_holds_image_tower_only(path: str | Path) -> bool:
+    return image_tower_state(read_state_dict(path)) is not None
+
+
+def _load_image_tower(model: nn.Module, state: dict[str, torch.Tensor], path: str, name: str) -> None:
+    """Image-tower weights into `model.visual`, strictly (position embeddings resampled to the tower's size, as
+    open_clip does for whole checkpoints); a mismatch names the keys in one line."""
+    import open_clip.model
+
+    prefixed = {f"{VISUAL_PREFIX}{k}": v for k, v in state.items()}
+    open_clip.model.resize_pos_embed(prefixed, model)
+    state = {k.removeprefix(VISUAL_PREFIX): v for k, v in prefixed.items()}
+    try:
+        model.visual.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        detail = " ".join(str(err).split("\n", 1)[-1].split())
+        raise WeightsMismatchError(
+            f"image-tower weights {path} do not fit the image tower of open_clip {name!r}: {detail[:2000]}"
+        ) from err
+
+
+def _check_source(name: str, pretrained: str | None, text_weights: str | None) -> tuple[str | None, str]:
+    """A name with `hf-hub:` / `local-dir:` brings its own weights (both towers): no tag, no text file with it."""
+    source, rest = split_source(name)
+    if source is None:
+        check_architecture(name, pretrained)
+        return None, rest
+    extra = {"model.pretrained": pretrained, "model.text_weights": text_weights}
+    given = [f"{key}={value}" for key, value in extra.items() if value]
+    if given:
+        raise ValueError(f"open_clip {name} brings both towers' weights: drop {', '.join(given)}")
+    if source == HF_HUB and split_revision(rest)[1]:
+        raise ValueError(f"open_clip's hf-hub: loader takes no @revision ({name}); the revision loaded is recorded "
+                         "in model.json")
+    if source == LOCAL_DIR and not (Path(rest).expanduser() / "open_clip_config.json").is_file():
+        raise FileNotFoundError(f"open_clip {name}: {Path(rest) / 'open_clip_config.json'} not found (a local-dir: "
+                                "model is a folder with open_clip_config.json and its weights)")
+    return source, rest
+
+
+def _hub_weights(name: str, repo: str) -> None:
+    """Config and weights of an open_clip hub repo present (the cache, or downloaded): open_clip itself only
+    warns when the weights are missing and builds random ones."""
+    import open_clip.pretrained
+
+    hub_file(name, repo, "open_clip_config.json")
+    with hub_files(name, repo):
+        open_clip.pretrained.download_pretrained_from_hf(repo)
+
+
+def _weights_plan(name: str, source: str | None, pretrained: str | None, weights: str | None,
+                  text_weights: str | None) -> tuple[str | None, dict | None, dict]:
+    """(checkpoint open_clip loads whole, image-tower state loaded after, where each tower comes from)."""
+    base = _tag_checkpoint(name, pretrained) if pretrained else None
+    base_label = (f"open_clip pretrained={pretrained}" if pretrained else
+                  f"{name} (its own weights)" if source else "random init (seed 0)")
+    image_state = None
+    if weights is not None:
+        state = read_state_dict(weights)
+        image_state = image_tower_state(state)
+        if image_state is None:  # the whole CLIP
+            if source is not None:
+                raise ValueError(f"{weights} holds both towers but open_clip {name} loads its own: give the "
+                                 "architecture's name with model.weights, or an image-tower-only file")
+            if text_weights:
+                raise ValueError(f"{weights} holds both towers: drop model.text_weights={text_weights}")
+            return str(weights), None, {"image": f"file {weights}", "text": f"file {weights}"}
+        if source is None and not pretrained and not text_weights:
+            raise ValueError(
+                f"{weights} holds the image tower only: give the text tower with model.pretrained=TAG "
+                f"(tags of {name}: {', '.join(_tags(name)) or 'none'}) or model.text_weights=PATH"
+            )
+    elif text_weights:
+        raise ValueError(f"model.text_weights={text_weights} needs model.weights=PATH (an image-tower checkpoint)")
+    if text_weights:
+        if not Path(text_weights).is_file():
+            raise OpenCLIPWeightsError(f"CLIP text weights file {text_weights} does not exist")
+        base, base_label = str(text_weights), f"file {text_weights}"
+    image_label = base_label if weights is None else f"file {weights} (image tower only)"
+    return base, image_state, {"image": image_label, "text": base_label}
+
+
+def _tags(name: str) -> list[str]:
     import open_clip
 
-    check_architecture(name, pretrained)
-    if weights is not None:
-        if not Path(weights).is_file():
-            raise OpenCLIPWeightsError(f"CLIP weights file {weights} does not exist")
-        checkpoint = str(weights)
-    else:
-        checkpoint = _tag_checkpoint(name, pretrained) if pretrained else None
-    config = open_clip.get_model_config(name)
+    return open_clip.list_pretrained_tags_by_model(name)
+
+
+def load_clip(name: str, pretrained: str | None = None, weights: str | None = None,
+              image_size: int | None = None, text_weights: str | None = None) -> LoadedCLIP:
+    """Any open_clip model by name (a registered architecture, or open_clip's `hf-hub:ORG/NAME` / `local-dir:PATH`,
+    read by open_clip's own loader), weights from a pretrained tag or a local checkpoint (`weights`), or random
+    init (seed 0) when neither is given. `weights` may hold the image tower only (keys of `model.visual`, with or
+    without `visual.`): the text tower then comes from `pretrained`, `text_weights` (a whole-CLIP checkpoint) or
+    the hub / local model. `image_size` resizes the tower's input (position embeddings resampled)."""
+    import open_clip
+
+    source, rest = _check_source(name, pretrained, text_weights)
+    if source == HF_HUB:
+        _hub_weights(name, rest)
+    checkpoint, image_state, towers = _weights_plan(name, source, pretrained, weights, text_weights)
+    with hub_files(name, rest) if source == HF_HUB else contextlib.nullcontext():
+        config = open_clip.get_model_config(name)
     if image_size is not None:
         config["vision_cfg"]["image_size"] = int(image_size)
     reading = corrupt_file_named(Path(checkpoint), "CLIP weights file") if checkpoint else contextlib.nullcontext()
@@ -233,17 +365,21 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
         with reading, torch.random.fork_rng(devices=[]), _quiet_root_logger():
             torch.manual_seed(0)  # random init (no weights) is reproducible: a reload has the same text tower
             model = open_clip.create_model(
-                name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False, pretrained_image=False
+                name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False,
+                pretrained_image=False, require_pretrained=source is not None,
             )
     except RuntimeError as err:
         if "Error(s) in loading state_dict" not in str(err):
             raise
         detail = " ".join(str(err).split("\n", 1)[-1].split())
         raise WeightsMismatchError(f"weights {checkpoint} do not fit open_clip {name!r}: {detail[:2000]}") from err
+    if image_state is not None:
+        _load_image_tower(model, image_state, str(weights), name)
     with _quiet_root_logger():
         tokenizer = open_clip.get_tokenizer(name)
-    return LoadedCLIP(model.eval(), tokenizer, name, pretrained,
-                      None if weights is None else str(weights), config, _preprocess_of(model, name, pretrained))
+    return LoadedCLIP(model.eval(), tokenizer, name, pretrained, None if weights is None else str(weights), config,
+                      _preprocess_of(model, name, pretrained), None if text_weights is None else str(text_weights),
+                      towers, source_record(name, "open_clip_config.json"))
 
 
 def classifier_from_clip(clip: LoadedCLIP, num_classes: int) -> OpenCLIPClassifier:
@@ -252,24 +388,31 @@ def classifier_from_clip(clip: LoadedCLIP, num_classes: int) -> OpenCLIPClassifi
 
 
 def create_openclip_classifier(name: str, num_classes: int, pretrained: str | None = None,
-                               weights: str | None = None, image_size: int | None = None) -> OpenCLIPClassifier:
+                               weights: str | None = None, image_size: int | None = None,
+                               text_weights: str | None = None) -> OpenCLIPClassifier:
     """Hydra target of the openclip presets: the image tower of `name` with a fresh head (see rgb.zeroshot for
-    a head built from prompts). `image_size` = the tower's input size (null: its own; inputs are resized to it)."""
-    return classifier_from_clip(load_clip(name, pretrained, weights, image_size), num_classes)
+    a head built from prompts). `image_size` = the tower's input size (null: its own; inputs are resized to it).
+    `weights` may be an image-tower-only checkpoint; see `load_clip`."""
+    return classifier_from_clip(load_clip(name, pretrained, weights, image_size, text_weights), num_classes)
 
 
 def load_clip_of(model: OpenCLIPClassifier) -> LoadedCLIP:
     """The whole CLIP (text tower included) that `model`'s image tower came from, from its recipe."""
     recipe = model.recipe
     return load_clip(recipe["name"], recipe["pretrained"], recipe["weights"],
-                     recipe["open_clip_config"]["vision_cfg"]["image_size"])
+                     recipe["open_clip_config"]["vision_cfg"]["image_size"], recipe.get("text_weights"))
 
 
 def _vision_tower(config: dict) -> nn.Module:
-    """The image tower alone from an open_clip config (open_clip's own builder: no text tower is made)."""
-    from open_clip.model import _build_vision_tower
+    """The image tower alone from an open_clip config, through open_clip's public factory (the config registered
+    under a name derived from its content; the text tower built alongside is dropped)."""
+    import open_clip
 
-    return _build_vision_tower(config["embed_dim"], config["vision_cfg"], config.get("quick_gelu", False))
+    digest = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    name = f"rgb-rebuild-{digest}"
+    register_architecture(name, config)
+    with torch.random.fork_rng(devices=[]), _quiet_root_logger(keep=logging.ERROR):  # "initialized randomly"
+        return open_clip.create_model(name, pretrained=None, pretrained_text=False, pretrained_image=False).visual
 
 
 @dataclass(frozen=True)
@@ -280,7 +423,9 @@ class OpenCLIPFamily:
         import open_clip
 
         recipe = model.recipe
+        extra = {key: recipe[key] for key in ("text_weights", "towers", "source") if recipe.get(key)}
         return {
+            **extra,
             "openclip_name": recipe["name"], "pretrained": recipe["pretrained"], "clip_weights": recipe["weights"],
             "num_classes": recipe["num_classes"], "open_clip_config": recipe["open_clip_config"],
             "preprocess": recipe["preprocess"], "mean": model.mean, "std": model.std,
@@ -289,7 +434,9 @@ class OpenCLIPFamily:
 
     def rebuild(self, record: dict) -> OpenCLIPClassifier:
         recipe = {"name": record["openclip_name"], "pretrained": record.get("pretrained"),
-                  "weights": record.get("clip_weights"), "open_clip_config": record["open_clip_config"],
+                  "weights": record.get("clip_weights"), "text_weights": record.get("text_weights"),
+                  "towers": record.get("towers"), "source": record.get("source"),
+                  "open_clip_config": record["open_clip_config"],
                   "preprocess": record["preprocess"]}
         return OpenCLIPClassifier(_vision_tower(record["open_clip_config"]), record["num_classes"], recipe)
 

@@ -14,12 +14,16 @@ class TimmFamily:
     name: str = "timm"
 
     def describe(self, model: NormalizedClassifier) -> dict:
+        """`timm_name` is always a registry architecture; a model made from an `hf-hub:` / `local-dir:` name adds
+        `source` (that name, and the hub commit or folder it was loaded from)."""
+        source = model.recipe.get("source")
         return {
             "timm_name": model.recipe["name"],
             "num_classes": model.recipe["num_classes"],
             "timm_kwargs": model.recipe["timm_kwargs"],
             "mean": model.mean,
             "std": model.std,
+            **({"source": source} if source else {}),
         }
 
     def rebuild(self, record: dict) -> NormalizedClassifier:

@@ -23,6 +23,7 @@ from rgb.core.values import (
     flatten,
     integer,
     number,
+    optional,
 )
 from rgb.core.values import problems as check
 from rgb.training.losses import LOSSES
@@ -129,6 +130,7 @@ RULES: dict[str, Rule] = {
     "loss.attack.norm": (_norm, "Linf, L2 or L1"),
     "loss.attack.eps": POSITIVE,
     "loss.attack.n_iter": POSITIVE_INT,
+    "loss.attack.step_size": optional(POSITIVE),
     "strategy.name": (lambda v: v in (*STRATEGIES, ZEROSHOT), f"one of {[*STRATEGIES, ZEROSHOT]}"),
     "data.batch_size": POSITIVE_INT,
     "data.eval_batch_size": POSITIVE_INT,
@@ -156,5 +158,12 @@ def validate_config(cfg: DictConfig) -> None:
     warmup, epochs = flat.get("optim.warmup_epochs"), flat.get("trainer.max_epochs")
     if not problems and flat.get("optim.scheduler") and warmup is not None and warmup > epochs:
         problems.append(f"optim.warmup_epochs {warmup} must not exceed trainer.max_epochs {epochs}")
+    loss = LOSSES.get(flat.get("loss.name"))
+    if not problems and loss is not None and loss.needs_prompt_head:
+        if flat.get("head_init") is None and "head_init.name" not in flat:
+            problems.append(f"loss={loss.name} trains the image tower under the prompt-built head: add head_init=zeroshot")
+        if flat.get("strategy.name") == "linear_probe":
+            problems.append(f"loss={loss.name} keeps the head fixed, so strategy=linear_probe would train nothing: "
+                            "use strategy=full_finetune")
     if problems:
         raise TrainingConfigError("invalid training config: " + "; ".join(problems))

@@ -1,4 +1,5 @@
-"""LightningModule: fine-tune a NormalizedClassifier with CE / PGD-AT / TRADES, fully or as a linear probe."""
+"""LightningModule: fine-tune a classifier with a loss of rgb.training.losses (CE / PGD-AT / TRADES, TeCoA / FARE
+for CLIP image towers), fully or as a linear probe."""
 
 from __future__ import annotations
 
@@ -46,12 +47,17 @@ class RobustFinetuneModule(L.LightningModule):
         )
         self.model = model
         self.training_loss = build_loss(**loss)
+        # A frozen copy of the starting model, for losses that compare against it (FARE); part of the checkpoint,
+        # never of the export (which takes `model.*` only).
+        self.reference = self.training_loss.reference_model(model)
         self.freeze_backbone = strategy == "linear_probe"
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if self.freeze_backbone:
             head = {id(p) for p in model.classifier.parameters()}
             for param in model.parameters():
                 param.requires_grad_(id(param) in head)
+        if not self.training_loss.trains_head:  # TeCoA / FARE: the prompt-built head stays as it is
+            model.classifier.requires_grad_(False)
         apply_speed_options(self.model, channels_last=channels_last, compile=compile)
         num_classes = model.recipe["num_classes"]
         self.train_loss, self.val_loss = MeanMetric(), MeanMetric()
@@ -63,6 +69,8 @@ class RobustFinetuneModule(L.LightningModule):
     def train(self, mode: bool = True) -> RobustFinetuneModule:
         """Linear probing keeps the whole backbone in eval mode (BN statistics, dropout) whatever Lightning asks."""
         super().train(mode)
+        if self.reference is not None:
+            self.reference.eval()
         if self.freeze_backbone:
             self.model.eval()
             self.model.classifier.train(mode)
@@ -71,21 +79,19 @@ class RobustFinetuneModule(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x.contiguous(memory_format=self.memory_format))
 
-    def inner_attack(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Adversarial images from the inner attack, crafted with the model in eval mode (mode restored after)."""
+    def inner_attack(self, x: torch.Tensor, y: torch.Tensor, attack=None) -> torch.Tensor:
+        """Adversarial images from the inner attack (the loss's own, or `attack(module, x, y)`), crafted with the
+        model in eval mode (mode restored after)."""
         was_training = self.training
         self.eval()
         with torch.enable_grad():
-            x_adv = self.training_loss.attack(self, x, y)
+            x_adv = (attack or self.training_loss.attack)(self, x, y)
         self.train(was_training)
         return x_adv
 
     def loss_and_logits(self, x: torch.Tensor, y: torch.Tensor):
         """(training loss, clean logits or None, adversarial logits or None) in the current train/eval mode."""
-        x_adv = self.inner_attack(x, y) if self.training_loss.attack is not None else None
-        clean = self(x) if self.training_loss.uses_clean else None
-        adv = self(x_adv) if x_adv is not None else None
-        return self.training_loss(y, clean, adv), clean, adv
+        return self.training_loss.compute(self, x, y)
 
     def training_step(self, batch, batch_idx):
         x, y = batch[0], batch[1]
@@ -98,10 +104,9 @@ class RobustFinetuneModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         x, y = batch[0], batch[1]
-        x_adv = self.inner_attack(x, y) if self.training_loss.attack is not None else None
-        clean = self(x)
-        adv = self(x_adv) if x_adv is not None else None
-        loss = self.training_loss(y, clean if self.training_loss.uses_clean else None, adv)
+        loss, clean, adv = self.loss_and_logits(x, y)
+        if clean is None:
+            clean = self(x)
         self.val_loss(loss, weight=y.shape[0])
         self.val_acc(clean, y)
         self.log("val/loss", self.val_loss, prog_bar=True, batch_size=y.shape[0])

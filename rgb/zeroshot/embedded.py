@@ -177,20 +177,27 @@ CAPTION_SETS = {"default": CAPTION_TEMPLATES, "alt": ALT_CAPTION_TEMPLATES}
 
 
 def embedded_clip_classifier(name: str, num_classes: int, clip_dir: str, mini_dir: str = "data/mini",
-                             captions: str = "default", random_init: bool = False):
+                             captions: str = "default", random_init: bool = False, weights: str | None = None,
+                             text_weights: str | None = None):
     """Hydra target of `model=openclip_mini`: the embedded CLIP (built first if absent) as an open_clip
     classifier with a fresh head, loaded through the same path as real weights (architecture + checkpoint).
     `name` labels the run only (run_name); the architecture is always EMBEDDED_ARCH. `random_init`: the same
-    architecture untrained (seed 0), for fast tests of every path."""
-    from rgb.models.openclip import create_openclip_classifier
+    architecture untrained (seed 0), for fast tests of every path. `weights`: another checkpoint of the
+    architecture (whole, or the image tower only: its text tower is then the embedded CLIP's unless
+    `text_weights` names one), e.g. the embedded CLIP after robust fine-tuning."""
+    from rgb.models.openclip import checkpoint_holds_image_tower_only, create_openclip_classifier
 
     if random_init:
         register_embedded_architecture()
-        return create_openclip_classifier(EMBEDDED_ARCH, num_classes)
+        return create_openclip_classifier(EMBEDDED_ARCH, num_classes, weights=weights, text_weights=text_weights)
     if captions not in CAPTION_SETS:
         raise ValueError(f"unknown embedded CLIP captions {captions!r}; choose one of {', '.join(CAPTION_SETS)}")
-    weights = ensure_embedded_clip(clip_dir, mini_dir, CAPTION_SETS[captions])
-    return create_openclip_classifier(EMBEDDED_ARCH, num_classes, weights=str(weights))
+    embedded = str(ensure_embedded_clip(clip_dir, mini_dir, CAPTION_SETS[captions]))
+    if weights is None:
+        return create_openclip_classifier(EMBEDDED_ARCH, num_classes, weights=embedded, text_weights=text_weights)
+    if text_weights is None and checkpoint_holds_image_tower_only(weights):
+        text_weights = embedded
+    return create_openclip_classifier(EMBEDDED_ARCH, num_classes, weights=str(weights), text_weights=text_weights)
 
 
 def main(argv: list[str] | None = None) -> int:

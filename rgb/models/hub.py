@@ -1,0 +1,92 @@
+"""Model names that point outside the libraries' registries: `hf-hub:ORG/NAME[@REV]` and `local-dir:PATH`.
+
+The libraries' own loaders read them (timm.create_model, open_clip.create_model), so the Hugging Face cache,
+`HF_HOME` / `HF_HUB_CACHE` and `HF_HUB_OFFLINE` behave as everywhere else. What this module adds: one line when
+the files are not on this machine (which repo, how to fetch it), and the exact revision of what was loaded, for
+model.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+HF_HUB = "hf-hub"
+LOCAL_DIR = "local-dir"
+
+
+class HubModelMissingError(FileNotFoundError):
+    """A hub model whose files are not in the local Hugging Face cache (offline, or the hub unreachable)."""
+
+
+def split_source(name: str) -> tuple[str | None, str]:
+    """(`hf-hub` / `local-dir` / None, the rest) of a model name, as both libraries spell the prefixes."""
+    for source in (HF_HUB, LOCAL_DIR):
+        if name.startswith(f"{source}:"):
+            rest = name[len(source) + 1 :]
+            if not rest:
+                raise ValueError(f"model name {name!r} names no repo or folder after '{source}:'")
+            return source, rest
+    return None, name
+
+
+def split_revision(repo: str) -> tuple[str, str | None]:
+    """`ORG/NAME@REV` -> (ORG/NAME, REV); no `@` -> (repo, None)."""
+    repo_id, _, revision = repo.partition("@")
+    return repo_id, revision or None
+
+
+def fetch_hint(repo_id: str, revision: str | None) -> str:
+    from huggingface_hub import constants
+
+    rev = f" --revision {revision}" if revision else ""
+    cache = constants.HF_HUB_CACHE
+    return (f"on a machine with internet run `hf download {repo_id}{rev}` (huggingface-cli download with older "
+            f"huggingface_hub), bring its cache here ({cache}) and run with HF_HUB_OFFLINE=1")
+
+
+@contextlib.contextmanager
+def hub_files(name: str, repo: str):
+    """Turn 'not in the cache / hub unreachable' from huggingface_hub (or a library wrapping it) into one line."""
+    from huggingface_hub.errors import EntryNotFoundError, OfflineModeIsEnabled
+
+    repo_id, revision = split_revision(repo)
+    try:
+        yield
+    except (EntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError, ConnectionError) as err:
+        offline = "HF_HUB_OFFLINE=1" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") else "hub unreachable"
+        raise HubModelMissingError(
+            f"model {name}: files of hub repo {repo_id}{'@' + revision if revision else ''} are not in the local "
+            f"Hugging Face cache ({offline}; {type(err).__name__}): {fetch_hint(repo_id, revision)}"
+        ) from None
+
+
+def hub_file(name: str, repo: str, filename: str) -> Path:
+    """Local path of one file of a hub repo (downloaded if allowed, else from the cache), or the one-line error."""
+    from huggingface_hub import hf_hub_download
+
+    repo_id, revision = split_revision(repo)
+    with hub_files(name, repo):
+        return Path(hf_hub_download(repo_id, filename, revision=revision))
+
+
+def cached_revision(path: Path) -> str | None:
+    """The commit a file of the hub cache belongs to (`.../snapshots/<commit>/<file>`)."""
+    for parent in Path(path).parents:
+        if parent.parent.name == "snapshots":
+            return parent.name
+    return None
+
+
+def source_record(name: str, marker_file: str) -> dict | None:
+    """What model.json records about where a prefixed model came from: the exact name, and the hub commit (or the
+    absolute folder) that was loaded; None for registry names."""
+    source, rest = split_source(name)
+    if source is None:
+        return None
+    if source == LOCAL_DIR:
+        return {"name": name, "source": LOCAL_DIR, "path": str(Path(rest).expanduser().resolve())}
+    repo_id, revision = split_revision(rest)
+    commit = cached_revision(hub_file(name, rest, marker_file))
+    return {"name": name, "source": HF_HUB, "repo_id": repo_id, "requested_revision": revision, "revision": commit}
