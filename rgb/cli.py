@@ -32,6 +32,7 @@ from rgb.core.values import (
     integer,
     number,
     optional,
+    name_part,
     path_name,
     problems,
 )
@@ -52,6 +53,7 @@ def register_resolvers() -> None:
 
     OmegaConf.register_new_resolver("rgb.run_name", _run_name, replace=True)
     OmegaConf.register_new_resolver("rgb.path_name", path_name, replace=True)
+    OmegaConf.register_new_resolver("rgb.name_part", name_part, replace=True)
     register_data_resolvers()
 
 

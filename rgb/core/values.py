@@ -78,6 +78,12 @@ PATH_NAME: Rule = (lambda v: name_problem(v) is None,
                    f"one directory name (non-empty, no '/', not '..', at most {NAME_MAX} bytes)")
 
 
+def name_part(name) -> str:
+    """A model name as a piece of a default run name: hub names hold '/' and ':' (`hf-hub:timm/vit_base`), which
+    become `--` and `_` (`hf-hub_timm--vit_base`), the way the Hub cache spells a repo as one directory name."""
+    return str(name).replace("/", "--").replace(":", "_")
+
+
 def path_name(name) -> str:
     """`name` when it is one directory name inside an output tree, else ConfigValueError: a run name must never
     write outside its tree (`../x`, `a/b`) nor fail deep inside a command for its length."""
