@@ -230,7 +230,8 @@ def test_evaluate_writes_into_a_staging_copy_then_replaces(monkeypatch, tmp_path
     cfg = OmegaConf.create({"pool": None, "run": str(run), "max_images": None, "allow_partial": False,
                             "run_name": "model", "attack_dir": str(tmp_path / "attack"), "output_dir": str(out),
                             "transfer": False, "severity_sweep": False, "worst_k": [1], "device": "cpu",
-                            "batch_size": 8, "data": {}, "wandb": {"enabled": False}})
+                            "batch_size": 8, "data": {}, "wandb": {"enabled": False}, "protocol": "white_box",
+                            "dry_run": False, "max_requests": None, "api_cache_dir": str(tmp_path / "cache")})
     with pytest.raises(OSError):
         run_module.run_evaluation(cfg)
     assert seen and seen[0] != out and (out / "scores.json").read_text() == "complete"

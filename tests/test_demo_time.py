@@ -24,4 +24,4 @@ def test_the_timed_steps_are_make_demos_on_a_fresh_copy(tmp_path):
     assert not any("pip install" in step for step in steps)
     commands = [step.split(f"{venv}/bin/python ")[1].split()[0] for step in steps]
     assert commands.count("attack.py") == 2 and commands.count("train.py") == 2 and commands[-1] == "evaluate.py"
-    assert any("text_robustness=true" in step and "word_shuffle]" in step for step in steps)  # continuation joined
+    assert any("text_robustness=true" in step and "template_synonym]" in step for step in steps)  # continuation joined

@@ -1,13 +1,11 @@
 """loss=tecoa and loss=fare: robust fine-tuning of an open_clip image tower under the fixed prompt-built head, with
 the existing trainer, on the mini benchmark and a tiny random-weight open_clip model (seconds)."""
 
-from pathlib import Path
-
 import hydra
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from clip_runs import compose_train
 from rgb.models import create_openclip_classifier, load_with_meta
 from rgb.training import train
 from rgb.training.config import TrainingConfigError, validate_config
@@ -16,15 +14,6 @@ from rgb.training.module import RobustFinetuneModule
 from rgb.training.zeroshot import initialise_head
 from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture
 
-REPO = Path(__file__).resolve().parents[1]
-TINY_CLIP = ["model=openclip_mini", "model.random_init=true", "data.eval_batch_size=128",
-             "callbacks.progress_bar.refresh_rate=0"]
-
-
-def compose_train(tmp_path, mini_dir, *overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("train", overrides=[f"run_dir={tmp_path / 'run'}", f"data.source={mini_dir}",
-                                           f"paths.data_dir={tmp_path / 'data'}", *TINY_CLIP, *overrides])
 
 
 def test_fare_inner_attack_stays_in_the_ball_and_moves_the_embedding():

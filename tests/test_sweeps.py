@@ -63,7 +63,7 @@ def test_runs_becomes_one_multirun_job_per_model(tmp_path):
     argv = cli._expand_runs(["-m", "attack=slurm", f"runs={sweep}"])
     assert argv[-2] == f"run={jobs[0]},{jobs[1]}"
     assert argv[-1] == "sweep_dir=${paths.output_dir}/attack/${data.dataset}/multirun/m-ce-ff-e1"
-    assert cli._infer_data_override(argv)[-1] == "data=mini"  # the dataset of the sweep's models
+    assert "data=mini" in cli._infer_from_run(argv)  # the dataset of the sweep's models
     with pytest.raises(ValueError, match="add -m"):
         cli._expand_runs([f"runs={sweep}"])
     with pytest.raises(ValueError, match="names no trained model"):

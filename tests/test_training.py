@@ -152,7 +152,7 @@ def test_fit_every_loss_and_strategy(tmp_path, mini_dir, loss, strategy):
 
 def test_unlogged_monitor_metric_is_a_clear_error(tmp_path, mini_dir):
     cfg = compose_train(tmp_path, mini_dir, "debug=fdr", *FAST, "monitor.metric=val/adv_acc")
-    with pytest.raises(KeyError, match="'val/adv_acc' was never logged; logged: .*val/loss"):
+    with pytest.raises(TrainingConfigError, match="'val/adv_acc' was never logged; logged: .*val/loss"):
         train(cfg)
 
 
@@ -197,7 +197,7 @@ def test_wandb_offline_writes_run_files_and_always_closes(tmp_path, mini_dir, mo
     assert read_metrics(tmp_path)
 
     failing = compose_train(tmp_path / "failing", mini_dir, "logger=wandb", "debug=fdr", *FAST, "monitor.metric=typo")
-    with pytest.raises(KeyError, match="typo"):
+    with pytest.raises(TrainingConfigError, match="typo"):
         train(failing)
     assert wandb.run is None
 

@@ -306,7 +306,7 @@ def test_threads_are_set_and_recorded(tmp_path, mini_dir, monkeypatch):
 # ---------------------------------------------------------------- zero-shot run dirs: the same identity and lock
 
 
-from test_zeroshot_training import TINY_CLIP  # noqa: E402  (the tiny random open_clip of the zero-shot tests)
+from clip_runs import TINY_CLIP  # noqa: E402  (the tiny random open_clip of the zero-shot tests)
 
 ZEROSHOT = ["strategy=zeroshot", "monitor.metric=val/acc", *TINY_CLIP]
 

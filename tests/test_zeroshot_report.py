@@ -18,7 +18,7 @@ from rgb.evaluation.zeroshot_report import REPORT_DIR
 from rgb.zeroshot import row_metrics
 from rgb.models import load_with_meta
 from rgb.training import train
-from test_zeroshot_training import compose_train
+from clip_runs import compose_train
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = ("clip (class names)", "single", "mean", "zpe (test debias)", "zpe (median+2*MAD, logit average, test debias)",
@@ -60,7 +60,9 @@ def test_every_ensemble_side_by_side_and_the_run_s_own_row_is_the_exported_model
     assert (report["cmm_units"], report["cpe_weights_split"], report["worst_k"]) == ("logit", "validation",
                                                                                      ["1", "5", "10"])
     assert report["zpe_variants"] == [ROWS[3], ROWS[4]] and report["run_label"] == CPE
-    assert report["texts_encoded"] == 0  # the training run's text features, read from the prompts cache
+    # the training run's text features are read from the prompts cache: only the prompts of the report's own rows
+    # (the class name alone, `{}`, and the single template, which a cpe pool no longer holds) are encoded
+    assert report["texts_encoded"] == 2 * 10
     for row in rows.values():
         assert all(0 <= row[m] <= 1 for m in METRICS)
         assert row["worst@1"] <= row["worst@5"] <= row["worst@10"]  # 10 classes: worst@10 = mean class accuracy

@@ -2,26 +2,17 @@
 random-weight open_clip model (the embedded architecture untrained: every path, seconds)."""
 
 import logging
-from pathlib import Path
 
 import hydra
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from clip_runs import REPO, compose_train
 from rgb.models import load_with_meta
 from rgb.training import train
 from rgb.training.zeroshot import initialise_head, validation_metrics
 
-REPO = Path(__file__).resolve().parents[1]
-TINY_CLIP = ["model=openclip_mini", "model.random_init=true", "data.eval_batch_size=128",
-             "callbacks.progress_bar.refresh_rate=0"]
-
-
-def compose_train(tmp_path, mini_dir, *overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("train", overrides=[f"run_dir={tmp_path / 'run'}", f"data.source={mini_dir}",
-                                           f"paths.data_dir={tmp_path / 'data'}", *TINY_CLIP, *overrides])
 
 
 def test_zeroshot_strategy_exports_a_run_that_loads_and_logs_the_ensemble(tmp_path, mini_dir, caplog):

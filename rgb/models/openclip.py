@@ -313,7 +313,8 @@ def _weights_plan(name: str, source: str | None, pretrained: str | None, weights
                   f"{name} (its own weights)" if source else "random init (seed 0)")
     image_state = None
     if weights is not None:
-        state = read_state_dict(weights)
+        with corrupt_file_named(Path(weights), "CLIP weights file"):
+            state = read_state_dict(weights)
         image_state = image_tower_state(state)
         if image_state is None:  # the whole CLIP
             if source is not None:
