@@ -125,6 +125,14 @@ def test_reference_run_writes_the_documented_run_directory(reference):
     assert len(summary["weights_sha256"]) == 64 and summary["versions"]["torch"] == torch.__version__
 
 
+def is_worker(pid: int) -> bool:
+    """A live spawned worker (a zombie or a gone process has no command line)."""
+    try:
+        return "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return False
+
+
 def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate, small_bench, reference, tmp_path):
     out = tmp_path / "killed"
     command = [sys.executable, str(REPO / "attack.py"), *overrides(surrogate, small_bench, out)]
@@ -133,8 +141,13 @@ def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate,
     deadline = time.monotonic() + 180
     while len(batch_files(out)) < 2 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+    workers = [int(p) for p in Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()]
     first.send_signal(signal.SIGKILL)
     first.wait()
+    deadline = time.monotonic() + 30  # its worker processes die with it: none goes on beside the re-run
+    while any(map(is_worker, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(is_worker, workers)), "a worker process outlived its killed attack.py"
     survivors = {p: p.stat().st_mtime_ns for p in batch_files(out)}
     assert 2 <= len(survivors) < N_BATCHES, "the run was not interrupted mid-way"
     assert not (out / "linf" / "results.parquet").exists()

@@ -70,3 +70,21 @@ def configure_threads(threads: int | str | None = "auto") -> int:
     if torch.get_num_threads() != count:
         torch.set_num_threads(count)
     return count
+
+
+def die_with_parent() -> None:
+    """In a spawned worker: the kernel kills this process when its parent dies (Linux's PR_SET_PDEATHSIG), so the
+    workers of a killed command (kill -9, a preempted job) never go on beside its re-run. Elsewhere a no-op."""
+    import multiprocessing
+    import signal
+    import sys
+
+    parent = multiprocessing.parent_process()
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent.pid:  # the parent died before the request took effect
+        os._exit(1)

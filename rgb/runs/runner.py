@@ -27,7 +27,7 @@ from rgb.attacks.common import AttackError
 from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
 from rgb.core.files import file_sha256
-from rgb.core.machine import configure_threads
+from rgb.core.machine import configure_threads, die_with_parent
 from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split, quantise_within_budget
 from rgb.data.fingerprint import split_sha256
@@ -267,6 +267,7 @@ def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events) ->
     """Worker `rank` of `workers` (a spawned process): takes (budget, batch start) tasks until a None, on GPU
     `rank` or on the CPU with its share of the threads (one each by default: single-threaded processes cannot
     spin-wait on each other the way OpenMP threads of processes sharing cores do), and reports to the parent."""
+    die_with_parent()
     sink = _Events(events)
     try:
         device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
