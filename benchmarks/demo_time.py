@@ -44,7 +44,7 @@ def fresh_copy(destination: Path) -> Path:
 
 def demo_steps(copy: Path, venv: Path) -> list[str]:
     """The shell commands of `make demo` with the venv taken as installed, continuation lines joined."""
-    command = ["make", "-n", "demo", f"VENV={venv}", "-o", f"{venv}/.installed"]
+    command = ["make", "--no-print-directory", "-n", "demo", f"VENV={venv}", "-o", f"{venv}/.installed"]
     printed = subprocess.run(command, cwd=copy, check=True, capture_output=True, text=True).stdout
     steps, pending = [], ""
     for line in printed.splitlines():

@@ -139,7 +139,8 @@ def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate,
     command[command.index("progress=false")] = "progress=true"
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
-    while len(batch_files(out)) < 2 and first.poll() is None and time.monotonic() < deadline:
+    # two workers attack two batches at once: kill as the first is written, while the other is still running
+    while len(batch_files(out)) < 1 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     workers = [int(p) for p in Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()]
     first.send_signal(signal.SIGKILL)
@@ -149,7 +150,7 @@ def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate,
         time.sleep(0.1)
     assert not any(map(is_worker, workers)), "a worker process outlived its killed attack.py"
     survivors = {p: p.stat().st_mtime_ns for p in batch_files(out)}
-    assert 2 <= len(survivors) < N_BATCHES, "the run was not interrupted mid-way"
+    assert 1 <= len(survivors) < N_BATCHES, "the run was not interrupted mid-way"
     assert not (out / "linf" / "results.parquet").exists()
 
     second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
