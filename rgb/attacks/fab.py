@@ -30,8 +30,6 @@ _COMPACT_EVERY = 10
 # convergence every this many steps.
 _NEWTON_STEPS = 16
 _NEWTON_CHECK_EVERY = 4
-# Untargeted FAB ranks boundaries by |f_k| / ||grad f_k||_q, q the dual of the attack's norm.
-_DUAL_NORM = {"Linf": "L1", "L2": "L2", "L1": "Linf"}
 
 
 @dataclass
@@ -219,6 +217,7 @@ def _boundary_of_target(model, x1, y, target, counter):
 def _closest_boundary(model, x1, y, norm, counter):
     """Untargeted FAB's choice at x1: the class k != y whose linearised boundary z_k - z_y = 0 is nearest in the
     attack's norm, |z_k - z_y| / ||grad(z_k - z_y)||_q (first k on ties); one forward, one backward per class."""
+    dual = parse_norm(norm).dual
     with torch.enable_grad():
         x1 = x1.detach().requires_grad_(True)
         logits = model(x1)
@@ -231,7 +230,7 @@ def _closest_boundary(model, x1, y, norm, counter):
             gap = logits[:, k] - true_logit
             (grad,) = torch.autograd.grad(gap.sum(), x1, retain_graph=k < n_classes - 1)
             grad, gap = grad.flatten(1), gap.detach()
-            distance = gap.abs() / (lp_norm(grad, _DUAL_NORM[norm]) + 1e-12)
+            distance = gap.abs() / (lp_norm(grad, dual) + 1e-12)
             closer = (distance < best_distance) & (y != k)
             best_distance = torch.where(closer, distance, best_distance)
             best_gap = torch.where(closer, gap, best_gap)

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.functional import one_hot
 
 from rgb.attacks.apgd import APGDResult, apgd_over_targets
-from rgb.attacks.common import EvalCounter, Progress
+from rgb.attacks.common import EvalCounter, Progress, lp_norm
 from rgb.core.threat import Norm, parse_norm
 
 # Candidate classes ranked by MALT (the authors' default).
@@ -46,7 +46,7 @@ def malt_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, candidates: 
             cotangents = (one_hot(chunk.T, logits.shape[1]) - one_hot(y, logits.shape[1])[None]).to(logits.dtype)
             (grads,) = torch.autograd.grad(logits, x, cotangents, retain_graph=True, is_grads_batched=True)
             counter.backward(x.shape[0] * chunk.shape[1])
-            dual_norms.append(torch.linalg.vector_norm(grads.flatten(2).float(), ord=norm.dual_p, dim=2).T)
+            dual_norms.append(lp_norm(grads.float().flatten(0, 1), norm.dual).view(chunk.shape[1], -1).T)
     dual_norm = torch.cat(dual_norms, dim=1)
     return torch.where(dual_norm > 0, gaps.detach() / dual_norm, math.inf)
 

@@ -26,9 +26,14 @@ class Norm(str, Enum):
         return {"Linf": math.inf, "L2": 2.0, "L1": 1.0}[self.value]
 
     @property
+    def dual(self) -> Norm:
+        """The dual norm q (1/p + 1/q = 1): a linearised boundary's distance in this norm is |gap| / ||grad||_q."""
+        return {"Linf": Norm.L1, "L2": Norm.L2, "L1": Norm.LINF}[self.value]
+
+    @property
     def dual_p(self) -> float:
-        """Exponent q of the dual norm (1/p + 1/q = 1)."""
-        return {"Linf": 1.0, "L2": 2.0, "L1": math.inf}[self.value]
+        """Exponent q of the dual norm."""
+        return self.dual.p
 
     def __str__(self) -> str:
         return self.value

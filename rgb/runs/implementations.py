@@ -13,6 +13,7 @@ from torch import nn
 
 import rgb
 from rgb.attacks.autoattack import AutoAttack, AutoAttackResult
+from rgb.attacks.common import lp_norm
 from rgb.attacks.registry import is_standard
 from rgb.core.threat import ThreatModel
 from rgb.runs.settings import AttackRunError
@@ -148,8 +149,7 @@ class ReferenceImplementation:
         n = len(y)
         if on_leave is not None:  # the reference reports nothing until its whole cascade is done
             on_leave(n)
-        delta = (x_adv - x).flatten(1)
-        norm = {"linf": delta.abs().amax(1), "l2": delta.norm(dim=1), "l1": delta.abs().sum(1)}[threat.name]
+        norm = lp_norm(x_adv - x, threat.norm)
         return AutoAttackResult(
             x_adv=x_adv, y_adv=y_adv, clean_correct=clean_correct, robust=robust, fooled_by=fooled_by,
             perturbation_norm=norm, attacks=[REFERENCE_CASCADE],
