@@ -17,7 +17,6 @@ from rgb.attacks.fab import (
     fab_project_l2,
     fab_project_linf,
     fab_random_start,
-    fab_target_classes,
     fab_targeted,
     fab_untargeted,
 )
@@ -165,13 +164,6 @@ def test_point_on_the_hyperplane_does_not_move(norm):
 def test_projection_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="expected t, w"):
         fab_project_l2(torch.rand(2, 3), torch.rand(2, 4), torch.rand(2))
-
-
-def test_targets_are_the_runner_up_classes_in_order():
-    logits = torch.tensor([[0.0, 5.0, 3.0, 9.0, 1.0], [4.0, 3.0, 2.0, 1.0, 0.0]])
-    assert fab_target_classes(logits, 4).tolist() == [[1, 2, 4, 0], [1, 2, 3, 4]]
-    with pytest.raises(ValueError, match="n_targets"):
-        fab_target_classes(logits, 5)
 
 
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, as_column, check_eps, first_success,
-                                kth_largest, make_generator, nested, per_sample, side_by_side, unfinished)
+                                kth_largest, make_generator, nested, per_sample, runner_up_targets, side_by_side,
+                                unfinished)
 from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
 from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l2, project_linf
 from rgb.core.threat import parse_norm
@@ -378,9 +379,7 @@ def apgd_targeted(
         clean_logits = _Objective(model, "ce", call_counter).logits(x)
     n_classes = clean_logits.shape[1]
     _check_targeted_classes(n_classes)
-    if not 1 <= n_targets <= n_classes - 1:
-        raise ValueError(f"n_targets must be in [1, {n_classes - 1}] for {n_classes} classes, got {n_targets}")
-    targets = clean_logits.argsort(dim=1, descending=True)[:, 1:n_targets + 1]
+    targets = runner_up_targets(clean_logits, n_targets)
     result = apgd_over_targets(model, x, y, targets, norm=norm, eps=eps, clean_logits=clean_logits,
                                generator=generator, counter=call_counter, progress=progress, **apgd_kwargs)
     return replace(result, forward_rows=call_counter.forward_rows, backward_rows=call_counter.backward_rows)

@@ -103,6 +103,17 @@ def kth_largest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return top.gather(1, (k - 1)[:, None])
 
 
+def runner_up_targets(clean_logits: torch.Tensor, n_targets: int) -> torch.Tensor:
+    """The targets of APGD-T and FAB-T (spec §2.5): (N, n_targets) classes of clean-logit ranks 2..n_targets+1,
+    in that order. One tie rule for both: of equal logits the higher class index ranks first, as the reference
+    ranks them (it reads `logits.sort()[1][:, -rank]`, an ascending sort from the end) wherever its sort keeps
+    equal logits in class order (torch's CPU sort does on short rows; on 100+ classes its order is unspecified)."""
+    n_classes = clean_logits.shape[1]
+    if not 1 <= n_targets <= n_classes - 1:
+        raise ValueError(f"n_targets must be in [1, {n_classes - 1}] for {n_classes} classes, got {n_targets}")
+    return clean_logits.argsort(dim=1, stable=True).flip(1)[:, 1:n_targets + 1]
+
+
 def check_eps(eps: float | torch.Tensor) -> None:
     """Reject negative budgets (a host sync, so call it once per attack, not per step)."""
     if bool((torch.as_tensor(eps) < 0).any()):

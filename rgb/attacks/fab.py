@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, check_eps, first_success,
-                                largest_first, lp_norm, make_generator, nested, side_by_side, unfinished)
+                                largest_first, lp_norm, make_generator, nested, runner_up_targets, side_by_side,
+                                unfinished)
 from rgb.core.threat import parse_norm
 
 # Coordinates whose gradient entry is below this never move in the L2 and L1 projections (spec §4).
@@ -191,15 +192,6 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
 
 
 _PROJECTIONS = {"Linf": fab_project_linf, "L2": fab_project_l2, "L1": fab_project_l1}
-
-
-def fab_target_classes(clean_logits: torch.Tensor, n_targets: int) -> torch.Tensor:
-    """(N, n_targets) classes of clean-logit ranks 2..n_targets+1, in that order (ties broken by index)."""
-    if n_targets < 1 or n_targets >= clean_logits.shape[1]:
-        raise ValueError(f"n_targets must be in [1, n_classes - 1] = [1, {clean_logits.shape[1] - 1}], "
-                         f"got {n_targets}")
-    order = clean_logits.argsort(dim=1, descending=True, stable=True)
-    return order[:, 1:n_targets + 1]
 
 
 def _boundary_of_target(model, x1, y, target, counter):
@@ -382,7 +374,7 @@ def fab_targeted(
     counter = EvalCounter(parent=counter)
     x = x.detach()
     clean_logits = _clean_logits(model, x, clean_logits, counter)
-    targets = fab_target_classes(clean_logits, n_targets)
+    targets = runner_up_targets(clean_logits, n_targets)
     outcome = _Outcome(model, x, y, clean_logits, eps, counter)
     for rank in range(n_targets):
         attacked = outcome.still_robust()
