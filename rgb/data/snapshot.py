@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 from tqdm import tqdm
 
+from rgb.core.files import atomic_output, atomic_write_bytes
 from rgb.data.catalog import CORRUPTION_SEVERITY, MINI
 from rgb.data.corruptions import apply_corruption, corruption_of_row
 
@@ -60,9 +61,8 @@ def write_split(path: Path, class_names: list[str], columns: dict[str, list]) ->
     full["image"] = [{"bytes": b, "path": None} for b in full["image"]]
     table = pa.Table.from_pydict(full, schema=features.arrow_schema)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp, row_group_size=256)
-    os.replace(tmp, path)
+    with atomic_output(path) as tmp:
+        pq.write_table(table, tmp, row_group_size=256)
 
 
 def write_readme(root: Path, title: str) -> None:
@@ -80,9 +80,7 @@ def write_readme(root: Path, title: str) -> None:
             for file in files:
                 lines += [f"  - split: {file.stem}", f"    path: {file.relative_to(root).as_posix()}"]
     lines += ["---", "", f"# {title}", "", "A RobustGenBench-format benchmark written by `rgb` (same layout and fields).", ""]
-    tmp = root / "README.md.tmp"
-    tmp.write_text("\n".join(lines))
-    os.replace(tmp, root / "README.md")
+    atomic_write_bytes(root / "README.md", "\n".join(lines).encode())
 
 
 def readme_title(root: Path) -> str | None:
