@@ -39,6 +39,7 @@ from rgb.evaluation.records import SCORES_FILE, Accuracy, AttackSummary, ModelId
 from rgb.evaluation.scores import black_box_score
 from rgb.models.api import AnswerCache
 from rgb.models.checks import check_model_fits
+from rgb.models.families import model_name
 from rgb.models.io import library_versions
 from rgb.runs.implementations import REFERENCE_CASCADE
 from rgb.runs.settings import AttackRunError
@@ -323,7 +324,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: RGBDataModu
     black_box = _black_box(predictor, datamodule, options, settings, per_sample) if transfer else None
     labels = test.labels.numpy()
     record = ScoresRecord(
-        model=ModelIdentity.of(meta, weights_sha256), dataset=datamodule.dataset,
+        model=ModelIdentity.of(meta, weights_sha256, model_name(meta)), dataset=datamodule.dataset,
         source=datamodule.source, n_test=len(test), eps=dict(datamodule.budgets),
         white_box=ProtocolScore("white_box", settings),
         common_by_corruption={c: Accuracy.of(per_sample["common"][corruption_of == c], settings["common"].partial)

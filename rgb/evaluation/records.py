@@ -90,12 +90,9 @@ class ModelIdentity(JsonRecord):
     strategy: str | None
     weights_sha256: str
 
-    # The architecture name each model family writes into model.json.
-    NAME_KEYS: ClassVar[tuple[str, ...]] = ("timm_name", "openclip_name", "factory", "api_model", "name")
-
     @classmethod
-    def of(cls, meta: dict, weights_sha256: str) -> ModelIdentity:
-        name = next((str(meta[k]) for k in cls.NAME_KEYS if meta.get(k)), None)
+    def of(cls, meta: dict, weights_sha256: str, name: str | None) -> ModelIdentity:
+        """`name`: the one its family gives the model (rgb.models.model_name, as summary.json has it)."""
         return cls(meta.get("run_name"), meta.get("family"), name, meta.get("loss"), meta.get("strategy"),
                    weights_sha256)
 

@@ -39,7 +39,7 @@ from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.models import load_with_meta, register_architecture
+from rgb.models import family_of_record, load_with_meta, register_architecture
 from rgb.models.io import WEIGHTS_FILE
 from rgb.models.openclip import load_clip_of
 from rgb.zeroshot.brittleness import DEFAULT_KS, DEFAULT_P, classification_view, query_table, summarize
@@ -104,9 +104,9 @@ class TextRobustnessOptions:
 
 def zero_shot_record(meta: dict, run: Path) -> dict:
     """The `zeroshot` section of a zero-shot run's model.json; any other model is refused in one line."""
-    family = meta.get("family", "timm")
-    if family != "openclip":
-        raise EvaluationError(f"text robustness needs a zero-shot (openclip) run; {run} is a {family} model")
+    family = family_of_record(meta)
+    if not family.text_tower:
+        raise EvaluationError(f"text robustness needs a zero-shot (openclip) run; {run} is a {family.name} model")
     if "zeroshot" not in meta:
         raise EvaluationError(f"text robustness needs a zero-shot (openclip) run; {run} is an openclip model without "
                               "a prompt-built head (train it with strategy=zeroshot)")

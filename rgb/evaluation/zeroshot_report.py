@@ -34,7 +34,7 @@ from rgb.core.classwise import check_worst_k
 from rgb.core.configs import describe_data_config
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.models import load_with_meta, register_architecture
+from rgb.models import family_of_record, load_with_meta, register_architecture
 from rgb.models.io import WEIGHTS_FILE
 from rgb.models.openclip import load_clip_of
 from rgb.zeroshot import (
@@ -103,9 +103,9 @@ class ZeroShotReportOptions:
 
 def zeroshot_record_of(meta: dict, run: Path) -> dict:
     """The `zeroshot` section of a zero-shot run's model.json; any other model is refused in one line."""
-    family = meta.get("family", "timm")
-    what = "an openclip model without a prompt-built head" if family == "openclip" else f"a {family} model"
-    if family != "openclip" or "zeroshot" not in meta:
+    family = family_of_record(meta)
+    what = f"an {family.name} model without a prompt-built head" if family.text_tower else f"a {family.name} model"
+    if not family.text_tower or "zeroshot" not in meta:
         raise EvaluationError(f"zeroshot_report=true compares the prompt ensembles of a zero-shot run "
                               f"(strategy=zeroshot); {run} is {what}")
     return meta["zeroshot"]

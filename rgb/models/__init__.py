@@ -10,7 +10,7 @@ from rgb.models.factory import (
     check_model_name,
     create_model,
 )
-from rgb.models.families import FAMILIES, ModelFamily, family_named, family_of
+from rgb.models.families import FAMILIES, ModelFamily, family_named, family_of, family_of_record, model_name
 from rgb.models.io import (
     META_FILE,
     WEIGHTS_FILE,
@@ -59,11 +59,13 @@ __all__ = [
     "export_model",
     "family_named",
     "family_of",
+    "family_of_record",
     "library_versions",
     "load",
     "load_clip",
     "load_clip_of",
     "load_with_meta",
+    "model_name",
     "rebuild",
     "rebuild_like",
     "write_export",

@@ -467,15 +467,25 @@ class ApiFamily:
 
     name: str = "api"
     weights: bool = False
+    text_tower: bool = False
 
     def describe(self, model: ApiClassifier) -> dict:
         return model.describe()
+
+    def model_name(self, record: dict) -> str | None:
+        return record.get("api_model")
+
+    def num_classes(self, model: ApiClassifier) -> int:
+        return len(model.class_names)
 
     def rebuild(self, record: dict) -> ApiClassifier:
         return from_record(record)
 
     def head(self, model: ApiClassifier):
         raise ValueError("an api model has no head to train: it is evaluated by inference only")
+
+    def backbone(self, model: ApiClassifier):
+        raise ValueError("an api model has no parameters to train: it is evaluated by inference only")
 
 
 FAMILY = ApiFamily()

@@ -1,8 +1,10 @@
 """Model families: the table `rgb.models.load` dispatches on (`family` in model.json; a record without it is timm).
 
-A family owns three things: which fields of model.json rebuild its architecture (`describe` / `rebuild`), and which
-module is its head (everything else is backbone). Adding a family = one module with a `FAMILY` + one entry here.
-A family whose `weights` is False (`api`: a model behind an endpoint) is rebuilt from its record alone.
+A family owns everything a caller needs to know about its models: which fields of model.json rebuild the
+architecture (`describe` / `rebuild`), the name a record gives the model (`model_name`), how many classes it
+tells apart, which module is its head and which its backbone (what training splits and freezes), whether it has
+weights and a CLIP text tower. Callers go through the family, never through a family's attributes or names, so
+adding a family = one module with a `FAMILY` + one entry here.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from rgb.models.factory import ModelLoadError
 
 class ModelFamily(Protocol):
     name: str
+    weights: bool  # False (`api`: a model behind an endpoint): model.json alone rebuilds it
+    text_tower: bool  # True (`openclip`): heads can be built from prompts, texts perturbed
 
     def describe(self, model: nn.Module) -> dict:
         """model.json fields from which `rebuild` makes the same architecture."""
@@ -25,8 +29,19 @@ class ModelFamily(Protocol):
     def rebuild(self, record: dict) -> nn.Module:
         """The architecture of an export record, weights not loaded yet."""
 
+    def model_name(self, record: dict) -> str | None:
+        """The model's name in scores.json and summary.json: what its record says was built (a timm or open_clip
+        architecture, a factory, an endpoint's model, a class)."""
+
+    def num_classes(self, model: nn.Module) -> int:
+        """How many logits the model gives (the width of its head)."""
+
     def head(self, model: nn.Module) -> nn.Module:
-        """The classification head (what linear probing trains); every other parameter is backbone."""
+        """The classification head (what linear probing trains)."""
+
+    def backbone(self, model: nn.Module) -> nn.Module:
+        """The module holding every trainable parameter, head included (what the optimiser walks; the names its
+        `no_weight_decay()` lists are relative to it); what is outside it (normalisation) never trains."""
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -42,6 +57,16 @@ def family_named(name: str) -> ModelFamily:
         close = difflib.get_close_matches(name, FAMILIES, n=3, cutoff=0.0)
         raise ModelLoadError(f"unknown model family {name!r}; known: {', '.join(close)}")
     return FAMILIES[name]
+
+
+def family_of_record(record: dict) -> ModelFamily:
+    """The family of an export record (timm for a record written before families existed)."""
+    return family_named(record.get("family", DEFAULT_FAMILY))
+
+
+def model_name(record: dict) -> str | None:
+    """The name scores.json and summary.json give the model of `record` (one rule for every writer)."""
+    return family_of_record(record).model_name(record)
 
 
 def family_of(model: nn.Module) -> ModelFamily:

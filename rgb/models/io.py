@@ -14,7 +14,8 @@ from torch import nn
 import rgb
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
 from rgb.models.factory import ModelLoadError
-from rgb.models.families import DEFAULT_FAMILY, family_named, family_of
+from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
+from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.models.user_factory import build_from_factory
 
 WEIGHTS_FILE = "model.safetensors"
@@ -57,7 +58,7 @@ def export_model(model: nn.Module, out_dir: str | Path, meta: dict) -> Path:
     A family without weights (`api`) gets the record alone; its path is returned then."""
     family = family_of(model)
     record = {**meta, "family": family.name, **family.describe(model)}
-    if not getattr(family, "weights", True):
+    if not family.weights:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(out_dir) / META_FILE, {**record, "versions": library_versions()})
         return Path(out_dir) / META_FILE
@@ -74,7 +75,8 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
     mine, theirs = model.state_dict(), rebuilt.state_dict()
     if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
         raise ValueError(f"factory {factory!r} builds a module whose state_dict does not match the model's")
-    return write_export(model, out_dir, {**(meta or {}), "family": "factory", "factory": factory, "kwargs": kwargs})
+    return write_export(model, out_dir, {**(meta or {}), "family": FACTORY_FAMILY.name, "factory": factory,
+                                         "kwargs": kwargs})
 
 
 def _locate(path: Path) -> tuple[Path, Path]:
@@ -91,7 +93,7 @@ def _required(file: Path) -> Path:
 
 def rebuild(record: dict) -> nn.Module:
     """The architecture of an export record (or a model's `recipe` plus `family`), weights not loaded."""
-    return family_named(record.get("family", DEFAULT_FAMILY)).rebuild(record)
+    return family_of_record(record).rebuild(record)
 
 
 def rebuild_like(model: nn.Module) -> nn.Module:
@@ -117,7 +119,7 @@ def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
         model = rebuild(meta)
     except ModelLoadError as err:
         raise ModelLoadError(f"{meta_file}: {err}") from None
-    if not getattr(family_named(meta["family"]), "weights", True):
+    if not family_of_record(meta).weights:
         return model, meta
     try:
         safetensors.torch.load_model(model, str(_required(weights)), strict=True)

@@ -419,6 +419,8 @@ def _vision_tower(config: dict) -> nn.Module:
 @dataclass(frozen=True)
 class OpenCLIPFamily:
     name: str = "openclip"
+    weights: bool = True
+    text_tower: bool = True
 
     def describe(self, model: OpenCLIPClassifier) -> dict:
         import open_clip
@@ -441,8 +443,17 @@ class OpenCLIPFamily:
                   "preprocess": record["preprocess"]}
         return OpenCLIPClassifier(_vision_tower(record["open_clip_config"]), record["num_classes"], recipe)
 
+    def model_name(self, record: dict) -> str | None:
+        return record.get("openclip_name")
+
+    def num_classes(self, model: OpenCLIPClassifier) -> int:
+        return model.recipe["num_classes"]
+
     def head(self, model: OpenCLIPClassifier) -> nn.Module:
         return model.classifier
+
+    def backbone(self, model: OpenCLIPClassifier) -> nn.Module:
+        return model.backbone
 
 
 FAMILY = OpenCLIPFamily()

@@ -12,6 +12,8 @@ from rgb.models.factory import NormalizedClassifier, create_model
 @dataclass(frozen=True)
 class TimmFamily:
     name: str = "timm"
+    weights: bool = True
+    text_tower: bool = False
 
     def describe(self, model: NormalizedClassifier) -> dict:
         """`timm_name` is always a registry architecture; a model made from an `hf-hub:` / `local-dir:` name adds
@@ -29,8 +31,17 @@ class TimmFamily:
     def rebuild(self, record: dict) -> NormalizedClassifier:
         return create_model(record["timm_name"], record["num_classes"], pretrained=False, **record["timm_kwargs"])
 
+    def model_name(self, record: dict) -> str | None:
+        return record.get("timm_name")
+
+    def num_classes(self, model: NormalizedClassifier) -> int:
+        return model.recipe["num_classes"]
+
     def head(self, model: NormalizedClassifier) -> nn.Module:
         return model.classifier
+
+    def backbone(self, model: NormalizedClassifier) -> nn.Module:
+        return model.backbone
 
 
 FAMILY = TimmFamily()

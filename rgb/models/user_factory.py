@@ -39,6 +39,8 @@ def build_from_factory(spec: str, kwargs: dict | None = None) -> nn.Module:
 @dataclass(frozen=True)
 class FactoryFamily:
     name: str = "factory"
+    weights: bool = True
+    text_tower: bool = False
 
     def describe(self, model: nn.Module) -> dict:
         """Factory models carry no recipe: `export_factory_model` is told the factory instead."""
@@ -47,11 +49,25 @@ class FactoryFamily:
     def rebuild(self, record: dict) -> nn.Module:
         return build_from_factory(record["factory"], record.get("kwargs") or {})
 
+    def model_name(self, record: dict) -> str | None:
+        return record.get("factory")
+
+    def num_classes(self, model: nn.Module) -> int:
+        classes = getattr(self.head(model), "out_features", None)
+        if not isinstance(classes, int):
+            raise ValueError(f"factory model {type(model).__name__}: its `classifier` has no `out_features` (an "
+                             "nn.Linear head says how many classes the model tells apart)")
+        return classes
+
     def head(self, model: nn.Module) -> nn.Module:
         head = getattr(model, "classifier", None)
         if not isinstance(head, nn.Module):
             raise ValueError(f"factory model {type(model).__name__} declares no head (a `classifier` submodule)")
         return head
+
+    def backbone(self, model: nn.Module) -> nn.Module:
+        """The whole module: a user model has no normalisation of ours outside it."""
+        return model
 
 
 FAMILY = FactoryFamily()
@@ -63,6 +79,10 @@ class InMemoryFamily(FactoryFamily):
     rebuilds the module is recorded, so loading it by path says how to make an export that can be loaded."""
 
     name: str = "python"
+
+    def model_name(self, record: dict) -> str | None:
+        """`module.Class` of the module handed over (rgb.benchmark records it as `name`)."""
+        return record.get("name")
 
     def rebuild(self, record: dict) -> nn.Module:
         raise ModelLoadError(f"{record.get('name') or 'this model'} was handed to rgb.benchmark in memory and its "

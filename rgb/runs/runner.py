@@ -31,7 +31,8 @@ from rgb.core.machine import configure_threads, die_with_parent
 from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split, quantise_within_budget
 from rgb.data.fingerprint import split_sha256
-from rgb.models import WEIGHTS_FILE, apply_speed_options, library_versions, load_with_meta
+from rgb.models import (WEIGHTS_FILE, apply_speed_options, family_of_record, library_versions, load_with_meta,
+                        model_name)
 from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.settings import AttackRunError, AttackSettings, Budget, white_box_budgets
@@ -350,7 +351,7 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
     implementation = attack_implementation(settings.impl)
     summary = RunSummary(
         run=str(settings.run), run_name=settings.run_name, weights_sha256=target.weights_sha256,
-        model_family=meta.get("family", "timm"), model_name=meta.get("timm_name") or meta.get("name"),
+        model_family=family_of_record(meta).name, model_name=model_name(meta),
         loss=meta.get("loss"), strategy=meta.get("strategy"),
         dataset=target.datamodule.dataset, source=str(target.datamodule.source), split="test",
         split_sha256=target.split_sha256, n=n, norm=budget.threat.norm.key, eps=budget.threat.eps,

@@ -8,7 +8,7 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from rgb.models import NormalizedClassifier, apply_speed_options
+from rgb.models import NormalizedClassifier, apply_speed_options, family_of
 from rgb.training.losses import build_loss
 from rgb.training.optim import SCHEDULERS, build_optimizer, warmup_cosine
 
@@ -53,18 +53,24 @@ class RobustFinetuneModule(L.LightningModule):
         self.freeze_backbone = strategy == "linear_probe"
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if self.freeze_backbone:
-            head = {id(p) for p in model.classifier.parameters()}
+            head = {id(p) for p in self.head.parameters()}
             for param in model.parameters():
                 param.requires_grad_(id(param) in head)
         if not self.training_loss.trains_head:  # TeCoA / FARE: the prompt-built head stays as it is
-            model.classifier.requires_grad_(False)
+            self.head.requires_grad_(False)
         apply_speed_options(self.model, channels_last=channels_last, compile=compile)
-        num_classes = model.recipe["num_classes"]
+        num_classes = family_of(model).num_classes(model)
         self.train_loss, self.val_loss = MeanMetric(), MeanMetric()
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_adv_acc = MulticlassAccuracy(num_classes, average="micro")
         self.train()
+
+    @property
+    def head(self) -> torch.nn.Module:
+        """The model's classification head, as its family names it (not a submodule of its own: the checkpoint
+        holds it once, under `model.`)."""
+        return family_of(self.model).head(self.model)
 
     def train(self, mode: bool = True) -> RobustFinetuneModule:
         """Linear probing keeps the whole backbone in eval mode (BN statistics, dropout) whatever Lightning asks."""
@@ -73,7 +79,7 @@ class RobustFinetuneModule(L.LightningModule):
             self.reference.eval()
         if self.freeze_backbone:
             self.model.eval()
-            self.model.classifier.train(mode)
+            self.head.train(mode)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from rgb.models import NormalizedClassifier
+from rgb.models import NormalizedClassifier, family_of
 
 # Learning-rate schedules of `optim.scheduler` (None: constant, as in the paper).
 SCHEDULERS = (None, "cosine")
@@ -21,13 +21,16 @@ def parameter_groups(
 ) -> list[dict]:
     """Trainable parameters in up to four groups: (backbone|head) x (decay|no decay).
 
-    No decay for 1-d tensors (biases, norm scales, layer-scale gammas), any `.bias`, and what the timm model
+    No decay for 1-d tensors (biases, norm scales, layer-scale gammas), any `.bias`, and what the backbone
     lists in `no_weight_decay()` (position embeddings, class tokens), as timm's own optimiser factory does.
+    Head and backbone are the model family's.
     """
-    head = {id(p) for p in model.classifier.parameters()}
-    skip = set(model.backbone.no_weight_decay()) if hasattr(model.backbone, "no_weight_decay") else set()
+    family = family_of(model)
+    backbone = family.backbone(model)
+    head = {id(p) for p in family.head(model).parameters()}
+    skip = set(backbone.no_weight_decay()) if hasattr(backbone, "no_weight_decay") else set()
     groups: dict[tuple[bool, bool], list] = {}
-    for name, param in model.backbone.named_parameters():
+    for name, param in backbone.named_parameters():
         if not param.requires_grad:
             continue
         no_decay = param.ndim <= 1 or name.endswith(".bias") or name in skip

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import resolve_device
-from rgb.models import META_FILE, WEIGHTS_FILE, export_model, load_clip_of
+from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_model, load_clip_of
+from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.training.config import ZEROSHOT, TrainingConfigError
 from rgb.training.rundir import RunManifest, run_names, start_record
 from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
@@ -24,9 +25,10 @@ log = logging.getLogger(__name__)
 
 
 def check_zeroshot_capable(model: torch.nn.Module) -> None:
-    if getattr(model, "family", None) != "openclip":
+    family = FAMILIES.get(getattr(model, "family", None), FACTORY_FAMILY)  # a plain module: a user factory's
+    if not family.text_tower:
         raise TrainingConfigError(
-            f"a zero-shot head needs a CLIP text tower: model family {getattr(model, 'family', 'factory')!r} has none "
+            f"a zero-shot head needs a CLIP text tower: model family {family.name!r} has none "
             "(use an open_clip model, e.g. model=openclip_vit_b16 or model=openclip_mini)"
         )
 
