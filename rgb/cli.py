@@ -202,8 +202,9 @@ def _infer_from_run(argv: list[str]) -> list[str]:
     position = next((i for i, a in enumerate(argv) if a.startswith("run=")), None)
     if position is None:
         return argv
-    path = Path(argv[position].split("=", 1)[1].split(",")[0])  # a sweep over models (runs=): one dataset
-    meta_file = path / "model.json" if path.is_dir() else path.with_suffix(".json")
+    from rgb.models import export_paths
+
+    _, meta_file = export_paths(argv[position].split("=", 1)[1].split(",")[0])  # runs= a sweep over models: one dataset
     try:
         record = json.loads(meta_file.read_text())
         dataset, source = record.get("dataset"), record.get("data_source")

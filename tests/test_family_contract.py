@@ -7,6 +7,7 @@ from rgb.models import (
     FAMILIES,
     ModelLoadError,
     create_model,
+    export_paths,
     family_named,
     family_of,
     load,
@@ -54,3 +55,8 @@ def test_a_module_handed_over_in_memory_says_how_to_make_a_loadable_export(tmp_p
     write_export(model, tmp_path, {"family": IN_MEMORY_FAMILY.name, "name": "pkg.Net"})
     with pytest.raises(ModelLoadError, match=r"pkg\.Net was handed to rgb\.benchmark in memory.*export_factory_model"):
         load(tmp_path)
+
+
+def test_export_paths_of_a_run_dir_and_of_a_weights_file(tmp_path):
+    assert export_paths(tmp_path) == (tmp_path / "model.safetensors", tmp_path / "model.json")
+    assert export_paths(tmp_path / "best.safetensors") == (tmp_path / "best.safetensors", tmp_path / "best.json")

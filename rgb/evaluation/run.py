@@ -26,8 +26,8 @@ from rgb.evaluation.leaderboard import (
 )
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, request_plan
 from rgb.evaluation.records import RecordError, ScoresRecord
-from rgb.models import load_with_meta
-from rgb.models.io import WEIGHTS_FILE, origin_line
+from rgb.models import export_paths, load_with_meta
+from rgb.models.io import origin_line
 from rgb.runs.store import train_reference, train_runs
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def _score(cfg: DictConfig) -> tuple[ScoresRecord | None, dict]:
                  f"; about {plan['tokens_estimate']} tokens at the cached answers' mean usage")
         return None, meta
     with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
-        weights = run / WEIGHTS_FILE if run.is_dir() else run
+        weights, _ = export_paths(run)
         record = evaluate_model(model, meta, weights, instantiate(cfg.data), replace(options, out_dir=staging))
     log.info("%s", format_table(record))
     log.info("results in %s", record.folder(out_dir))

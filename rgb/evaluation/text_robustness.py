@@ -39,8 +39,7 @@ from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.models import family_of_record, load_with_meta, register_architecture
-from rgb.models.io import WEIGHTS_FILE
+from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
 from rgb.zeroshot.brittleness import DEFAULT_KS, DEFAULT_P, classification_view, query_table, summarize
 from rgb.zeroshot.ensembles import ensemble_head
@@ -386,7 +385,7 @@ def _measure_run(cfg: DictConfig, run: Path, datamodule, options: TextRobustness
     zero_shot_record(meta, run)
     member = _member(cfg, run)
     meta.setdefault("run_name", str(member.run_name))
-    result = measure_text_robustness(model, meta, run / WEIGHTS_FILE if run.is_dir() else run, datamodule, options,
+    result = measure_text_robustness(model, meta, export_paths(run)[0], datamodule, options,
                                      Path(str(member.output_dir)))
     if cfg.wandb.enabled:
         from rgb.evaluation.wandb_report import log_text_robustness

@@ -34,8 +34,7 @@ from rgb.core.classwise import check_worst_k
 from rgb.core.configs import describe_data_config
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.models import family_of_record, load_with_meta, register_architecture
-from rgb.models.io import WEIGHTS_FILE
+from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
 from rgb.zeroshot import (
     ENSEMBLES,
@@ -303,7 +302,7 @@ def _report_run(cfg: DictConfig, run: Path, options: ZeroShotReportOptions, data
     model, meta = load_with_meta(run)
     zeroshot_record_of(meta, run)
     meta.setdefault("run_name", str(member.run_name))
-    return zeroshot_report(model, meta, run / WEIGHTS_FILE if run.is_dir() else run,
+    return zeroshot_report(model, meta, export_paths(run)[0],
                            datamodule or instantiate(cfg.data), options, Path(str(member.output_dir)))
 
 

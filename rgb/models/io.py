@@ -79,10 +79,13 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
                                          "kwargs": kwargs})
 
 
-def _locate(path: Path) -> tuple[Path, Path]:
-    if path.is_dir():
-        return path / WEIGHTS_FILE, path / META_FILE
-    return path, path.with_suffix(".json")
+def export_paths(run: str | Path) -> tuple[Path, Path]:
+    """(weights file, model.json) of an export: a train run dir, or an exported weights file (its record beside
+    it, same stem). Neither need exist."""
+    run = Path(str(run))
+    if run.is_dir():
+        return run / WEIGHTS_FILE, run / META_FILE
+    return run, run.with_suffix(".json")
 
 
 def _required(file: Path) -> Path:
@@ -106,7 +109,7 @@ def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
     """(eval-mode model for [0,1] inputs, export record) from a train run dir or an exported safetensors file.
     A record without `family` is a timm export (written before families existed); a family without weights
     (`api`) is rebuilt from the record alone."""
-    weights, meta_file = _locate(Path(path))
+    weights, meta_file = export_paths(path)
     try:
         meta = json.loads(_required(meta_file).read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

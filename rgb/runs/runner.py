@@ -31,7 +31,7 @@ from rgb.core.machine import configure_threads, die_with_parent
 from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split, quantise_within_budget
 from rgb.data.fingerprint import split_sha256
-from rgb.models import (WEIGHTS_FILE, apply_speed_options, family_of_record, library_versions, load_with_meta,
+from rgb.models import (apply_speed_options, export_paths, family_of_record, library_versions, load_with_meta,
                         model_name)
 from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
@@ -74,7 +74,7 @@ class Target:
         if not isinstance(model, torch.nn.Module):  # e.g. family `api`: answers, but no gradients to attack
             raise AttackRunError(f"{settings.run} holds a model of family {meta.get('family')!r}, which cannot be "
                                  f"white-box attacked: score it with evaluate.py run={settings.run} protocol=black_box")
-        weights = settings.run / WEIGHTS_FILE if settings.run.is_dir() else settings.run
+        weights, _ = export_paths(settings.run)
         datamodule = hydra.utils.instantiate(settings.data)
         if meta.get("dataset") != datamodule.dataset:
             trained, given = describe_data_config(meta.get("dataset")), describe_data_config(datamodule.dataset)

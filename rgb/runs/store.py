@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, stable_id
-from rgb.models import META_FILE, WEIGHTS_FILE
+from rgb.models import META_FILE, WEIGHTS_FILE, export_paths
 from rgb.runs.settings import AttackRunError
 
 MANIFEST = "run.json"
@@ -38,8 +38,7 @@ SUMMARY_SCHEMA = 2
 
 def model_record(path: str | Path) -> dict | None:
     """The model.json of a train run dir or of an exported weights file (None when absent or unreadable)."""
-    path = Path(str(path))
-    meta_file = path / META_FILE if path.is_dir() else path.with_suffix(".json")
+    _, meta_file = export_paths(path)
     try:
         record = json.loads(meta_file.read_text())
     except (OSError, ValueError):
