@@ -28,7 +28,7 @@ from rgb.core.machine import configure_threads, resolve_device
 from rgb.core.values import path_name
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, RecordError, white_box_setting
-from rgb.models import write_export
+from rgb.models import export_meta, write_export
 from rgb.models.checks import check_model_fits
 from rgb.models.user_factory import IN_MEMORY_FAMILY
 from rgb.runs.runner import InMemoryModel, execute
@@ -98,9 +98,8 @@ def benchmark(
     datamodule = instantiate(eval_cfg.data)
     test = datamodule.split("test")
     run_dir = Path(str(eval_cfg.run))
-    meta = {"family": IN_MEMORY_FAMILY.name, "name": type(model).__module__ + "." + type(model).__qualname__,
-            "run_name": name, "dataset": datamodule.dataset, "num_classes": len(test.class_names),
-            "class_names": test.class_names, "image_size": datamodule.image_size, "loss": None, "strategy": None}
+    meta = export_meta(datamodule, {"run_name": name}, family=IN_MEMORY_FAMILY.name,
+                       name=type(model).__module__ + "." + type(model).__qualname__, loss=None, strategy=None)
     run_device = resolve_device(device)
     model = model.to(run_device).eval()
     check_model_fits(model, meta, test, datamodule.image_size, run_device, EvaluationError, name)  # before any write

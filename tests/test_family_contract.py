@@ -1,5 +1,7 @@
 """The model-family contract: what callers (training, evaluation, attack runs) read goes through the family."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from rgb.models import (
     FAMILIES,
     ModelLoadError,
     create_model,
+    export_meta,
     export_paths,
     family_named,
     family_of,
@@ -60,3 +63,10 @@ def test_a_module_handed_over_in_memory_says_how_to_make_a_loadable_export(tmp_p
 def test_export_paths_of_a_run_dir_and_of_a_weights_file(tmp_path):
     assert export_paths(tmp_path) == (tmp_path / "model.safetensors", tmp_path / "model.json")
     assert export_paths(tmp_path / "best.safetensors") == (tmp_path / "best.safetensors", tmp_path / "best.json")
+
+
+def test_export_meta_names_the_run_and_its_data():
+    datamodule = SimpleNamespace(dataset="digits", source="/data", class_names=["a", "b"], image_size=32)
+    meta = export_meta(datamodule, {"run_name": "r", "sweep": None}, loss=None, strategy="api")
+    assert meta == {"run_name": "r", "sweep": None, "dataset": "digits", "data_source": "/data",
+                    "class_names": ["a", "b"], "num_classes": 2, "image_size": 32, "loss": None, "strategy": "api"}

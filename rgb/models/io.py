@@ -53,6 +53,16 @@ def write_export(model: nn.Module, out_dir: str | Path, record: dict, *, replace
     return weights
 
 
+def export_meta(datamodule, names: dict, **fields) -> dict:
+    """The caller's part of a model.json (the family's fields are added on export): the run's `names` (its
+    `run_name`, and `sweep` for a job of a multirun), the data the model was made for (dataset, source, class
+    names and their count, image size), then `fields` (how it was made). Every writer of model.json (training,
+    zero-shot and api runs, rgb.benchmark) builds it here, so every record names its run and data alike."""
+    class_names = list(datamodule.class_names)
+    return {**names, "dataset": datamodule.dataset, "data_source": datamodule.source, "class_names": class_names,
+            "num_classes": len(class_names), "image_size": datamodule.image_size, **fields}
+
+
 def export_model(model: nn.Module, out_dir: str | Path, meta: dict) -> Path:
     """Write `model.safetensors` and `model.json` (family, its rebuild fields, versions, plus the caller's `meta`).
     A family without weights (`api`) gets the record alone; its path is returned then."""

@@ -9,8 +9,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.models import export_model
+from rgb.models import export_meta, export_model
 from rgb.models.api import ApiClassifier, split_config
+from rgb.training.rundir import run_names
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,7 @@ def export_api_run(cfg: DictConfig) -> None:
     except (TypeError, ValueError) as err:
         raise ValueError(f"model=api_chat: {err}") from err
     model = ApiClassifier(settings, client, datamodule.class_names, datamodule.dataset)
-    meta = {"dataset": datamodule.dataset, "data_source": datamodule.source, "image_size": datamodule.image_size,
-            "loss": None, "strategy": "api", "epochs": 0, "seed": cfg.seed, "weights": None}
+    meta = export_meta(datamodule, run_names(cfg), loss=None, strategy="api", epochs=0, seed=cfg.seed, weights=None)
     exported = export_model(model, Path(cfg.run_dir), meta)
     log.info("exported %s: %s at %s (no weights; score it with evaluate.py run=%s protocol=black_box)", exported,
              settings.api_model, settings.base_url, cfg.run_dir)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.core import configure_threads
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.core.machine import DeviceError
-from rgb.models import META_FILE, export_model, rebuild_like
+from rgb.models import META_FILE, export_meta, export_model, rebuild_like
 from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
@@ -119,26 +119,21 @@ def export_best(
     state, which = best_state_dict(best, module)
     model.load_state_dict(state, strict=True)
     identity = record["identity"]
-    meta = {
-        **names,
-        "class_names": datamodule.class_names,
-        "dataset": datamodule.dataset,
-        "data_source": datamodule.source,
-        "image_size": datamodule.image_size,
-        "loss": section(identity, "loss"),
-        "strategy": identity["strategy.name"],
-        "optim": section(identity, "optim"),
-        "epochs": module.current_epoch,
-        "effective_batch_size": identity["effective_batch_size"],
-        "precision": identity["trainer.precision"],
-        "seed": identity["seed"],
-        "weights": which,
-        "checkpoint": best.best_model_path if best is not None else "",
-        "monitor": identity["monitor.metric"],
-        "monitor_value": None if best is None or best.best_model_score is None
-        else float(best.best_model_score),
-        "training": {"identity": identity, "starts": record["starts"]},
-    }
+    meta = export_meta(
+        datamodule, names,
+        loss=section(identity, "loss"),
+        strategy=identity["strategy.name"],
+        optim=section(identity, "optim"),
+        epochs=module.current_epoch,
+        effective_batch_size=identity["effective_batch_size"],
+        precision=identity["trainer.precision"],
+        seed=identity["seed"],
+        weights=which,
+        checkpoint=best.best_model_path if best is not None else "",
+        monitor=identity["monitor.metric"],
+        monitor_value=None if best is None or best.best_model_score is None else float(best.best_model_score),
+        training={"identity": identity, "starts": record["starts"]},
+    )
     return export_model(model, run_dir, meta)
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import resolve_device
-from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_model, load_clip_of
+from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.training.config import ZEROSHOT, TrainingConfigError
 from rgb.training.rundir import RunManifest, run_names, start_record
@@ -122,22 +122,18 @@ def train_zeroshot(cfg: DictConfig, threads: int, manifest: RunManifest, record:
     record = manifest.add_start(record, start_record(threads, device.split(":")[0], 1, 1, "32-true", None))
     head = init_head_from_prompts(model, cfg, datamodule)
     metrics = validation_metrics(model, datamodule, device)
-    meta = {
-        **run_names(cfg),
-        "class_names": datamodule.class_names,
-        "dataset": datamodule.dataset,
-        "data_source": datamodule.source,
-        "image_size": datamodule.image_size,
-        "loss": None,
-        "strategy": ZEROSHOT,
-        "epochs": 0,
-        "seed": cfg.seed,
-        "weights": ZEROSHOT,
-        "monitor": cfg.monitor.metric,
-        "monitor_value": metrics[cfg.monitor.metric],
-        "zeroshot": head.record(),
-        "training": {"identity": record["identity"], "starts": record["starts"]},
-    }
+    meta = export_meta(
+        datamodule, run_names(cfg),
+        loss=None,
+        strategy=ZEROSHOT,
+        epochs=0,
+        seed=cfg.seed,
+        weights=ZEROSHOT,
+        monitor=cfg.monitor.metric,
+        monitor_value=metrics[cfg.monitor.metric],
+        zeroshot=head.record(),
+        training={"identity": record["identity"], "starts": record["starts"]},
+    )
     exported = export_model(model.cpu().eval(), run_dir, meta)
     log.info("exported %s (val/acc %.4f, val/loss %.4f)", exported, metrics["val/acc"], metrics["val/loss"])
     return metrics[cfg.monitor.metric]
