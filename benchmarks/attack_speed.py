@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from rgb.attacks.autoattack import ATTACK_ORDER, AutoAttack
+from rgb.attacks import VERSIONS, AutoAttack
 from rgb.core.threat import Norm, parse_norm
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--num-classes", type=int, default=10, help="head size for --model")
     parser.add_argument("--norms", nargs="+", default=[n.key for n in Norm], choices=[n.key for n in Norm])
-    parser.add_argument("--attacks", nargs="+", choices=ATTACK_ORDER, help="a subset (default: the standard cascade)")
+    parser.add_argument("--attacks", nargs="+", choices=VERSIONS["standard"].attacks,
+                        help="a subset (default: the standard cascade)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

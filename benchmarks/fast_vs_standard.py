@@ -7,7 +7,7 @@ evaluations per attack; first the noise floor: the standard version with two see
     python benchmarks/fast_vs_standard.py --runs outputs/train/digits/<run> ... --n 64 \
         --out benchmarks/results/fast_vs_standard_mini_cpu.json
 
-Toy models (default) are built here in seconds: small MLP / CNN classifiers of tests/toy_models' separable 3x8x8
+Toy models (default) are built here in seconds: small MLP / CNN classifiers of benchmarks/toy_models' separable 3x8x8
 data, trained with plain CE, PGD-AT and TRADES (rgb.training.losses, inner APGD at Linf). `--runs` takes train run
 dirs instead (train.py's output, rgb.models.load_with_meta) and attacks the first --n images of the test split of
 the benchmark each was trained on (`--source` overrides the recorded one) at the data config's budgets for its
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -26,16 +25,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from toy_models import separable_data, train_mlp  # noqa: E402
+from toy_models import separable_data, train_mlp
 
-from rgb.attacks import AutoAttack  # noqa: E402
-from rgb.core.files import atomic_write_json  # noqa: E402
-from rgb.core.threat import Norm, parse_norm  # noqa: E402
-from rgb.data import ImageSplit, load_split  # noqa: E402
-from rgb.data.resolvers import white_box_budget  # noqa: E402
-from rgb.models import library_versions, load_with_meta  # noqa: E402
-from rgb.training.losses import LOSSES, InnerAttack  # noqa: E402
+from rgb.attacks import AutoAttack
+from rgb.core.files import atomic_write_json
+from rgb.core.threat import Norm, parse_norm
+from rgb.data import ImageSplit, load_split
+from rgb.data.resolvers import white_box_budget
+from rgb.models import library_versions, load_with_meta
+from rgb.training.losses import LOSSES, InnerAttack
 
 # Budgets on the 3x8x8 toy images where the adversarially trained toys are partly robust (--budget overrides).
 BUDGETS = {Norm.LINF: 0.08, Norm.L2: 0.8, Norm.L1: 6.0}

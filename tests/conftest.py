@@ -1,4 +1,5 @@
-"""Shared fixtures: no network, offline W&B, and one mini benchmark build per test session."""
+"""Shared fixtures: no network, offline W&B, one mini benchmark build per test session, Hydra configs of conf/, and
+the models several test modules attack or score. Plain shared functions are in helpers.py."""
 
 import os
 
@@ -12,7 +13,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+import helpers  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,6 +37,12 @@ def mini_dir(tmp_path_factory) -> Path:
     from rgb.data.mini import build_mini  # imported here: GPU machines may lack the data stack
 
     return build_mini(tmp_path_factory.mktemp("bench") / "mini")
+
+
+@pytest.fixture(scope="session")
+def compose():
+    """`compose(name, *overrides, return_hydra_config=False)`: conf/<name>.yaml through Hydra's compose API."""
+    return helpers.compose_config
 
 
 def pytest_collection_modifyitems(config, items):
@@ -64,3 +71,32 @@ def toy(trained_mlp):
     from toy_models import separable_data
 
     return trained_mlp, *separable_data(32, seed=1)
+
+
+@pytest.fixture(scope="session")
+def surrogate(mini_dir, tmp_path_factory) -> Path:
+    """Train run dir of the attack tests' small ViT (helpers.trained_surrogate), trained once per session."""
+    return helpers.trained_surrogate(tmp_path_factory.getbasetemp(), mini_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, mini_dir):
+    """An untrained test_resnet exported as a train run of the mini benchmark (the evaluation tests' model)."""
+    from rgb.models import create_model, export_model
+
+    model = create_model("test_resnet", num_classes=10, pretrained=False)
+    out = tmp_path_factory.mktemp("train") / "tiny-ce"
+    export_model(model, out, {"dataset": "digits", "run_name": "tiny-ce", "loss": "ce", "strategy": "fft",
+                              "image_size": 32})
+    return out
+
+
+@pytest.fixture(scope="module")
+def clean_pred(tiny_run, mini_dir):
+    """The tiny model's own predictions on test, as evaluate computes them (attack runs must agree)."""
+    from rgb.evaluation.model_eval import EvalOptions, predict
+    from rgb.models import load_with_meta
+
+    model, _ = load_with_meta(tiny_run)
+    return predict(model.eval(), helpers.datamodule(mini_dir).split("test"), EvalOptions(Path("-"), Path("-")),
+                   "test")["pred"]

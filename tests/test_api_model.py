@@ -16,8 +16,9 @@ import datasets
 import numpy as np
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 
+import helpers
+from helpers import REPO
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.mini import CLASS_NAMES, DATASET
@@ -42,9 +43,7 @@ from rgb.runs.settings import AttackRunError
 from rgb.serve import Faults, make_server
 from rgb.training import train
 from api_throughput import noise_transfer_splits
-from test_attack_run import trained_surrogate
 
-REPO = Path(__file__).resolve().parents[1]
 N_IMAGES = 24
 SURROGATE = "noise"
 KEY_ENV = "RGB_TEST_API_KEY"
@@ -135,9 +134,9 @@ def bench(mini_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def served_run(mini_dir, tmp_path_factory):
+def served_run(surrogate):
     """A small trained model (the attack tests' tiny ViT, trained once per session)."""
-    return trained_surrogate(tmp_path_factory.getbasetemp(), mini_dir)
+    return surrogate
 
 
 class Running:
@@ -164,8 +163,7 @@ def server(served_run):
 
 
 def compose_config(name: str, root: Path, bench: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(name, overrides=[f"paths.root_dir={root}", f"paths.mini_dir={bench}", *overrides])
+    return helpers.compose_config(name, f"paths.root_dir={root}", f"paths.mini_dir={bench}", *overrides)
 
 
 def api_run(root: Path, bench: Path, base_url: str, name: str = "api_tiny", *overrides: str) -> Path:

@@ -19,58 +19,22 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from helpers import REPO, compose_config, head_of_test_split
 from rgb.core.files import flock
 from rgb.data import load_split
 from rgb.data.mini import CLASS_NAMES, DATASET
-from rgb.data.snapshot import write_readme, write_split
 from rgb.data.export import quantise_within_budget
 from rgb.runs.runner import attack_from_config
 from rgb.runs.settings import AttackRunError, shard_position
 from rgb.models import create_model, export_model
 
-REPO = Path(__file__).resolve().parents[1]
 N_IMAGES, BATCH = 24, 6
 N_BATCHES = N_IMAGES // BATCH
 LINF_EPS = 16 / 255  # the test model is quite robust at 4/255; here APGD-CE leaves a few robust points, quickly
-# A one-block ViT over 4 patches: trains to ~85% on the mini digits in seconds on a CPU.
-SURROGATE_OVERRIDES = [
-    "model.name=vit_tiny_patch16_224", "+model.img_size=32", "+model.patch_size=16", "+model.embed_dim=64",
-    "+model.depth=1", "+model.num_heads=1", "+model.global_pool=avg", "+model.class_token=false",
-    "optim.backbone_lr=3e-3", "optim.head_lr=3e-3", "trainer.max_epochs=4", "trainer.accelerator=cpu",
-    "callbacks.progress_bar.refresh_rate=0",
-]
 
 
-def trained_surrogate(base: Path, mini_dir: Path) -> Path:
-    """Train run dir of the test model, trained once per session by rgb.training (train.py's code path)."""
-    from rgb.training import train
-
-    run_dir = base / "attack_run_surrogate" / "vit_mlp"
-    if not (run_dir / "model.safetensors").is_file():
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            cfg = compose("train", overrides=[*SURROGATE_OVERRIDES, f"paths.mini_dir={mini_dir}", f"run_dir={run_dir}"])
-        train(cfg)
-    return run_dir
-
-
-def head_of_test_split(mini_dir: Path, out: Path, n: int) -> Path:
-    """A snapshot holding only the first n mini test images: same format, a fraction of the attack time."""
-    if not (out / "README.md").is_file():
-        test = load_split(str(mini_dir), DATASET, "test").select(range(n))
-        columns = test.cast_column("image", datasets.Image(decode=False))[:]
-        columns["image"] = [image["bytes"] for image in columns["image"]]
-        write_split(out / "data" / DATASET / "test.parquet", CLASS_NAMES, columns)
-        write_readme(out, "first test images of the mini benchmark")
-    return out
-
-
-@pytest.fixture(scope="module")
-def surrogate(mini_dir, tmp_path_factory):
-    return trained_surrogate(tmp_path_factory.getbasetemp(), mini_dir)
-
-
+# The test model is the conftest fixture `surrogate` (helpers.trained_surrogate: a one-block ViT).
 @pytest.fixture(scope="module")
 def small_bench(mini_dir, tmp_path_factory):
     return head_of_test_split(mini_dir, tmp_path_factory.getbasetemp() / f"head{N_IMAGES}", N_IMAGES)
@@ -81,13 +45,8 @@ def overrides(run: Path, bench: Path, out: Path, *extra: str) -> list[str]:
             f"data.budgets.linf={LINF_EPS}", f"batch_size={BATCH}", "progress=false", *extra]
 
 
-def compose_attack(items: list[str]):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("attack", overrides=items)
-
-
 def attack(items: list[str]) -> dict:
-    return {name: summary.to_json() for name, summary in attack_from_config(compose_attack(items)).items()}
+    return {name: summary.to_json() for name, summary in attack_from_config(compose_config("attack", *items)).items()}
 
 
 def results(out: Path, norm: str = "linf") -> pd.DataFrame:
@@ -299,11 +258,10 @@ def test_shard_defaults_come_from_a_slurm_array(monkeypatch):
         shard_position(4, 4)
 
 
-def test_presets_compose(tmp_path):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        slurm = compose("attack", overrides=["attack=slurm", "run=outputs/train/digits/x", "shard.count=8"],
-                        return_hydra_config=True)
-        node = compose("attack", overrides=["attack=node", "run=outputs/train/digits/x"])
+def test_presets_compose(compose):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")  # attack=slurm: the launcher's config
+    slurm = compose("attack", "attack=slurm", "run=outputs/train/digits/x", "shard.count=8", return_hydra_config=True)
+    node = compose("attack", "attack=node", "run=outputs/train/digits/x")
     assert slurm.hydra.sweeper.params["shard.index"] == "range(0,8)"
     assert slurm.hydra.launcher._target_.endswith("SlurmLauncher") and slurm.hydra.launcher.array_parallelism == 8
     assert slurm.output_dir.endswith("attack/digits/x") and node.shard.devices == "auto"
@@ -388,4 +346,4 @@ def test_default_devices_on_the_cpu_are_one_worker_per_usable_core():
 
     assert process_count("auto", "cpu", threads=3) == 3 and process_count("auto", "cpu", threads=1) == 1
     assert process_count(2, "cpu", threads=8) == 2
-    assert compose_attack(["run=x"]).shard.devices == "auto"
+    assert compose_config("attack", "run=x").shard.devices == "auto"

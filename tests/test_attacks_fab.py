@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from toy_models import assert_attack_invariants
+from helpers import assert_attack_invariants
 
 from rgb.attacks import EvalCounter, lp_norm
 from rgb.attacks.fab import (

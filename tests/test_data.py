@@ -3,15 +3,14 @@
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from helpers import REPO, compose_config
 from rgb.core.threat import Norm
 from rgb.data import BenchmarkError, ImageSplit, RGBDataModule, load_split, transfer_coverage
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
@@ -20,7 +19,6 @@ from rgb.data.mini import CLASS_NAMES, DATASET, HELD_OUT, TEST_SIZE, VALIDATION_
 from rgb.data.resolvers import register_resolvers
 from rgb.data.snapshot import png_bytes, write_readme, write_split
 
-REPO = Path(__file__).resolve().parents[1]
 SPLIT_SIZES = {"train": 1797 - HELD_OUT - VALIDATION_SIZE, "validation": VALIDATION_SIZE, "test": TEST_SIZE,
                "common": TEST_SIZE, "random_linf_30": TEST_SIZE}
 
@@ -165,8 +163,7 @@ REAL_TRANSFER_BUDGETS = {"l1_75": 75.0, "l1_300": 300.0, "l2_2": 2.0, "l2_8": 8.
 
 def compose_data(*overrides):
     register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return OmegaConf.to_container(compose("train", overrides=list(overrides)).data, resolve=True)
+    return OmegaConf.to_container(compose_config("train", *overrides).data, resolve=True)
 
 
 # data=custom reads its image size from an imported snapshot: its budgets are checked in tests/test_import_folder.py

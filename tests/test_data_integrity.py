@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader
 
@@ -17,8 +16,6 @@ from rgb.data.catalog import DATASETS, MINI, transfer_coverage
 from rgb.data.mini import DATASET, TEST_SIZE, main
 from rgb.data.resolvers import register_resolvers
 from rgb.data.snapshot import is_mini_build, png_bytes, write_readme, write_split
-
-from conftest import REPO_ROOT
 
 
 def copy_of_mini(mini_dir, folder):
@@ -201,10 +198,9 @@ def test_mini_sizes_are_checked_only_on_a_snapshot_its_builder_wrote(mini_dir, t
 
 # Item 20: the default data config serves on a fresh clone.
 
-def test_default_data_config_builds_the_absent_mini_benchmark(tmp_path):
+def test_default_data_config_builds_the_absent_mini_benchmark(tmp_path, compose):
     register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"paths.root_dir={tmp_path}"])
+    cfg = compose("train", f"paths.root_dir={tmp_path}")
     datamodule = instantiate(cfg.data)
     datamodule.setup("fit")
     assert is_mini_build(tmp_path / "data" / "mini")

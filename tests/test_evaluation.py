@@ -1,38 +1,18 @@
 """Scores, integrity checks, class-wise metrics, leaderboards, plots and W&B files of the evaluation."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 
-from rgb.attacks.autoattack import ATTACK_ORDER
-from rgb.core.files import file_sha256
-from rgb.data import RGBDataModule
-from rgb.data.fingerprint import split_sha256
-from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, write_leaderboard
+from helpers import datamodule, expectation, record, save_pool, white_box_settings, write_attack
 from rgb.core.classwise import class_wise_summary, per_class_accuracy, worst_k_count
-from rgb.evaluation.model_eval import (
-    AttackExpectation,
-    EvalOptions,
-    EvaluationError,
-    evaluate_model,
-    format_table,
-    predict,
-    read_attack,
-)
-from rgb.evaluation.records import (
-    WHITE_BOX_SETTINGS,
-    Accuracy,
-    ClassWise,
-    ModelIdentity,
-    ProtocolScore,
-    ScoresRecord,
-)
+from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, write_leaderboard
+from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, read_attack
+from rgb.evaluation.records import Accuracy, ClassWise, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import black_box_score, borda_scores, strongest_surrogate, sum_score
-from rgb.models import create_model, export_model, load_with_meta
+from rgb.models import load_with_meta
 
 # -- metrics -------------------------------------------------------------------------------------------------
 
@@ -71,21 +51,17 @@ def test_class_wise_metrics_on_hand_made_predictions():
 # -- scores --------------------------------------------------------------------------------------------------
 
 
-def settings(values):
-    return {s: (Accuracy(round(v * 100), 100) if v is not None else None) for s, v in zip(WHITE_BOX_SETTINGS, values)}
-
-
 def test_dataset_and_sum_scores_report_missing_settings():
-    full = ProtocolScore("white_box", settings([0.9, 0.7, 0.1, 0.2, 0.3]))
+    full = ProtocolScore("white_box", white_box_settings([0.9, 0.7, 0.1, 0.2, 0.3]))
     assert full.score == pytest.approx(2.2) and full.max == 5 and full.missing == []
-    gap = ProtocolScore("white_box", settings([0.9, 0.7, None, 0.2, 0.3]))
+    gap = ProtocolScore("white_box", white_box_settings([0.9, 0.7, None, 0.2, 0.3]))
     assert gap.score is None and gap.missing == ["autoattack_l1"] and gap.partial_sum == pytest.approx(2.1)
     assert ProtocolScore.from_json(json.loads(json.dumps(gap.to_json()))) == gap
-    total = sum_score({"a": ProtocolScore("white_box", settings([1, 1, 1, 1, 1])),
-                       "b": ProtocolScore("white_box", settings([0.5] * 5))}, ["a", "b", "c"])
+    total = sum_score({"a": ProtocolScore("white_box", white_box_settings([1, 1, 1, 1, 1])),
+                       "b": ProtocolScore("white_box", white_box_settings([0.5] * 5))}, ["a", "b", "c"])
     assert total.score is None and total.max == 15 and len(total.missing) == 5 and total.covered == 10
     assert total.partial_sum == pytest.approx(7.5) and total.describe() == "7.50 / 10 (partial, of 15)"
-    assert sum_score({"a": ProtocolScore("white_box", settings([1, 1, 1, 1, 1]))}, ["a"]).score == 5
+    assert sum_score({"a": ProtocolScore("white_box", white_box_settings([1, 1, 1, 1, 1]))}, ["a"]).score == 5
 
 
 def test_borda_shares_ties_and_excludes_incomplete_pairs():
@@ -111,22 +87,6 @@ def test_transfer_protocol_picks_the_strongest_surrogate():
 
 
 # -- leaderboard ---------------------------------------------------------------------------------------------
-
-
-def record(model, dataset, values, **fields):
-    """A scores record with the given five white-box accuracies (None: missing)."""
-    return ScoresRecord(
-        model=ModelIdentity(model, "timm", "t", "ce", "fft", "0"), dataset=dataset, source="s", n_test=100, eps={},
-        white_box=ProtocolScore("white_box", settings(values)), common_by_corruption={}, class_wise={},
-        attacks={}, **fields,
-    )
-
-
-def save_pool(records, root: Path) -> None:
-    for r in records:
-        folder = root / r.dataset / r.model.run_name
-        folder.mkdir(parents=True)
-        r.save(folder / "scores.json")
 
 
 def test_leaderboard_sum_borda_and_files(tmp_path):
@@ -156,69 +116,7 @@ def test_leaderboard_sum_borda_and_files(tmp_path):
         build_leaderboard({**found, tmp_path / "copy.json": next(iter(found.values()))})
 
 
-# -- one model on the mini benchmark -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, mini_dir):
-    model = create_model("test_resnet", num_classes=10, pretrained=False)
-    out = tmp_path_factory.mktemp("train") / "tiny-ce"
-    export_model(model, out, {"dataset": "digits", "run_name": "tiny-ce", "loss": "ce", "strategy": "fft",
-                              "image_size": 32})
-    return out
-
-
-def datamodule(mini_dir):
-    return RGBDataModule(source=str(mini_dir), dataset="digits", image_size=32, num_classes=10,
-                         budgets={"l1": 1.5306, "l2": 0.2857, "linf": 4 / 255}, eval_batch_size=128)
-
-
-@pytest.fixture(scope="module")
-def clean_pred(tiny_run, mini_dir):
-    """The tiny model's own predictions on test, as evaluate computes them (attack runs must agree)."""
-    model, _ = load_with_meta(tiny_run)
-    return predict(model.eval(), datamodule(mini_dir).split("test"), EvalOptions(Path("-"), Path("-")), "test")["pred"]
-
-
-def expectation(run: Path, dm, clean_pred) -> AttackExpectation:
-    return AttackExpectation(file_sha256(run / "model.safetensors"), "digits", split_sha256(dm.split("test")),
-                             dm.budgets, 200, clean_pred)
-
-
-def write_attack(folder: Path, norm: str, run: Path, dm, robust, clean_pred, **overrides):
-    """A merged attack run as attack.py writes it (results.parquet + summary.json of rgb.runs.store): the model's
-    clean predictions, and `robust` among the images it classifies correctly."""
-    from rgb.runs.store import RunDirectory, RunSummary
-
-    n = len(robust)
-    labels = dm.split("test").labels[:n]
-    pred = torch.as_tensor(clean_pred[:n])
-    clean_correct = pred == labels
-    robust = torch.as_tensor(np.asarray(robust, dtype=bool)) & clean_correct
-    columns = {
-        "image_id": torch.arange(n), "label": labels, "clean_pred": pred, "clean_correct": clean_correct,
-        "adv_pred": torch.where(robust, labels, (labels + 1) % 10), "robust": robust,
-        "fooled_by": torch.where(robust, -1, torch.where(clean_correct, 1, 0)), "perturbation_norm": torch.zeros(n),
-        "forward_rows": torch.ones(n, dtype=torch.float64), "backward_rows": torch.ones(n, dtype=torch.float64),
-    }
-    store = RunDirectory(folder / norm, {"n_images": n, "batch_size": n})
-    store.directory.mkdir(parents=True, exist_ok=True)
-    fields = dict(
-        run=str(run), run_name=run.name, weights_sha256=file_sha256(run / "model.safetensors"), model_family="timm",
-        model_name="test_resnet", loss="ce", strategy="full_finetune", dataset="digits", source=str(dm.source),
-        split="test", split_sha256=split_sha256(dm.split("test")), n=n, norm=norm, eps=dm.budgets[norm],
-        impl="ours", impl_version="0", version="standard", standard=True, attacks=list(ATTACK_ORDER), seed=0,
-        precision="fp32", tf32=False, compile=False, channels_last=False, batch_size=n, threads=1,
-        clean_accuracy=float(clean_correct.float().mean()), n_clean_correct=int(clean_correct.sum()),
-        robust_accuracy=float(robust.float().mean()), n_robust=int(robust.sum()),
-        accuracy_after={"clean": float(clean_correct.float().mean()), "apgd-ce": 0.05, "apgd-t": 0.04,
-                        "fab-t": 0.04, "square": float(robust.float().mean())},
-        attack_seconds=1.0, forward_rows_per_image=1.0, backward_rows_per_image=1.0,
-        results_sha256=store.write_results(columns), versions={}, complete=True,
-    )
-    fields.update(overrides)
-    store.write_summary(RunSummary(**fields))
-    return int(robust.sum())
+# -- one model on the mini benchmark (the conftest fixtures tiny_run and clean_pred) ----------------------------
 
 
 def test_model_evaluation_writes_scores_plots_and_table(tmp_path, mini_dir, tiny_run, clean_pred):

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_evaluation import clean_pred, datamodule, expectation, record, save_pool, tiny_run, write_attack  # noqa: F401
 
-from rgb.attacks.autoattack import PLUS_ORDER
+from helpers import datamodule, expectation, record, save_pool, write_attack
+from rgb.attacks.registry import VERSIONS
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS
 from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, to_markdown
 from rgb.evaluation.model_eval import (
@@ -165,7 +165,7 @@ def test_leaderboard_markdown_leads_with_one_row_per_model(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, label", [
-    ({"version": "plus", "attacks": list(PLUS_ORDER), "standard": False}, "plus"),
+    ({"version": "plus", "attacks": list(VERSIONS["plus"].attacks), "standard": False}, "plus"),
     ({"precision": "bf16", "standard": False}, "bf16"),
     ({"attacks": ["apgd-ce"], "standard": False}, "attacks apgd-ce"),
     ({"version": "rand", "attacks": ["apgd-ce", "apgd-dlr"], "standard": False}, "rand"),

@@ -5,10 +5,9 @@ import hashlib
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from conftest import REPO_ROOT
+from helpers import REPO
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import CORRUPTIONS
 from rgb.data.import_folder import ImageFolderError, import_folder, main
@@ -106,12 +105,11 @@ def test_refuses_a_non_empty_output_and_a_card_name(imported, tmp_path):
         import_folder(src, tmp_path / "new", "flowers-102", size=32)
 
 
-def test_data_custom_reads_classes_and_size_from_the_snapshot(imported):
+def test_data_custom_reads_classes_and_size_from_the_snapshot(imported, compose):
     import hydra
 
     _, out = imported
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=["data=custom", f"data.source={out}", "data.dataset=pets3"])
+    cfg = compose("train", "data=custom", f"data.source={out}", "data.dataset=pets3")
     assert (cfg.data.num_classes, cfg.data.image_size, cfg.model.num_classes) == (4, 32, 4)
     assert cfg.data.budgets.linf == pytest.approx(4 / 255)
     datamodule = hydra.utils.instantiate(cfg.data)
@@ -129,7 +127,7 @@ def test_imported_dataset_trains_attacks_and_scores_with_the_usual_commands(impo
 
     def run(script, *args):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "RGB_THREADS": "1"}
-        done = subprocess.run([sys.executable, str(REPO_ROOT / script), *args], cwd=tmp_path, env=env,
+        done = subprocess.run([sys.executable, str(REPO / script), *args], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, done.stderr[-2000:]
         return done

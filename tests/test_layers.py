@@ -1,6 +1,8 @@
 """The house's layers, read from the imports themselves: no package of rgb imports one above its own.
 
 The table is the one place the allowed arrows are written down; docs/design.md draws the same picture.
+Also: no test module imports another test module (shared functions live in tests/helpers.py, shared fixtures in
+tests/conftest.py), and no benchmark imports from tests/.
 """
 
 import ast
@@ -84,3 +86,55 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_every_layer_is_a_package(package):
     assert (RGB / package / "__init__.py").is_file()
+
+
+# -- tests/ and benchmarks/: test modules import no test module; benchmarks import nothing of tests/ ----------
+
+TESTS = Path(__file__).resolve().parent
+BENCHMARKS = TESTS.parent / "benchmarks"
+
+
+def _top_level_imports(path: Path) -> set[tuple[str, int]]:
+    """(top-level module, line) of every absolute import in the file, at any depth (function bodies too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {(alias.name.split(".")[0], node.lineno) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add((node.module.split(".")[0], node.lineno))
+    return found
+
+
+def _cross_imports(tests: Path, benchmarks: Path) -> list[str]:
+    """A file of tests/ importing a test module (`test_*`) or conftest (shared fixtures come from conftest by
+    name, shared functions from helpers), and a file of benchmarks/ importing any module of tests/."""
+    bad = []
+    for path in sorted(tests.glob("*.py")):
+        for module, line in sorted(_top_level_imports(path), key=lambda found: found[1]):
+            if module.startswith("test_") or module == "conftest":
+                bad.append(f"{path.parent.name}/{path.name}:{line} imports {module}")
+    of_tests = {p.stem for p in tests.glob("*.py")}
+    for path in sorted(benchmarks.glob("*.py")):
+        for module, line in sorted(_top_level_imports(path), key=lambda found: found[1]):
+            if module in of_tests:
+                bad.append(f"{path.parent.name}/{path.name}:{line} imports {module} of tests/")
+        if "/ \"tests\"" in path.read_text():
+            bad.append(f"{path.parent.name}/{path.name} puts tests/ on its path")
+    return bad
+
+
+def test_no_test_module_imports_another_and_no_benchmark_imports_tests():
+    assert _cross_imports(TESTS, BENCHMARKS) == []
+
+
+def test_the_check_sees_a_test_importing_a_test_and_a_benchmark_importing_tests(tmp_path):
+    tests, benchmarks = tmp_path / "tests", tmp_path / "benchmarks"
+    tests.mkdir()
+    benchmarks.mkdir()
+    (tests / "helpers.py").write_text("X = 1\n")
+    (tests / "test_a.py").write_text("import os\n\n\ndef test_x():\n    from test_b import y\n")
+    (tests / "test_b.py").write_text("from helpers import X\nfrom conftest import REPO\ny = X\n")
+    (benchmarks / "bench.py").write_text("import json\nfrom helpers import X\n")
+    assert _cross_imports(tests, benchmarks) == [
+        "tests/test_a.py:5 imports test_b", "tests/test_b.py:2 imports conftest",
+        "benchmarks/bench.py:2 imports helpers of tests/"]

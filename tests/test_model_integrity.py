@@ -23,15 +23,9 @@ from rgb.models.factory import ModelLoadError
 from rgb.models.io import ExportConflictError
 from rgb.runs.settings import AttackRunError
 from rgb.runs.store import MANIFEST, RunDirectory
+from helpers import datamodule
 from toy_models import separable_data
 from user_models import small_cnn
-
-from rgb.data import RGBDataModule
-
-
-def datamodule(mini_dir):
-    return RGBDataModule(source=str(mini_dir), dataset="digits", image_size=32, num_classes=10,
-                         budgets={"l1": 1.5306, "l2": 0.2857, "linf": 4 / 255}, eval_batch_size=128)
 
 
 def files_under(root):
@@ -228,9 +222,7 @@ def test_evaluate_refuses_other_class_names_and_other_logit_counts(mini_dir, tmp
     assert not (tmp_path / "eval").exists()
 
 
-def test_attack_refuses_a_model_with_other_logit_counts_or_infinite_logits(mini_dir, tmp_path):
-    from test_attack_run import compose_attack
-
+def test_attack_refuses_a_model_with_other_logit_counts_or_infinite_logits(mini_dir, tmp_path, compose):
     from rgb.runs.runner import attack_from_config
 
     five, infinite = small_cnn(num_classes=5), small_cnn()
@@ -240,8 +232,8 @@ def test_attack_refuses_a_model_with_other_logit_counts_or_infinite_logits(mini_
         run = tmp_path / name
         kwargs = {"num_classes": model.head.out_features}
         export_factory_model(model, run, "user_models:small_cnn", kwargs, meta={"dataset": "digits"})
-        cfg = compose_attack([f"run={run}", f"paths.mini_dir={mini_dir}", f"output_dir={tmp_path / 'out'}",
-                              "norms=[linf]", "progress=false"])
+        cfg = compose("attack", f"run={run}", f"paths.mini_dir={mini_dir}", f"output_dir={tmp_path / 'out'}",
+                      "norms=[linf]", "progress=false")
         with pytest.raises(AttackRunError, match=message):
             attack_from_config(cfg)
     assert not (tmp_path / "out").exists()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_evaluation import clean_pred, datamodule, record, save_pool, tiny_run, write_attack  # noqa: F401
 
+from helpers import datamodule, record, write_attack
 from rgb.evaluation.leaderboard import board_figure, build_leaderboard, find_records, to_markdown, write_leaderboard
 from rgb.evaluation.model_eval import EvalOptions, evaluate_model, format_table
 from rgb.evaluation.plots import attack_stages_figure, class_accuracy_figure, instability_distance_figure

@@ -10,16 +10,15 @@ import shutil
 import subprocess
 import sys
 import time
-from importlib.util import find_spec
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from hydra import compose, initialize_config_dir
+
+from helpers import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 # One CPU task per job, no GPU: what a one-node CPU cluster can run two of at a time.
 LAUNCHER = ["hydra.launcher.gpus_per_node=0", "hydra.launcher.tasks_per_node=1", "hydra.launcher.cpus_per_task=1",
             "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=20"]
@@ -29,8 +28,6 @@ SWEEP_NAME = f"test_resnet-ce-full_finetune-e{EPOCHS}"
 
 
 def cluster_problem() -> str | None:
-    if find_spec("hydra_plugins.hydra_submitit_launcher") is None:
-        return "hydra-submitit-launcher is not installed (pip install 'robustgenbench[slurm]')"
     if shutil.which("sinfo") is None:
         return "SLURM is not available (no sinfo on PATH); .ci/slurm_up.sh starts a one-node cluster"
     try:
@@ -45,6 +42,8 @@ def cluster_problem() -> str | None:
 
 @pytest.fixture(scope="module")
 def cluster():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
+                        reason="hydra-submitit-launcher is not installed (pip install 'robustgenbench[slurm]')")
     problem = cluster_problem()
     if problem:
         pytest.skip(problem)
@@ -166,7 +165,7 @@ def attack_array(train_sweep, workspace):
     return attack_dir, shard, before
 
 
-def test_attack_array_over_the_sweep_resumes_a_requeued_shard(attack_array, train_sweep, workspace):
+def test_attack_array_over_the_sweep_resumes_a_requeued_shard(attack_array, train_sweep, workspace, compose):
     attack_dir, shard, before = attack_array
     root, paths = workspace
     assert sorted(p.name for p in attack_dir.iterdir()) == sorted(
@@ -176,8 +175,7 @@ def test_attack_array_over_the_sweep_resumes_a_requeued_shard(attack_array, trai
     from rgb.runs.runner import attack_from_config
 
     single = root / "single"  # the same attack in one process, here (no SLURM, no shards)
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("attack", overrides=[f"run={train_sweep / '1'}", f"output_dir={single}", *ATTACK, *paths])
+    cfg = compose("attack", f"run={train_sweep / '1'}", f"output_dir={single}", *ATTACK, *paths)
     attack_from_config(cfg, threads=1)
     merged = pq.read_table(attack_dir / f"{SWEEP_NAME}-j1" / "linf" / "results.parquet")
     assert merged.num_rows == 200 and merged.equals(pq.read_table(single / "linf" / "results.parquet"))

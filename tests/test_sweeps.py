@@ -7,18 +7,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_dir
 
+from helpers import CONF, compose_config
 from rgb import cli
 from rgb.evaluation.leaderboard import seed_spread, seed_spread_markdown
 from rgb.runs.store import run_name_for, train_runs
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-
 
 def compose_hydra(config, *overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config, overrides=list(overrides), return_hydra_config=True)
+    return compose_config(config, *overrides, return_hydra_config=True)
 
 
 def job_dir(sweep: Path, job: int, run_name="m-ce-ff-e1-s0", sweep_name="m-ce-ff-e1") -> Path:

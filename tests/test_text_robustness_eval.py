@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import safetensors.torch
 import torch
-from hydra import compose, initialize_config_dir
 
+from helpers import REPO, compose_config
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.run import run_evaluation
 from rgb.evaluation.text_robustness import (
@@ -30,7 +30,6 @@ from rgb.models import export_factory_model, export_model, load_clip, load_with_
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, zeroshot_classifier
 from rgb.zeroshot.perturb import DEFAULT_TYPES, LEXICAL, SEMANTIC, SYNTACTIC
 
-REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 TINY_ARCH = "rgb-test-tiny-clip"
 TINY_CONFIG = {
@@ -65,9 +64,8 @@ def tiny_runs(tmp_path_factory):
 
 
 def evaluate_config(mini_dir: Path, out: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("evaluate", overrides=[f"paths.mini_dir={mini_dir}", f"paths.output_dir={out}",
-                                              f"paths.data_dir={out / 'data'}", "text_robustness=true", *overrides])
+    return compose_config("evaluate", f"paths.mini_dir={mini_dir}", f"paths.output_dir={out}",
+                          f"paths.data_dir={out / 'data'}", "text_robustness=true", *overrides)
 
 
 def test_every_default_type_end_to_end(tiny_runs, mini_dir, tmp_path):

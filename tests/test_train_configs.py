@@ -1,22 +1,18 @@
 """Every config under conf/ for training composes, resolves and instantiates; each experiment runs once."""
 
 import math
-from pathlib import Path
 
 import hydra
 import pytest
 import timm
 import torch
-from hydra import compose, initialize_config_dir
 from lightning.pytorch import Trainer
 from omegaconf import OmegaConf
 
+from helpers import CONF, FAST, compose_config
 from rgb.models import NormalizedClassifier, check_model_name
 from rgb.training import LOSSES, train
 
-REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
-FAST = ["data.batch_size=16", "data.eval_batch_size=32", "callbacks.progress_bar.refresh_rate=0"]
 # Presets small enough to build (random init) in a test; the others only have their timm name checked.
 BUILDABLE = {"tiny", "efficientnet_b0", "regnetx_004", "mobilenetv3", "resnet50", "deit_s", "vit_s16", "convnext_t"}
 PAPER_OPTIM = dict(backbone_lr=1.2165e-4, head_lr=3.996e-3, backbone_weight_decay=1.001e-6, head_weight_decay=1.619e-5)
@@ -27,8 +23,7 @@ def options(group):
 
 
 def compose_train(*overrides, hydra_cfg=False):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train", overrides=list(overrides), return_hydra_config=hydra_cfg)
+    return compose_config("train", *overrides, return_hydra_config=hydra_cfg)
 
 
 def test_plain_train_defaults_are_the_tiny_demo_with_paper_optimiser():
@@ -93,6 +88,7 @@ def test_linear_probe_strategy_sets_the_paper_lp_head_values():
 
 
 def test_slurm_launcher_lets_submitit_requeue_with_one_task_per_gpu():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")  # hydra/launcher=slurm: the launcher's config
     site = "++local.slurm.partition=gpu-long"  # what conf/local/default.yaml (git-ignored) provides
     cfg = compose_train("hydra/launcher=slurm", "trainer=ddp", "trainer.devices=8", site, hydra_cfg=True)
     launcher = cfg.hydra.launcher

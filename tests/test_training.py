@@ -16,8 +16,8 @@ import timm
 import torch
 import torch.nn.functional as F
 import yaml
-from hydra import compose, initialize_config_dir
 
+from helpers import FAST, REPO, compose_config
 from rgb.models import create_model, load, load_with_meta
 from rgb.training import (
     InnerAttack,
@@ -32,15 +32,12 @@ from rgb.training import (
     warmup_cosine,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-FAST = ["data.batch_size=16", "data.eval_batch_size=32", "callbacks.progress_bar.refresh_rate=0"]
 AT_LOSSES = ("pgd_at", "trades")
 
 
 def compose_train(run_dir, mini_dir, *overrides):
     """The real conf/train.yaml with a run dir and the mini benchmark."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("train", overrides=[f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides])
+    return compose_config("train", f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides)
 
 
 def read_metrics(run_dir, version=0):
@@ -238,6 +235,7 @@ def test_ddp_on_two_cpu_processes(tmp_path, mini_dir):
 
 @pytest.mark.slow
 def test_multirun_through_submitit_local(tmp_path, mini_dir):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     sweep = tmp_path / "sweep"
     run_train_py(
         "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", "loss=ce,pgd_at", "debug=fdr",
@@ -263,8 +261,7 @@ def split_accuracy(model, loader, attack=None):
 
 
 def mini_test_loader(mini_dir):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        data = compose("train", overrides=[f"data.source={mini_dir}"]).data
+    data = compose_config("train", f"data.source={mini_dir}").data
     return hydra.utils.instantiate(data).eval_dataloader("test")
 
 
@@ -319,8 +316,7 @@ def subset_robust_accuracy(model, mini_dir, eps, n_images, n_iter, seed=0):
     """AutoAttack APGD-CE at Linf `eps` on the callback's seeded validation subset, recomputed here."""
     from rgb.attacks.autoattack import AutoAttack
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        data = hydra.utils.instantiate(compose("train", overrides=[f"data.source={mini_dir}"]).data)
+    data = hydra.utils.instantiate(compose_config("train", f"data.source={mini_dir}").data)
     split = data.split("validation")
     picked = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:n_images].sort().values
     x = torch.stack([split[int(i)][0] for i in picked])

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from rgb.core import file_sha256
 from rgb.models import create_model, load_with_meta
@@ -28,9 +27,8 @@ from rgb.training import (
     validate_config,
 )
 
-from test_training import FAST  # one set of fast-run overrides for the training tests
+from helpers import FAST, REPO, compose_config  # FAST: one set of fast-run overrides for the training tests
 
-REPO = Path(__file__).resolve().parents[1]
 SHORT = ["debug=limit", "trainer.max_epochs=1", *FAST]
 
 
@@ -43,8 +41,7 @@ def _restore_torch_threads():
 
 
 def compose_train(run_dir, mini_dir, *overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("train", overrides=[f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides])
+    return compose_config("train", f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides)
 
 
 def one_line(err) -> str:

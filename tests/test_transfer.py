@@ -6,15 +6,14 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
 
+from helpers import compose_config, head_of_test_split
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import TRANSFER_SPLITS, split_budget
 from rgb.data.mini import DATASET
 from rgb.runs.settings import AttackRunError
 from rgb.runs.transfer import make_transfer_splits as make_transfer_summaries
 from rgb.models import load
-from test_attack_run import REPO, head_of_test_split, trained_surrogate
 
 N_IMAGES = 24
 # Two splits whose attack is quick on the test surrogate; L1 (5 restarts x 103 steps on every robust point) and the
@@ -27,14 +26,12 @@ def make_transfer_splits(cfg) -> dict:
 
 
 def compose_transfer(items: list[str]):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("transfer", overrides=items)
+    return compose_config("transfer", *items)
 
 
 @pytest.fixture(scope="module")
-def made(mini_dir, tmp_path_factory):
+def made(mini_dir, surrogate, tmp_path_factory):
     """Transfer splits of the test surrogate written into a fresh small copy of the mini benchmark."""
-    surrogate = trained_surrogate(tmp_path_factory.getbasetemp(), mini_dir)
     bench = head_of_test_split(mini_dir, tmp_path_factory.mktemp("transfer") / "bench", N_IMAGES)
     out = tmp_path_factory.mktemp("transfer_runs")
     items = [f"run={surrogate}", f"paths.mini_dir={bench}", f"output_dir={out}", "attacks=[apgd-ce]",

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+import helpers
 from rgb.evaluation.run import run_evaluation
 from rgb.models import load_with_meta
 from rgb.runs.runner import attack_from_config
 from rgb.training import train
 from rgb.zeroshot import EMBEDDED_ARCH
 
-REPO = Path(__file__).resolve().parents[1]
 RUN_NAME = "zs_cpe"
 WIDE_BUDGETS = ("data.budgets.linf=0.5", "data.budgets.l2=16", "data.budgets.l1=400")
 SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoattack_linf")
@@ -24,8 +23,7 @@ SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoattack_linf
 
 def compose_config(name: str, root: Path, mini_dir: Path, *overrides: str):
     """Any of the three commands' configs, with everything under `root` (outputs/ and data/, as RGB_ROOT does)."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(name, overrides=[f"paths.root_dir={root}", f"paths.mini_dir={mini_dir}", *overrides])
+    return helpers.compose_config(name, f"paths.root_dir={root}", f"paths.mini_dir={mini_dir}", *overrides)
 
 
 def zero_shot_run(root: Path, mini_dir: Path) -> Path:

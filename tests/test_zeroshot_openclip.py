@@ -8,6 +8,7 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
+from helpers import compose_config
 from rgb.models import (
     META_FILE,
     OpenCLIPWeightsError,
@@ -18,7 +19,7 @@ from rgb.models import (
 )
 from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, check_class_names, zeroshot_classifier
-from rgb.zeroshot.prompts import PromptError, assemble_templates, check_templates
+from rgb.zeroshot.prompts import PromptError, check_templates, template_pool
 
 CLASSES = ["zero", "one", "two", "three", "four_ish"]
 
@@ -171,13 +172,9 @@ def test_the_single_template_joins_a_user_pool_only_for_the_single_ensemble(clip
 
 
 def prompts_config(*overrides):
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=["strategy=zeroshot", *overrides])
+    cfg = compose_config("train", "strategy=zeroshot", *overrides)
     return cfg, OmegaConf.to_container(cfg.prompts, resolve=True)
 
 
@@ -271,7 +268,7 @@ def test_bad_templates_are_one_line(templates, message):
 def test_the_pool_is_open_clips_shipped_imagenet_templates():
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
-    pool = assemble_templates("imagenet80")
+    pool = check_templates(template_pool("imagenet80"))
     assert len(pool) == 80 and pool == [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]
     assert "a photo of a {}." in pool
 
@@ -293,16 +290,12 @@ def test_bad_prompt_inputs_are_one_line(clip, tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["openclip_vit_b16", "openclip_vit_b32", "openclip_vit_l14"])
-def test_openclip_presets_name_an_architecture_and_tag(preset):
-    from pathlib import Path
-
+def test_openclip_presets_name_an_architecture_and_tag(preset, compose):
     import open_clip
-    from hydra import compose, initialize_config_dir
 
     from rgb.models.openclip import check_architecture
 
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"model={preset}", "strategy=zeroshot"])
+    cfg = compose("train", f"model={preset}", "strategy=zeroshot")
     check_architecture(cfg.model.name, cfg.model.pretrained)
     assert cfg.model._target_ == "rgb.models.create_openclip_classifier" and cfg.model.weights is None
     assert open_clip.get_pretrained_cfg(cfg.model.name, cfg.model.pretrained)["hf_hub"]

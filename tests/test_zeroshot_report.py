@@ -10,8 +10,8 @@ import hydra
 import pytest
 import safetensors.torch
 import torch
-from hydra import compose, initialize_config_dir
 
+from helpers import compose_config
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.evaluation.run import run_evaluation
 from rgb.evaluation.zeroshot_report import REPORT_DIR
@@ -20,7 +20,6 @@ from rgb.models import load_with_meta
 from rgb.training import train
 from clip_runs import compose_train
 
-REPO = Path(__file__).resolve().parents[1]
 ROWS = ("clip (class names)", "single", "mean", "zpe (test debias)", "zpe (median+2*MAD, logit average, test debias)",
         "cpe (weights)")
 CPE = "cpe (weights)"
@@ -36,9 +35,8 @@ def cpe_run(tmp_path_factory, mini_dir):
 
 
 def evaluate_config(root: Path, mini_dir: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("evaluate", overrides=[f"paths.mini_dir={mini_dir}", f"paths.output_dir={root / 'out'}",
-                                              f"paths.data_dir={root / 'data'}", *overrides])
+    return compose_config("evaluate", f"paths.mini_dir={mini_dir}", f"paths.output_dir={root / 'out'}",
+                          f"paths.data_dir={root / 'data'}", *overrides)
 
 
 def report_of(root: Path, mini_dir: Path, *overrides: str) -> tuple[dict, Path]:

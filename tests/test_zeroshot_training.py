@@ -6,9 +6,8 @@ import logging
 import hydra
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from clip_runs import REPO, compose_train
+from clip_runs import compose_train
 from rgb.models import load_with_meta
 from rgb.training import train
 from rgb.training.zeroshot import initialise_head, validation_metrics
@@ -58,9 +57,8 @@ def test_fine_tuning_from_the_zeroshot_head_trains_and_exports(tmp_path, mini_di
     assert model(torch.rand(2, 3, 32, 32)).shape == (2, 10)
 
 
-def test_head_init_zeroshot_on_a_timm_model_is_one_line(tmp_path, mini_dir):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"run_dir={tmp_path}", f"data.source={mini_dir}", "head_init=zeroshot"])
+def test_head_init_zeroshot_on_a_timm_model_is_one_line(tmp_path, mini_dir, compose):
+    cfg = compose("train", f"run_dir={tmp_path}", f"data.source={mini_dir}", "head_init=zeroshot")
     with pytest.raises(ValueError, match=r"zero-shot head needs a CLIP text tower: model family 'timm'") as err:
         initialise_head(hydra.utils.instantiate(cfg.model), cfg, hydra.utils.instantiate(cfg.data))
     assert "\n" not in str(err.value)

@@ -22,8 +22,6 @@ from rgb.attacks.common import AttackError, EvalCounter, Progress, check_eps, lp
 from rgb.attacks.registry import ATTACKS, VERSIONS
 from rgb.core.threat import Norm, parse_norm
 
-ATTACK_ORDER = VERSIONS["standard"].attacks
-PLUS_ORDER = VERSIONS["plus"].attacks
 PRECISIONS = ("fp32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
 # Budget tolerances of spec §8.1 (float32 rounding of the projections).

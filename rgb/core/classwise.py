@@ -1,5 +1,5 @@
-"""Class-wise metrics of per-image correctness (the CPE seed's worst@k, HM, GM; docs/zeroshot-spec.md §3): the one
-definition that evaluate's scores and the zero-shot comparison report both use.
+"""Class-wise metrics of per-image correctness (the CPE seed's worst@k, HM, GM; zeroshot-spec §3, docs/specs.md):
+the one definition that evaluate's scores and the zero-shot comparison report both use.
 
 worst@k rule: k counts classes (3) or is a share of them ("10%", 0.1; at least one class). When k exceeds the
 classes present in the split, worst@k is None ("not a number"), not the mean over the classes there are: a capped

@@ -28,7 +28,9 @@ class RGBDataModule(L.LightningDataModule):
     """One dataset of the benchmark (or the mini benchmark) with its evaluation budgets.
 
     `budgets` holds the white-box eps per norm (l1, l2, linf) in [0,1] pixel units for this dataset's image
-    size; `transfer_budgets` the eps of each transfer split. Images come out in [0,1]; never normalised here.
+    size. Images come out in [0,1]; never normalised here. `transfer_budgets` and `surrogates` are accepted
+    because the data configs pass them, and not kept: the attack runs read them from the data config itself
+    (rgb.runs.settings), and any split is loaded by name through `split`.
     With `build_mini_if_missing` (the mini config), an absent `source` is built as the mini benchmark first, so
     the default configuration serves on a fresh clone.
     """
@@ -56,8 +58,6 @@ class RGBDataModule(L.LightningDataModule):
         self.image_size = int(image_size)
         self.num_classes = int(num_classes)
         self.budgets = {parse_norm(k).key: float(v) for k, v in dict(budgets).items()}
-        self.transfer_budgets = {k: float(v) for k, v in dict(transfer_budgets or {}).items()}
-        self.surrogates = list(surrogates or [])
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers

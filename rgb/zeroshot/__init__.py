@@ -2,7 +2,7 @@
 comparison table (class-wise metrics: rgb.core.classwise), the embedded mini CLIP, and text brittleness
 (perturbations, ranking instability).
 
-Sits at the models layer: imports rgb.core, rgb.data and rgb.models only. Definitions: docs/zeroshot-spec.md.
+Sits at the models layer: imports rgb.core, rgb.data and rgb.models only. Definitions: the zero-shot spec (docs/specs.md).
 """
 
 from rgb.zeroshot.brittleness import (
@@ -48,7 +48,7 @@ from rgb.zeroshot.perturb import (
     perturbation_type,
     template_queries,
 )
-from rgb.zeroshot.prompts import PromptError, assemble_templates, check_templates, load_descriptions, template_pool
+from rgb.zeroshot.prompts import PromptError, check_templates, load_descriptions, template_pool
 from rgb.zeroshot.report import average_rows, comparison_table, head_row, row_metrics
 from rgb.zeroshot.text import TextFeatureCache, encode_texts
 
@@ -65,7 +65,6 @@ __all__ = [
     "Query",
     "TextFeatureCache",
     "ZeroShotHead",
-    "assemble_templates",
     "average_rows",
     "brittleness_index",
     "build_zeroshot_head",

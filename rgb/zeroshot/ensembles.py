@@ -1,5 +1,5 @@
 """Prompt ensembles as pure functions of features: `single`, `mean`, `zpe`, `zpe_select`, `cpe`
-(docs/zeroshot-spec.md §2).
+(zeroshot-spec §2, summarised in docs/specs.md).
 
 Everything here takes L2-normalised image features F (N, D) and text features E (M, C, D) (template t, class c)
 and never sees a label: CPE's class-wise matching margins use pseudo-labels from the `mean` ensemble of the same

@@ -55,11 +55,6 @@ def check_templates(templates: list[str]) -> list[str]:
     return templates
 
 
-def assemble_templates(pool: str, extra: list[str] | None = None) -> list[str]:
-    """The named pool followed by the extra templates (per-dataset or the user's), checked."""
-    return check_templates([*template_pool(pool), *(extra or [])])
-
-
 def prompt_class_names(names: list[str]) -> list[str]:
     """Class names as they go into prompts: the dataset's label names with `_` replaced by a space."""
     return [str(n).replace("_", " ") for n in names]

@@ -1,4 +1,8 @@
-"""Tiny models and data shared by the attack tests (CPU, seconds)."""
+"""Tiny models and data of the attack tests and benchmarks/fast_vs_standard.py (CPU, seconds).
+
+Here, not under tests/, so that a benchmark never imports from tests/; the tests import it through pytest's
+`pythonpath` (pyproject.toml).
+"""
 
 import torch
 from torch import nn
@@ -24,14 +28,3 @@ def train_mlp(n_classes: int = 10, steps: int = 200) -> nn.Module:
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
     return model.eval().requires_grad_(False)
-
-
-def assert_attack_invariants(model, x, y, x_adv, fooled, norm, eps):
-    """Spec §8.3: flags match the model on x_adv, no NaN, in [0,1], within budget, unfooled points untouched."""
-    from rgb.attacks.autoattack import within_budget
-
-    assert torch.all((model(x_adv).argmax(dim=1) != y) == fooled)
-    assert not torch.isnan(x_adv).any()
-    assert torch.all((x_adv >= 0) & (x_adv <= 1))
-    assert torch.all(within_budget(x_adv - x, norm, eps))
-    assert torch.equal(x_adv[~fooled], x[~fooled])

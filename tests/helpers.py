@@ -1,0 +1,163 @@
+"""Plain functions and constants that several test modules share. Fixtures that several modules share are in
+conftest.py; no test module imports another (tests/test_layers.py checks it).
+
+Also helper modules of their own: toy_models (benchmarks/, shared with the benchmarks), user_models (named by
+`factory` model.json files), clip_runs, hub_cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+# Overrides that keep a training test quick: small batches, no progress bar.
+FAST = ["data.batch_size=16", "data.eval_batch_size=32", "callbacks.progress_bar.refresh_rate=0"]
+
+
+def compose_config(name: str, *overrides: str, return_hydra_config: bool = False):
+    """conf/<name>.yaml with `overrides`, through Hydra's compose API (the conftest `compose` fixture)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+# -- the attack tests' surrogate: a small ViT trained by the real training code -------------------------------
+
+# A one-block ViT over 4 patches: trains to ~85% on the mini digits in seconds on a CPU.
+SURROGATE_OVERRIDES = [
+    "model.name=vit_tiny_patch16_224", "+model.img_size=32", "+model.patch_size=16", "+model.embed_dim=64",
+    "+model.depth=1", "+model.num_heads=1", "+model.global_pool=avg", "+model.class_token=false",
+    "optim.backbone_lr=3e-3", "optim.head_lr=3e-3", "trainer.max_epochs=4", "trainer.accelerator=cpu",
+    "callbacks.progress_bar.refresh_rate=0",
+]
+
+
+def trained_surrogate(base: Path, mini_dir: Path) -> Path:
+    """Train run dir of the test model, trained once under `base` by rgb.training (train.py's code path)."""
+    from rgb.training import train
+
+    run_dir = base / "attack_run_surrogate" / "vit_mlp"
+    if not (run_dir / "model.safetensors").is_file():
+        train(compose_config("train", *SURROGATE_OVERRIDES, f"paths.mini_dir={mini_dir}", f"run_dir={run_dir}"))
+    return run_dir
+
+
+def head_of_test_split(mini_dir: Path, out: Path, n: int) -> Path:
+    """A snapshot holding only the first n mini test images: same format, a fraction of the attack time."""
+    import datasets
+
+    from rgb.data import load_split
+    from rgb.data.mini import CLASS_NAMES, DATASET
+    from rgb.data.snapshot import write_readme, write_split
+
+    if not (out / "README.md").is_file():
+        test = load_split(str(mini_dir), DATASET, "test").select(range(n))
+        columns = test.cast_column("image", datasets.Image(decode=False))[:]
+        columns["image"] = [image["bytes"] for image in columns["image"]]
+        write_split(out / "data" / DATASET / "test.parquet", CLASS_NAMES, columns)
+        write_readme(out, "first test images of the mini benchmark")
+    return out
+
+
+# -- attack invariants ----------------------------------------------------------------------------------------
+
+
+def assert_attack_invariants(model, x, y, x_adv, fooled, norm, eps):
+    """Spec §8.3: flags match the model on x_adv, no NaN, in [0,1], within budget, unfooled points untouched."""
+    from rgb.attacks.autoattack import within_budget
+
+    assert torch.all((model(x_adv).argmax(dim=1) != y) == fooled)
+    assert not torch.isnan(x_adv).any()
+    assert torch.all((x_adv >= 0) & (x_adv <= 1))
+    assert torch.all(within_budget(x_adv - x, norm, eps))
+    assert torch.equal(x_adv[~fooled], x[~fooled])
+
+
+# -- evaluation: records, pools and attack runs as attack.py writes them ----------------------------------------
+
+
+def datamodule(mini_dir):
+    """The mini benchmark at its 32x32 budgets."""
+    from rgb.data import RGBDataModule
+
+    return RGBDataModule(source=str(mini_dir), dataset="digits", image_size=32, num_classes=10,
+                         budgets={"l1": 1.5306, "l2": 0.2857, "linf": 4 / 255}, eval_batch_size=128)
+
+
+def white_box_settings(values):
+    """The five white-box settings at the given accuracies over 100 images (None: missing)."""
+    from rgb.evaluation.records import WHITE_BOX_SETTINGS, Accuracy
+
+    return {s: (Accuracy(round(v * 100), 100) if v is not None else None) for s, v in zip(WHITE_BOX_SETTINGS, values)}
+
+
+def record(model, dataset, values, **fields):
+    """A scores record with the given five white-box accuracies (None: missing)."""
+    from rgb.evaluation.records import ModelIdentity, ProtocolScore, ScoresRecord
+
+    return ScoresRecord(
+        model=ModelIdentity(model, "timm", "t", "ce", "fft", "0"), dataset=dataset, source="s", n_test=100, eps={},
+        white_box=ProtocolScore("white_box", white_box_settings(values)), common_by_corruption={}, class_wise={},
+        attacks={}, **fields,
+    )
+
+
+def save_pool(records, root: Path) -> None:
+    for r in records:
+        folder = root / r.dataset / r.model.run_name
+        folder.mkdir(parents=True)
+        r.save(folder / "scores.json")
+
+
+def expectation(run: Path, dm, clean_pred):
+    from rgb.core.files import file_sha256
+    from rgb.data.fingerprint import split_sha256
+    from rgb.evaluation.model_eval import AttackExpectation
+
+    return AttackExpectation(file_sha256(run / "model.safetensors"), "digits", split_sha256(dm.split("test")),
+                             dm.budgets, 200, clean_pred)
+
+
+def write_attack(folder: Path, norm: str, run: Path, dm, robust, clean_pred, **overrides):
+    """A merged attack run as attack.py writes it (results.parquet + summary.json of rgb.runs.store): the model's
+    clean predictions, and `robust` among the images it classifies correctly."""
+    from rgb.attacks.registry import VERSIONS
+    from rgb.core.files import file_sha256
+    from rgb.data.fingerprint import split_sha256
+    from rgb.runs.store import RunDirectory, RunSummary
+
+    n = len(robust)
+    labels = dm.split("test").labels[:n]
+    pred = torch.as_tensor(clean_pred[:n])
+    clean_correct = pred == labels
+    robust = torch.as_tensor(np.asarray(robust, dtype=bool)) & clean_correct
+    columns = {
+        "image_id": torch.arange(n), "label": labels, "clean_pred": pred, "clean_correct": clean_correct,
+        "adv_pred": torch.where(robust, labels, (labels + 1) % 10), "robust": robust,
+        "fooled_by": torch.where(robust, -1, torch.where(clean_correct, 1, 0)), "perturbation_norm": torch.zeros(n),
+        "forward_rows": torch.ones(n, dtype=torch.float64), "backward_rows": torch.ones(n, dtype=torch.float64),
+    }
+    store = RunDirectory(folder / norm, {"n_images": n, "batch_size": n})
+    store.directory.mkdir(parents=True, exist_ok=True)
+    fields = dict(
+        run=str(run), run_name=run.name, weights_sha256=file_sha256(run / "model.safetensors"), model_family="timm",
+        model_name="test_resnet", loss="ce", strategy="full_finetune", dataset="digits", source=str(dm.source),
+        split="test", split_sha256=split_sha256(dm.split("test")), n=n, norm=norm, eps=dm.budgets[norm],
+        impl="ours", impl_version="0", version="standard", standard=True, attacks=list(VERSIONS["standard"].attacks),
+        seed=0, precision="fp32", tf32=False, compile=False, channels_last=False, batch_size=n, threads=1,
+        clean_accuracy=float(clean_correct.float().mean()), n_clean_correct=int(clean_correct.sum()),
+        robust_accuracy=float(robust.float().mean()), n_robust=int(robust.sum()),
+        accuracy_after={"clean": float(clean_correct.float().mean()), "apgd-ce": 0.05, "apgd-t": 0.04,
+                        "fab-t": 0.04, "square": float(robust.float().mean())},
+        attack_seconds=1.0, forward_rows_per_image=1.0, backward_rows_per_image=1.0,
+        results_sha256=store.write_results(columns), versions={}, complete=True,
+    )
+    fields.update(overrides)
+    store.write_summary(RunSummary(**fields))
+    return int(robust.sum())
