@@ -47,12 +47,19 @@ def _run_name(path) -> str:
     return run_name_for(path)
 
 
+def _output_dir(root, kind, dataset, name) -> str:
+    from rgb.runs.store import output_dir_for
+
+    return str(output_dir_for(root, kind, dataset, name))
+
+
 def register_resolvers() -> None:
     """Every `${rgb.*:...}` interpolation of conf/ (idempotent; tests that compose configs call it too)."""
     from rgb.data.resolvers import register_resolvers as register_data_resolvers
 
     OmegaConf.register_new_resolver("rgb.run_name", _run_name, replace=True)
     OmegaConf.register_new_resolver("rgb.path_name", path_name, replace=True)
+    OmegaConf.register_new_resolver("rgb.output_dir", _output_dir, replace=True)
     OmegaConf.register_new_resolver("rgb.name_part", name_part, replace=True)
     register_data_resolvers()
 
@@ -436,7 +443,7 @@ def _train(cfg: DictConfig, threads: int):
 
 
 def _attack(cfg: DictConfig, threads: int):
-    from rgb.runs.runner import attack_from_config
+    from rgb.cli_adapters import attack_from_config
 
     summaries = attack_from_config(cfg, threads=threads)
     # For sweepers: the lowest robust accuracy over the merged norms (None while shards are still missing).
@@ -450,9 +457,9 @@ def _evaluate(cfg: DictConfig, threads: int):
 
 
 def _transfer(cfg: DictConfig, threads: int):
-    from rgb.runs.transfer import make_transfer_splits
+    from rgb.cli_adapters import transfer_from_config
 
-    make_transfer_splits(cfg, threads=threads)
+    transfer_from_config(cfg, threads=threads)
 
 
 def _serve(cfg: DictConfig, threads: int):

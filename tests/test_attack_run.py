@@ -26,8 +26,9 @@ from rgb.data import load_split
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.snapshot import write_readme, write_split
 from rgb.data.export import quantise_within_budget
-from rgb.runs.runner import attack_from_config
-from rgb.runs.settings import AttackRunError, shard_position
+from rgb.cli_adapters import attack_from_config
+from rgb.runs.settings import shard_position
+from rgb.runs.store import AttackRunError
 from rgb.models import create_model, export_model
 
 REPO = Path(__file__).resolve().parents[1]

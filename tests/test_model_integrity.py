@@ -21,7 +21,7 @@ from rgb.evaluation.records import RecordError, white_box_setting
 from rgb.models import WEIGHTS_FILE, create_model, export_factory_model, load, write_export
 from rgb.models.factory import ModelLoadError
 from rgb.models.io import ExportConflictError
-from rgb.runs.settings import AttackRunError
+from rgb.runs.store import AttackRunError
 from rgb.runs.store import MANIFEST, RunDirectory
 from toy_models import separable_data
 from user_models import small_cnn
@@ -231,7 +231,7 @@ def test_evaluate_refuses_other_class_names_and_other_logit_counts(mini_dir, tmp
 def test_attack_refuses_a_model_with_other_logit_counts_or_infinite_logits(mini_dir, tmp_path):
     from test_attack_run import compose_attack
 
-    from rgb.runs.runner import attack_from_config
+    from rgb.cli_adapters import attack_from_config
 
     five, infinite = small_cnn(num_classes=5), small_cnn()
     with torch.no_grad():
