@@ -40,6 +40,13 @@ from rgb.core.values import (
 log = logging.getLogger("rgb")
 CONFIG_DIR = str(config_dir())
 
+# Before torch loads libgomp: an OpenMP thread waiting at a barrier spins 300,000 times by default, so beside other
+# CPU-bound jobs a 2-thread process spends its time slices spinning for a descheduled partner (the demo's training:
+# 15 s alone, 145 s beside two busy loops). 3,000 spins keep the speed alone and give 30 s there
+# (docs/performance.md, issue 24). A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+
 
 def _run_name(path) -> str:
     from rgb.runs.store import run_name_for
