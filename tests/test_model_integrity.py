@@ -53,7 +53,7 @@ def test_benchmark_with_other_weights_is_refused_before_anything_is_written(mini
     kwargs = dict(source=str(mini_dir), settings=("test", "common"), name="cnn", output_dir=tmp_path, progress=False)
     rgb.benchmark(small_cnn(seed=0), "mini", **kwargs)
     before = files_under(tmp_path)
-    assert tmp_path / "models" / "mini" / "cnn" / WEIGHTS_FILE in before
+    assert tmp_path / "models" / "digits" / "cnn" / WEIGHTS_FILE in before
     with pytest.raises(ExportConflictError, match="holds an export of other weights"):
         rgb.benchmark(small_cnn(seed=1), "mini", **kwargs)
     assert files_under(tmp_path) == before  # the export and its scores.json untouched

@@ -59,7 +59,7 @@ def test_fooled_by_code():
 
 
 def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path):
-    run = tmp_path / "model.safetensors"
+    run = tmp_path / "vit.safetensors"
     run.write_bytes(b"")
     data = functools.partial(RGBDataModule.for_dataset, "digits", str(tmp_path / "mini"))
     module = data()
@@ -68,7 +68,7 @@ def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path)
     settings = AttackSettings.create(run, data, budgets, batch_size=50, output_dir=tmp_path / "out", surrogate="m",
                                      devices=2, threads=2)
     again = pickle.loads(pickle.dumps(settings))  # it travels to spawned workers, which build their own data module
-    assert again.data().budgets == module.budgets and again.processes == 2 and again.run_name == "model"
+    assert again.data().budgets == module.budgets and again.processes == 2 and again.run_name == "vit"
     assert again.export_dir == tmp_path / "out" / "adversarial"
     for bad, message in [(dict(batch_size=0), "batch_size must be >= 1"), (dict(impl="theirs"), "impl must be one of"),
                          (dict(shard_index=2, shard_count=2), r"shard.index must be in \[0, shard.count\)")]:

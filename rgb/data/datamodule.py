@@ -81,7 +81,7 @@ class RGBDataModule(L.LightningDataModule):
         batch size. tests/test_data.py holds it equal to the composed configs."""
         if dataset == MINI.name:
             info, size, batch = MINI, MINI_IMAGE_SIZE, 50
-            default_source = Path(os.environ.get("RGB_ROOT", ".")) / "data" / "mini"
+            default_source = f"{os.environ.get('RGB_ROOT', '.')}/data/mini"  # as conf/paths spells it
         elif dataset in DATASETS:
             info, size, batch = DATASETS[dataset], 224, 256
             default_source = os.environ.get("RGB_BENCHMARK", DEFAULT_REPO_ID)

@@ -138,13 +138,13 @@ def white_box_budgets(norms: Sequence[str], budgets: Mapping[str, float], transf
         parsed = []
     if not parsed or len(set(parsed)) != len(parsed):
         raise AttackRunError(f"norms must be distinct names from {[n.key for n in Norm]}, got {list(norms)}")
-    budgets = []
+    chosen = []
     for norm in parsed:
         threat = ThreatModel(norm, float(budgets[norm.key]))
         matching = [s for s, e in transfer.items()
                     if s.startswith(norm.key + "_") and math.isclose(float(e), threat.eps, rel_tol=1e-9)]
-        budgets.append(Budget(norm.key, threat, matching[0] if matching else f"{norm.key}_{threat.eps:.6g}"))
-    return tuple(budgets)
+        chosen.append(Budget(norm.key, threat, matching[0] if matching else f"{norm.key}_{threat.eps:.6g}"))
+    return tuple(chosen)
 
 
 def transfer_budgets(splits: Sequence[str] | None, available: Mapping[str, float]) -> tuple[Budget, ...]:
