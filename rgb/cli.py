@@ -40,11 +40,24 @@ from rgb.core.values import (
 log = logging.getLogger("rgb")
 CONFIG_DIR = str(config_dir())
 
+# Before torch loads libgomp: an OpenMP thread waiting at a barrier spins 300,000 times by default, so beside other
+# CPU-bound jobs a 2-thread process spends its time slices spinning for a descheduled partner (the demo's training:
+# 15 s alone, 145 s beside two busy loops). 3,000 spins keep the speed alone and give 30 s there
+# (docs/performance.md, issue 24). A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+
 
 def _run_name(path) -> str:
     from rgb.runs.store import run_name_for
 
     return run_name_for(path)
+
+
+def _output_dir(root, kind, dataset, name) -> str:
+    from rgb.runs.store import output_dir_for
+
+    return str(output_dir_for(root, kind, dataset, name))
 
 
 def register_resolvers() -> None:
@@ -53,6 +66,7 @@ def register_resolvers() -> None:
 
     OmegaConf.register_new_resolver("rgb.run_name", _run_name, replace=True)
     OmegaConf.register_new_resolver("rgb.path_name", path_name, replace=True)
+    OmegaConf.register_new_resolver("rgb.output_dir", _output_dir, replace=True)
     OmegaConf.register_new_resolver("rgb.name_part", name_part, replace=True)
     register_data_resolvers()
 
@@ -437,7 +451,7 @@ def _train(cfg: DictConfig, threads: int):
 
 
 def _attack(cfg: DictConfig, threads: int):
-    from rgb.runs.runner import attack_from_config
+    from rgb.cli_adapters import attack_from_config
 
     summaries = attack_from_config(cfg, threads=threads)
     # For sweepers: the lowest robust accuracy over the merged norms (None while shards are still missing).
@@ -451,9 +465,9 @@ def _evaluate(cfg: DictConfig, threads: int):
 
 
 def _transfer(cfg: DictConfig, threads: int):
-    from rgb.runs.transfer import make_transfer_splits
+    from rgb.cli_adapters import transfer_from_config
 
-    make_transfer_splits(cfg, threads=threads)
+    transfer_from_config(cfg, threads=threads)
 
 
 def _serve(cfg: DictConfig, threads: int):

@@ -12,7 +12,7 @@ from user_models import trained_small_cnn
 
 # A budget the standard cascade settles within APGD-CE on this CNN (at 4/255 its robust points cost Square's
 # 5000 queries each: minutes on a shared CPU); the protocol is the same, only eps differs.
-BUDGET = ("data.budgets.linf=0.2",)
+BUDGET = {"linf": 0.2}
 
 
 def test_public_names():
@@ -28,7 +28,7 @@ def user_model(mini_dir):
 
 def test_benchmark_scores_a_user_module_and_resumes(user_model, mini_dir, tmp_path):
     rgb.benchmark(user_model, "mini", source=str(mini_dir), settings=("test", "common", "linf"), name="cnn",
-                  output_dir=tmp_path, progress=False, overrides=BUDGET)
+                  output_dir=tmp_path, progress=False, budgets=BUDGET)
     scores = json.loads((tmp_path / "eval" / "digits" / "cnn" / "scores.json").read_text())
     settings = scores["white_box"]["settings"]
     assert settings["test"]["total"] == 200 and settings["common"]["total"] == 200
@@ -41,13 +41,13 @@ def test_benchmark_scores_a_user_module_and_resumes(user_model, mini_dir, tmp_pa
     batches = sorted((tmp_path / "attack" / "digits" / "cnn" / "linf").glob("shard-*/batch-*.pt"))
     stamps = [p.stat().st_mtime_ns for p in batches]
     rgb.benchmark(user_model, "digits", source=str(mini_dir), settings=("test", "common", "linf"), name="cnn",
-                  output_dir=tmp_path, progress=False, overrides=BUDGET)  # the dataset id works too; nothing redone
+                  output_dir=tmp_path, progress=False, budgets=BUDGET)  # the dataset id works too; nothing redone
     assert [p.stat().st_mtime_ns for p in batches] == stamps
 
 
 def test_benchmark_refuses_changed_weights_in_an_old_run(user_model, mini_dir, tmp_path):
     kwargs = dict(source=str(mini_dir), settings=("linf",), name="cnn", output_dir=tmp_path, progress=False,
-                  overrides=BUDGET)
+                  budgets=BUDGET)
     rgb.benchmark(user_model, "mini", **kwargs)
     changed = trained_small_cnn(mini_dir, epochs=1, seed=1)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}

@@ -39,7 +39,7 @@ from rgb.models.api import (
     RateLimiter,
     parse_answer,
 )
-from rgb.runs.settings import AttackRunError
+from rgb.runs.store import AttackRunError
 from rgb.serve import Faults, make_server
 from rgb.training import train
 from api_throughput import noise_transfer_splits
@@ -241,7 +241,7 @@ def test_api_model_scores_what_the_served_model_scores_image_by_image(tmp_path, 
 
 
 def test_an_api_model_cannot_be_attacked(tmp_path, bench, server):
-    from rgb.runs.runner import attack_from_config
+    from rgb.cli_adapters import attack_from_config
 
     run = api_run(tmp_path, bench, server.base_url)
     with pytest.raises(AttackRunError, match="cannot be white-box attacked"):

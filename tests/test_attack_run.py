@@ -25,8 +25,9 @@ from rgb.core.files import flock
 from rgb.data import load_split
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.export import quantise_within_budget
-from rgb.runs.runner import attack_from_config
-from rgb.runs.settings import AttackRunError, shard_position
+from rgb.cli_adapters import attack_from_config
+from rgb.runs.settings import shard_position
+from rgb.runs.store import AttackRunError
 from rgb.models import create_model, export_model
 
 N_IMAGES, BATCH = 24, 6

@@ -257,3 +257,15 @@ def test_an_empty_descriptions_list_is_one_line(tmp_path):
     path.write_text(json.dumps({"cat": []}))
     with pytest.raises(PromptError, match="'cat' must map to a non-empty list of non-empty strings"):
         load_descriptions(path, ["cat", "dog"])
+
+
+@pytest.mark.parametrize("env, expected", [({}, "3000"), ({"GOMP_SPINCOUNT": "77"}, "77"),
+                                           ({"OMP_WAIT_POLICY": "PASSIVE"}, None)])
+def test_entry_points_shorten_openmp_spinning_before_torch_loads(env, expected):
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: the entry points set it first (a user's own
+    setting, or OMP_WAIT_POLICY, wins)."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    code = "import sys, os, rgb.cli; print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT'))"
+    shown = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert shown == ["False", str(expected)]

@@ -179,6 +179,33 @@ def test_data_configs_have_the_catalog_budgets_bit_for_bit(name):
     assert set(data["budgets"]) == {n.key for n in Norm}
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml") if p.stem != "custom"))
+def test_the_plain_data_module_of_a_dataset_is_its_composed_config(name, monkeypatch):
+    """rgb.benchmark builds its data module without Hydra (`RGBDataModule.for_dataset`): what evaluation reads of
+    it equals what `data=<name>` composes, so the two spellings cannot drift apart."""
+    monkeypatch.delenv("RGB_ROOT", raising=False)
+    monkeypatch.delenv("RGB_BENCHMARK", raising=False)
+    from hydra.utils import instantiate
+
+    from rgb.data.datamodule import RGBDataModule
+
+    composed = instantiate(compose_data(f"data={name}"))
+    plain = RGBDataModule.for_dataset(composed.dataset)
+    for field in ("source", "dataset", "image_size", "num_classes", "budgets", "transfer_budgets", "eval_batch_size",
+                  "build_mini_if_missing"):
+        assert getattr(plain, field) == getattr(composed, field), field
+    chosen = RGBDataModule.for_dataset(composed.dataset, "/snapshots/x", eval_batch_size=8, budgets={"Linf": 0.5})
+    assert (chosen.source, chosen.eval_batch_size, chosen.budgets["linf"]) == ("/snapshots/x", 8, 0.5)
+    assert chosen.budgets["l2"] == composed.budgets["l2"]
+
+
+def test_the_plain_data_module_refuses_an_unknown_dataset():
+    from rgb.data.datamodule import RGBDataModule
+
+    with pytest.raises(ValueError, match="unknown dataset 'flowers102'; dataset ids: .*'flowers-102'"):
+        RGBDataModule.for_dataset("flowers102")  # a config name is not an id: rgb.benchmark translates it first
+
+
 def test_one_budget_stays_overridable():
     data = compose_data("data=mini", "data.budgets.linf=0.03", "data.image_size=64")
     assert data["budgets"]["linf"] == 0.03 and data["budgets"]["l1"] == scale_budget("l1", 75.0, 3 * 64 * 64)

@@ -25,7 +25,15 @@ ALLOWED = {
     "training": {"core", "data", "models", "attacks", "zeroshot"},
     "evaluation": {"core", "data", "models", "attacks", "zeroshot", "runs", "training"},
 }
-ENTRY_POINTS = {"cli", "api", "serve"}
+ENTRY_POINTS = {"cli", "cli_adapters", "api", "serve"}
+# Hydra and OmegaConf live at the edges: the entry points (but rgb.api: plain arguments) and the run drivers that
+# receive a composed config (train.py's and evaluate.py's; the data resolvers are what the configs call).
+CONFIG_MODULES = {
+    "rgb/cli.py", "rgb/cli_adapters.py", "rgb/serve.py", "rgb/data/resolvers.py",
+    "rgb/training/run.py", "rgb/training/api_run.py", "rgb/training/zeroshot.py", "rgb/training/config.py",
+    "rgb/training/rundir.py", "rgb/evaluation/run.py", "rgb/evaluation/text_robustness.py",
+    "rgb/evaluation/zeroshot_report.py",
+}
 
 
 def _package_of(path: Path) -> str:
@@ -138,3 +146,19 @@ def test_the_check_sees_a_test_importing_a_test_and_a_benchmark_importing_tests(
     assert _cross_imports(tests, benchmarks) == [
         "tests/test_a.py:5 imports test_b", "tests/test_b.py:2 imports conftest",
         "benchmarks/bench.py:2 imports helpers of tests/"]
+
+
+def _config_imports(path: Path) -> list[int]:
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n.split(".")[0] in ("hydra", "omegaconf") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_hydra_only_at_the_edges():
+    """No library module (attacks, models, the attack runner, rgb.benchmark, ...) imports Hydra or OmegaConf."""
+    found = {str(p.relative_to(RGB.parent)): _config_imports(p) for p in sorted(RGB.rglob("*.py"))}
+    assert {name: lines for name, lines in found.items() if lines and name not in CONFIG_MODULES} == {}

@@ -21,7 +21,7 @@ from rgb.evaluation.records import RecordError, white_box_setting
 from rgb.models import WEIGHTS_FILE, create_model, export_factory_model, load, write_export
 from rgb.models.factory import ModelLoadError
 from rgb.models.io import ExportConflictError
-from rgb.runs.settings import AttackRunError
+from rgb.runs.store import AttackRunError
 from rgb.runs.store import MANIFEST, RunDirectory
 from helpers import datamodule
 from toy_models import separable_data
@@ -47,7 +47,7 @@ def test_benchmark_with_other_weights_is_refused_before_anything_is_written(mini
     kwargs = dict(source=str(mini_dir), settings=("test", "common"), name="cnn", output_dir=tmp_path, progress=False)
     rgb.benchmark(small_cnn(seed=0), "mini", **kwargs)
     before = files_under(tmp_path)
-    assert tmp_path / "models" / "mini" / "cnn" / WEIGHTS_FILE in before
+    assert tmp_path / "models" / "digits" / "cnn" / WEIGHTS_FILE in before
     with pytest.raises(ExportConflictError, match="holds an export of other weights"):
         rgb.benchmark(small_cnn(seed=1), "mini", **kwargs)
     assert files_under(tmp_path) == before  # the export and its scores.json untouched
@@ -223,7 +223,7 @@ def test_evaluate_refuses_other_class_names_and_other_logit_counts(mini_dir, tmp
 
 
 def test_attack_refuses_a_model_with_other_logit_counts_or_infinite_logits(mini_dir, tmp_path, compose):
-    from rgb.runs.runner import attack_from_config
+    from rgb.cli_adapters import attack_from_config
 
     five, infinite = small_cnn(num_classes=5), small_cnn()
     with torch.no_grad():

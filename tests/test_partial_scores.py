@@ -122,7 +122,7 @@ def test_benchmark_n_examples_scores_a_labelled_partial_subset(mini_dir, tmp_pat
 
     model = trained_small_cnn(mini_dir)
     result = rgb.benchmark(model, "mini", source=str(mini_dir), settings=("test", "common", "linf"), name="cnn",
-                           output_dir=tmp_path, progress=False, overrides=("data.budgets.linf=0.2",), n_examples=40)
+                           output_dir=tmp_path, progress=False, budgets={"linf": 0.2}, n_examples=40)
     assert result.partial and result.max_images == 40 and result.white_box.score is None
     assert {a.total for a in result.white_box.present.values()} == {40}
     assert result.white_box.partial_settings == ["test", "common", "autoattack_linf"]

@@ -11,8 +11,8 @@ from helpers import compose_config, head_of_test_split
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import TRANSFER_SPLITS, split_budget
 from rgb.data.mini import DATASET
-from rgb.runs.settings import AttackRunError
-from rgb.runs.transfer import make_transfer_splits as make_transfer_summaries
+from rgb.runs.store import AttackRunError
+from rgb.cli_adapters import transfer_from_config as make_transfer_summaries
 from rgb.models import load
 
 N_IMAGES = 24

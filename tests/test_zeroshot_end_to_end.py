@@ -12,7 +12,7 @@ import torch
 import helpers
 from rgb.evaluation.run import run_evaluation
 from rgb.models import load_with_meta
-from rgb.runs.runner import attack_from_config
+from rgb.cli_adapters import attack_from_config
 from rgb.training import train
 from rgb.zeroshot import EMBEDDED_ARCH
 

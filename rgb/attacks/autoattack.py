@@ -33,6 +33,19 @@ MASKING_MARGIN = 0.002
 PROGRESS_INTERVAL = 0.5
 
 
+class FooledBy:
+    """The per-image code of `AutoAttackResult.fooled_by` and of a run's `fooled_by` column: ROBUST survived the
+    whole cascade, CLEAN_WRONG was misclassified before any attack, k >= 1 fell to the k-th attack of the cascade."""
+
+    ROBUST = -1
+    CLEAN_WRONG = 0
+
+    @staticmethod
+    def correct_after(fooled_by: torch.Tensor, k: int) -> torch.Tensor:
+        """The images still classified correctly after the first k attacks (k = 0: the clean pass)."""
+        return (fooled_by == FooledBy.ROBUST) | (fooled_by > k)
+
+
 @dataclass
 class AutoAttackResult:
     """Per-sample outcome of one AutoAttack run (tensors on the CPU); see docs/design.md."""
@@ -220,7 +233,7 @@ class AutoAttack:
         y_adv = clean_logits.argmax(dim=1)
         clean_correct = y_adv == y
         robust = clean_correct.clone()
-        fooled_by = torch.where(clean_correct, -1, 0)
+        fooled_by = torch.where(clean_correct, FooledBy.ROBUST, FooledBy.CLEAN_WRONG)
         self._left(int((~clean_correct).sum()))
         x_adv = x.clone()
         accuracy_after = {"clean": float(robust.float().mean())}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning as L
@@ -11,7 +13,10 @@ from torchvision import transforms
 
 from rgb.core.threat import parse_norm
 from rgb.data.benchmark import ImageSplit, load_split
+from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, MINI
+from rgb.data.mini import IMAGE_SIZE as MINI_IMAGE_SIZE
 from rgb.data.mini import ensure_mini
+from rgb.data.resolvers import budgets as resolved_budgets
 
 
 def paper_augmentation(hflip: bool = True, color_jitter: float = 0.25, rotation: float = 2.0):
@@ -28,9 +33,9 @@ class RGBDataModule(L.LightningDataModule):
     """One dataset of the benchmark (or the mini benchmark) with its evaluation budgets.
 
     `budgets` holds the white-box eps per norm (l1, l2, linf) in [0,1] pixel units for this dataset's image
-    size. Images come out in [0,1]; never normalised here. `transfer_budgets` and `surrogates` are accepted
-    because the data configs pass them, and not kept: the attack runs read them from the data config itself
-    (rgb.runs.settings), and any split is loaded by name through `split`.
+    size; `transfer_budgets` the eps of each transfer split (the attack runs' budgets come from these two).
+    Images come out in [0,1]; never normalised here. `surrogates` is accepted because the data configs pass it,
+    and not kept: any surrogate's split is loaded by name through `split`.
     With `build_mini_if_missing` (the mini config), an absent `source` is built as the mini benchmark first, so
     the default configuration serves on a fresh clone.
     """
@@ -58,6 +63,7 @@ class RGBDataModule(L.LightningDataModule):
         self.image_size = int(image_size)
         self.num_classes = int(num_classes)
         self.budgets = {parse_norm(k).key: float(v) for k, v in dict(budgets).items()}
+        self.transfer_budgets = {k: float(v) for k, v in dict(transfer_budgets or {}).items()}
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
@@ -66,6 +72,27 @@ class RGBDataModule(L.LightningDataModule):
         self.cache_dir = cache_dir
         self.build_mini_if_missing = bool(build_mini_if_missing)
         self._splits: dict[tuple[str, str | None], ImageSplit] = {}
+
+    @classmethod
+    def for_dataset(cls, dataset: str, source: str | Path | None = None, *, eval_batch_size: int | None = None,
+                    budgets: Mapping[str, float] | None = None, cache_dir: str | None = None) -> RGBDataModule:
+        """The data module `data=<its config>` gives for evaluation, from plain arguments (rgb.benchmark: no config
+        composition): a card dataset or the mini benchmark by id, its catalog class count and image size, the
+        protocol's budgets at that size (`budgets` replaces some), and the config's default source and attack
+        batch size. tests/test_data.py holds it equal to the composed configs."""
+        if dataset == MINI.name:
+            info, size, batch = MINI, MINI_IMAGE_SIZE, 50
+            default_source = f"{os.environ.get('RGB_ROOT', '.')}/data/mini"  # as conf/paths spells it
+        elif dataset in DATASETS:
+            info, size, batch = DATASETS[dataset], 224, 256
+            default_source = os.environ.get("RGB_BENCHMARK", DEFAULT_REPO_ID)
+        else:
+            raise ValueError(f"unknown dataset {dataset!r}; dataset ids: {sorted([*DATASETS, MINI.name])}")
+        white_box = {**resolved_budgets("white_box", size), **{parse_norm(k).key: v for k, v in (budgets or {}).items()}}
+        return cls(source=str(source or default_source), dataset=info.name, image_size=size,
+                   num_classes=info.num_classes, budgets=white_box, transfer_budgets=resolved_budgets("transfer", size),
+                   eval_batch_size=int(eval_batch_size or batch), cache_dir=cache_dir,
+                   build_mini_if_missing=info is MINI)
 
     def split(self, split: str, surrogate: str | None = None, train_transform: bool = False) -> ImageSplit:
         """A validated split as a torch Dataset (cached; training transform only for `train`)."""

@@ -24,7 +24,6 @@ import torch
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.classwise import class_wise_summary
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.core.threat import Norm
@@ -41,16 +40,13 @@ from rgb.models.api import AnswerCache
 from rgb.models.checks import check_model_fits
 from rgb.models.families import model_name
 from rgb.models.io import library_versions
-from rgb.runs.implementations import REFERENCE_CASCADE
-from rgb.runs.settings import AttackRunError
-from rgb.runs.store import RunResult, read_run
+from rgb.runs.store import AttackRunError
+from rgb.runs.store import RunResult, read_run, standard_run
 from rgb.zeroshot.head import check_class_names
 from rgb.zeroshot.prompts import PromptError
 
 log = logging.getLogger(__name__)
 NORMS = tuple(n.key for n in (Norm.L1, Norm.L2, Norm.LINF))
-# The attack lists of standard runs: the cascade of a standard version of the table, or the reference's.
-STANDARD_CASCADES = [list(VERSIONS[v].attacks) for v in VERSIONS if is_standard(v)] + [[REFERENCE_CASCADE]]
 
 
 class EvaluationError(RuntimeError):
@@ -199,8 +195,7 @@ def read_attack(norm: str, options: EvalOptions, expected: AttackExpectation) ->
         return None
     _check_identity(found, norm, expected)
     summary = found.summary
-    standard = (summary.standard and is_standard(summary.version) and summary.precision == "fp32"
-                and summary.attacks in STANDARD_CASCADES)
+    standard = summary.standard and standard_run(summary.version, summary.attacks, summary.precision)
     robust = found.columns["robust"].astype(bool)
     if options.max_images is not None:
         robust = robust[: options.max_images]

@@ -12,21 +12,12 @@ import torch
 from torch import nn
 
 import rgb
-from rgb.attacks.autoattack import AutoAttack, AutoAttackResult
+from rgb.attacks.autoattack import AutoAttack, AutoAttackResult, FooledBy
 from rgb.attacks.common import lp_norm
-from rgb.attacks.registry import is_standard
 from rgb.core.threat import ThreatModel
-from rgb.runs.settings import AttackRunError
+from rgb.runs.store import REFERENCE_CASCADE, AttackRunError
 
 REFERENCE_PACKAGE = "pyautoattack"
-# The reference reports only the final outcome per image: one pseudo-attack stands for its whole cascade.
-REFERENCE_CASCADE = "autoattack-reference"
-
-
-def _standard_settings(settings) -> bool:
-    """The protocol's number: a standard version of the attack table, the whole cascade, fp32 (bf16 is not
-    equivalent, spec §6.3 item 10)."""
-    return is_standard(settings.version) and settings.attacks is None and settings.precision == "fp32"
 
 
 class OursImplementation:
@@ -35,10 +26,6 @@ class OursImplementation:
     @staticmethod
     def version() -> str:
         return rgb.__version__
-
-    @staticmethod
-    def is_standard(settings) -> bool:
-        return _standard_settings(settings)
 
     @staticmethod
     def _attack(model, threat: ThreatModel, settings, device=None, progress=None, on_leave=None) -> AutoAttack:
@@ -108,10 +95,6 @@ class ReferenceImplementation:
             raise AttackRunError(f"impl=reference needs the reference AutoAttack: pip install "
                                  f"'robustgenbench[reference]' (package {REFERENCE_PACKAGE})") from None
 
-    @staticmethod
-    def is_standard(settings) -> bool:
-        return _standard_settings(settings)
-
     def check(self, model, threat: ThreatModel, settings) -> None:
         self.version()
         if settings.precision != "fp32":
@@ -145,7 +128,7 @@ class ReferenceImplementation:
         x_adv = torch.where(clean_correct.view(-1, 1, 1, 1), x_adv, x)  # clean-wrong points are not attacked
         y_adv = torch.where(clean_correct, adv_pred, clean_pred)
         robust = y_adv == y
-        fooled_by = torch.where(robust, -1, torch.where(clean_correct, 1, 0)).long()
+        fooled_by = torch.where(robust, FooledBy.ROBUST, torch.where(clean_correct, 1, FooledBy.CLEAN_WRONG)).long()
         n = len(y)
         if on_leave is not None:  # the reference reports nothing until its whole cascade is done
             on_leave(n)

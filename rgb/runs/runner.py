@@ -16,13 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from queue import Empty
 
-import hydra
 import torch
-from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Subset, default_collate
 from tqdm import tqdm
 
-from rgb.attacks.autoattack import within_budget
+from rgb.attacks.autoattack import FooledBy, within_budget
 from rgb.attacks.common import AttackError
 from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
@@ -35,8 +33,8 @@ from rgb.models import (apply_speed_options, export_paths, family_of_record, lib
                         model_name)
 from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
-from rgb.runs.settings import AttackRunError, AttackSettings, Budget, white_box_budgets
-from rgb.runs.store import RESULT_COLUMNS, RunDirectory, RunSummary, run_name_for
+from rgb.runs.settings import AttackSettings, Budget
+from rgb.runs.store import RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, standard_run
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +73,7 @@ class Target:
             raise AttackRunError(f"{settings.run} holds a model of family {meta.get('family')!r}, which cannot be "
                                  f"white-box attacked: score it with evaluate.py run={settings.run} protocol=black_box")
         weights, _ = export_paths(settings.run)
-        datamodule = hydra.utils.instantiate(settings.data)
+        datamodule = settings.data()
         if meta.get("dataset") != datamodule.dataset:
             trained, given = describe_data_config(meta.get("dataset")), describe_data_config(datamodule.dataset)
             raise AttackRunError(
@@ -344,9 +342,8 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
     results_sha256 = run.write_results(columns)
 
     n, fooled_by = len(columns["label"]), columns["fooled_by"]
-    accuracy_after = {"clean": float((fooled_by != 0).float().mean())}
-    for k, name in enumerate(attacks, start=1):
-        accuracy_after[name] = float(((fooled_by == -1) | (fooled_by > k)).float().mean())
+    accuracy_after = {name: float(FooledBy.correct_after(fooled_by, k).float().mean())
+                      for k, name in enumerate(["clean", *attacks])}
     meta = target.meta
     implementation = attack_implementation(settings.impl)
     summary = RunSummary(
@@ -356,7 +353,7 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
         dataset=target.datamodule.dataset, source=str(target.datamodule.source), split="test",
         split_sha256=target.split_sha256, n=n, norm=budget.threat.norm.key, eps=budget.threat.eps,
         impl=settings.impl, impl_version=implementation.version(),
-        version=settings.version, standard=implementation.is_standard(settings), attacks=attacks,
+        version=settings.version, standard=standard_run(settings.version, attacks, settings.precision), attacks=attacks,
         seed=settings.seed, precision=settings.precision, tf32=False, compile=settings.compile,
         channels_last=settings.channels_last, batch_size=settings.batch_size, threads=settings.threads,
         tail_rows=settings.tail_rows, input_format=settings.input_format,
@@ -425,15 +422,3 @@ def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dic
         log.info("%s", summaries[budget.name].stages())
     return summaries
 
-
-def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
-    """attack.py: white-box AutoAttack of `cfg.run` at the data config's budgets for `cfg.norms`."""
-    budgets = white_box_budgets(cfg.norms, cfg.data)
-    settings = AttackSettings.from_config(cfg, budgets, surrogate=run_name_for(cfg.run), threads=threads)
-    summaries = execute(settings)
-    tracking = cfg.get("wandb") or {}
-    if tracking.get("enabled") and summaries:  # the shard that merges logs the run
-        from rgb.runs.wandb_report import log_attack
-
-        log_attack(summaries, settings.output_dir, str(tracking.get("project", "robustgenbench")))
-    return summaries

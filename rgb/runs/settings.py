@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from rgb.core.machine import DeviceError, resolve_device
 from rgb.core.threat import Norm, ThreatModel, parse_norm
 from rgb.data.catalog import TRANSFER_BUDGETS
+from rgb.runs.store import AttackRunError, run_name_for
+
+if TYPE_CHECKING:  # for the annotation only: building a data module is the factory's job
+    from rgb.data.datamodule import RGBDataModule
 
 IMPLEMENTATIONS = ("ours", "reference")
-
-
-class AttackRunError(RuntimeError):
-    """A one-line problem with an attack run: bad settings, a directory made for another run, missing shards."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class AttackSettings:
 
     run: Path
     run_name: str
-    data: dict
+    data: Callable[[], RGBDataModule]  # picklable (a functools.partial): each worker builds its own
     budgets: tuple[Budget, ...]
     version: str
     seed: int
@@ -62,37 +63,41 @@ class AttackSettings:
     max_images: int | None = None  # attack the first N test images only (rgb.benchmark(n_examples=N)): PARTIAL
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, budgets: tuple[Budget, ...], surrogate: str, threads: int = 1
-                    ) -> AttackSettings:
-        if cfg.get("run") is None or OmegaConf.is_missing(cfg, "run"):
+    def create(cls, run: str | Path, data: Callable[[], RGBDataModule], budgets: tuple[Budget, ...], *,
+               batch_size: int, output_dir: str | Path, surrogate: str, run_name: str | None = None,
+               version: str = "standard", seed: int = 0, attacks: Sequence[str] | None = None,
+               precision: str = "fp32", device: str = "auto", compile: bool = False, channels_last: bool = False,
+               shard_index: int | None = None, shard_count: int | None = None, devices: int | str = "auto",
+               merge_only: bool = False, export: bool = False, export_dir: str | Path | None = None,
+               progress: bool = True, impl: str = "ours", threads: int = 1, tail_rows: int = 0,
+               input_format: str = "auto", max_images: int | None = None) -> AttackSettings:
+        """Validated settings from plain values (attack.py's config is mapped onto these by rgb.cli_adapters;
+        rgb.benchmark passes them directly). `data` builds the data module in whichever process attacks."""
+        if run is None:
             raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
-        run = Path(str(cfg.run))
+        run = Path(str(run))
         if not run.exists():
             raise AttackRunError(f"run={run} does not exist (a train output dir or an exported .safetensors file)")
-        batch_size = int(cfg.batch_size)
+        batch_size = int(batch_size)
         if batch_size < 1:
             raise AttackRunError(f"batch_size must be >= 1, got {batch_size}")
-        impl = str(cfg.get("impl", "ours"))
         if impl not in IMPLEMENTATIONS:
             raise AttackRunError(f"impl must be one of {list(IMPLEMENTATIONS)}, got {impl!r}")
-        index, count = shard_position(cfg.shard.index, cfg.shard.count)
-        attacks = None if cfg.attacks is None else tuple(str(a) for a in cfg.attacks)
+        index, count = shard_position(shard_index, shard_count)
         try:
-            device = resolve_device(str(cfg.device))
+            device = resolve_device(str(device))
         except DeviceError as err:
             raise AttackRunError(str(err)) from err
-        from rgb.runs.store import run_name_for  # the store imports this module's error
-
+        output_dir = Path(str(output_dir))
         return cls(
-            run=run, run_name=str(cfg.run_name) if cfg.get("run_name") else run_name_for(run), data=OmegaConf.to_container(cfg.data, resolve=True),
-            budgets=budgets, version=str(cfg.version), seed=int(cfg.seed), attacks=attacks,
-            precision=str(cfg.precision), batch_size=batch_size, device=device,
-            compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
-            shard_index=index, shard_count=count, processes=process_count(cfg.shard.devices, device, threads),
-            merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial),
-            export_dir=Path(str(cfg.export_dir)), surrogate=surrogate, output_dir=Path(str(cfg.output_dir)),
-            progress=bool(cfg.progress), impl=impl, threads=threads, tail_rows=int(cfg.get("tail_rows", 0)),
-            input_format=str(cfg.get("input_format", "auto")),
+            run=run, run_name=str(run_name) if run_name else run_name_for(run), data=data, budgets=budgets,
+            version=str(version), seed=int(seed), attacks=None if attacks is None else tuple(str(a) for a in attacks),
+            precision=str(precision), batch_size=batch_size, device=device, compile=bool(compile),
+            channels_last=bool(channels_last), shard_index=index, shard_count=count,
+            processes=process_count(devices, device, threads), merge_only=bool(merge_only), export=bool(export),
+            export_dir=Path(str(export_dir)) if export_dir is not None else output_dir / "adversarial",
+            surrogate=surrogate, output_dir=output_dir, progress=bool(progress), impl=str(impl), threads=int(threads),
+            tail_rows=int(tail_rows), input_format=str(input_format), max_images=max_images,
         )
 
 
@@ -123,26 +128,27 @@ def process_count(devices, device: str, threads: int = 1) -> int:
     return count
 
 
-def white_box_budgets(norms, data: DictConfig) -> tuple[Budget, ...]:
-    """The data config's white-box budgets for the requested norms; exported as the matching transfer split."""
+def white_box_budgets(norms: Sequence[str], budgets: Mapping[str, float], transfer: Mapping[str, float]
+                      ) -> tuple[Budget, ...]:
+    """The dataset's white-box budgets (`budgets`: norm key -> eps) for the requested norms; each is exported as
+    the transfer split of `transfer` (split -> eps) with the same norm and eps, when there is one."""
     try:
         parsed = [parse_norm(str(n)) for n in norms]
     except ValueError:
         parsed = []
     if not parsed or len(set(parsed)) != len(parsed):
         raise AttackRunError(f"norms must be distinct names from {[n.key for n in Norm]}, got {list(norms)}")
-    budgets = []
+    chosen = []
     for norm in parsed:
-        threat = ThreatModel(norm, float(data.budgets[norm.key]))
-        matching = [s for s, e in (data.get("transfer_budgets") or {}).items()
+        threat = ThreatModel(norm, float(budgets[norm.key]))
+        matching = [s for s, e in transfer.items()
                     if s.startswith(norm.key + "_") and math.isclose(float(e), threat.eps, rel_tol=1e-9)]
-        budgets.append(Budget(norm.key, threat, matching[0] if matching else f"{norm.key}_{threat.eps:.6g}"))
-    return tuple(budgets)
+        chosen.append(Budget(norm.key, threat, matching[0] if matching else f"{norm.key}_{threat.eps:.6g}"))
+    return tuple(chosen)
 
 
-def transfer_budgets(splits, data: DictConfig) -> tuple[Budget, ...]:
-    """The requested transfer splits (all of the data config's `transfer_budgets` when None) as budgets."""
-    available = dict(data.get("transfer_budgets") or {})
+def transfer_budgets(splits: Sequence[str] | None, available: Mapping[str, float]) -> tuple[Budget, ...]:
+    """The requested transfer splits (all of `available`, split -> eps, when None) as budgets."""
     names = list(available) if splits is None else [str(s) for s in splits]
     unknown = [n for n in names if n not in available or n not in TRANSFER_BUDGETS]
     if not names or unknown:

@@ -21,9 +21,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, stable_id
+from rgb.core.values import path_name
 from rgb.models import META_FILE, WEIGHTS_FILE, export_paths
-from rgb.runs.settings import AttackRunError
+
+
+class AttackRunError(RuntimeError):
+    """A one-line problem with an attack run: bad settings, a directory made for another run, missing shards."""
+
 
 MANIFEST = "run.json"
 LOCK_DIR = "locks"  # one flock file per batch: which process is attacking it
@@ -34,6 +40,29 @@ RESULT_COLUMNS = (
     "forward_rows", "backward_rows",
 )
 SUMMARY_SCHEMA = 2
+# The reference reports only the final outcome per image: one pseudo-attack stands for its whole cascade.
+REFERENCE_CASCADE = "autoattack-reference"
+
+
+def standard_run(version: str, attacks: list[str], precision: str) -> bool:
+    """The protocol's number, decided once for writing a summary and for scoring it: a standard version of the
+    attack table run as its whole cascade (ours, in the table's order, or the reference's), in fp32 (bf16 is not
+    equivalent, spec §6.3 item 10)."""
+    if not is_standard(version) or precision != "fp32":
+        return False
+    return list(attacks) in (list(VERSIONS[version].attacks), [REFERENCE_CASCADE])
+
+
+OUTPUT_KINDS = ("train", "models", "attack", "eval", "transfer")
+
+
+def output_dir_for(root: str | Path, kind: str, dataset: str, name: str) -> Path:
+    """Where one model's outputs of a kind live: `<root>/<kind>/<dataset id>/<name as one directory>` (attack
+    runs, evaluations, transfer splits' attack runs). The configs spell it `${rgb.output_dir:ROOT,KIND,DATASET,NAME}`
+    and rgb.benchmark calls it, so the layout is written here only (`models`: rgb.benchmark's exports)."""
+    if kind not in OUTPUT_KINDS:
+        raise ValueError(f"output kind must be one of {OUTPUT_KINDS}, got {kind!r}")
+    return Path(str(root)) / kind / str(dataset) / path_name(str(name))
 
 
 def model_record(path: str | Path) -> dict | None:

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from rgb.runs.runner import execute
-from rgb.runs.settings import AttackRunError, AttackSettings, transfer_budgets
-from rgb.runs.store import RunSummary
+from rgb.runs.settings import AttackSettings
+from rgb.runs.store import AttackRunError, RunSummary
 
 
-def make_transfer_splits(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
-    """Attack the surrogate `cfg.run` at every requested budget and write the splits into `cfg.data.source`."""
-    if not Path(str(cfg.data.source)).is_dir():
-        raise AttackRunError(f"data.source={cfg.data.source} is not a local benchmark directory to write into")
-    if not cfg.export_adversarial:
+def make_transfer_splits(settings: AttackSettings, source: str | Path) -> dict[str, RunSummary]:
+    """Attack the surrogate `settings.run` at each of its budgets and write the splits into the local benchmark
+    snapshot `source` (the data module's)."""
+    if not Path(str(source)).is_dir():
+        raise AttackRunError(f"data.source={source} is not a local benchmark directory to write into")
+    if not settings.export:
         raise AttackRunError("transfer splits are the exported adversarial images: export_adversarial must stay true")
-    budgets = transfer_budgets(cfg.splits, cfg.data)
-    return execute(AttackSettings.from_config(cfg, budgets, surrogate=str(cfg.surrogate), threads=threads))
+    return execute(settings)

@@ -1,0 +1,69 @@
+"""The command-line edge of the attack runs: attack.py's and rgb-transfer's composed configs become the typed
+values the library takes (`AttackSettings.create`, a data-module factory, budgets), so no module below the entry
+points sees a DictConfig. Imported inside the commands (it pulls in torch), never by `--help`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rgb.data.datamodule import RGBDataModule
+from rgb.runs.settings import AttackSettings, Budget, transfer_budgets, white_box_budgets
+from rgb.runs.store import AttackRunError
+from rgb.runs.store import RunSummary, run_name_for
+
+
+def data_factory(data: DictConfig) -> Callable[[], RGBDataModule]:
+    """The data config as a picklable factory (a functools.partial of its `_target_` with plain values): spawned
+    attack workers each build their own data module from it."""
+    return instantiate(data, _partial_=True, _convert_="all")
+
+
+def attack_settings(cfg: DictConfig, budgets: tuple[Budget, ...], surrogate: str, threads: int = 1,
+                    data: Callable[[], RGBDataModule] | None = None) -> AttackSettings:
+    """conf/attack.yaml (or conf/transfer.yaml) mapped onto the run's settings."""
+    if cfg.get("run") is None or OmegaConf.is_missing(cfg, "run"):
+        raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
+    attacks = cfg.attacks if cfg.attacks is None else list(cfg.attacks)
+    return AttackSettings.create(
+        str(cfg.run), data or data_factory(cfg.data), budgets, batch_size=int(cfg.batch_size),
+        output_dir=str(cfg.output_dir), surrogate=surrogate, run_name=cfg.get("run_name") or None,
+        version=str(cfg.version), seed=int(cfg.seed), attacks=attacks, precision=str(cfg.precision),
+        device=str(cfg.device), compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
+        shard_index=cfg.shard.index, shard_count=cfg.shard.count, devices=cfg.shard.devices,
+        merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial), export_dir=str(cfg.export_dir),
+        progress=bool(cfg.progress), impl=str(cfg.get("impl", "ours")), threads=threads,
+        tail_rows=int(cfg.get("tail_rows", 0)), input_format=str(cfg.get("input_format", "auto")),
+    )
+
+
+def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
+    """attack.py: white-box AutoAttack of `cfg.run` at the data config's budgets for `cfg.norms`."""
+    from rgb.runs.runner import execute
+
+    data = data_factory(cfg.data)
+    datamodule = data()  # cheap: reads nothing until a split is asked for
+    budgets = white_box_budgets(list(cfg.norms), datamodule.budgets, datamodule.transfer_budgets)
+    settings = attack_settings(cfg, budgets, surrogate=run_name_for(cfg.run), threads=threads, data=data)
+    summaries = execute(settings)
+    tracking = cfg.get("wandb") or {}
+    if tracking.get("enabled") and summaries:  # the shard that merges logs the run
+        from rgb.runs.wandb_report import log_attack
+
+        log_attack(summaries, settings.output_dir, str(tracking.get("project", "robustgenbench")))
+    return summaries
+
+
+def transfer_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
+    """rgb-transfer: the surrogate `cfg.run` attacked at the requested transfer budgets, written into the snapshot."""
+    from rgb.runs.transfer import make_transfer_splits
+
+    data = data_factory(cfg.data)
+    datamodule = data()
+    splits = None if cfg.splits is None else [str(s) for s in cfg.splits]
+    budgets = transfer_budgets(splits, datamodule.transfer_budgets)
+    settings = attack_settings(cfg, budgets, surrogate=str(cfg.surrogate), threads=threads, data=data)
+    return make_transfer_splits(settings, datamodule.source)

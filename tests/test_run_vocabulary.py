@@ -1,0 +1,81 @@
+"""The run store's vocabulary, written once: output paths, the standardness rule, the `fooled_by` code, and
+the attack-run settings built from plain values (no config) as rgb.benchmark builds them."""
+
+import functools
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from rgb.attacks import VERSIONS
+from rgb.attacks.autoattack import FooledBy
+from rgb.core.values import ConfigValueError
+from rgb.data.datamodule import RGBDataModule
+from rgb.runs.settings import AttackSettings, white_box_budgets
+from rgb.runs.store import REFERENCE_CASCADE, AttackRunError, output_dir_for, standard_run
+
+
+def test_output_dirs_have_one_layout():
+    assert output_dir_for("out", "attack", "flowers-102", "vit") == Path("out/attack/flowers-102/vit")
+    assert output_dir_for("out", "eval", "digits", "hf-hub_timm--vit") == Path("out/eval/digits/hf-hub_timm--vit")
+    with pytest.raises(ConfigValueError):
+        output_dir_for("out", "eval", "digits", "../elsewhere")  # a run name is one directory
+    with pytest.raises(ValueError, match="output kind must be one of"):
+        output_dir_for("out", "scores", "digits", "vit")
+
+
+def test_the_configs_spell_output_dirs_through_the_store(tmp_path):
+    """attack.yaml's and evaluate.yaml's output paths are the store's layout (the `${rgb.output_dir:...}` resolver)."""
+    from hydra import compose, initialize_config_dir
+
+    from rgb.cli import CONFIG_DIR, register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        attack = compose("attack", overrides=[f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}"])
+        evaluate = compose("evaluate", overrides=[f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}"])
+    assert Path(attack.output_dir) == output_dir_for(tmp_path, "attack", "digits", "demo")
+    assert Path(evaluate.attack_dir) == Path(attack.output_dir)
+    assert Path(evaluate.output_dir) == output_dir_for(tmp_path, "eval", "digits", "demo")
+
+
+def test_standard_is_the_whole_cascade_of_a_standard_version_in_fp32():
+    cascade = list(VERSIONS["standard"].attacks)
+    assert standard_run("standard", cascade, "fp32")
+    assert standard_run("standard", [REFERENCE_CASCADE], "fp32")  # the reference's cascade, reported as one
+    assert not standard_run("standard", cascade, "bf16")
+    assert not standard_run("standard", cascade[:2], "fp32")
+    assert not standard_run("standard", cascade[::-1], "fp32")
+    assert not standard_run("plus", list(VERSIONS["plus"].attacks), "fp32")
+    assert not standard_run("no-such-version", cascade, "fp32")
+
+
+def test_fooled_by_code():
+    fooled_by = torch.tensor([FooledBy.ROBUST, FooledBy.CLEAN_WRONG, 1, 2, 4])
+    assert FooledBy.correct_after(fooled_by, 0).tolist() == [True, False, True, True, True]  # the clean pass
+    assert FooledBy.correct_after(fooled_by, 2).tolist() == [True, False, False, False, True]
+    assert FooledBy.correct_after(fooled_by, 4).tolist() == [True, False, False, False, False]
+
+
+def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path):
+    run = tmp_path / "vit.safetensors"
+    run.write_bytes(b"")
+    data = functools.partial(RGBDataModule.for_dataset, "digits", str(tmp_path / "mini"))
+    module = data()
+    budgets = white_box_budgets(["linf", "L2"], module.budgets, module.transfer_budgets)
+    assert [b.name for b in budgets] == ["linf", "l2"] and budgets[0].export_split == "linf_4"
+    settings = AttackSettings.create(run, data, budgets, batch_size=50, output_dir=tmp_path / "out", surrogate="m",
+                                     devices=2, threads=2)
+    again = pickle.loads(pickle.dumps(settings))  # it travels to spawned workers, which build their own data module
+    assert again.data().budgets == module.budgets and again.processes == 2 and again.run_name == "vit"
+    assert again.export_dir == tmp_path / "out" / "adversarial"
+    for bad, message in [(dict(batch_size=0), "batch_size must be >= 1"), (dict(impl="theirs"), "impl must be one of"),
+                         (dict(shard_index=2, shard_count=2), r"shard.index must be in \[0, shard.count\)")]:
+        with pytest.raises(AttackRunError, match=message):
+            AttackSettings.create(run, data, budgets, **{"batch_size": 50, "output_dir": tmp_path, "surrogate": "m",
+                                                          **bad})
+    with pytest.raises(AttackRunError, match="does not exist"):
+        AttackSettings.create(tmp_path / "absent", data, budgets, batch_size=50, output_dir=tmp_path, surrogate="m")
+    with pytest.raises(AttackRunError, match="norms must be distinct names"):
+        white_box_budgets(["linf", "Linf"], module.budgets, module.transfer_budgets)
