@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from rgb.core import atomic_write_json, configure_threads
-from rgb.zeroshot.brittleness import classification_view, query_table, summarize
-from rgb.zeroshot.perturb import DEFAULT_TYPES, generate, template_queries
+from rgb.brittleness.metrics import classification_view, query_table, summarize
+from rgb.brittleness.perturb import DEFAULT_TYPES, generate, template_queries
 
 RESULTS = Path(__file__).resolve().parent / "results" / "text_robustness_speed_cpu.json"
 ADJECTIVES = ("bad", "good", "large", "small", "dark", "bright", "blurry", "cropped", "clean", "weird")

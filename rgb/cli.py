@@ -86,7 +86,7 @@ USER_ERRORS = (
     ("rgb.runs.settings", "AttackRunError"), ("rgb.attacks.common", "AttackError"),
     ("rgb.models.factory", "WeightsMismatchError"), ("rgb.models.factory", "ModelLoadError"),
     ("rgb.core.files", "CorruptFileError"), ("rgb.zeroshot.prompts", "PromptError"),
-    ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.zeroshot.perturb", "PerturbationError"),
+    ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.brittleness.perturb", "PerturbationError"),
     ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
     ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),
     ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),

@@ -21,9 +21,10 @@ ALLOWED = {
     "models": {"core", "data"},
     "attacks": {"core"},
     "zeroshot": {"core", "data", "models"},
+    "brittleness": {"core"},
     "runs": {"core", "data", "models", "attacks", "zeroshot"},
     "training": {"core", "data", "models", "attacks", "zeroshot"},
-    "evaluation": {"core", "data", "models", "attacks", "zeroshot", "runs", "training"},
+    "evaluation": {"core", "data", "models", "attacks", "zeroshot", "brittleness", "runs", "training"},
 }
 ENTRY_POINTS = {"cli", "cli_adapters", "api", "serve"}
 # Hydra and OmegaConf live at the edges: the entry points (but rgb.api: plain arguments) and the run drivers that

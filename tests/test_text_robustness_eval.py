@@ -28,7 +28,7 @@ from rgb.evaluation.text_robustness import (
 )
 from rgb.models import export_factory_model, export_model, load_clip, load_with_meta, register_architecture
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, zeroshot_classifier
-from rgb.zeroshot.perturb import DEFAULT_TYPES, LEXICAL, SEMANTIC, SYNTACTIC
+from rgb.brittleness.perturb import DEFAULT_TYPES, LEXICAL, SEMANTIC, SYNTACTIC
 
 TESTS = Path(__file__).resolve().parent
 TINY_ARCH = "rgb-test-tiny-clip"

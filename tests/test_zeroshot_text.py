@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rgb.zeroshot.brittleness import (
+from rgb.brittleness.metrics import (
     brittleness_index,
     classification_view,
     inter_distance,
@@ -22,7 +22,7 @@ from rgb.zeroshot.brittleness import (
     summarize,
     text_distance,
 )
-from rgb.zeroshot.perturb import (
+from rgb.brittleness.perturb import (
     DEFAULT_TYPES,
     KEYBOARD_NEIGHBOURS,
     LEXICAL,

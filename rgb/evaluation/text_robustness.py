@@ -41,10 +41,10 @@ from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
-from rgb.zeroshot.brittleness import DEFAULT_KS, DEFAULT_P, classification_view, query_table, summarize
+from rgb.brittleness.metrics import DEFAULT_KS, DEFAULT_P, classification_view, query_table, summarize
 from rgb.zeroshot.ensembles import ensemble_head
 from rgb.zeroshot.head import check_class_names, features_of
-from rgb.zeroshot.perturb import (
+from rgb.brittleness.perturb import (
     DEFAULT_TYPES,
     Perturbation,
     PerturbationError,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from rgb.zeroshot.perturb import Perturbation, perturbation_type
+from rgb.brittleness.perturb import Perturbation, perturbation_type
 
 DEFAULT_P = 0.99
 DEFAULT_KS = (10, 50, 100)
@@ -155,7 +155,7 @@ def query_table(image_features: torch.Tensor, query_features: torch.Tensor, pert
     (P, D), row i for perturbations[i], whose `query_index` points into the original queries. Columns are numpy
     arrays (pandas.DataFrame(table) works). overlap@k is NaN where k > N (the collection is shorter than k).
     Encode identical texts / token sequences once, so that edits that tokenize identically get identical
-    features, intra = 0 and an undefined B (better: leave them out, rgb.zeroshot.perturb.drop_non_edits)."""
+    features, intra = 0 and an undefined B (better: leave them out, rgb.brittleness.perturb.drop_non_edits)."""
     image_features, query_features, perturbed_features = (
         torch.as_tensor(t) for t in (image_features, query_features, perturbed_features))
     n_queries, n_images = query_features.shape[0], image_features.shape[0]
@@ -212,7 +212,7 @@ def summarize(table: dict[str, np.ndarray], dropped: dict[str, dict[str, int]] |
     """One row per (perturbation class, type), in order of first appearance: mean/median instability, mean
     overlap@k, mean intra, inter, the mean of the finite B, the median of the defined B (-inf for a stable
     ranking is the lowest B, so it counts there), the counts of stable (B = -inf) and undefined (NaN) B, and with
-    `dropped` (rgb.zeroshot.perturb.drop_non_edits) the edits of each type left out (`n_noop`, `n_same_tokens`);
+    `dropped` (rgb.brittleness.perturb.drop_non_edits) the edits of each type left out (`n_noop`, `n_same_tokens`);
     a type whose edits were all left out gets a row with n = 0."""
     n_rows = len(table["perturbation_type"])
     if n_rows == 0:
