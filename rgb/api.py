@@ -98,7 +98,7 @@ def benchmark(
     if n_examples is not None:
         attack_dir = attack_dir / f"first-{n_examples}"  # never mixed with (nor refused by) a whole-split run
     if norms:
-        try:
+        try:  # an in-memory model is attacked in this process: its data module is the one built above
             attack = AttackSettings.create(
                 run_dir, lambda: datamodule, white_box_budgets(norms, datamodule.budgets, datamodule.transfer_budgets),
                 batch_size=datamodule.eval_batch_size, output_dir=attack_dir, surrogate=name, run_name=name,
