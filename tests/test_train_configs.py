@@ -1,6 +1,7 @@
 """Every config under conf/ for training composes, resolves and instantiates; each experiment runs once."""
 
 import math
+from pathlib import Path
 
 import hydra
 import pytest
@@ -37,7 +38,8 @@ def test_plain_train_defaults_are_the_tiny_demo_with_paper_optimiser():
 
 def test_run_dir_is_stable_and_named_after_model_loss_strategy():
     cfg = compose_train("loss=trades", "strategy=linear_probe", hydra_cfg=True)
-    assert cfg.hydra.run.dir == "./outputs/train/digits/test_resnet-trades-linear_probe-e10-s0"
+    # the run store's layout (rgb.runs.store.output_dir_for): <outputs>/train/<dataset id>/<run name>
+    assert Path(cfg.hydra.run.dir) == Path("outputs/train/digits/test_resnet-trades-linear_probe-e10-s0")
     assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.num}"
 
 
