@@ -22,14 +22,14 @@ def data_factory(data: DictConfig) -> Callable[[], RGBDataModule]:
     return instantiate(data, _partial_=True, _convert_="all")
 
 
-def attack_settings(cfg: DictConfig, budgets: tuple[Budget, ...], surrogate: str, threads: int = 1,
-                    data: Callable[[], RGBDataModule] | None = None) -> AttackSettings:
+def attack_settings(cfg: DictConfig, data: Callable[[], RGBDataModule], budgets: tuple[Budget, ...], surrogate: str,
+                    threads: int = 1) -> AttackSettings:
     """conf/attack.yaml (or conf/transfer.yaml) mapped onto the run's settings."""
     if cfg.get("run") is None or OmegaConf.is_missing(cfg, "run"):
         raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
     attacks = cfg.attacks if cfg.attacks is None else list(cfg.attacks)
     return AttackSettings.create(
-        str(cfg.run), data or data_factory(cfg.data), budgets, batch_size=int(cfg.batch_size),
+        str(cfg.run), data, budgets, batch_size=int(cfg.batch_size),
         output_dir=str(cfg.output_dir), surrogate=surrogate, run_name=cfg.get("run_name") or None,
         version=str(cfg.version), seed=int(cfg.seed), attacks=attacks, precision=str(cfg.precision),
         device=str(cfg.device), compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
@@ -47,7 +47,7 @@ def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummar
     data = data_factory(cfg.data)
     datamodule = data()  # cheap: reads nothing until a split is asked for
     budgets = white_box_budgets(list(cfg.norms), datamodule.budgets, datamodule.transfer_budgets)
-    settings = attack_settings(cfg, budgets, surrogate=run_name_for(cfg.run), threads=threads, data=data)
+    settings = attack_settings(cfg, data, budgets, surrogate=run_name_for(cfg.run), threads=threads)
     summaries = execute(settings)
     tracking = cfg.get("wandb") or {}
     if tracking.get("enabled") and summaries:  # the shard that merges logs the run
@@ -65,5 +65,5 @@ def transfer_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSumm
     datamodule = data()
     splits = None if cfg.splits is None else [str(s) for s in cfg.splits]
     budgets = transfer_budgets(splits, datamodule.transfer_budgets)
-    settings = attack_settings(cfg, budgets, surrogate=str(cfg.surrogate), threads=threads, data=data)
+    settings = attack_settings(cfg, data, budgets, surrogate=str(cfg.surrogate), threads=threads)
     return make_transfer_splits(settings, datamodule.source)
