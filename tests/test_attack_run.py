@@ -278,6 +278,35 @@ def test_worker_processes_equal_one_process(surrogate, small_bench, reference, t
     pd.testing.assert_frame_equal(results(out), results(reference[0]))
 
 
+def test_a_failing_worker_stops_the_parent_at_its_next_report():
+    """On the CPU the parent attacks too while a thread draws the workers' reports: a worker's error (or a worker
+    that died without a word) ends the pump and the parent's own attack at its next progress report."""
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from rgb.runs import runner
+
+    drawn = []
+    bars = SimpleNamespace(stage=lambda *args: drawn.append(args))
+    for events, alive, message in [
+        ([("stage", (0, 1, "apgd-ce")), ("error", (1, "AttackRunError: broken model", None))], True,
+         "attack worker 1: AttackRunError: broken model"),
+        ([("stage", (0, 1, "apgd-ce"))], False, "attack worker 1 stopped (exit code -9)"),
+    ]:
+        drawn.clear()
+        inbox = queue.Queue()
+        for event in events:
+            inbox.put(event)
+        shared = runner._SharedBars(bars)
+        worker = SimpleNamespace(is_alive=lambda alive=alive: alive, exitcode=-9)
+        runner.pump_events(inbox, {1: worker}, shared, threading.Event())
+        assert drawn == [(0, 1, "apgd-ce")] and message in str(shared.failure)
+        with pytest.raises(AttackRunError, match="attack worker 1"):
+            shared.stage(0, 0, "square")  # the parent's own report
+        assert len(drawn) == 1
+
+
 @pytest.mark.parametrize(("device", "expected"), [("cpu", 2), ("cuda", 4)])
 def test_workers_on_one_cpu_share_its_threads(monkeypatch, device, expected):
     """Workers on the CPU take threads / workers each (more threads than cores spin-wait); on GPUs their own."""

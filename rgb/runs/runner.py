@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -262,69 +263,114 @@ def attack_shard(target: Target, settings: AttackSettings, runs: list[RunDirecto
     attack_held(target, settings, runs, held, settings.device, bars)
 
 
+def take_tasks(target: Target, settings: AttackSettings, runs: list[RunDirectory], tasks, device: str, bars,
+               rank: int) -> None:
+    """Attack (budget, batch start) tasks from the queue `tasks` until a None, then the ones another process held."""
+    held = []
+    for b, start in iter(tasks.get, None):
+        if not attack_batch(target, settings, b, runs[b], settings.shard_index, settings.shard_count, start,
+                            lambda b=b, start=start: load_batch(target, settings, runs[b], start), device, bars, rank):
+            held.append((b, start))
+    attack_held(target, settings, runs, held, device, bars, rank)
+
+
+def worker_threads(settings: AttackSettings, device: str, workers: int) -> int:
+    """A worker's torch threads: on the CPU its share (one each by default: single-threaded processes cannot
+    spin-wait on each other the way OpenMP threads of processes sharing cores do); on a GPU the run's."""
+    return settings.threads if device.startswith("cuda") else max(1, settings.threads // workers)
+
+
 def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events) -> None:
-    """Worker `rank` of `workers` (a spawned process): takes (budget, batch start) tasks until a None, on GPU
-    `rank` or on the CPU with its share of the threads (one each by default: single-threaded processes cannot
-    spin-wait on each other the way OpenMP threads of processes sharing cores do), and reports to the parent."""
+    """Worker `rank` of `workers` (a spawned process): takes tasks until a None, on GPU `rank` or on the CPU with its
+    share of the threads, and reports to the parent."""
     die_with_parent()
-    sink = _Events(events)
     try:
         device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
-        configure_threads(settings.threads if device.startswith("cuda") else max(1, settings.threads // workers))
+        configure_threads(worker_threads(settings, device, workers))
         target = Target.open(settings, device)
-        runs = list(run_directories(settings, target).values())
-        held = []
-        for b, start in iter(tasks.get, None):
-            if not attack_batch(target, settings, b, runs[b], settings.shard_index, settings.shard_count, start,
-                                lambda b=b, start=start: load_batch(target, settings, runs[b], start), device, sink,
-                                rank):
-                held.append((b, start))
-        attack_held(target, settings, runs, held, device, sink, rank)
+        take_tasks(target, settings, list(run_directories(settings, target).values()), tasks, device,
+                   _Events(events), rank)
         events.put(("exit", (rank,)))
     except Exception as err:  # the parent names it and stops the other workers
         user = isinstance(err, (AttackRunError, AttackError))
         events.put(("error", (rank, f"{type(err).__name__}: {err}", None if user else traceback.format_exc())))
 
 
+class _SharedBars:
+    """The parent's bars while it is a worker too: drawn one call at a time from its two threads, and once a worker
+    failed (`failure`) the parent's own attack stops at its next report (its batch is left unsaved, for the re-run)."""
+
+    def __init__(self, bars: Bars):
+        self.bars, self.lock = bars, threading.Lock()
+        self.failure: AttackRunError | None = None
+
+    def __getattr__(self, method: str):
+        def call(*args):
+            if self.failure is not None:
+                raise self.failure
+            with self.lock:
+                getattr(self.bars, method)(*args)
+        return call
+
+
+def pump_events(events, processes: dict, bars: _SharedBars, stopping: threading.Event) -> None:
+    """Draw the workers' reports on the bars until every worker has exited; the first failure (a worker's error,
+    or a worker that stopped without a word) goes to `bars.failure` and ends the pump."""
+    running = set(processes)
+    while running and bars.failure is None and not stopping.is_set():
+        try:
+            method, args = events.get(timeout=0.2)
+        except Empty:
+            stopped = [rank for rank in sorted(running) if not processes[rank].is_alive()]
+            if stopped:
+                bars.failure = AttackRunError(f"attack worker {stopped[0]} stopped (exit code "
+                                              f"{processes[stopped[0]].exitcode}) before its batches were done; "
+                                              f"re-run to continue")
+            continue
+        if method == "exit":
+            running.discard(args[0])
+        elif method == "error":
+            rank, message, trace = args
+            if trace:
+                log.error("attack worker %d failed:\n%s", rank, trace)
+            bars.failure = AttackRunError(f"attack worker {rank}: {message}")
+        else:
+            getattr(bars, method)(*args)
+
+
 def attack_in_workers(settings: AttackSettings, runs: list[RunDirectory], tasks: list[tuple[int, int]],
-                      workers: int, bars: Bars) -> None:
-    """Attack `tasks` (budget number, batch start) in `workers` spawned processes that each take the next task
-    when done (a batch of robust images costs 100x one that falls at once, so a fixed split would leave cores
-    idle); the results are those of one process, batch for batch. The parent draws the bars."""
+                      workers: int, bars: Bars, target: Target | None = None) -> None:
+    """Attack `tasks` (budget number, batch start) in `workers` processes that each take the next task when done (a
+    batch of robust images costs 100x one that falls at once, so a fixed split would leave cores idle); the results
+    are those of one process, batch for batch. With `target` (the CPU) this process is worker 0 with the model it
+    already holds, so batches start at once and one start-up less shares the cores; the other workers are spawned.
+    This process draws the bars."""
     context = torch.multiprocessing.get_context("spawn")
     queue, events = context.Queue(), context.Queue()
     for task in [*tasks, *[None] * workers]:
         queue.put(task)
-    processes = [context.Process(target=_worker, args=(rank, workers, settings, queue, events),
-                                 name=f"rgb-attack-{rank}") for rank in range(workers)]
-    for process in processes:
+    processes = {rank: context.Process(target=_worker, args=(rank, workers, settings, queue, events),
+                                       name=f"rgb-attack-{rank}") for rank in range(int(target is not None), workers)}
+    for process in processes.values():
         process.start()
-    running = set(range(workers))
+    shared, stopping = _SharedBars(bars), threading.Event()
+    pump = threading.Thread(target=pump_events, args=(events, processes, shared, stopping), name="rgb-attack-events",
+                            daemon=True)
+    pump.start()
     try:
-        while running:
-            try:
-                method, args = events.get(timeout=1.0)
-            except Empty:
-                stopped = [rank for rank in sorted(running) if not processes[rank].is_alive()]
-                if stopped:
-                    rank = stopped[0]
-                    raise AttackRunError(f"attack worker {rank} stopped (exit code {processes[rank].exitcode}) "
-                                         f"before its batches were done; re-run to continue") from None
-                continue
-            if method == "exit":
-                running.discard(args[0])
-            elif method == "error":
-                rank, message, trace = args
-                if trace:
-                    log.error("attack worker %d failed:\n%s", rank, trace)
-                raise AttackRunError(f"attack worker {rank}: {message}")
-            else:
-                getattr(bars, method)(*args)
+        if target is not None:
+            configure_threads(worker_threads(settings, settings.device, workers))
+            take_tasks(target, settings, runs, queue, settings.device, shared, 0)
+        pump.join()
+        if shared.failure is not None:
+            raise shared.failure
     finally:
-        for process in processes:
+        stopping.set()
+        for process in processes.values():
             if process.is_alive():
                 process.terminate()
             process.join()
+        pump.join()
 
 
 def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDirectory, shard_count: int
@@ -404,8 +450,9 @@ def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dic
         workers = min(settings.processes, len(tasks)) if pool else 1
         bars = Bars(settings, ordered, index, count)
         try:
-            if pool and (workers > 1 or not settings.device.startswith("cpu")):
-                attack_in_workers(settings, ordered, tasks, workers, bars)
+            on_cpu = settings.device.startswith("cpu")
+            if pool and (workers > 1 or not on_cpu):
+                attack_in_workers(settings, ordered, tasks, workers, bars, target if on_cpu else None)
             else:
                 attack_shard(target, settings, ordered, bars)
         finally:
