@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine_load import busy_loops
+
 REPO = Path(__file__).resolve().parents[1]
-BUSY_LOOP = "while True: pass"
 
 
 def head_snapshot(mini_dir: Path, out: Path, n: int) -> Path:
@@ -75,17 +76,6 @@ def attack(run: str, norm: str, bench: Path, out: Path, batch_size: int | None, 
             "images_per_s": summary["n"] / wall}
 
 
-def with_busy(count: int, body):
-    """Run `body()` while `count` CPU-bound processes (pure-Python busy loops) share the machine."""
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
-    try:
-        return body()
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
-
-
 def write(path: Path, record: dict) -> None:
     """The JSON so far (rewritten after every configuration: a long run interrupted keeps what it measured)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                 for config in configurations(args.cores):
                     out = Path(scratch) / f"out-{len(record['cases'])}-{len(rows)}"
                     load_before = os.getloadavg()
-                    row = with_busy(busy, lambda: attack(run, norm, bench, out, args.batch_size, config["overrides"]))
+                    with busy_loops(busy):
+                        row = attack(run, norm, bench, out, args.batch_size, config["overrides"])
                     rows.append({**config, "busy": busy, "load_before": load_before, "load_after": os.getloadavg(),
                                  **row})
                     print(f"{case} busy={busy} {config['name']}: {row['wall_s']:.1f} s "

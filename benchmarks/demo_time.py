@@ -25,8 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine_load import busy_loops
+
 REPO = Path(__file__).resolve().parents[1]
-BUSY_LOOP = "while True: pass"
 
 
 def fresh_copy(destination: Path) -> Path:
@@ -86,9 +87,8 @@ def main(argv: list[str] | None = None) -> int:
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                           "available_cpus": available_cpus(), "python": platform.python_version()},
               "busy": args.busy, "load_before": os.getloadavg(), "steps": []}
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(args.busy)]
     began = time.perf_counter()
-    try:
+    with busy_loops(args.busy):
         if args.install:  # `make install` into a new venv of the copy: pip's downloads or its local wheel cache
             start = time.perf_counter()
             done = subprocess.run(["make", "install", f"VENV={venv}"], cwd=copy, env=env, stdout=subprocess.PIPE,
@@ -110,10 +110,6 @@ def main(argv: list[str] | None = None) -> int:
             if done.returncode:
                 print(done.stdout[-3000:], file=sys.stderr)
                 break
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
     record["total_seconds"] = round(time.perf_counter() - began, 1)
     record["load_after"] = os.getloadavg()
     record["complete"] = (len(record["steps"]) == len(steps) and all(s["returncode"] == 0 for s in record["steps"])
