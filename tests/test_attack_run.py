@@ -145,7 +145,7 @@ def test_two_shards_merge_to_the_single_shard_result_and_merge_names_a_missing_s
 
 @pytest.mark.parametrize(
     "change, field",
-    [("seed=1", "seed 0 (this run: 1)"), ("data.budgets.linf=0.03", "eps"), ("batch_size=4", "batch_size"),
+    [("seed=1", "seed 0 -> 1"), ("data.budgets.linf=0.03", "eps"), ("batch_size=4", "batch_size"),
      ("export_adversarial=true", "export_adversarial"), ("tail_rows=64", "tail_rows")],
 )
 def test_resume_into_a_directory_of_another_run_is_refused_and_loses_nothing(

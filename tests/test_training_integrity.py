@@ -16,10 +16,12 @@ import torch
 
 from rgb.core import file_sha256
 from rgb.models import create_model, load_with_meta
+from rgb.runs.store import RunDirectory
 from rgb.training import (
     RESUMABLE_KEYS,
     AtomicCheckpointIO,
     RobustFinetuneModule,
+    RunManifest,
     TrainingConfigError,
     TrainingError,
     train,
@@ -101,6 +103,21 @@ def test_checkpoints_without_run_record_are_not_adopted(tmp_path, mini_dir):
     torch.save({"epoch": 0}, tmp_path / "checkpoints" / "last.ckpt")
     with pytest.raises(TrainingError, match="holds checkpoints .*but no run.json"):
         train(compose_train(tmp_path, mini_dir, *SHORT))
+
+
+def test_a_record_of_another_kind_or_unreadable_is_not_adopted(tmp_path):
+    """run.json of an attack run (its identity itself) is no training record, and one that does not decode is
+    named: either way the directory is refused in one line and its record left as it was."""
+    RunDirectory(tmp_path, {"n_images": 2, "batch_size": 2}).claim()
+    attack_record = (tmp_path / "run.json").read_bytes()
+    with pytest.raises(TrainingError) as err:
+        RunManifest(tmp_path).claim({"loss.name": "ce"})
+    assert "run.json is not a training run record; use another run_name" in one_line(err)
+    (tmp_path / "run.json").write_bytes(attack_record[:5])
+    with pytest.raises(TrainingError) as err:
+        RunManifest(tmp_path).claim({"loss.name": "ce"})
+    assert f"unreadable {tmp_path / 'run.json'}" in one_line(err) and f"delete {tmp_path}" in one_line(err)
+    assert (tmp_path / "run.json").read_bytes() == attack_record[:5]
 
 
 # ---------------------------------------------------------------- 2. model.json: what produced the weights

@@ -23,6 +23,7 @@ import torch
 
 from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, stable_id
+from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import path_name
 from rgb.models import META_FILE, WEIGHTS_FILE, export_paths
 
@@ -31,7 +32,6 @@ class AttackRunError(RuntimeError):
     """A one-line problem with an attack run: bad settings, a directory made for another run, missing shards."""
 
 
-MANIFEST = "run.json"
 LOCK_DIR = "locks"  # one flock file per batch: which process is attacking it
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.json"
@@ -197,12 +197,19 @@ class RunSummary:
         return self.n / self.attack_seconds if self.attack_seconds > 0 else float("nan")
 
 
+def _identity_in(record) -> dict | None:
+    """An attack run's manifest is its identity itself."""
+    return record if isinstance(record, dict) else None
+
+
 class RunDirectory:
     """One threat model's run directory: manifest, per-batch result files of every shard, merged results."""
 
     def __init__(self, directory: Path, identity: dict):
         self.directory = Path(directory)
         self.identity = identity
+        self.manifest = IdentityManifest(self.directory, "an attack run", _identity_in, AttackRunError,
+                                         "was made for another run", "another output_dir")
         self.key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).digest()
         self.starts = list(range(0, identity["n_images"], identity["batch_size"]))
 
@@ -211,21 +218,7 @@ class RunDirectory:
         another model, dataset, budget, seed or version. A directory without results (a run that died before its
         first batch, e.g. on a broken model) is adopted by the next run whatever its manifest says; batch files
         carry the identity, so two runs can never mix."""
-        manifest = self.directory / MANIFEST
-        if manifest.is_file() and self.holds_results():
-            try:
-                found = json.loads(manifest.read_text())
-            except ValueError as err:
-                raise AttackRunError(f"unreadable {manifest}: {err}; delete the directory to start over") from err
-            differ = [f"{k} {found.get(k)!r} (this run: {v!r})" for k, v in self.identity.items() if found.get(k) != v]
-            if differ:
-                raise AttackRunError(
-                    f"{self.directory} was made for another run: {'; '.join(differ)}; use another output_dir "
-                    f"or delete it"
-                )
-        elif create:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(manifest, self.identity)
+        self.manifest.claim(self.identity, self.holds_results(), write=create)
 
     def holds_results(self) -> bool:
         """A finished batch or a merged result: what a manifest protects (without them it only records a start)."""

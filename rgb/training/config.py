@@ -89,19 +89,6 @@ def training_identity(cfg: DictConfig) -> dict:
     return {key: value for key, value in sorted(flatten(resolved(cfg)).items()) if not resumable(key)}
 
 
-def identity_changes(stored: dict, current: dict) -> list[str]:
-    """`key stored -> current` for every key whose value differs, keys on both sides first, then keys that
-    exist on one side only (shown as absent on the other)."""
-
-    def shown(side: dict, key: str) -> str:
-        return repr(side[key]) if key in side else "(absent)"
-
-    differing = [key for key in set(stored) | set(current)
-                 if key not in stored or key not in current or stored[key] != current[key]]
-    differing.sort(key=lambda key: (key not in stored or key not in current, key))
-    return [f"{key} {shown(stored, key)} -> {shown(current, key)}" for key in differing]
-
-
 # ---------------------------------------------------------------- validation
 
 def _norm(value) -> bool:

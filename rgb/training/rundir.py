@@ -26,18 +26,16 @@ from lightning.pytorch.callbacks import Callback
 
 from rgb.core import atomic_write_bytes, atomic_write_json
 from rgb.core.files import flock
+from rgb.core.rundir import MANIFEST, IdentityManifest, changes_line, identity_changes
 from rgb.models import WEIGHTS_FILE
 from rgb.core.values import flatten
-from rgb.training.config import TrainingError, identity_changes
+from rgb.training.config import TrainingError
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
-MANIFEST = "run.json"
 CHECKPOINT_DIR = "checkpoints"
 HYDRA_RECORD = ".hydra"
-# Keep the list of changes in a refusal readable.
-SHOWN_CHANGES = 6
 # Module hyper-parameters that change speed only (float rounding), never the training: may differ on resume.
 SPEED_HPARAMS = ("channels_last", "compile")
 
@@ -123,51 +121,38 @@ def write_hydra_record(run_dir: Path, cfg) -> None:
         atomic_write_bytes(record / name, OmegaConf.to_yaml(node).encode())
 
 
+def _training_identity_in(record) -> dict | None:
+    if isinstance(record, dict) and record.get("task") == "train" and "identity" in record:
+        return record["identity"]
+    return None
+
+
 class RunManifest:
     """`run.json` of a train run dir: {"task": "train", "identity": {...}, "starts": [...]}."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / MANIFEST
-
-    def read(self) -> dict | None:
-        if not self.path.is_file():
-            return None
-        try:
-            record = json.loads(self.path.read_text())
-        except (OSError, ValueError) as err:
-            raise TrainingError(f"unreadable {self.path} ({err}); delete the run dir {self.run_dir} to start over")
-        if not isinstance(record, dict) or record.get("task") != "train" or "identity" not in record:
-            raise TrainingError(f"{self.path} is not a training run record; use another run_name")
-        return record
+        self.manifest = IdentityManifest(self.run_dir, "a training run", _training_identity_in, TrainingError,
+                                         "was made by another training config", "another run_name")
 
     def claim(self, identity: dict) -> dict:
         """The stored record, (re)written now if nothing in the run dir was trained yet; refuse another identity
         once checkpoints or weights exist, and checkpoints that no record describes (a run dir from before
         run.json, or foreign files)."""
-        record = self.read()
         checkpoints = sorted((self.run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
-        fresh = f"start fresh with another run_name, or delete {self.run_dir}"
         made = [f"checkpoints ({checkpoints[0].name}, ...)"] if checkpoints else []
         made += [WEIGHTS_FILE] if (self.run_dir / WEIGHTS_FILE).is_file() else []
-        if record is None and made:
+        if made and not self.manifest.path.is_file():
             raise TrainingError(
                 f"{self.run_dir} holds {' and '.join(made)} but no {MANIFEST}, so the config that made them is "
-                f"unknown; {fresh}"
+                f"unknown; {self.manifest.start_over}"
             )
-        changes = identity_changes(record["identity"], identity) if record is not None else []
-        if changes and (checkpoints or (self.run_dir / WEIGHTS_FILE).is_file()):
-            shown = ", ".join(changes[:SHOWN_CHANGES])
-            more = f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
-            raise TrainingError(f"{self.run_dir} was made by another training config: {shown}{more}; {fresh}")
-        if record is None or changes:  # first start, or earlier starts that failed before training anything
-            record = {"task": "train", "identity": identity, "starts": []}
-            atomic_write_json(self.path, record)
-        return record
+        # A new record on the first start, or after earlier starts that failed before training anything.
+        return self.manifest.claim({"task": "train", "identity": identity, "starts": []}, holds_results=bool(made))
 
     def add_start(self, record: dict, start: dict) -> dict:
         record = {**record, "starts": [*record.get("starts", []), start]}
-        atomic_write_json(self.path, record)
+        atomic_write_json(self.manifest.path, record)
         return record
 
 
@@ -201,7 +186,7 @@ class SameHyperparameters(Callback):
         if changes:
             raise TrainingError(
                 f"the checkpoint to resume from was trained with other hyper-parameters: "
-                f"{', '.join(changes[:SHOWN_CHANGES])}; resume from a checkpoint of this config, or pass ckpt_path=null"
+                f"{changes_line(changes)}; resume from a checkpoint of this config, or pass ckpt_path=null"
             )
 
 
