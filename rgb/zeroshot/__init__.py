@@ -5,6 +5,7 @@ comparison table (class-wise metrics: rgb.core.classwise) and the embedded mini 
 Sits at the models layer: imports rgb.core, rgb.data and rgb.models only. Definitions: the zero-shot spec (docs/specs.md).
 """
 
+from rgb.core.templates import check_templates
 from rgb.zeroshot.embedded import EMBEDDED_ARCH, embedded_clip_classifier, ensure_embedded_clip
 from rgb.zeroshot.ensembles import (
     ENSEMBLES,
@@ -25,7 +26,7 @@ from rgb.zeroshot.head import (
     features_of,
     zeroshot_classifier,
 )
-from rgb.zeroshot.prompts import PromptError, check_templates, load_descriptions, template_pool
+from rgb.zeroshot.prompts import PromptError, load_descriptions, template_pool
 from rgb.zeroshot.report import average_rows, comparison_table, head_row, row_metrics
 from rgb.zeroshot.text import TextFeatureCache, encode_texts
 

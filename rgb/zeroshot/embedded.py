@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, tensor_file_problem
+from rgb.core.templates import check_templates, fill
 from rgb.models.openclip import load_clip, register_architecture
-from rgb.zeroshot.prompts import check_templates, fill
 
 log = logging.getLogger(__name__)
 
