@@ -18,7 +18,7 @@ from rgb.models import (
     load_clip,
     load_with_meta,
 )
-from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture
+from rgb.models.embedded_clip import EMBEDDED_ARCH, register_embedded_architecture
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, check_class_names, zeroshot_classifier
 from rgb.zeroshot.prompts import template_pool
 
