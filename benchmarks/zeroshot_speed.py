@@ -25,7 +25,7 @@ import torch
 
 from rgb.core import atomic_write_json
 from rgb.models import library_versions, load_clip
-from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture
+from rgb.models.embedded_clip import EMBEDDED_ARCH, register_embedded_architecture
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, zeroshot_classifier
 
 RESULTS = Path(__file__).resolve().parent / "results"

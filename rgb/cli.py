@@ -85,7 +85,7 @@ USER_ERRORS = (
     ("rgb.core.machine", "DeviceError"), ("rgb.data.benchmark", "BenchmarkError"),
     ("rgb.runs.settings", "AttackRunError"), ("rgb.attacks.common", "AttackError"),
     ("rgb.models.factory", "WeightsMismatchError"), ("rgb.models.factory", "ModelLoadError"),
-    ("rgb.core.files", "CorruptFileError"), ("rgb.zeroshot.prompts", "PromptError"),
+    ("rgb.core.files", "CorruptFileError"), ("rgb.core.templates", "PromptError"),
     ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.brittleness.perturb", "PerturbationError"),
     ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
     ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),

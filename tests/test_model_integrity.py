@@ -64,7 +64,7 @@ def test_exported_weights_follow_the_umask(tmp_path, umask, mask, mode):
 
 def test_embedded_clip_checkpoint_follows_the_umask(tmp_path, umask):
     from rgb.models import load_clip
-    from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture, save_checkpoint
+    from rgb.models.embedded_clip import EMBEDDED_ARCH, register_embedded_architecture, save_checkpoint
 
     umask(0o022)
     register_embedded_architecture()
@@ -156,7 +156,7 @@ def truncate(path):
 
 def test_truncated_text_feature_cache_entry_is_rebuilt(tmp_path, caplog):
     from rgb.models import load_clip
-    from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture
+    from rgb.models.embedded_clip import EMBEDDED_ARCH, register_embedded_architecture
     from rgb.zeroshot.text import TextFeatureCache
 
     register_embedded_architecture()
@@ -175,7 +175,7 @@ def test_truncated_text_feature_cache_entry_is_rebuilt(tmp_path, caplog):
 
 def test_truncated_embedded_clip_checkpoint_is_called_corrupt(tmp_path, mini_dir):
     from rgb.models import load_clip
-    from rgb.zeroshot.embedded import (
+    from rgb.models.embedded_clip import (
         CAPTION_TEMPLATES, DEFAULTS, EMBEDDED_ARCH, ensure_embedded_clip, register_embedded_architecture,
         save_checkpoint,
     )

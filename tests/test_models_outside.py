@@ -19,9 +19,7 @@ from rgb.models import (
     load_clip_of,
     load_with_meta,
 )
-from rgb.models.hub import HubModelMissingError
-from rgb.models.io import origin_line
-from rgb.zeroshot.embedded import (
+from rgb.models.embedded_clip import (
     CAPTION_TEMPLATES,
     DEFAULTS,
     EMBEDDED_ARCH,
@@ -30,6 +28,8 @@ from rgb.zeroshot.embedded import (
     register_embedded_architecture,
     save_checkpoint,
 )
+from rgb.models.hub import HubModelMissingError
+from rgb.models.io import origin_line
 
 
 def timm_source():

@@ -7,12 +7,12 @@ import torch
 
 from clip_runs import compose_train
 from rgb.models import create_openclip_classifier, load_with_meta
+from rgb.models.embedded_clip import EMBEDDED_ARCH, register_embedded_architecture
 from rgb.training import train
 from rgb.training.config import TrainingConfigError, validate_config
 from rgb.training.losses import FARE, EmbeddingAttack, build_loss, squared_distance
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.zeroshot import initialise_head
-from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture
 
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rgb.models import load_clip
-from rgb.zeroshot.embedded import (
+from rgb.models.embedded_clip import (
     ALT_CAPTION_TEMPLATES,
     CONFIG_FILE,
     EMBEDDED_ARCH,

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import compose_config
+from rgb.core.templates import PromptError, check_templates
 from rgb.models import (
     META_FILE,
     OpenCLIPWeightsError,
@@ -17,9 +18,9 @@ from rgb.models import (
     load_clip,
     load_with_meta,
 )
-from rgb.zeroshot.embedded import EMBEDDED_ARCH, register_embedded_architecture
+from rgb.models.embedded_clip import EMBEDDED_ARCH, register_embedded_architecture
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, check_class_names, zeroshot_classifier
-from rgb.zeroshot.prompts import PromptError, check_templates, template_pool
+from rgb.zeroshot.prompts import template_pool
 
 CLASSES = ["zero", "one", "two", "three", "four_ish"]
 

@@ -1,6 +1,6 @@
 """Foundation of the house: the threat-model vocabulary, atomic files and hashes, the identity a run directory is
-bound to (`rgb.core.rundir`), devices and threads, the class-wise metrics (`rgb.core.classwise`) and the JSON
-record codec (`rgb.core.jsonrecord`).
+bound to (`rgb.core.rundir`), devices and threads, the class-wise metrics (`rgb.core.classwise`), the JSON record
+codec (`rgb.core.jsonrecord`) and the rules of caption/prompt templates (`rgb.core.templates`).
 
 Imports nothing from other rgb packages, so every layer (attacks included) may use it. The device and thread
 helpers import torch, so they load on first use: `rgb.core.configs` (read by every command's `--help`) stays light.

@@ -1,5 +1,5 @@
 """Classifiers that take [0,1] images (normalisation inside), in families (timm, openclip, factory), their export
-and loading."""
+and loading. The embedded mini CLIP (rgb.models.embedded_clip) is imported where it is used."""
 
 from rgb.models.factory import (
     ModelLoadError,

@@ -12,6 +12,7 @@ import torch
 from safetensors import SafetensorError
 
 from rgb.core import file_sha256
+from rgb.core.templates import check_templates
 from rgb.data.catalog import DATASETS, MINI
 from rgb.models.openclip import LoadedCLIP, OpenCLIPClassifier, classifier_from_clip
 from rgb.zeroshot.ensembles import (
@@ -27,7 +28,6 @@ from rgb.zeroshot.ensembles import (
 )
 from rgb.zeroshot.prompts import (
     PromptError,
-    check_templates,
     described,
     description_question,
     load_descriptions,

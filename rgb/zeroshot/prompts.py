@@ -1,4 +1,5 @@
-"""Prompt templates, class names and description files, checked before any text is encoded.
+"""Prompt templates, class names and description files, checked before any text is encoded (the template rules,
+`check_templates` and `fill`, are rgb.core.templates').
 
 The template pool `imagenet80` is CLIP's 80 ImageNet templates as open_clip ships them in its package
 (`open_clip.zero_shot_metadata`), turned into format strings; `simple` is open_clip's short list.
@@ -10,9 +11,7 @@ import difflib
 import json
 from pathlib import Path
 
-
-class PromptError(ValueError):
-    """Templates, class names or descriptions that cannot make a head (one line)."""
+from rgb.core.templates import PromptError, fill
 
 
 def _format_strings(templates) -> list[str]:
@@ -42,26 +41,9 @@ def template_pool(name: str) -> list[str]:
     return POOLS[name]()
 
 
-def check_templates(templates: list[str]) -> list[str]:
-    """Every template has exactly one `{}` (the class name); the pool is not empty; duplicates dropped in order."""
-    templates = list(dict.fromkeys(str(t) for t in templates))
-    if not templates:
-        raise PromptError("the template pool is empty: give prompts.pool and/or prompts.templates")
-    for template in templates:
-        slots = template.count("{}")
-        if slots != 1:
-            raise PromptError(f"template {template!r} has {slots} '{{}}' slots; a template needs exactly one "
-                              "(for the class name)")
-    return templates
-
-
 def prompt_class_names(names: list[str]) -> list[str]:
     """Class names as they go into prompts: the dataset's label names with `_` replaced by a space."""
     return [str(n).replace("_", " ") for n in names]
-
-
-def fill(template: str, class_name: str) -> str:
-    return template.replace("{}", class_name)
 
 
 def load_descriptions(path: str | Path, class_names: list[str]) -> dict[str, list[str]]:

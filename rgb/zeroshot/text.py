@@ -78,7 +78,7 @@ class TextFeatureCache:
 
     def prompt_features(self, templates: list[str], class_names: list[str]) -> torch.Tensor:
         """(M, C, D): e[t, c] = features of template t filled with class c."""
-        from rgb.zeroshot.prompts import fill
+        from rgb.core.templates import fill
 
         texts = [fill(t, c) for t in templates for c in class_names]
         return self.features(texts).view(len(templates), len(class_names), -1)

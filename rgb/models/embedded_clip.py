@@ -4,7 +4,8 @@ so every zero-shot path (weights from a checkpoint file, text features, ensemble
 `ensure_embedded_clip(dir)` builds it on first use (deterministic, well under a minute on 2 CPU cores) and writes
 open_clip's checkpoint format: `open_clip_model.safetensors` + `open_clip_config.json` ({"model_cfg",
 "preprocess_cfg"}, what open_clip's `local-dir:` loader reads). It then loads like real weights:
-`load_clip(EMBEDDED_ARCH, weights=<dir>/open_clip_model.safetensors)`.
+`load_clip(EMBEDDED_ARCH, weights=<dir>/open_clip_model.safetensors)`. Command line (next to the openclip family
+it builds on): `python -m rgb.models.embedded_clip [OUT_DIR] [--mini DIR] [--alt-captions]`.
 
 Captions are `template.format(class name)` over `CAPTION_TEMPLATES`; a variant trained on other captions (for the
 text-brittleness comparison) is `ensure_embedded_clip(dir, templates=ALT_CAPTION_TEMPLATES)`. The template words
@@ -25,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, tensor_file_problem
+from rgb.core.templates import check_templates, fill
 from rgb.models.openclip import load_clip, register_architecture
-from rgb.zeroshot.prompts import check_templates, fill
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,28 @@
+"""Caption and prompt templates: a format string with exactly one `{}`, the slot of the class name.
+
+The embedded CLIP's training captions (rgb.models.embedded_clip) and the zero-shot prompts (rgb.zeroshot.prompts)
+are both templates filled with class names; the rules live here, below both.
+"""
+
+from __future__ import annotations
+
+
+class PromptError(ValueError):
+    """Templates, class names or descriptions that cannot make a head (one line)."""
+
+
+def check_templates(templates: list[str]) -> list[str]:
+    """Every template has exactly one `{}` (the class name); the pool is not empty; duplicates dropped in order."""
+    templates = list(dict.fromkeys(str(t) for t in templates))
+    if not templates:
+        raise PromptError("the template pool is empty: give prompts.pool and/or prompts.templates")
+    for template in templates:
+        slots = template.count("{}")
+        if slots != 1:
+            raise PromptError(f"template {template!r} has {slots} '{{}}' slots; a template needs exactly one "
+                              "(for the class name)")
+    return templates
+
+
+def fill(template: str, class_name: str) -> str:
+    return template.replace("{}", class_name)
