@@ -109,19 +109,22 @@ def cached_model(name: str, cache: Path) -> Path:
 
 
 class CallLog(RowCounter):
-    """RowCounter that also counts the calls of each batch size (forward; backward), from which the cost of the
-    attack's model evaluations alone is replayed (`evaluation_floor`)."""
+    """RowCounter that also counts the calls of each batch size and memory format (forward; backward), from which
+    the cost of the attack's model evaluations alone is replayed (`evaluation_floor`)."""
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.forward_calls, self.backward_calls = Counter(), Counter()
+        self._last_call = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.forward_calls[x.shape[0]] += 1
+        nhwc = x.dim() == 4 and x.shape[1] > 1 and x.is_contiguous(memory_format=torch.channels_last)
+        self._last_call = (x.shape[0], nhwc)
+        self.forward_calls[self._last_call] += 1
         return super().forward(x)
 
     def _count_backward(self, grad: torch.Tensor) -> None:
-        self.backward_calls[grad.shape[0]] += 1
+        self.backward_calls[(grad.shape[0], self._last_call[1])] += 1
         super()._count_backward(grad)
 
 
@@ -140,19 +143,21 @@ def _seconds_per_call(call, min_seconds: float = 0.05, repeats: int = 3) -> floa
 
 def evaluation_floor(net: nn.Module, log: CallLog, shape: tuple[int, ...]) -> dict:
     """What the model evaluations of a run cost alone: every logged call size timed in isolation (random images,
-    forward without a graph; forward with one plus the backward to the input for a backward call), times its count.
+    in the memory format the run gave them, forward without a graph; forward with one plus the backward to the input
+    for a backward call), times its count.
     A run's wall time over this is what its own steps add: the limit an implementation can reach is 1."""
     seconds, sizes = 0.0, sorted(set(log.forward_calls) | set(log.backward_calls))
-    for size in sizes:
+    for size, nhwc in sizes:
         x = torch.rand(size, *shape)
+        x = x.contiguous(memory_format=torch.channels_last) if nhwc else x
         with torch.no_grad():
             forward = _seconds_per_call(lambda: net(x))
-        seconds += log.forward_calls[size] * forward
-        if log.backward_calls[size]:
+        seconds += log.forward_calls[(size, nhwc)] * forward
+        if log.backward_calls[(size, nhwc)]:
             def forward_backward():
-                xg = x.clone().requires_grad_(True)
+                xg = x.detach().clone().requires_grad_(True)
                 net(xg).sum().backward()
-            seconds += log.backward_calls[size] * max(_seconds_per_call(forward_backward) - forward, 0.0)
+            seconds += log.backward_calls[(size, nhwc)] * max(_seconds_per_call(forward_backward) - forward, 0.0)
     return {"seconds": seconds, "call_sizes": len(sizes), "forward_calls": sum(log.forward_calls.values()),
             "backward_calls": sum(log.backward_calls.values())}
 

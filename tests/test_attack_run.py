@@ -46,8 +46,10 @@ def overrides(run: Path, bench: Path, out: Path, *extra: str) -> list[str]:
             f"data.budgets.linf={LINF_EPS}", f"batch_size={BATCH}", "progress=false", *extra]
 
 
-def attack(items: list[str]) -> dict:
-    return {name: summary.to_json() for name, summary in attack_from_config(compose_config("attack", *items)).items()}
+def attack(items: list[str], threads: int = 1) -> dict:
+    """attack.py's run in this process; `threads`: what the entry point would have configured (its `threads=`)."""
+    summaries = attack_from_config(compose_config("attack", *items), threads=threads)
+    return {name: summary.to_json() for name, summary in summaries.items()}
 
 
 def results(out: Path, norm: str = "linf") -> pd.DataFrame:
@@ -86,11 +88,12 @@ def test_reference_run_writes_the_documented_run_directory(reference):
 
 
 def is_worker(pid: int) -> bool:
-    """A live spawned worker (a zombie or a gone process has no command line)."""
+    """A live worker process (forked or spawned): one that exists and is not a zombie."""
     try:
-        return "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
-    except OSError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return False
+    return state != "Z"
 
 
 def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate, small_bench, reference, tmp_path):
@@ -103,6 +106,7 @@ def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate,
     while len(batch_files(out)) < 1 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     workers = [int(p) for p in Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()]
+    assert workers and all(map(is_worker, workers))  # the worker beside attack.py itself is running
     first.send_signal(signal.SIGKILL)
     first.wait()
     deadline = time.monotonic() + 30  # its worker processes die with it: none goes on beside the re-run
@@ -269,11 +273,13 @@ def test_presets_compose(compose):
 
 
 @pytest.mark.slow
-def test_worker_processes_equal_one_process(surrogate, small_bench, reference, tmp_path):
-    """shard.devices=2 on the CPU: two spawned single-threaded workers take the batches as they come and write
-    the node's shard layout; the results equal one process's, batch for batch."""
-    out = tmp_path / "spawned"
-    attack(overrides(surrogate, small_bench, out, "shard.devices=2", "threads=2"))
+@pytest.mark.parametrize("threads", [2, 4])
+def test_worker_processes_equal_one_process(surrogate, small_bench, reference, tmp_path, threads):
+    """shard.devices=2 on the CPU: attack.py and one more worker (forked with one thread each, spawned with two)
+    take the batches as they come and write the node's shard layout; the results equal one process's, batch for
+    batch."""
+    out = tmp_path / "workers"
+    attack(overrides(surrogate, small_bench, out, "shard.devices=2"), threads=threads)
     assert {p.parent.name for p in batch_files(out)} == {"shard-0-of-1"} and len(batch_files(out)) == N_BATCHES
     pd.testing.assert_frame_equal(results(out), results(reference[0]))
 
@@ -305,6 +311,17 @@ def test_a_failing_worker_stops_the_parent_at_its_next_report():
         with pytest.raises(AttackRunError, match="attack worker 1"):
             shared.stage(0, 0, "square")  # the parent's own report
         assert len(drawn) == 1
+
+
+@pytest.mark.parametrize(("device", "threads", "method"), [("cpu", 2, "fork"), ("cpu", 4, "spawn"),
+                                                          ("cuda", 2, "spawn")])
+def test_single_threaded_cpu_workers_are_forked_with_the_model(device, threads, method):
+    """Forked CPU workers start with the parent's model at once; CUDA and multi-threaded OpenMP are not fork-safe."""
+    from types import SimpleNamespace
+
+    from rgb.runs.runner import worker_start_method
+
+    assert worker_start_method(SimpleNamespace(device=device, threads=threads), 2) == method
 
 
 @pytest.mark.parametrize(("device", "expected"), [("cpu", 2), ("cuda", 4)])

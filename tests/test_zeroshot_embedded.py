@@ -34,7 +34,7 @@ def test_a_directory_trained_with_other_settings_is_refused(tmp_path, mini_dir):
 def test_embedded_clip_zero_shot_accuracy_with_every_ensemble(tmp_path, mini_dir):
     from rgb.data import ImageSplit, load_split
     from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, zeroshot_classifier
-    from rgb.zeroshot.prompts import prompt_class_names
+    from rgb.core.templates import prompt_class_names
     from rgb.zeroshot.report import comparison_table
     from rgb.zeroshot.text import TextFeatureCache
 

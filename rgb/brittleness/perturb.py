@@ -35,6 +35,7 @@ from pathlib import Path
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from rgb.core.files import read_jsonl
+from rgb.core.templates import PromptError, check_templates, fill
 
 LEXICAL, SYNTACTIC, SEMANTIC = "lexical", "syntactic", "semantic"
 
@@ -311,11 +312,13 @@ def perturbation_type(name: str) -> PerturbationType:
 
 
 def template_queries(templates: Sequence[str], class_names: Sequence[str]) -> list[Query]:
-    """Every template filled with every class name (template-major), each query knowing its class name."""
-    for template in templates:
-        if template.count("{}") != 1:
-            raise PerturbationError(f"template {template!r} must contain exactly one '{{}}'")
-    return [Query(template.replace("{}", name), name) for template in templates for name in class_names]
+    """Every template filled with every class name (template-major), each query knowing its class name; templates
+    follow the rule of the zero-shot prompts (rgb.core.templates)."""
+    try:
+        check_templates(templates)
+    except PromptError as err:
+        raise PerturbationError(str(err)) from None
+    return [Query(fill(template, name), name) for template in templates for name in class_names]
 
 
 def load_user_edits(path: str | Path) -> dict[str, dict[str, list[str]]]:

@@ -26,3 +26,8 @@ def check_templates(templates: list[str]) -> list[str]:
 
 def fill(template: str, class_name: str) -> str:
     return template.replace("{}", class_name)
+
+
+def prompt_class_names(names: list[str]) -> list[str]:
+    """Class names as they go into prompts and captions: the dataset's label names with `_` replaced by a space."""
+    return [str(n).replace("_", " ") for n in names]

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, tensor_file_problem
-from rgb.core.templates import check_templates, fill
+from rgb.core.templates import check_templates, fill, prompt_class_names
 from rgb.models.openclip import load_clip, register_architecture
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def _train_images(mini_dir: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]
     ensure_mini(mini_dir)
     split = ImageSplit(load_split(str(mini_dir), DATASET, "train"), IMAGE_SIZE)
     images = torch.stack([split[i][0] for i in range(len(split))])
-    return images, split.labels, [n.replace("_", " ") for n in split.class_names]
+    return images, split.labels, prompt_class_names(split.class_names)
 
 
 def _caption_tokens(tokenizer, templates, class_names) -> tuple[torch.Tensor, torch.Tensor]:

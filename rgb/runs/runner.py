@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import platform
 import threading
 import time
@@ -280,20 +281,28 @@ def worker_threads(settings: AttackSettings, device: str, workers: int) -> int:
     return settings.threads if device.startswith("cuda") else max(1, settings.threads // workers)
 
 
-def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events) -> None:
-    """Worker `rank` of `workers` (a spawned process): takes tasks until a None, on GPU `rank` or on the CPU with its
-    share of the threads, and reports to the parent."""
+def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events, target: Target | None = None) -> None:
+    """Worker `rank` of `workers`: takes tasks until a None, on GPU `rank` or on the CPU with its share of the
+    threads, and reports to the parent. A forked worker is handed the parent's `target`; a spawned one opens it."""
     die_with_parent()
     try:
         device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
         configure_threads(worker_threads(settings, device, workers))
-        target = Target.open(settings, device)
+        target = target or Target.open(settings, device)
         take_tasks(target, settings, list(run_directories(settings, target).values()), tasks, device,
                    _Events(events), rank)
         events.put(("exit", (rank,)))
     except Exception as err:  # the parent names it and stops the other workers
         user = isinstance(err, (AttackRunError, AttackError))
         events.put(("error", (rank, f"{type(err).__name__}: {err}", None if user else traceback.format_exc())))
+
+
+def worker_start_method(settings: AttackSettings, workers: int) -> str:
+    """`fork` for single-threaded CPU workers on Linux: the child has the parent's model and split at once, where a
+    spawned one re-imports torch and reloads both (seconds each, on every core). `spawn` for GPUs (CUDA is not
+    fork-safe) and for multi-threaded CPU workers (a forked child must not enter OpenMP regions the parent ran)."""
+    single = not settings.device.startswith("cuda") and worker_threads(settings, settings.device, workers) == 1
+    return "fork" if single and "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 class _SharedBars:
@@ -343,13 +352,15 @@ def attack_in_workers(settings: AttackSettings, runs: list[RunDirectory], tasks:
     """Attack `tasks` (budget number, batch start) in `workers` processes that each take the next task when done (a
     batch of robust images costs 100x one that falls at once, so a fixed split would leave cores idle); the results
     are those of one process, batch for batch. With `target` (the CPU) this process is worker 0 with the model it
-    already holds, so batches start at once and one start-up less shares the cores; the other workers are spawned.
-    This process draws the bars."""
-    context = torch.multiprocessing.get_context("spawn")
+    already holds, so batches start at once; the others are forked from it with that model where they may be
+    (worker_start_method), else spawned. This process draws the bars."""
+    method = worker_start_method(settings, workers)
+    context = torch.multiprocessing.get_context(method)
     queue, events = context.Queue(), context.Queue()
     for task in [*tasks, *[None] * workers]:
         queue.put(task)
-    processes = {rank: context.Process(target=_worker, args=(rank, workers, settings, queue, events),
+    inherited = target if method == "fork" else None
+    processes = {rank: context.Process(target=_worker, args=(rank, workers, settings, queue, events, inherited),
                                        name=f"rgb-attack-{rank}") for rank in range(int(target is not None), workers)}
     for process in processes.values():
         process.start()

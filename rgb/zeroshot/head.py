@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 
 from rgb.core import file_sha256
-from rgb.core.templates import check_templates
+from rgb.core.templates import PromptError, check_templates, prompt_class_names
 from rgb.data.catalog import DATASETS, MINI
 from rgb.models.openclip import LoadedCLIP, OpenCLIPClassifier, classifier_from_clip
 from rgb.zeroshot.ensembles import (
@@ -27,11 +27,9 @@ from rgb.zeroshot.ensembles import (
     pseudo_labels,
 )
 from rgb.zeroshot.prompts import (
-    PromptError,
     described,
     description_question,
     load_descriptions,
-    prompt_class_names,
     template_pool,
 )
 from rgb.zeroshot.text import TextFeatureCache

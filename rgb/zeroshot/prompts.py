@@ -1,5 +1,5 @@
 """Prompt templates, class names and description files, checked before any text is encoded (the template rules,
-`check_templates` and `fill`, are rgb.core.templates').
+`check_templates`, `fill` and `prompt_class_names`, are rgb.core.templates').
 
 The template pool `imagenet80` is CLIP's 80 ImageNet templates as open_clip ships them in its package
 (`open_clip.zero_shot_metadata`), turned into format strings; `simple` is open_clip's short list.
@@ -39,11 +39,6 @@ def template_pool(name: str) -> list[str]:
         close = difflib.get_close_matches(name, POOLS, n=3, cutoff=0.0)
         raise PromptError(f"unknown template pool {name!r}; known: {', '.join(close)}")
     return POOLS[name]()
-
-
-def prompt_class_names(names: list[str]) -> list[str]:
-    """Class names as they go into prompts: the dataset's label names with `_` replaced by a space."""
-    return [str(n).replace("_", " ") for n in names]
 
 
 def load_descriptions(path: str | Path, class_names: list[str]) -> dict[str, list[str]]:
