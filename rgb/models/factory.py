@@ -96,15 +96,23 @@ def _head_rows(state_dict: dict, classifier_names: str | tuple | None) -> int:
     return rows[0] if rows else 0
 
 
-def _strict_create(name: str, source: str, **create_kwargs) -> nn.Module:
-    """timm.create_model with pretrained weights; a state_dict that does not fit is a one-line WeightsMismatchError."""
+@contextlib.contextmanager
+def weights_must_fit(what: str):
+    """torch's many-line state_dict mismatch inside the block as one WeightsMismatchError line: `what` (the weights
+    and the model they do not fit), then the keys and shapes that differ."""
     try:
-        return timm.create_model(name, pretrained=True, **create_kwargs)
+        yield
     except RuntimeError as err:
         if "Error(s) in loading state_dict" not in str(err):
             raise
         detail = " ".join(str(err).split("\n", 1)[-1].split())
-        raise WeightsMismatchError(f"weights from {source} do not fit timm model {name!r}: {detail[:2000]}") from err
+        raise WeightsMismatchError(f"{what}: {detail[:2000]}") from err
+
+
+def _strict_create(name: str, source: str, **create_kwargs) -> nn.Module:
+    """timm.create_model with pretrained weights; a state_dict that does not fit is a one-line WeightsMismatchError."""
+    with weights_must_fit(f"weights from {source} do not fit timm model {name!r}"):
+        return timm.create_model(name, pretrained=True, **create_kwargs)
 
 
 def _source_config(name: str) -> tuple[str, dict]:

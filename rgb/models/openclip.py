@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rgb.core.files import corrupt_file_named
-from rgb.models.factory import Normalize, WeightsMismatchError
+from rgb.models.factory import Normalize, WeightsMismatchError, weights_must_fit
 from rgb.models.hub import HF_HUB, LOCAL_DIR, hub_file, hub_files, source_record, split_revision, split_source
 
 INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear", "random": "bicubic"}
@@ -362,18 +362,13 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
     if image_size is not None:
         config["vision_cfg"]["image_size"] = int(image_size)
     reading = corrupt_file_named(Path(checkpoint), "CLIP weights file") if checkpoint else contextlib.nullcontext()
-    try:
-        with reading, torch.random.fork_rng(devices=[]), _quiet_root_logger():
-            torch.manual_seed(0)  # random init (no weights) is reproducible: a reload has the same text tower
-            model = open_clip.create_model(
-                name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False,
-                pretrained_image=False, require_pretrained=source is not None,
-            )
-    except RuntimeError as err:
-        if "Error(s) in loading state_dict" not in str(err):
-            raise
-        detail = " ".join(str(err).split("\n", 1)[-1].split())
-        raise WeightsMismatchError(f"weights {checkpoint} do not fit open_clip {name!r}: {detail[:2000]}") from err
+    fits = weights_must_fit(f"weights {checkpoint} do not fit open_clip {name!r}")
+    with fits, reading, torch.random.fork_rng(devices=[]), _quiet_root_logger():
+        torch.manual_seed(0)  # random init (no weights) is reproducible: a reload has the same text tower
+        model = open_clip.create_model(
+            name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False,
+            pretrained_image=False, require_pretrained=source is not None,
+        )
     if image_state is not None:
         _load_image_tower(model, image_state, str(weights), name)
     with _quiet_root_logger():
