@@ -312,6 +312,16 @@ def test_a_failing_worker_stops_the_parent_at_its_next_report():
             shared.stage(0, 0, "square")  # the parent's own report
         assert len(drawn) == 1
 
+    def broken(*args):
+        raise OSError("terminal gone")
+
+    inbox = queue.Queue()
+    inbox.put(("stage", (0, 1, "apgd-ce")))
+    shared = runner._SharedBars(SimpleNamespace(stage=broken))
+    runner.pump_events(inbox, {1: SimpleNamespace(is_alive=lambda: True)}, shared, threading.Event())
+    with pytest.raises(AttackRunError, match="progress failed: OSError: terminal gone"):  # never a quiet end
+        shared.check()
+
 
 @pytest.mark.parametrize(("device", "threads", "method"), [("cpu", 2, "fork"), ("cpu", 4, "spawn"),
                                                           ("cuda", 2, "spawn")])

@@ -314,6 +314,8 @@ def perturbation_type(name: str) -> PerturbationType:
 def template_queries(templates: Sequence[str], class_names: Sequence[str]) -> list[Query]:
     """Every template filled with every class name (template-major), each query knowing its class name; templates
     follow the rule of the zero-shot prompts (rgb.core.templates)."""
+    if not templates:
+        return []  # generate() names an empty query set
     try:
         check_templates(templates)
     except PromptError as err:

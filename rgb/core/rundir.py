@@ -1,8 +1,9 @@
 """`run.json`: the identity a run directory is bound to. Train run dirs (rgb.training.rundir) and attack run
 directories (rgb.runs.store) keep different records in it but follow one rule, kept here: a directory that holds
 results is refused to a run of another identity, naming the differing keys in one line; one that holds none yet is
-claimed by the next run whatever its record says, so a start that died before making anything never blocks its
-corrected successor."""
+claimed by the next run whatever identity its record names, so a start that died before making anything never
+blocks its corrected successor. A record that does not read, or is another kind's, is never overwritten (records
+are written atomically, so it is a foreign or damaged file, not a half-written one): one line names it."""
 
 from __future__ import annotations
 

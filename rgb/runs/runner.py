@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import platform
+import sys
 import threading
 import time
 import traceback
@@ -264,11 +264,25 @@ def attack_shard(target: Target, settings: AttackSettings, runs: list[RunDirecto
     attack_held(target, settings, runs, held, settings.device, bars)
 
 
+def _next_tasks(tasks, check: Callable[[], None]):
+    """The queue's tasks until its None; `check()` runs while none comes (it raises when the run must stop: a worker
+    killed while reading the queue leaves its lock held for good)."""
+    while True:
+        try:
+            task = tasks.get(timeout=1.0)
+        except Empty:
+            check()
+            continue
+        if task is None:
+            return
+        yield task
+
+
 def take_tasks(target: Target, settings: AttackSettings, runs: list[RunDirectory], tasks, device: str, bars,
-               rank: int) -> None:
+               rank: int, check: Callable[[], None] = lambda: None) -> None:
     """Attack (budget, batch start) tasks from the queue `tasks` until a None, then the ones another process held."""
     held = []
-    for b, start in iter(tasks.get, None):
+    for b, start in _next_tasks(tasks, check):
         if not attack_batch(target, settings, b, runs[b], settings.shard_index, settings.shard_count, start,
                             lambda b=b, start=start: load_batch(target, settings, runs[b], start), device, bars, rank):
             held.append((b, start))
@@ -302,7 +316,7 @@ def worker_start_method(settings: AttackSettings, workers: int) -> str:
     spawned one re-imports torch and reloads both (seconds each, on every core). `spawn` for GPUs (CUDA is not
     fork-safe) and for multi-threaded CPU workers (a forked child must not enter OpenMP regions the parent ran)."""
     single = not settings.device.startswith("cuda") and worker_threads(settings, settings.device, workers) == 1
-    return "fork" if single and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return "fork" if single and sys.platform.startswith("linux") else "spawn"
 
 
 class _SharedBars:
@@ -313,18 +327,28 @@ class _SharedBars:
         self.bars, self.lock = bars, threading.Lock()
         self.failure: AttackRunError | None = None
 
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
     def __getattr__(self, method: str):
         def call(*args):
-            if self.failure is not None:
-                raise self.failure
+            self.check()
             with self.lock:
                 getattr(self.bars, method)(*args)
         return call
 
 
 def pump_events(events, processes: dict, bars: _SharedBars, stopping: threading.Event) -> None:
-    """Draw the workers' reports on the bars until every worker has exited; the first failure (a worker's error,
-    or a worker that stopped without a word) goes to `bars.failure` and ends the pump."""
+    """Draw the workers' reports on the bars until every worker has exited; the first failure (a worker's error, a
+    worker that stopped without a word, or this thread's own error) goes to `bars.failure` and ends the pump."""
+    try:
+        _pump(events, processes, bars, stopping)
+    except BaseException as err:  # never end quietly: the run would look finished with batches missing
+        bars.failure = AttackRunError(f"the thread drawing the workers' progress failed: {type(err).__name__}: {err}")
+
+
+def _pump(events, processes: dict, bars: _SharedBars, stopping: threading.Event) -> None:
     running = set(processes)
     while running and bars.failure is None and not stopping.is_set():
         try:
@@ -371,7 +395,7 @@ def attack_in_workers(settings: AttackSettings, runs: list[RunDirectory], tasks:
     try:
         if target is not None:
             configure_threads(worker_threads(settings, settings.device, workers))
-            take_tasks(target, settings, runs, queue, settings.device, shared, 0)
+            take_tasks(target, settings, runs, queue, settings.device, shared, 0, shared.check)
         pump.join()
         if shared.failure is not None:
             raise shared.failure

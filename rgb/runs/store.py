@@ -216,8 +216,9 @@ class RunDirectory:
     def claim(self, create: bool = True) -> None:
         """Adopt the directory (writing its manifest if `create`), refusing one whose results were made for
         another model, dataset, budget, seed or version. A directory without results (a run that died before its
-        first batch, e.g. on a broken model) is adopted by the next run whatever its manifest says; batch files
-        carry the identity, so two runs can never mix."""
+        first batch, e.g. on a broken model) is adopted by the next run whatever identity its manifest names (one
+        that does not read is named, never overwritten: rgb.core.rundir); batch files carry the identity, so two runs
+        can never mix."""
         self.manifest.claim(self.identity, self.holds_results(), write=create)
 
     def holds_results(self) -> bool:
