@@ -1,7 +1,8 @@
 """Caption and prompt templates: a format string with exactly one `{}`, the slot of the class name.
 
-The embedded CLIP's training captions (rgb.models.embedded_clip) and the zero-shot prompts (rgb.zeroshot.prompts)
-are both templates filled with class names; the rules live here, below both.
+The embedded CLIP's training captions (rgb.models.embedded_clip), the zero-shot prompts (rgb.zeroshot.prompts) and
+the text-brittleness queries (rgb.brittleness.perturb) are all templates filled with class names; the rules live
+here, below them.
 """
 
 from __future__ import annotations

@@ -302,7 +302,7 @@ def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events, ta
     try:
         device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
         configure_threads(worker_threads(settings, device, workers))
-        target = target or Target.open(settings, device)
+        target = target if target is not None else Target.open(settings, device)
         take_tasks(target, settings, list(run_directories(settings, target).values()), tasks, device,
                    _Events(events), rank)
         events.put(("exit", (rank,)))
