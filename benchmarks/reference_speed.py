@@ -14,6 +14,8 @@ backward rows via a hook on the logits), times every attack of the cascade, and 
 model calls of its run in isolation (every batch size it used, timed forward-only or forward+backward, times its
 count: `evaluation_floor`), so a record says how far each implementation's wall time is above what its model
 evaluations alone cost. --busy K runs K CPU-bound busy loops beside the two (issue 24: a shared machine).
+--kept-memory says which processes keep freed memory for the next tensor (`rgb.core.machine.keep_freed_memory`,
+what attack.py does): ours by default, as each runs for its users; `both` gives the reference the same allocator.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch import nn
 from machine_load import busy_loops
 from rgb.attacks.autoattack import AutoAttack
 from rgb.core.files import atomic_write_json
+from rgb.core.machine import keep_freed_memory
 from rgb.core.threat import Norm, parse_norm
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.mini import digit_images, stratified_splits
@@ -244,6 +247,7 @@ IMPLEMENTATIONS = {"ours": run_ours, "reference": run_reference}
 def child(args) -> None:
     """One implementation on one (model, norm), in its own process; JSON to args.child_out."""
     torch.set_num_threads(args.threads)
+    kept = keep_freed_memory() if args.kept_memory in (args.impl, "both") else False
     net = MODELS[args.model][0]()
     net.load_state_dict(torch.load(args.weights, weights_only=True))
     model = CallLog(net.eval().requires_grad_(False))
@@ -258,7 +262,8 @@ def child(args) -> None:
     floor = evaluation_floor(net, model, tuple(x.shape[1:]))
     outcome["evaluation_floor"] = {**floor, "wall_over_floor": outcome["seconds"] / floor["seconds"]}
     atomic_write_json(Path(args.child_out), {
-        **outcome, "eps": eps, "threads": torch.get_num_threads(), "robust": robust.tolist(),
+        **outcome, "eps": eps, "threads": torch.get_num_threads(), "kept_freed_memory": kept,
+        "robust": robust.tolist(),
         "n_robust": int(robust.sum()), "forward_rows": forward_rows, "backward_rows": backward_rows})
 
 
@@ -266,7 +271,7 @@ def side_by_side(args, name: str, weights: Path, norm: str, workdir: Path) -> di
     processes = {}
     for impl in IMPLEMENTATIONS:
         command = [sys.executable, __file__, "--child", impl, "--model", name, "--weights", str(weights),
-                   "--norm", norm, "--tail-rows", str(args.tail_rows),
+                   "--norm", norm, "--tail-rows", str(args.tail_rows), "--kept-memory", args.kept_memory,
                    "--n", str(args.n), "--seed", str(args.seed), "--threads", str(args.threads),
                    "--version", args.version, "--child-out", str(workdir / f"{impl}.json"), "--out", "-"]
         if norm in args.budgets:
@@ -311,6 +316,8 @@ def main(argv=None) -> None:
                         help="ours: run the targets left side by side below this many rows (AutoAttack tail_rows)")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes running beside the two (a shared "
                                                            "machine)")
+    parser.add_argument("--kept-memory", default="ours", choices=["ours", "both", "none"],
+                        help="processes that keep freed memory for the next tensor (attack.py does)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--eps", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
@@ -347,7 +354,8 @@ def main(argv=None) -> None:
                             "load_average_at_end": os.getloadavg()},
                 "versions": {"torch": torch.__version__, "pyautoattack": metadata.version("pyautoattack")},
                 "targets": {"robust_speedup": TARGET_ROBUST_SPEEDUP, "plain_speedup": TARGET_PLAIN_SPEEDUP},
-                "version": args.version, "tail_rows": args.tail_rows, "records": records,
+                "version": args.version, "tail_rows": args.tail_rows, "kept_memory": args.kept_memory,
+                "records": records,
             })
 
 

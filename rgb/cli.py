@@ -330,7 +330,7 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
 
     @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=config_name)
     def main(cfg: DictConfig):
-        from rgb.core.machine import configure_threads
+        from rgb.core.machine import configure_threads, keep_freed_memory
 
         _log_to_files(cfg)
         errors = user_errors()
@@ -338,6 +338,7 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             check_values(config_name, cfg)
             if _source_note:
                 log.info("data source: %s (%s)", cfg.data.source, _source_note[0])
+            keep_freed_memory()
             threads = configure_threads(cfg.get("threads", "auto"))
             return body(cfg, threads)
         except (*errors, OSError, InterpolationResolutionError) as err:

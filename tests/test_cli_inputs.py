@@ -269,3 +269,49 @@ def test_entry_points_shorten_openmp_spinning_before_torch_loads(env, expected):
     shown = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
                            check=True).stdout.split()
     assert shown == ["False", str(expected)]
+
+
+_FAULTS = """
+import resource, sys, torch
+from rgb.core.machine import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+torch.set_num_threads(1)
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                          torch.nn.Linear(16 * 32 * 32, 10)).requires_grad_(False)
+x = torch.rand(64, 3, 32, 32, requires_grad=True)
+def step():
+    torch.autograd.grad(net(x)[:, 0].sum(), x)
+for _ in range(10):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    step()
+print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_kept_memory_serves_the_next_step_without_page_faults():
+    """An attack's step, a small CNN's forward and backward to the input: under glibc's defaults each step's
+    4 MiB activations come from memory handed back to the kernel (1,800-3,300 page faults a step seen here);
+    with keep_freed_memory the freed blocks serve the next step (0-150)."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "GLIBC_TUNABLES")}
+    faults = {}
+    for mode in ("default", "keep"):
+        shown = subprocess.run([sys.executable, "-c", _FAULTS, mode], env=clean, capture_output=True, text=True,
+                               check=True).stdout.split()
+        faults[mode] = (shown[0], int(shown[1]))
+    assert faults["keep"][0] == "True"
+    assert faults["default"][1] > 1000  # the test means something: the defaults do fault
+    assert faults["keep"][1] < 500
+
+
+def test_a_users_own_malloc_settings_win(monkeypatch):
+    from rgb.core.machine import keep_freed_memory
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
+    assert keep_freed_memory() is False

@@ -8,6 +8,7 @@ cgroup-limited container (an attack batch measured 70x slower under load). Every
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -70,6 +71,34 @@ def configure_threads(threads: int | str | None = "auto") -> int:
     if torch.get_num_threads() != count:
         torch.set_num_threads(count)
     return count
+
+
+# glibc's malloc gives a freed block above its mmap threshold (128 KiB, then rising to the largest block freed)
+# back to the kernel, and trims the heap's free top above twice that, so the next tensor of the same size
+# page-faults all its memory afresh. Attacks and training allocate the same activation sizes thousands of times:
+# a robust small CNN's forward+backward of 62 images took 19 ms where 10 ms is its cost (docs/performance.md).
+KEPT_BLOCK_BYTES = 256 << 20  # blocks up to this size come from (and return to) the heap
+KEPT_TOP_BYTES = 1 << 30  # free memory at the heap's top is handed back to the kernel only above this
+_MALLOC_ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD")
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep freed memory for the next tensor instead of returning it to the kernel (see above); True
+    when set. A user's own malloc settings (the MALLOC_*_ variables, glibc.malloc tunables, a preloaded
+    allocator) win, and other C libraries are left alone. Memory the process freed stays counted in its RSS."""
+    if not sys.platform.startswith("linux") or any(os.environ.get(name) for name in _MALLOC_ENVIRONMENT):
+        return False
+    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+        ctypes.CDLL(None).gnu_get_libc_version  # glibc's: musl's mallopt does nothing
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, KEPT_BLOCK_BYTES)) and bool(mallopt(m_trim_threshold, KEPT_TOP_BYTES))
 
 
 def die_with_parent() -> None:

@@ -27,7 +27,7 @@ from rgb.attacks.common import AttackError
 from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
 from rgb.core.files import file_sha256
-from rgb.core.machine import configure_threads, die_with_parent
+from rgb.core.machine import configure_threads, die_with_parent, keep_freed_memory
 from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split, quantise_within_budget
 from rgb.data.fingerprint import split_sha256
@@ -299,6 +299,7 @@ def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events, ta
     """Worker `rank` of `workers`: takes tasks until a None, on GPU `rank` or on the CPU with its share of the
     threads, and reports to the parent. A forked worker is handed the parent's `target`; a spawned one opens it."""
     die_with_parent()
+    keep_freed_memory()  # a forked worker has it from the parent already
     try:
         device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
         configure_threads(worker_threads(settings, device, workers))

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import configure_threads
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
-from rgb.core.machine import DeviceError
+from rgb.core.machine import DeviceError, keep_freed_memory
 from rgb.models import META_FILE, export_meta, export_model, rebuild_like
 from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
@@ -215,6 +215,7 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.strategy.name in RECORD_ONLY:
         return RECORD_ONLY[cfg.strategy.name](cfg)
     validate_config(cfg)
+    keep_freed_memory()  # a SLURM job or sweep process enters here, not through rgb.cli
     try:
         threads = configure_threads(cfg.get("threads", "auto"))
     except DeviceError as err:
