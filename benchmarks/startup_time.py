@@ -2,6 +2,8 @@
 
     python benchmarks/startup_time.py --repeat 5 --out benchmarks/results/startup_time_cpu.json
     python benchmarks/startup_time.py --repo /tmp/old-checkout ...    # the same scripts of another checkout
+    python benchmarks/startup_time.py --only --command "attack.py, all batches done::attack.py run=... \
+        norms=[linf] output_dir=DIR"    # what a command costs before and after its work (issue 24)
 
 Each command runs in a fresh interpreter; the median of `--repeat` runs is reported (wall seconds).
 """
@@ -12,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -39,10 +42,21 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--command", action="append", default=[], metavar="NAME::ARGUMENTS",
+                        help="also time `python ARGUMENTS` (split as a shell would), reported as NAME")
+    parser.add_argument("--only", action="store_true", help="time the --command entries only")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.only and not args.command:
+        parser.error("--only times the --command entries: give at least one")
+    commands = {} if args.only else dict(COMMANDS)
+    for entry in args.command:
+        name, separator, arguments = entry.partition("::")
+        if not separator or not arguments.strip():
+            parser.error(f"--command takes NAME::ARGUMENTS, got {entry!r}")
+        commands[name] = shlex.split(arguments)
     results = {}
-    for name, arguments in COMMANDS.items():
+    for name, arguments in commands.items():
         times = wall_seconds(args.repo, arguments, args.repeat)
         results[name] = {"median_s": statistics.median(times), "runs_s": times}
         print(f"{name:22s} {statistics.median(times):6.2f} s (median of {args.repeat})")

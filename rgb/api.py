@@ -21,7 +21,7 @@ from torch import nn
 from rgb.core.configs import data_configs
 from rgb.core.machine import configure_threads, resolve_device
 from rgb.core.values import path_name
-from rgb.data.datamodule import RGBDataModule
+from rgb.data.benchmark_data import BenchmarkData
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, RecordError, white_box_setting
 from rgb.models import export_meta, write_export
@@ -80,7 +80,7 @@ def benchmark(
                               f"{n_examples!r}")
     norms = [norm.key for setting, norm in ATTACK_SETTING_NORMS.items() if setting in chosen]
     try:
-        datamodule = RGBDataModule.for_dataset(_dataset_id(dataset), source, eval_batch_size=batch_size,
+        datamodule = BenchmarkData.for_dataset(_dataset_id(dataset), source, eval_batch_size=batch_size,
                                                budgets=budgets)
     except ValueError as err:
         raise EvaluationError(str(err)) from err

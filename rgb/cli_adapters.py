@@ -10,19 +10,19 @@ from collections.abc import Callable
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.data.datamodule import RGBDataModule
+from rgb.data.benchmark_data import BenchmarkData
 from rgb.runs.settings import AttackSettings, Budget, transfer_budgets, white_box_budgets
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import RunSummary, run_name_for
 
 
-def data_factory(data: DictConfig) -> Callable[[], RGBDataModule]:
+def data_factory(data: DictConfig) -> Callable[[], BenchmarkData]:
     """The data config as a picklable factory (a functools.partial of its `_target_` with plain values): spawned
     attack workers each build their own data module from it."""
     return instantiate(data, _partial_=True, _convert_="all")
 
 
-def attack_settings(cfg: DictConfig, data: Callable[[], RGBDataModule], budgets: tuple[Budget, ...], surrogate: str,
+def attack_settings(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets: tuple[Budget, ...], surrogate: str,
                     threads: int = 1) -> AttackSettings:
     """conf/attack.yaml (or conf/transfer.yaml) mapped onto the run's settings."""
     if cfg.get("run") is None or OmegaConf.is_missing(cfg, "run"):

@@ -84,9 +84,9 @@ def assert_attack_invariants(model, x, y, x_adv, fooled, norm, eps):
 
 def datamodule(mini_dir):
     """The mini benchmark at its 32x32 budgets."""
-    from rgb.data import RGBDataModule
+    from rgb.data import BenchmarkData
 
-    return RGBDataModule(source=str(mini_dir), dataset="digits", image_size=32, num_classes=10,
+    return BenchmarkData(source=str(mini_dir), dataset="digits", image_size=32, num_classes=10,
                          budgets={"l1": 1.5306, "l2": 0.2857, "linf": 4 / 255}, eval_batch_size=128)
 
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from helpers import REPO, compose_config
 from rgb.core.threat import Norm
-from rgb.data import BenchmarkError, ImageSplit, RGBDataModule, load_split, transfer_coverage
+from rgb.data import BenchmarkError, ImageSplit, load_split, transfer_coverage
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.corruptions import corruption_of_row
 from rgb.data.mini import CLASS_NAMES, DATASET, HELD_OUT, TEST_SIZE, VALIDATION_SIZE, build_mini, digit_images, stratified_splits
@@ -181,29 +181,30 @@ def test_data_configs_have_the_catalog_budgets_bit_for_bit(name):
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml") if p.stem != "custom"))
 def test_the_plain_data_module_of_a_dataset_is_its_composed_config(name, monkeypatch):
-    """rgb.benchmark builds its data module without Hydra (`RGBDataModule.for_dataset`): what evaluation reads of
+    """rgb.benchmark builds its data module without Hydra (`BenchmarkData.for_dataset`): what evaluation reads of
     it equals what `data=<name>` composes, so the two spellings cannot drift apart."""
     monkeypatch.delenv("RGB_ROOT", raising=False)
     monkeypatch.delenv("RGB_BENCHMARK", raising=False)
     from hydra.utils import instantiate
 
-    from rgb.data.datamodule import RGBDataModule
+    from rgb.data import BenchmarkData
 
     composed = instantiate(compose_data(f"data={name}"))
-    plain = RGBDataModule.for_dataset(composed.dataset)
+    assert type(composed) is BenchmarkData  # attack.py and evaluate.py start without Lightning
+    plain = BenchmarkData.for_dataset(composed.dataset)
     for field in ("source", "dataset", "image_size", "num_classes", "budgets", "transfer_budgets", "eval_batch_size",
                   "build_mini_if_missing"):
         assert getattr(plain, field) == getattr(composed, field), field
-    chosen = RGBDataModule.for_dataset(composed.dataset, "/snapshots/x", eval_batch_size=8, budgets={"Linf": 0.5})
+    chosen = BenchmarkData.for_dataset(composed.dataset, "/snapshots/x", eval_batch_size=8, budgets={"Linf": 0.5})
     assert (chosen.source, chosen.eval_batch_size, chosen.budgets["linf"]) == ("/snapshots/x", 8, 0.5)
     assert chosen.budgets["l2"] == composed.budgets["l2"]
 
 
 def test_the_plain_data_module_refuses_an_unknown_dataset():
-    from rgb.data.datamodule import RGBDataModule
+    from rgb.data import BenchmarkData
 
     with pytest.raises(ValueError, match="unknown dataset 'flowers102'; dataset ids: .*'flowers-102'"):
-        RGBDataModule.for_dataset("flowers102")  # a config name is not an id: rgb.benchmark translates it first
+        BenchmarkData.for_dataset("flowers102")  # a config name is not an id: rgb.benchmark translates it first
 
 
 def test_one_budget_stays_overridable():
@@ -212,6 +213,8 @@ def test_one_budget_stays_overridable():
 
 
 def test_datamodule_loaders_cover_whole_splits_in_order(mini_dir):
+    from rgb.training.datamodule import RGBDataModule
+
     dm = RGBDataModule(source=str(mini_dir), dataset=DATASET, image_size=32, num_classes=10,
                        budgets={"l1": 1.0, "l2": 0.5, "Linf": 0.1}, batch_size=100, eval_batch_size=64,
                        augment={"hflip": True, "color_jitter": 0.25, "rotation": 2.0})
@@ -248,3 +251,40 @@ def test_corruptions_are_an_optional_extra(monkeypatch):
             "print('imported')\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]
+
+
+def test_training_fits_on_the_data_config_it_is_given(compose):
+    """The data configs build rgb.data.BenchmarkData (no Lightning); training builds RGBDataModule from the same
+    keys, or a user's own LightningDataModule `_target_` as given. Which class reads the data is not a training
+    run's identity (run dirs of before the split still resume)."""
+    import lightning as L
+
+    from rgb.training.config import resumable
+    from rgb.training.datamodule import RGBDataModule
+    from rgb.training.run import lightning_data
+
+    cfg = compose("train", "data=mini")
+    built = lightning_data(cfg.data)
+    assert type(built) is RGBDataModule and built.eval_batch_size == cfg.data.eval_batch_size
+    own = lightning_data(OmegaConf.create({"_target_": "lightning.pytorch.demos.boring_classes.BoringDataModule"}))
+    assert isinstance(own, L.LightningDataModule) and not isinstance(own, RGBDataModule)
+    assert resumable("data._target_")
+
+
+def test_attack_and_evaluation_start_without_lightning_or_scikit_learn():
+    """Lightning (about 1.5 s to import) is training's, and scikit-learn only builds the mini benchmark: the modules
+    attack.py and evaluate.py run, and the data config they instantiate, load neither (issue 24: start-up)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from hydra.utils import instantiate\n"
+            "import rgb.cli_adapters, rgb.runs.runner, rgb.evaluation.run, rgb.models.openclip\n"
+            "from rgb.cli import register_resolvers\n"
+            "from tests.helpers import compose_config\n"
+            "register_resolvers()\n"
+            "instantiate(compose_config('attack', 'data=mini').data)\n"
+            "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'sklearn') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "[]"

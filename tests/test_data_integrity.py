@@ -202,6 +202,5 @@ def test_default_data_config_builds_the_absent_mini_benchmark(tmp_path, compose)
     register_resolvers()
     cfg = compose("train", f"paths.root_dir={tmp_path}")
     datamodule = instantiate(cfg.data)
-    datamodule.setup("fit")
-    assert is_mini_build(tmp_path / "data" / "mini")
     assert len(datamodule.split("test")) == TEST_SIZE
+    assert is_mini_build(tmp_path / "data" / "mini")

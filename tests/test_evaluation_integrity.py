@@ -258,7 +258,7 @@ def test_class_ticks_are_integers_and_model_names_get_their_own_rows():
 
 
 def test_black_box_from_transfer_splits_on_disk_and_sweep_are_plotted(tmp_path, mini_dir, tiny_run, monkeypatch):
-    from rgb.data import RGBDataModule
+    from rgb.data import BenchmarkData
     from rgb.data.snapshot import readme_title, write_readme
     from rgb.evaluation import model_eval
 
@@ -269,7 +269,7 @@ def test_black_box_from_transfer_splits_on_disk_and_sweep_are_plotted(tmp_path, 
         shutil.copy(source / "data" / "digits" / "random_linf_30.parquet", source / "data" / "digits" / "mine" /
                     f"{split}.parquet")
     write_readme(source, readme_title(source))
-    dm = RGBDataModule(source=str(source), dataset="digits", image_size=32, num_classes=10,
+    dm = BenchmarkData(source=str(source), dataset="digits", image_size=32, num_classes=10,
                        budgets=datamodule(mini_dir).budgets, eval_batch_size=256)
     sweep = {c: {s: Accuracy(100 - 10 * s, 100) for s in range(1, 6)} for c in CORRUPTIONS}
     monkeypatch.setattr(model_eval, "severity_sweep", lambda *args: sweep)  # the real one corrupts 24750 images

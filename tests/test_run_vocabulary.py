@@ -11,7 +11,7 @@ import torch
 from rgb.attacks import VERSIONS
 from rgb.attacks.autoattack import FooledBy
 from rgb.core.values import ConfigValueError
-from rgb.data.datamodule import RGBDataModule
+from rgb.data import BenchmarkData
 from rgb.runs.settings import AttackSettings, white_box_budgets
 from rgb.runs.store import REFERENCE_CASCADE, AttackRunError, output_dir_for, standard_run
 
@@ -61,7 +61,7 @@ def test_fooled_by_code():
 def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path):
     run = tmp_path / "vit.safetensors"
     run.write_bytes(b"")
-    data = functools.partial(RGBDataModule.for_dataset, "digits", str(tmp_path / "mini"))
+    data = functools.partial(BenchmarkData.for_dataset, "digits", str(tmp_path / "mini"))
     module = data()
     budgets = white_box_budgets(["linf", "L2"], module.budgets, module.transfer_budgets)
     assert [b.name for b in budgets] == ["linf", "l2"] and budgets[0].export_split == "linf_4"

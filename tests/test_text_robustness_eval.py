@@ -104,9 +104,9 @@ def test_every_default_type_end_to_end(tiny_runs, mini_dir, tmp_path):
     # the classification view: the rebuilt head is the model's; a no-op edit flips nothing
     assert record["head_agreement"] == 1.0
     model, _ = load_with_meta(run)
-    from rgb.data import RGBDataModule
+    from rgb.data import BenchmarkData
 
-    test = RGBDataModule(str(mini_dir), "digits", 32, 10, {"linf": 4 / 255}).split("test")
+    test = BenchmarkData(str(mini_dir), "digits", 32, 10, {"linf": 4 / 255}).split("test")
     with torch.inference_mode():
         predicted = model(torch.stack([test[i][0] for i in range(len(test))])).argmax(1)
     own = float((predicted == test.labels).double().mean())
@@ -205,11 +205,11 @@ def test_only_zero_shot_runs(mini_dir, tmp_path):
 
 
 def test_a_collection_needs_two_images(tiny_runs, mini_dir, tmp_path):
-    from rgb.data import RGBDataModule
+    from rgb.data import BenchmarkData
     from rgb.data.benchmark import ImageSplit
 
-    class OneImage(RGBDataModule):
-        def split(self, split, surrogate=None, train_transform=False):
+    class OneImage(BenchmarkData):
+        def split(self, split, surrogate=None):
             found = super().split(split)
             return ImageSplit(found.rows.select([0]), found.image_size)
 

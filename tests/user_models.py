@@ -46,10 +46,10 @@ def trained_small_cnn(mini_dir, epochs: int = 3, seed: int = 0) -> SmallCNN:
     """SmallCNN fitted for a few epochs on the mini train split (a few seconds): a model an attack can break."""
     from torch.utils.data import DataLoader
 
-    from rgb.data import RGBDataModule
+    from rgb.data import BenchmarkData
 
     model = small_cnn(seed=seed)
-    data = RGBDataModule(source=str(mini_dir), dataset="digits", image_size=32, num_classes=10,
+    data = BenchmarkData(source=str(mini_dir), dataset="digits", image_size=32, num_classes=10,
                          budgets={"l1": 1.0, "l2": 1.0, "linf": 1.0})
     loader = DataLoader(data.split("train"), batch_size=64, shuffle=True,
                         generator=torch.Generator().manual_seed(seed))

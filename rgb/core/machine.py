@@ -77,18 +77,19 @@ def configure_threads(threads: int | str | None = "auto") -> int:
 # back to the kernel, and trims the heap's free top above twice that, so the next tensor of the same size
 # page-faults all its memory afresh. Attacks and training allocate the same activation sizes thousands of times:
 # a robust small CNN's forward+backward of 62 images took 19 ms where 10 ms is its cost (docs/performance.md).
-KEPT_BLOCK_BYTES = 256 << 20  # blocks up to this size come from (and return to) the heap
+# Blocks up to this size come from (and return to) the heap; older glibc (2.30, say) refuses more than 32 MiB.
+KEPT_BLOCK_BYTES = (256 << 20, 32 << 20)
 KEPT_TOP_BYTES = 1 << 30  # free memory at the heap's top is handed back to the kernel only above this
-_MALLOC_ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD")
 
 
 def keep_freed_memory() -> bool:
     """Have glibc keep freed memory for the next tensor instead of returning it to the kernel (see above); True
-    when set. A user's own malloc settings (the MALLOC_*_ variables, glibc.malloc tunables, a preloaded
-    allocator) win, and other C libraries are left alone. Memory the process freed stays counted in its RSS."""
-    if not sys.platform.startswith("linux") or any(os.environ.get(name) for name in _MALLOC_ENVIRONMENT):
+    when both thresholds were set. A user's own malloc settings (any MALLOC_* variable, glibc.malloc tunables, a
+    preloaded allocator) win, and other C libraries are left alone. Memory the process freed stays counted in its
+    RSS, up to what it used at its peak."""
+    if not sys.platform.startswith("linux") or os.environ.get("LD_PRELOAD"):
         return False
-    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+    if any(name.startswith("MALLOC_") for name in os.environ) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     import ctypes
 
@@ -98,7 +99,8 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, KEPT_BLOCK_BYTES)) and bool(mallopt(m_trim_threshold, KEPT_TOP_BYTES))
+    blocks = any(mallopt(m_mmap_threshold, size) for size in KEPT_BLOCK_BYTES)
+    return bool(mallopt(m_trim_threshold, KEPT_TOP_BYTES)) and blocks
 
 
 def die_with_parent() -> None:

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from rgb.data.benchmark import BenchmarkError
 from rgb.data.catalog import MINI
@@ -35,6 +33,8 @@ SEED = 0
 
 def digit_images() -> tuple[np.ndarray, np.ndarray]:
     """All 1797 digits as uint8 32x32x3 (bicubic upscaling of the 8x8 scans, grey in three channels)."""
+    from sklearn.datasets import load_digits  # scikit-learn only where the mini benchmark is built
+
     digits = load_digits()
     scans = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
     images = np.stack(
@@ -44,6 +44,8 @@ def digit_images() -> tuple[np.ndarray, np.ndarray]:
 
 
 def stratified_splits(labels: np.ndarray) -> dict[str, np.ndarray]:
+    from sklearn.model_selection import train_test_split
+
     index = np.arange(len(labels))
     rest, held_out = train_test_split(index, test_size=HELD_OUT, stratify=labels, random_state=SEED)
     rng = np.random.default_rng(SEED)  # the same number of images from every class, drawn reproducibly

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from rgb.core.classwise import class_wise_summary
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.core.threat import Norm
-from rgb.data import RGBDataModule
+from rgb.data import BenchmarkData
 from rgb.data.benchmark import BenchmarkError, decode_image, is_local, to_tensor
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, transfer_coverage
 from rgb.data.corruptions import apply_corruption
@@ -224,7 +224,7 @@ def _resolved_source(source: str) -> str:
     return str(Path(source).expanduser().resolve()) if is_local(source) else source
 
 
-def transfer_splits_found(datamodule: RGBDataModule) -> dict[str, list[str]]:
+def transfer_splits_found(datamodule: BenchmarkData) -> dict[str, list[str]]:
     """Surrogate -> the transfer splits its config `<dataset>-<surrogate>` has in the source."""
     path = _resolved_source(datamodule.source)
     prefix = datamodule.dataset + "-"
@@ -237,7 +237,7 @@ def transfer_splits_found(datamodule: RGBDataModule) -> dict[str, list[str]]:
                              f"{str(err).splitlines()[0]}") from err
 
 
-def severity_sweep(model, datamodule: RGBDataModule, options: EvalOptions) -> dict[str, dict[int, Accuracy]]:
+def severity_sweep(model, datamodule: BenchmarkData, options: EvalOptions) -> dict[str, dict[int, Accuracy]]:
     """Accuracy under each of the 11 corruptions at severities 1-5, generated on the fly from the clean test split."""
     test = datamodule.split("test")
     n = len(test) if options.max_images is None else min(options.max_images, len(test))
@@ -257,7 +257,7 @@ def severity_sweep(model, datamodule: RGBDataModule, options: EvalOptions) -> di
     return out
 
 
-def evaluate_model(model, meta: dict, weights_path: Path, datamodule: RGBDataModule,
+def evaluate_model(model, meta: dict, weights_path: Path, datamodule: BenchmarkData,
                    options: EvalOptions) -> ScoresRecord:
     """Everything about one (model, dataset): writes scores.json, predictions.parquet and plots to out_dir.
     `model`: any nn.Module mapping [0,1] images to logits, or an API model (black-box protocol only); `meta`: its
@@ -269,7 +269,7 @@ def evaluate_model(model, meta: dict, weights_path: Path, datamodule: RGBDataMod
         predictor.close()
 
 
-def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: RGBDataModule,
+def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkData,
               options: EvalOptions) -> ScoresRecord:
     if meta.get("dataset") not in (None, datamodule.dataset):
         raise EvaluationError(f"the model was trained on {meta['dataset']!r}, the data config is {datamodule.dataset!r}")
@@ -335,7 +335,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: RGBDataModu
     return _write(record, n_rows, labels, clean, common, per_sample, predictor.columns, names, options)
 
 
-def black_box_splits(datamodule: RGBDataModule) -> list[tuple[str, str]]:
+def black_box_splits(datamodule: BenchmarkData) -> list[tuple[str, str]]:
     """(surrogate, split) of every transfer split the black-box protocol scores, in order; splits outside the
     card's coverage table are named and left out."""
     card = transfer_coverage(datamodule.dataset) if datamodule.dataset in DATASETS else None
@@ -364,7 +364,7 @@ def _black_box(predict_split, datamodule, options, settings, per_sample):
     return black_box_score(settings["test"], settings["common"], transfer, card)
 
 
-def request_plan(model, datamodule: RGBDataModule, options: EvalOptions) -> dict:
+def request_plan(model, datamodule: BenchmarkData, options: EvalOptions) -> dict:
     """dry_run: what the black-box evaluation of an API model would ask (after the cache and duplicate images),
     and the tokens that would take at the mean usage of the answers cached so far."""
     cache = AnswerCache(cache_path(options.api_cache_dir, model))

@@ -299,7 +299,7 @@ def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events, ta
     """Worker `rank` of `workers`: takes tasks until a None, on GPU `rank` or on the CPU with its share of the
     threads, and reports to the parent. A forked worker is handed the parent's `target`; a spawned one opens it."""
     die_with_parent()
-    keep_freed_memory()  # a forked worker has it from the parent already
+    keep_freed_memory()  # a forked worker may have it already (attack.py's parent sets it; rgb.benchmark's does not)
     try:
         device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
         configure_threads(worker_threads(settings, device, workers))

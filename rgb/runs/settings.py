@@ -17,7 +17,7 @@ from rgb.data.catalog import TRANSFER_BUDGETS
 from rgb.runs.store import AttackRunError, run_name_for
 
 if TYPE_CHECKING:  # for the annotation only: building a data module is the factory's job
-    from rgb.data.datamodule import RGBDataModule
+    from rgb.data.benchmark_data import BenchmarkData
 
 IMPLEMENTATIONS = ("ours", "reference")
 
@@ -37,7 +37,7 @@ class AttackSettings:
 
     run: Path
     run_name: str
-    data: Callable[[], RGBDataModule]  # picklable (a functools.partial): each worker builds its own
+    data: Callable[[], BenchmarkData]  # picklable (a functools.partial): each worker builds its own
     budgets: tuple[Budget, ...]
     version: str
     seed: int
@@ -63,7 +63,7 @@ class AttackSettings:
     max_images: int | None = None  # attack the first N test images only (rgb.benchmark(n_examples=N)): PARTIAL
 
     @classmethod
-    def create(cls, run: str | Path, data: Callable[[], RGBDataModule], budgets: tuple[Budget, ...], *,
+    def create(cls, run: str | Path, data: Callable[[], BenchmarkData], budgets: tuple[Budget, ...], *,
                batch_size: int, output_dir: str | Path, surrogate: str, run_name: str | None = None,
                version: str = "standard", seed: int = 0, attacks: Sequence[str] | None = None,
                precision: str = "fp32", device: str = "auto", compile: bool = False, channels_last: bool = False,

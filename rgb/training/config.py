@@ -56,6 +56,7 @@ RESUMABLE_KEYS = (
     "compile",
     "paths.*",
     "logger.*",
+    "data._target_",  # the class that reads the data config (rgb.data.RGBDataModule before BenchmarkData), not the data
     "data.num_workers",
     "data.pin_memory",
     "data.cache_dir",

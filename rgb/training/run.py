@@ -19,9 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import configure_threads
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
-from rgb.core.machine import DeviceError, keep_freed_memory
+from rgb.core.machine import DeviceError
 from rgb.models import META_FILE, export_meta, export_model, rebuild_like
 from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
+from rgb.training.datamodule import RGBDataModule
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
 from rgb.training.api_run import export_api_run
@@ -215,7 +216,6 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.strategy.name in RECORD_ONLY:
         return RECORD_ONLY[cfg.strategy.name](cfg)
     validate_config(cfg)
-    keep_freed_memory()  # a SLURM job or sweep process enters here, not through rgb.cli
     try:
         threads = configure_threads(cfg.get("threads", "auto"))
     except DeviceError as err:
@@ -237,13 +237,21 @@ def train(cfg: DictConfig) -> float | None:
         return fit_and_export(cfg, run_dir, threads, callbacks, manifest, record)
 
 
+def lightning_data(data: DictConfig) -> L.LightningDataModule:
+    """The data config as Lightning fits on it: its `_target_` when that is a LightningDataModule (a user's own),
+    else an RGBDataModule over the same keys (the configs' rgb.data.BenchmarkData reads no training batches)."""
+    if issubclass(hydra.utils.get_class(data._target_), L.LightningDataModule):
+        return hydra.utils.instantiate(data)
+    return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
+
+
 def fit_and_export(
     cfg: DictConfig, run_dir: Path, threads: int, callbacks: list[Callback], manifest: RunManifest | None,
     record: dict | None,
 ) -> float:
     if cfg.seed is not None:
         L.seed_everything(cfg.seed, workers=True)
-    datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule = lightning_data(cfg.data)
     model = hydra.utils.instantiate(cfg.model)
     initialise_head(model, cfg, datamodule)
     module = RobustFinetuneModule(

@@ -1,4 +1,6 @@
-"""Lightning DataModule over a RobustGenBench config: augmented training, deterministic evaluation loaders."""
+"""One dataset of RobustGenBench (or the mini benchmark) as a data config describes it: its splits, budgets and
+deterministic evaluation loaders. No Lightning here: attack.py and evaluate.py read data through this class and
+start without importing it; training's Lightning module (rgb.training.datamodule) adds augmented training loaders."""
 
 from __future__ import annotations
 
@@ -6,10 +8,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader
-from torchvision import transforms
 
 from rgb.core.threat import parse_norm
 from rgb.data.benchmark import ImageSplit, load_split
@@ -19,23 +19,14 @@ from rgb.data.mini import ensure_mini
 from rgb.data.resolvers import budgets as resolved_budgets
 
 
-def paper_augmentation(hflip: bool = True, color_jitter: float = 0.25, rotation: float = 2.0):
-    """The paper's training augmentation (after the squash-resize done at decode time)."""
-    steps = [transforms.RandomHorizontalFlip()] if hflip else []
-    if color_jitter:
-        steps.append(transforms.ColorJitter(color_jitter, color_jitter, color_jitter))
-    if rotation:
-        steps.append(transforms.RandomRotation(rotation))
-    return transforms.Compose(steps) if steps else None
-
-
-class RGBDataModule(L.LightningDataModule):
+class BenchmarkData:
     """One dataset of the benchmark (or the mini benchmark) with its evaluation budgets.
 
     `budgets` holds the white-box eps per norm (l1, l2, linf) in [0,1] pixel units for this dataset's image
     size; `transfer_budgets` the eps of each transfer split (the attack runs' budgets come from these two).
     Images come out in [0,1]; never normalised here. `surrogates` is accepted because the data configs pass it,
-    and not kept: any surrogate's split is loaded by name through `split`.
+    and not kept: any surrogate's split is loaded by name through `split`. `batch_size` and `augment` are
+    training's, read by rgb.training.datamodule.RGBDataModule.
     With `build_mini_if_missing` (the mini config), an absent `source` is built as the mini benchmark first, so
     the default configuration serves on a fresh clone.
     """
@@ -57,7 +48,6 @@ class RGBDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         build_mini_if_missing: bool = False,
     ):
-        super().__init__()
         self.source = str(source)
         self.dataset = dataset
         self.image_size = int(image_size)
@@ -75,7 +65,7 @@ class RGBDataModule(L.LightningDataModule):
 
     @classmethod
     def for_dataset(cls, dataset: str, source: str | Path | None = None, *, eval_batch_size: int | None = None,
-                    budgets: Mapping[str, float] | None = None, cache_dir: str | None = None) -> RGBDataModule:
+                    budgets: Mapping[str, float] | None = None, cache_dir: str | None = None) -> BenchmarkData:
         """The data module `data=<its config>` gives for evaluation, from plain arguments (rgb.benchmark: no config
         composition): a card dataset or the mini benchmark by id, its catalog class count and image size, the
         protocol's budgets at that size (`budgets` replaces some), and the config's default source and attack
@@ -94,18 +84,15 @@ class RGBDataModule(L.LightningDataModule):
                    eval_batch_size=int(eval_batch_size or batch), cache_dir=cache_dir,
                    build_mini_if_missing=info is MINI)
 
-    def split(self, split: str, surrogate: str | None = None, train_transform: bool = False) -> ImageSplit:
-        """A validated split as a torch Dataset (cached; training transform only for `train`)."""
+    def split(self, split: str, surrogate: str | None = None) -> ImageSplit:
+        """A validated split as a torch Dataset (cached), images as stored."""
         key = (split, surrogate)
         if key not in self._splits:
             if self.build_mini_if_missing and not Path(self.source).expanduser().exists():
                 ensure_mini(Path(self.source))
             rows = load_split(self.source, self.dataset, split, surrogate=surrogate, cache_dir=self.cache_dir)
             self._splits[key] = ImageSplit(rows, self.image_size)
-        found = self._splits[key]
-        if train_transform:
-            return ImageSplit(found.rows, self.image_size, paper_augmentation(**self.augment))
-        return found
+        return self._splits[key]
 
     @property
     def class_names(self) -> list[str]:
@@ -115,9 +102,6 @@ class RGBDataModule(L.LightningDataModule):
                 f"data config says {self.num_classes} classes but {self.dataset} in {self.source} has {len(names)}"
             )
         return names
-
-    def setup(self, stage: str | None = None) -> None:
-        self.class_names  # fail early on a wrong class count
 
     def _loader(self, data: ImageSplit, batch_size: int, shuffle: bool) -> DataLoader:
         return DataLoader(
@@ -129,15 +113,6 @@ class RGBDataModule(L.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.num_workers > 0,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.split("train", train_transform=True), self.batch_size, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.split("validation"), self.eval_batch_size, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.eval_dataloader("test")
 
     def eval_dataloader(self, split: str, surrogate: str | None = None) -> DataLoader:
         """Whole split, in order, no shuffling and no dropped batch: every accuracy is over all of it."""
