@@ -106,9 +106,10 @@ OS_ERRORS = {
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    from importlib import import_module
-
-    return (FileNotFoundError, *(getattr(import_module(module), name) for module, name in USER_ERRORS))
+    """The user-error classes of USER_ERRORS whose modules are loaded: an exception of the others cannot have been
+    raised, so naming them never imports a module the command did not need (rgb.training's loads Lightning)."""
+    return (FileNotFoundError,
+            *(getattr(sys.modules[module], name) for module, name in USER_ERRORS if module in sys.modules))
 
 
 def _one_line(message: str) -> str:
@@ -333,7 +334,6 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
         from rgb.core.machine import configure_threads, keep_freed_memory
 
         _log_to_files(cfg)
-        errors = user_errors()
         try:
             check_values(config_name, cfg)
             if _source_note:
@@ -341,7 +341,10 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             keep_freed_memory()
             threads = configure_threads(cfg.get("threads", "auto"))
             return body(cfg, threads)
-        except (*errors, OSError, InterpolationResolutionError) as err:
+        except Exception as err:
+            errors = user_errors()
+            if not isinstance(err, (*errors, OSError, InterpolationResolutionError)):
+                raise
             line = _error_line(err, errors)
             if line is None:
                 raise
