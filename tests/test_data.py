@@ -291,3 +291,9 @@ def test_attack_and_evaluation_start_without_lightning_or_scikit_learn():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "[]"
+
+
+def test_every_name_rgb_data_advertises_imports():
+    import rgb.data
+
+    assert all(hasattr(rgb.data, name) for name in rgb.data.__all__)
