@@ -98,12 +98,13 @@ def benchmark(
     if n_examples is not None:
         attack_dir = attack_dir / f"first-{n_examples}"  # never mixed with (nor refused by) a whole-split run
     if norms:
-        try:  # an in-memory model is attacked in this process: its data module is the one built above
+        try:  # an in-memory model is attacked in this process (on the CPU with forked workers, one per thread, as
+            # attack.py does: threads of one process spin-wait for each other on a shared machine)
             attack = AttackSettings.create(
                 run_dir, lambda: datamodule, white_box_budgets(norms, datamodule.budgets, datamodule.transfer_budgets),
                 batch_size=datamodule.eval_batch_size, output_dir=attack_dir, surrogate=name, run_name=name,
-                seed=seed, device=device, progress=progress, threads=torch.get_num_threads(), devices=1,
-                max_images=n_examples)
+                seed=seed, device=device, progress=progress, threads=torch.get_num_threads(),
+                devices="auto" if run_device.startswith("cpu") else 1, max_images=n_examples)
         except AttackRunError as err:
             raise EvaluationError(str(err)) from err
         execute(attack, model=InMemoryModel(model, meta))

@@ -61,3 +61,25 @@ def test_benchmark_bad_arguments_are_one_line(user_model, mini_dir, tmp_path):
         rgb.benchmark(user_model, "imagenet", output_dir=tmp_path)
     with pytest.raises(EvaluationError, match="settings must be a non-empty subset"):
         rgb.benchmark(user_model, "mini", settings=("linf", "l3"), output_dir=tmp_path)
+
+
+def test_benchmark_attacks_in_one_forked_worker_per_thread_on_the_cpu(user_model, mini_dir, tmp_path, monkeypatch):
+    """With two threads on the CPU the attack runs in two single-threaded processes (this one and a fork holding the
+    model), as attack.py does, with the results of one process; the caller's thread count is left as it was."""
+    import torch
+
+    from rgb.runs import runner
+
+    pools, attack_in_workers = [], runner.attack_in_workers
+    monkeypatch.setattr(runner, "attack_in_workers",
+                        lambda *args, **kwargs: pools.append(args[3]) or attack_in_workers(*args, **kwargs))
+    summaries = {}
+    for threads in (1, 2):
+        rgb.benchmark(user_model, "mini", source=str(mini_dir), settings=("linf",), name=f"cnn-{threads}",
+                      output_dir=tmp_path, progress=False, budgets=BUDGET, n_examples=50, batch_size=25,
+                      threads=threads)
+        assert torch.get_num_threads() == threads
+        summaries[threads] = json.loads(
+            (tmp_path / "attack" / "digits" / f"cnn-{threads}" / "first-50" / "linf" / "summary.json").read_text())
+    assert pools == [2]  # one thread: attacked in this process alone
+    assert summaries[2]["results_sha256"] == summaries[1]["results_sha256"]

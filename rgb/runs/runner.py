@@ -394,9 +394,13 @@ def attack_in_workers(settings: AttackSettings, runs: list[RunDirectory], tasks:
                             daemon=True)
     pump.start()
     try:
-        if target is not None:
+        if target is not None:  # this process's own threads come back after its share (rgb.benchmark's caller)
+            threads = torch.get_num_threads()
             configure_threads(worker_threads(settings, settings.device, workers))
-            take_tasks(target, settings, runs, queue, settings.device, shared, 0, shared.check)
+            try:
+                take_tasks(target, settings, runs, queue, settings.device, shared, 0, shared.check)
+            finally:
+                torch.set_num_threads(threads)
         pump.join()
         if shared.failure is not None:
             raise shared.failure
@@ -469,8 +473,9 @@ def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dic
     there. Returns the merged summaries by budget name and logs one line per budget. With `settings.processes`
     > 1 the batches go to that many spawned workers (at most one per unfinished batch; a GPU each, or on the CPU
     their share of the threads). `model`: an in-memory model whose weights `settings.run` holds (rgb.benchmark),
-    attacked in this process."""
-    pool = settings.processes > 1 and not settings.merge_only and model is None
+    attacked in this process, and on the CPU also in workers forked with it (a spawned worker could not get it)."""
+    pool = (settings.processes > 1 and not settings.merge_only
+            and (model is None or worker_start_method(settings, settings.processes) == "fork"))
     target = Target.open(settings, "cpu" if pool else settings.device, model)
     runs = run_directories(settings, target)
     if not settings.merge_only:
