@@ -16,6 +16,10 @@ count: `evaluation_floor`), so a record says how far each implementation's wall 
 evaluations alone cost. --busy K runs K CPU-bound busy loops beside the two (issue 24: a shared machine).
 --kept-memory says which processes keep freed memory for the next tensor (`rgb.core.machine.keep_freed_memory`,
 what attack.py does): ours by default, as each runs for its users; `both` gives the reference the same allocator.
+--whole-machine instead runs each implementation as its users do on every core, one after the other beside the
+same --busy loops: ours through `rgb.benchmark` on a mini benchmark built here (one forked single-threaded worker
+per core), the reference with torch's default threads, both with --batch-size (default: n / cores, a batch per
+worker); flags and rows are compared as above.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from torch import nn
 from machine_load import busy_loops
 from rgb.attacks.autoattack import AutoAttack
 from rgb.core.files import atomic_write_json
-from rgb.core.machine import keep_freed_memory
+from rgb.core.machine import available_cpus, keep_freed_memory
 from rgb.core.threat import Norm, parse_norm
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.mini import digit_images, stratified_splits
@@ -211,12 +215,16 @@ def run_ours(model: RowCounter, x, y, norm: str, eps: float, seed: int, version:
                           "backward_rows": float(result.backward_rows.sum())}}
 
 
+def reference_attack(model: nn.Module, norm: str, eps: float, version: str, seed: int):
+    from pyautoattack import AutoAttack as ReferenceAutoAttack
+
+    return ReferenceAutoAttack(model, norm=parse_norm(norm).value, eps=eps, version=version, seed=seed, device="cpu")
+
+
 def run_reference(model: RowCounter, x, y, norm: str, eps: float, seed: int, version: str, tail_rows: int = 0
                   ) -> dict:
     if tail_rows:
         raise ValueError("the reference runs targets one after another")
-    from pyautoattack import AutoAttack as ReferenceAutoAttack
-
     stages = _Stages(model)
 
     class Handler(logging.Handler):
@@ -229,8 +237,7 @@ def run_reference(model: RowCounter, x, y, norm: str, eps: float, seed: int, ver
     logger.setLevel(logging.DEBUG)
     logger.addHandler(handler)
     try:
-        attack = ReferenceAutoAttack(model, norm=parse_norm(norm).value, eps=eps, version=version, seed=seed,
-                                     device="cpu")
+        attack = reference_attack(model, norm, eps, version, seed)
         started = _clocks()
         stages.start()
         x_adv, _ = attack.run_standard_evaluation(x, y, batch_size=len(x))
@@ -267,6 +274,77 @@ def child(args) -> None:
         "n_robust": int(robust.sum()), "forward_rows": forward_rows, "backward_rows": backward_rows})
 
 
+def ours_as_users_run_it(net: nn.Module, x, y, norm: str, eps: float, seed: int, batch_size: int, mini: Path,
+                         workdir: Path) -> dict:
+    """Our attack as `rgb.benchmark` runs it on the CPU (one forked single-threaded worker per core, like attack.py)
+    on the first len(x) images of the mini test split, which must be `x`; the robust flags and rows from its run."""
+    import pyarrow.parquet as pq
+
+    import rgb
+    from rgb.data import BenchmarkData
+
+    split = BenchmarkData.for_dataset("digits", str(mini)).split("test")
+    if not (torch.equal(torch.stack([split[i][0] for i in range(len(x))]), x)
+            and [int(split[i][1]) for i in range(len(y))] == y.tolist()):
+        sys.exit("reference_speed: the mini test split's first images are not the benchmark's")
+    started = _clocks()
+    rgb.benchmark(net, "mini", source=str(mini), settings=(norm,), name="model", output_dir=workdir, seed=seed,
+                  batch_size=batch_size, n_examples=len(x), budgets={norm: eps}, progress=False)
+    ended = _clocks()
+    results = pq.read_table(next(workdir.glob(f"attack/*/model/first-{len(x)}/{norm}/results.parquet"))).to_pydict()
+    order = torch.tensor(results["image_id"]).argsort()
+    robust = torch.tensor(results["robust"])[order]
+    return {"seconds": ended[0] - started[0], "cpu_seconds_parent": ended[1] - started[1], "robust": robust,
+            "forward_rows": int(sum(results["forward_rows"])), "backward_rows": int(sum(results["backward_rows"]))}
+
+
+def whole_machine_child(args) -> None:
+    """--whole-machine: one implementation with its defaults on every core (ours: forked single-threaded workers;
+    the reference: torch's threads), alone in its process; JSON to args.child_out."""
+    kept = keep_freed_memory() if args.kept_memory in (args.impl, "both") else False
+    net = MODELS[args.model][0]()
+    net.load_state_dict(torch.load(args.weights, weights_only=True))
+    net = net.eval().requires_grad_(False)
+    x, y = digits("test")
+    x, y = x[:args.n], y[:args.n]
+    eps = args.eps if args.eps is not None else scale_budget(args.norm, WHITE_BOX_BUDGETS[args.norm], x[0].numel())
+    if args.impl == "ours":
+        outcome = ours_as_users_run_it(net, x, y, args.norm, eps, args.seed, args.batch_size, Path(args.mini),
+                                       Path(args.child_out).parent / "ours")
+        robust = outcome.pop("robust")
+    else:
+        counted = CallLog(net)
+        started = _clocks()
+        x_adv, _ = reference_attack(counted, args.norm, eps, args.version, args.seed).run_standard_evaluation(
+            x, y, batch_size=args.batch_size)
+        ended = _clocks()
+        outcome = {"seconds": ended[0] - started[0], "cpu_seconds_parent": ended[1] - started[1]}
+        outcome["forward_rows"], outcome["backward_rows"] = counted.rows()
+        with torch.inference_mode():
+            robust = net(x_adv).argmax(1) == y
+    atomic_write_json(Path(args.child_out), {**outcome, "eps": eps, "threads": torch.get_num_threads(),
+                                             "kept_freed_memory": kept, "robust": robust.tolist(),
+                                             "n_robust": int(robust.sum())})
+
+
+def whole_machine(args, name: str, weights: Path, norm: str, workdir: Path) -> dict:
+    """Ours, then the reference, each with its defaults on every core (as their users run them), in a fresh
+    process each and beside the same --busy loops; compared on wall time, rows and flags."""
+    outcome = {}
+    for impl in IMPLEMENTATIONS:
+        command = [sys.executable, __file__, "--child", impl, "--whole-machine", "--model", name, "--weights",
+                   str(weights), "--norm", norm, "--kept-memory", args.kept_memory, "--n", str(args.n), "--seed",
+                   str(args.seed), "--version", args.version, "--batch-size", str(args.batch_size), "--mini",
+                   str(args.mini), "--child-out", str(workdir / f"{impl}.json"), "--out", "-"]
+        if norm in args.budgets:
+            command += ["--eps", str(args.budgets[norm])]
+        if subprocess.run(command).returncode != 0:
+            sys.exit(f"reference_speed: the {impl} process failed on {name} {norm}")
+        outcome[impl] = json.loads((workdir / f"{impl}.json").read_text())
+    ours, reference = (torch.tensor(outcome[impl].pop("robust")) for impl in IMPLEMENTATIONS)
+    return compared(args, name, norm, outcome, ours, reference, cpu=False)
+
+
 def side_by_side(args, name: str, weights: Path, norm: str, workdir: Path) -> dict:
     processes = {}
     for impl in IMPLEMENTATIONS:
@@ -283,17 +361,28 @@ def side_by_side(args, name: str, weights: Path, norm: str, workdir: Path) -> di
             sys.exit(f"reference_speed: the {impl} process failed on {name} {norm}")
     outcome = {impl: json.loads((workdir / f"{impl}.json").read_text()) for impl in IMPLEMENTATIONS}
     ours, reference = (torch.tensor(outcome[impl].pop("robust")) for impl in IMPLEMENTATIONS)
+    return compared(args, name, norm, outcome, ours, reference, cpu=True)
+
+
+def compared(args, name: str, norm: str, outcome: dict, ours: torch.Tensor, reference: torch.Tensor, cpu: bool
+             ) -> dict:
+    """One record: the two outcomes, the speed-up (and of CPU time, where each process did all its work itself),
+    the flags' agreement image by image and the targets met."""
     speedup = outcome["reference"]["seconds"] / outcome["ours"]["seconds"]
-    cpu_speedup = outcome["reference"]["cpu_seconds"] / outcome["ours"]["cpu_seconds"]
     robust_model = outcome["reference"]["n_robust"] > 0
     target = TARGET_ROBUST_SPEEDUP if robust_model else TARGET_PLAIN_SPEEDUP
     only_ours = int((ours & ~reference).sum())
+    meets = {"speed_wall": speedup >= target}
+    speedups = {"speedup_wall": speedup}
+    if cpu:
+        speedups["speedup_cpu"] = outcome["reference"]["cpu_seconds"] / outcome["ours"]["cpu_seconds"]
+        meets["speed_cpu"] = speedups["speedup_cpu"] >= target
     return {
         "model": name, "norm": norm, "eps": outcome["ours"]["eps"], "n": args.n, "seed": args.seed,
         "agreement": {"both_robust": int((ours & reference).sum()), "only_ours_robust": only_ours,
                       "only_reference_robust": int((~ours & reference).sum())},
-        "speedup_wall": speedup, "speedup_cpu": cpu_speedup,
-        "meets_targets": {"speed_wall": speedup >= target, "speed_cpu": cpu_speedup >= target,
+        **speedups,
+        "meets_targets": {**meets,
                           "evaluations": (outcome["ours"]["forward_rows"] <= outcome["reference"]["forward_rows"]
                                           and outcome["ours"]["backward_rows"] <= outcome["reference"]["backward_rows"]),
                           "never_weaker": only_ours <= max(1, args.n // 450)},
@@ -318,7 +407,13 @@ def main(argv=None) -> None:
                                                            "machine)")
     parser.add_argument("--kept-memory", default="ours", choices=["ours", "both", "none"],
                         help="processes that keep freed memory for the next tensor (attack.py does)")
+    parser.add_argument("--whole-machine", action="store_true",
+                        help="instead of two one-thread processes side by side: ours, then the reference, each with "
+                             "its defaults on every core (rgb.benchmark's forked workers; torch's threads)")
+    parser.add_argument("--batch-size", type=int, help="--whole-machine: both sides' batch (default: n / cores, "
+                                                       "so that every worker of ours has a batch)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--mini", help=argparse.SUPPRESS)
     parser.add_argument("--eps", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=list(IMPLEMENTATIONS), help=argparse.SUPPRESS)
@@ -329,32 +424,44 @@ def main(argv=None) -> None:
     args.budgets = {parse_norm(key).key: float(value) for key, _, value in (b.partition("=") for b in args.budget)}
     if args.child:
         args.impl = args.child
-        return child(args)
+        return whole_machine_child(args) if args.whole_machine else child(args)
+    if args.whole_machine and args.threads != 1:
+        parser.error("--threads is for the side-by-side runs; --whole-machine uses each side's defaults")
+    args.batch_size = args.batch_size or -(-args.n // available_cpus())
 
     from importlib import metadata
 
-    records = []
+    records, compare = [], whole_machine if args.whole_machine else side_by_side
+    mini_build = tempfile.TemporaryDirectory()
+    if args.whole_machine:
+        from rgb.data.mini import build_mini
+
+        args.mini = build_mini(Path(mini_build.name) / "mini")
     for name in args.models:
         weights = cached_model(name, args.cache)
         for norm in args.norms:
             with tempfile.TemporaryDirectory() as workdir, busy_loops(args.busy):
-                record = side_by_side(args, name, weights, norm, Path(workdir))
+                record = compare(args, name, weights, norm, Path(workdir))
             records.append(record)
             ours, reference = record["ours"], record["reference"]
             print(f"{name} {norm}: ours {ours['n_robust']}/{args.n} in {ours['seconds']:.1f} s "
                   f"({ours['forward_rows']} fwd, {ours['backward_rows']} bwd), reference {reference['n_robust']} in "
                   f"{reference['seconds']:.1f} s ({reference['forward_rows']} fwd, {reference['backward_rows']} bwd): "
-                  f"{record['speedup_wall']:.2f}x wall, {record['speedup_cpu']:.2f}x CPU time, {record['agreement']}",
-                  flush=True)
+                  f"{record['speedup_wall']:.2f}x wall, {record.get('speedup_cpu', float('nan')):.2f}x CPU time, "
+                  f"{record['agreement']}", flush=True)
             atomic_write_json(Path(args.out), {
-                "what": "our AutoAttack vs the reference (pyautoattack), two processes side by side, wall time and "
-                        "rows through the model per attack",
-                "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads_each": args.threads,
+                "what": ("our AutoAttack vs the reference (pyautoattack), each with its defaults on every core, one "
+                         "after the other: wall time, rows through the model" if args.whole_machine else
+                         "our AutoAttack vs the reference (pyautoattack), two processes side by side, wall time and "
+                         "rows through the model per attack"),
+                "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                            "threads_each": "defaults" if args.whole_machine else args.threads,
                             "busy_loops_beside": args.busy,
                             "load_average_at_end": os.getloadavg()},
                 "versions": {"torch": torch.__version__, "pyautoattack": metadata.version("pyautoattack")},
                 "targets": {"robust_speedup": TARGET_ROBUST_SPEEDUP, "plain_speedup": TARGET_PLAIN_SPEEDUP},
                 "version": args.version, "tail_rows": args.tail_rows, "kept_memory": args.kept_memory,
+                "whole_machine": args.whole_machine, "batch_size": args.batch_size if args.whole_machine else args.n,
                 "records": records,
             })
 
