@@ -68,7 +68,9 @@ def benchmark(
     `n_examples`: score only the first N images of each split (attacked in a run directory of their own), to
     iterate fast: the record is PARTIAL (no Sum, ranked apart) and goes to `.../<name>/partial/scores.partial.json`,
     beside a complete one. `budgets`: other white-box eps for some norms (e.g. {"linf": 8/255}), which makes the
-    record one of another threat model; `batch_size`: the attack and evaluation batch (part of a run's identity)."""
+    record one of another threat model; `batch_size`: the attack and evaluation batch (part of a run's identity);
+    `threads`: on the CPU, the single-threaded attack workers (this process and forks of it; "auto": the usable
+    cores), afterwards this process's torch threads."""
     try:
         chosen = {white_box_setting(s) for s in settings}
     except RecordError:
