@@ -447,8 +447,9 @@ def main(argv=None) -> None:
             print(f"{name} {norm}: ours {ours['n_robust']}/{args.n} in {ours['seconds']:.1f} s "
                   f"({ours['forward_rows']} fwd, {ours['backward_rows']} bwd), reference {reference['n_robust']} in "
                   f"{reference['seconds']:.1f} s ({reference['forward_rows']} fwd, {reference['backward_rows']} bwd): "
-                  f"{record['speedup_wall']:.2f}x wall, {record.get('speedup_cpu', float('nan')):.2f}x CPU time, "
-                  f"{record['agreement']}", flush=True)
+                  f"{record['speedup_wall']:.2f}x wall"
+                  + (f", {record['speedup_cpu']:.2f}x CPU time" if "speedup_cpu" in record else "")
+                  + f", {record['agreement']}", flush=True)
             atomic_write_json(Path(args.out), {
                 "what": ("our AutoAttack vs the reference (pyautoattack), each with its defaults on every core, one "
                          "after the other: wall time, rows through the model" if args.whole_machine else
