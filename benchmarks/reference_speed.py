@@ -277,7 +277,9 @@ def child(args) -> None:
 def ours_as_users_run_it(net: nn.Module, x, y, norm: str, eps: float, seed: int, batch_size: int, mini: Path,
                          workdir: Path) -> dict:
     """Our attack as `rgb.benchmark` runs it on the CPU (one forked single-threaded worker per core, like attack.py)
-    on the first len(x) images of the mini test split, which must be `x`; the robust flags and rows from its run."""
+    on the first len(x) images of the mini test split, which must be `x`; the robust flags and rows from its run.
+    The allocator is the caller's (`--kept-memory`: kept by default, as attack.py keeps it; rgb.benchmark
+    leaves it to its forked workers)."""
     import pyarrow.parquet as pq
 
     import rgb
@@ -432,10 +434,10 @@ def main(argv=None) -> None:
     from importlib import metadata
 
     records, compare = [], whole_machine if args.whole_machine else side_by_side
-    mini_build = tempfile.TemporaryDirectory()
-    if args.whole_machine:
+    if args.whole_machine:  # one mini benchmark for all records, removed with the process
         from rgb.data.mini import build_mini
 
+        mini_build = tempfile.TemporaryDirectory()
         args.mini = build_mini(Path(mini_build.name) / "mini")
     for name in args.models:
         weights = cached_model(name, args.cache)

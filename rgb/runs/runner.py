@@ -471,8 +471,8 @@ def run_directories(settings: AttackSettings, target: Target) -> dict[str, RunDi
 def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dict[str, RunSummary]:
     """Attack this node's shard of every budget (unless merge_only), then merge every budget whose batches are all
     there. Returns the merged summaries by budget name and logs one line per budget. With `settings.processes`
-    > 1 the batches go to that many spawned workers (at most one per unfinished batch; a GPU each, or on the CPU
-    their share of the threads). `model`: an in-memory model whose weights `settings.run` holds (rgb.benchmark),
+    > 1 the batches go to that many workers (at most one per unfinished batch; a GPU each, or on the CPU their
+    share of the threads; forked where single-threaded on the CPU, else spawned). `model`: an in-memory model whose weights `settings.run` holds (rgb.benchmark),
     attacked in this process, and on the CPU also in workers forked with it (a spawned worker could not get it)."""
     pool = (settings.processes > 1 and not settings.merge_only
             and (model is None or worker_start_method(settings, settings.processes) == "fork"))
