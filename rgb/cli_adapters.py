@@ -37,6 +37,7 @@ def attack_settings(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets:
         merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial), export_dir=str(cfg.export_dir),
         progress=bool(cfg.progress), impl=str(cfg.get("impl", "ours")), threads=threads,
         tail_rows=int(cfg.get("tail_rows", 0)), input_format=str(cfg.get("input_format", "auto")),
+        capture=str(cfg.get("capture", "auto")),
     )
 
 

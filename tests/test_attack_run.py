@@ -190,7 +190,7 @@ def test_targets_side_by_side_keep_the_fab_t_flags_and_are_recorded(surrogate, s
                                    f"tail_rows={rows}"))["linf"] for rows in (0, 1000)}
     assert runs[1000]["tail_rows"] == 1000 and runs[0]["tail_rows"] == 0 and runs[1000]["standard"] is False
     assert results(tmp_path / "tail-1000")["robust"].equals(results(tmp_path / "tail-0")["robust"])
-    assert runs[0]["input_format"] == "auto"
+    assert runs[0]["input_format"] == "auto" and runs[0]["capture"] == "auto"
     with pytest.raises(AttackRunError, match="input_format must be one of"):
         attack(overrides(surrogate, small_bench, tmp_path / "bad", "input_format=nhwc"))
     assert not (tmp_path / "bad").exists()

@@ -11,6 +11,7 @@ import sys
 
 from rgb.attacks import ATTACKS, VERSIONS, AttackError, AttackResult, is_standard
 from rgb.attacks.autoattack import AutoAttack, check_threat_model, within_budget
+from rgb.attacks.common import EvalCounter
 from rgb.attacks.registry import AttackEntry, Step
 from toy_models import separable_data
 
@@ -332,8 +333,8 @@ def test_conv_models_get_nhwc_inputs_on_the_cpu_and_the_same_flags():
     x, y = torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 10
     seen = []
     model.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
-    runs = {fmt: AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce", "apgd-t"], input_format=fmt) for fmt in
-            ("auto", "contiguous")}
+    runs = {fmt: AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce", "apgd-t"], input_format=fmt, capture="eager")
+            for fmt in ("auto", "contiguous")}
     results = {fmt: attack.run(x, y) for fmt, attack in runs.items()}
     assert isinstance(runs["auto"].attack_model, ChannelsLastInputs) and runs["contiguous"].attack_model is model
     assert not all(seen) and any(seen)  # attacks saw NHWC, the clean pass and verification NCHW
@@ -341,7 +342,7 @@ def test_conv_models_get_nhwc_inputs_on_the_cpu_and_the_same_flags():
     assert abs(int(results["auto"].robust.sum()) - int(results["contiguous"].robust.sum())) <= 1
     assert results["auto"].evaluations["clean"]["forward_rows"] == len(x) + 1  # the probe
     mlp = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
-    attack = AutoAttack(mlp, "Linf", 0.03, attacks=["apgd-ce"])
+    attack = AutoAttack(mlp, "Linf", 0.03, attacks=["apgd-ce"], capture="eager")
     attack.run(x, y)
     assert attack.attack_model is mlp  # no convolution: nothing to gain
 
@@ -349,10 +350,81 @@ def test_conv_models_get_nhwc_inputs_on_the_cpu_and_the_same_flags():
 def test_a_model_refusing_nhwc_inputs_falls_back_or_is_named():
     model = ViewsItsInput().eval()
     x, y = torch.rand(4, 3, 8, 8), torch.arange(4)
-    attack = AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"])
+    attack = AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"], capture="eager")
     attack.run(x, y)
     assert attack.attack_model is model
     with pytest.raises(ValueError, match="refuses NHWC inputs"):
         AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"], input_format="channels_last").run(x, y)
     with pytest.raises(ValueError, match="input_format must be one of"):
         AutoAttack(model, "Linf", 0.03, input_format="nhwc")
+
+
+def test_the_attacks_call_a_trace_of_the_model_on_the_cpu_with_the_same_results_bit_for_bit():
+    """capture="auto" on the CPU in fp32: the attacks call a TorchScript trace of the model (the same ATen calls,
+    without the Python of its modules), checked against the model on a probe, and every number is the eager one."""
+    from user_models import small_cnn
+
+    from rgb.attacks.autoattack import ChannelsLastInputs, TracedModel
+
+    model = small_cnn().eval()
+    x, y = torch.rand(6, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.arange(6) % 10
+    attacks = {capture: AutoAttack(model, "L2", 0.5, attacks=["apgd-ce", "apgd-t", "square"], n_queries=30,
+                                   capture=capture) for capture in ("auto", "eager")}
+    results = {capture: attack.run(x, y) for capture, attack in attacks.items()}
+    assert isinstance(attacks["auto"].attack_model, TracedModel)
+    assert isinstance(attacks["eager"].attack_model, ChannelsLastInputs)
+    traced, eager = results["auto"], results["eager"]
+    assert torch.equal(traced.x_adv, eager.x_adv) and torch.equal(traced.fooled_by, eager.fooled_by)
+    assert {k: v for k, v in traced.evaluations.items() if k != "clean"} == \
+        {k: v for k, v in eager.evaluations.items() if k != "clean"}
+    # The probes: the NHWC one (1 row), the trace (2 rows), forward and backward at 1 and 3 rows for both models.
+    assert traced.evaluations["clean"] == {"forward_rows": len(x) + 1 + 2 + 8, "backward_rows": 8}
+    assert eager.evaluations["clean"] == {"forward_rows": len(x) + 1, "backward_rows": 0}
+    assert float(traced.backward_rows.sum()) == pytest.approx(sum(v["backward_rows"] for v in traced.evaluations.values()))
+
+
+class BakesItsBatchSize(nn.Module):
+    """A model whose Python branch on the batch size a trace would bake in."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x):
+        logits = self.head(x.flatten(1))
+        return logits * 2 if x.shape[0] == 2 else logits
+
+
+class ReturnsADict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x):
+        return {"logits": self.head(x.flatten(1))}
+
+
+def test_a_trace_that_differs_or_fails_keeps_the_model_or_is_named():
+    x, y = torch.rand(4, 3, 8, 8), torch.arange(4)
+    model = BakesItsBatchSize().eval()
+    attack = AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"])
+    attack.run(x, y)
+    assert attack.attack_model is model
+    with pytest.raises(ValueError, match="differ from the model's at a batch of 1"):
+        AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"], capture="trace").run(x, y)
+    with pytest.raises(ValueError, match="cannot be traced"):
+        AutoAttack(ReturnsADict().eval(), "Linf", 0.03, attacks=["apgd-ce"], capture="trace")._captured(
+            ReturnsADict().eval(), x, EvalCounter())
+    with pytest.raises(ValueError, match="capture must be one of"):
+        AutoAttack(model, "Linf", 0.03, capture="script")
+
+
+def test_no_trace_on_bf16_or_for_randomised_models(trained_mlp, batch):
+    x, y = batch
+    for kwargs in ({"precision": "bf16"}, {"version": "rand"}):
+        attack = AutoAttack(trained_mlp, "Linf", 0.03, attacks=["apgd-ce"], **kwargs)
+        attack.run(x, y)
+        assert attack.attack_model is trained_mlp
+    attack = AutoAttack(trained_mlp, "Linf", 0.03, attacks=["apgd-ce"])
+    attack.run(x, y)
+    assert attack.attack_model is not trained_mlp

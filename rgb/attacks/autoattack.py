@@ -24,6 +24,7 @@ from rgb.core.threat import Norm, parse_norm
 
 PRECISIONS = ("fp32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
+CAPTURES = ("auto", "eager", "trace")
 # Budget tolerances of spec §8.1 (float32 rounding of the projections).
 RELATIVE_TOLERANCE = {Norm.L1: 1e-5, Norm.L2: 1e-5}
 LINF_TOLERANCE = 1e-7
@@ -125,6 +126,15 @@ class AutoAttack:
     oneDNN's NHWC kernels make each forward/backward cheaper (1.5x on a small CNN), unless the model refuses it
     (e.g. a `.view` of its input). The clean pass and the fp32 verification always see the images as given, so
     the reported predictions do not depend on the choice.
+
+    `capture="trace"` has the attacks call a TorchScript trace of that model instead of its Python modules, run
+    without graph optimisations: the same ATen calls in the same order, so the same numbers, without the Python of
+    every module on every call, which is most of a call's time at the few rows of a batch's surviving points
+    (1.2-1.8x per evaluation on a tiny ViT, docs/performance.md). The trace is taken at 2 images of the batch and
+    must reproduce the model's logits and input gradients bit for bit at 1 and 3 images (a trace that baked in a
+    batch size or a branch on its example fails that). "auto" (the default) traces on the CPU in fp32 for a
+    deterministic version and keeps the model as it is where tracing fails or differs; "eager" never traces. A
+    model that keeps Python-side state across calls (counters, caches) must be attacked with "eager".
     """
 
     def __init__(
@@ -145,6 +155,7 @@ class AutoAttack:
         tail_rows: int = 0,
         input_format: str = "auto",
         on_leave: Callable[[int], None] | None = None,
+        capture: str = "auto",
     ):
         self.model = model
         self.norm = parse_norm(norm)
@@ -177,6 +188,9 @@ class AutoAttack:
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
         self.input_format = input_format
+        if capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {CAPTURES}, got {capture!r}")
+        self.capture = capture
         if int(tail_rows) < 0:
             raise ValueError(f"tail_rows must be >= 0, got {tail_rows}")
         self.tail_rows = int(tail_rows)
@@ -223,7 +237,7 @@ class AutoAttack:
             i = int(outside[0])
             raise ValueError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): y[{i}] = "
                              f"{int(y[i])}, {outside.numel()} label(s) outside")
-        self.attack_model, probe_rows = self._attack_model(x[:1], clean_logits[:1])
+        self.attack_model, probe = self._attack_model(x, clean_logits)
         caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
                                                   self.spec.deterministic_model))
         params = self._step_params(clean_logits.shape[1], caught)
@@ -237,10 +251,11 @@ class AutoAttack:
         self._left(int((~clean_correct).sum()))
         x_adv = x.clone()
         accuracy_after = {"clean": float(robust.float().mean())}
-        evaluations: dict[str, dict[str, int]] = {"clean": {"forward_rows": len(x) + probe_rows, "backward_rows": 0}}
+        evaluations: dict[str, dict[str, int]] = {
+            "clean": {"forward_rows": len(x) + probe.forward_rows, "backward_rows": probe.backward_rows}}
         # Per-image cost: each batch's evaluations are shared equally by the images of that batch.
-        forward_rows = torch.full((len(x),), 1 + probe_rows / max(len(x), 1), dtype=torch.float64)
-        backward_rows = torch.zeros(len(x), dtype=torch.float64)
+        forward_rows = torch.full((len(x),), 1 + probe.forward_rows / max(len(x), 1), dtype=torch.float64)
+        backward_rows = torch.full((len(x),), probe.backward_rows / max(len(x), 1), dtype=torch.float64)
         for k, name in enumerate(self.attacks, start=1):
             counter = EvalCounter()
             todo = robust.nonzero().squeeze(1)
@@ -291,15 +306,22 @@ class AutoAttack:
         if self.on_leave is not None and n:
             self.on_leave(n)
 
-    def _attack_model(self, probe: torch.Tensor, probe_logits: torch.Tensor) -> tuple[nn.Module, int]:
-        """The model the attacks call (see `input_format`) and the rows its one-image probe spent."""
+    def _attack_model(self, x: torch.Tensor, clean_logits: torch.Tensor) -> tuple[nn.Module, EvalCounter]:
+        """The model the attacks call (see `input_format` and `capture`) and the rows its probes spent."""
+        probes = EvalCounter()
+        model = self._formatted(x[:1], clean_logits[:1], probes)
+        return self._captured(model, x, probes), probes
+
+    def _formatted(self, probe: torch.Tensor, probe_logits: torch.Tensor, probes: EvalCounter) -> nn.Module:
+        """The model in the memory format of `input_format`, checked on a one-image probe."""
         wanted = self.input_format
         if wanted == "auto":
             convolutional = any(isinstance(module, nn.Conv2d) for module in self.model.modules())
             wanted = "channels_last" if self.device.type == "cpu" and convolutional else "contiguous"
         if wanted == "contiguous" or probe.shape[0] == 0:
-            return self.model, 0
+            return self.model
         model = ChannelsLastInputs(self.model)
+        probes.forward(1)
         try:
             with torch.inference_mode():
                 logits = model(probe.to(self.device)).float().cpu()
@@ -307,13 +329,32 @@ class AutoAttack:
         except RuntimeError as err:
             if self.input_format == "channels_last":
                 raise ValueError(f"input_format='channels_last': the model refuses NHWC inputs ({err})") from err
-            return self.model, 1
+            return self.model
         if not agrees:
             if self.input_format == "channels_last":
                 raise ValueError("input_format='channels_last': the model's logits change with the memory format")
-            return self.model, 1
-        return model, 1
+            return self.model
+        return model
 
+    def _captured(self, model: nn.Module, x: torch.Tensor, probes: EvalCounter) -> nn.Module:
+        """`model` as a checked trace where `capture` asks for one (see the class docstring), else as it is."""
+        wanted = self.capture
+        if wanted == "auto":
+            usual = self.device.type == "cpu" and self.precision == "fp32" and self.spec.deterministic_model
+            wanted = "trace" if usual else "eager"
+        if wanted == "eager" or x.shape[0] == 0:
+            return model
+        probe = x[torch.arange(3) % len(x)].to(self.device)
+        try:
+            traced = TracedModel.trace(model, probe[:2], probes)
+            problem = _trace_problem(model, traced, probe, probes)
+        except Exception as err:  # noqa: BLE001 - whatever stops a trace (dict outputs, untraceable ops) keeps eager
+            problem = f"the model cannot be traced ({type(err).__name__}: {err})"
+        if problem is None:
+            return traced
+        if self.capture == "trace":
+            raise ValueError(f"capture='trace': {problem}")
+        return model
 
     def _step_reporter(self, name: str) -> Progress | None:
         """The attack's step hook: forwards a position to `self.progress` at most every `progress_interval` s."""
@@ -401,6 +442,46 @@ class ChannelsLastInputs(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x.contiguous(memory_format=torch.channels_last))
+
+
+class TracedModel(nn.Module):
+    """A TorchScript trace of a model, always run without graph optimisations, so that its calls are the eager
+    model's ATen calls, in order, and its numbers and gradients the eager model's (see AutoAttack's `capture`)."""
+
+    def __init__(self, traced: torch.jit.ScriptModule):
+        super().__init__()
+        self.traced = traced
+
+    @classmethod
+    def trace(cls, model: nn.Module, example: torch.Tensor, counter: EvalCounter) -> TracedModel:
+        counter.forward(len(example))
+        with warnings.catch_warnings(), torch.jit.optimized_execution(False):
+            warnings.simplefilter("ignore")  # deprecation and tracer warnings: the trace is compared instead
+            return cls(torch.jit.trace(model, example, check_trace=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.jit.optimized_execution(False):
+            return self.traced(x)
+
+
+def _trace_problem(model: nn.Module, traced: nn.Module, probe: torch.Tensor, counter: EvalCounter) -> str | None:
+    """Why `traced` (taken at probe[:2]) is not `model`, or None: logits and input gradients must be bitwise equal
+    at 1 and at 3 images, batch sizes other than the trace's."""
+    for rows in (probe[2:], probe):
+        outputs = []
+        for candidate in (model, traced):
+            image = rows.detach().clone().requires_grad_(True)
+            with torch.enable_grad():
+                logits = candidate(image)
+                mix = torch.linspace(-1, 1, logits.shape[1], device=logits.device, dtype=logits.dtype)
+                gradient, = torch.autograd.grad((logits * mix).sum(), image)
+            counter.forward(len(rows))
+            counter.backward(len(rows))
+            outputs.append((logits.detach(), gradient))
+        (logits, gradient), (traced_logits, traced_gradient) = outputs
+        if not (torch.equal(logits, traced_logits) and torch.equal(gradient, traced_gradient)):
+            return f"the traced model's logits or gradients differ from the model's at a batch of {len(rows)}"
+    return None
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -32,7 +32,8 @@ class OursImplementation:
         return AutoAttack(model, threat.norm.value, threat.eps, version=settings.version, seed=settings.seed,
                           device=device, attacks=None if settings.attacks is None else list(settings.attacks),
                           precision=settings.precision, progress=progress, tail_rows=settings.tail_rows,
-                          input_format=settings.input_format, on_leave=on_leave)
+                          input_format=settings.input_format, on_leave=on_leave,
+                          capture=settings.capture)
 
     def check(self, model, threat: ThreatModel, settings) -> None:
         """Fail on a bad version, attack list or precision before any directory is written."""

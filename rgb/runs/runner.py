@@ -442,7 +442,7 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
         version=settings.version, standard=standard_run(settings.version, attacks, settings.precision), attacks=attacks,
         seed=settings.seed, precision=settings.precision, tf32=False, compile=settings.compile,
         channels_last=settings.channels_last, batch_size=settings.batch_size, threads=settings.threads,
-        tail_rows=settings.tail_rows, input_format=settings.input_format,
+        tail_rows=settings.tail_rows, input_format=settings.input_format, capture=settings.capture,
         clean_accuracy=accuracy_after["clean"], n_clean_correct=int(columns["clean_correct"].sum()),
         robust_accuracy=float(columns["robust"].float().mean()), n_robust=int(columns["robust"].sum()),
         accuracy_after=accuracy_after,

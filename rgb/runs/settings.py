@@ -60,6 +60,7 @@ class AttackSettings:
     threads: int = 1
     tail_rows: int = 0
     input_format: str = "auto"
+    capture: str = "auto"
     max_images: int | None = None  # attack the first N test images only (rgb.benchmark(n_examples=N)): PARTIAL
 
     @classmethod
@@ -70,7 +71,8 @@ class AttackSettings:
                shard_index: int | None = None, shard_count: int | None = None, devices: int | str = "auto",
                merge_only: bool = False, export: bool = False, export_dir: str | Path | None = None,
                progress: bool = True, impl: str = "ours", threads: int = 1, tail_rows: int = 0,
-               input_format: str = "auto", max_images: int | None = None) -> AttackSettings:
+               input_format: str = "auto", capture: str = "auto", max_images: int | None = None
+               ) -> AttackSettings:
         """Validated settings from plain values (attack.py's config is mapped onto these by rgb.cli_adapters;
         rgb.benchmark passes them directly). `data` builds the data module in whichever process attacks."""
         if run is None:
@@ -97,7 +99,8 @@ class AttackSettings:
             processes=process_count(devices, device, threads), merge_only=bool(merge_only), export=bool(export),
             export_dir=Path(str(export_dir)) if export_dir is not None else output_dir / "adversarial",
             surrogate=surrogate, output_dir=output_dir, progress=bool(progress), impl=str(impl), threads=int(threads),
-            tail_rows=int(tail_rows), input_format=str(input_format), max_images=max_images,
+            tail_rows=int(tail_rows), input_format=str(input_format), capture=str(capture),
+            max_images=max_images,
         )
 
 

@@ -162,6 +162,7 @@ class RunSummary:
     warnings: list[str] = field(default_factory=list)
     tail_rows: int = 0
     input_format: str = "auto"
+    capture: str = "auto"
 
     def to_json(self) -> dict:
         return asdict(self)
