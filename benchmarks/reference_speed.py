@@ -10,7 +10,8 @@ norm the two implementations run at the same time in two processes with --thread
 see the same machine load; each records wall time and its own CPU time (the steadier measure where other jobs
 share the cores; per attack, the two implementations' stages do not run at the same moments). Each process counts the rows through the model with the same wrapper (forward rows;
 backward rows via a hook on the logits), times every attack of the cascade, and returns the final robust flags
-(fp32 re-evaluation of the returned images), which are compared image by image. Each process then replays the
+(fp32 re-evaluation of the returned images), which are compared image by image; ours calls the model as it is
+(capture="eager": a trace would bypass the counting wrapper). Each process then replays the
 model calls of its run in isolation (every batch size it used, timed forward-only or forward+backward, times its
 count: `evaluation_floor`), so a record says how far each implementation's wall time is above what its model
 evaluations alone cost. --busy K runs K CPU-bound busy loops beside the two (issue 24: a shared machine).
@@ -18,8 +19,9 @@ evaluations alone cost. --busy K runs K CPU-bound busy loops beside the two (iss
 what attack.py does): ours by default, as each runs for its users; `both` gives the reference the same allocator.
 --whole-machine instead runs each implementation as its users do on every core, one after the other beside the
 same --busy loops: ours through `rgb.benchmark` on a mini benchmark built here (one forked single-threaded worker
-per core), the reference with torch's default threads, both with --batch-size (default: n / cores, a batch per
-worker); flags and rows are compared as above.
+per core, the model traced as on any CPU run: capture="auto"), the reference with torch's default threads, both
+with --batch-size (default: n / cores, a batch per worker); flags and rows (ours: its own count) are compared as
+above.
 """
 
 from __future__ import annotations
@@ -204,8 +206,10 @@ def run_ours(model: RowCounter, x, y, norm: str, eps: float, seed: int, version:
 
     stages.start()  # the clean pass and checks count towards the first attack, as in the reference's stages
     started = _clocks()
-    result = AutoAttack(model, norm, eps, version=version, seed=seed, progress=progress, tail_rows=tail_rows).run(
-        x, y, batch_size=len(x))
+    # Eager: a trace (capture="auto") would run the model's ATen calls without the counting wrapper's Python, so
+    # rows, stages and the floor could not be observed. --whole-machine runs ours as users do, traced.
+    result = AutoAttack(model, norm, eps, version=version, seed=seed, progress=progress, tail_rows=tail_rows,
+                        capture="eager").run(x, y, batch_size=len(x))
     ended = _clocks()
     if current:
         stages.end(current[-1])

@@ -377,8 +377,8 @@ def test_the_attacks_call_a_trace_of_the_model_on_the_cpu_with_the_same_results_
     assert torch.equal(traced.x_adv, eager.x_adv) and torch.equal(traced.fooled_by, eager.fooled_by)
     assert {k: v for k, v in traced.evaluations.items() if k != "clean"} == \
         {k: v for k, v in eager.evaluations.items() if k != "clean"}
-    # The probes: the NHWC one (1 row), the trace (2 rows), forward and backward at 1 and 3 rows for both models.
-    assert traced.evaluations["clean"] == {"forward_rows": len(x) + 1 + 2 + 8, "backward_rows": 8}
+    # The probes: the NHWC one (1 row), the trace (2 rows), both models at 1 row (forward and backward) and 3 rows.
+    assert traced.evaluations["clean"] == {"forward_rows": len(x) + 1 + 2 + 2 + 6, "backward_rows": 2}
     assert eager.evaluations["clean"] == {"forward_rows": len(x) + 1, "backward_rows": 0}
     assert float(traced.backward_rows.sum()) == pytest.approx(sum(v["backward_rows"] for v in traced.evaluations.values()))
 
