@@ -60,6 +60,7 @@ def benchmark(
     progress: bool = True,
     budgets: Mapping[str, float] | None = None,
     n_examples: int | None = None,
+    capture: str = "auto",
 ):
     """Score `model` on one dataset: clean and common accuracy, and standard AutoAttack at the norms named in
     `settings` (any of l1, l2, linf; any case, as rgb.core.threat reads norms), over whole splits. Returns the
@@ -70,7 +71,9 @@ def benchmark(
     beside a complete one. `budgets`: other white-box eps for some norms (e.g. {"linf": 8/255}), which makes the
     record one of another threat model; `batch_size`: the attack and evaluation batch (part of a run's identity);
     `threads`: on the CPU, the single-threaded attack workers (this process and forks of it; "auto": the usable
-    cores), afterwards this process's torch threads."""
+    cores), afterwards this process's torch threads. `capture`: how the attacks call the model ("auto": a checked
+    TorchScript trace on the CPU; "eager" for a model that keeps Python-side state between calls; see
+    rgb.attacks.AutoAttack)."""
     try:
         chosen = {white_box_setting(s) for s in settings}
     except RecordError:
@@ -106,7 +109,7 @@ def benchmark(
                 run_dir, lambda: datamodule, white_box_budgets(norms, datamodule.budgets, datamodule.transfer_budgets),
                 batch_size=datamodule.eval_batch_size, output_dir=attack_dir, surrogate=name, run_name=name,
                 seed=seed, device=device, progress=progress, threads=torch.get_num_threads(),
-                devices="auto" if run_device.startswith("cpu") else 1, max_images=n_examples)
+                devices="auto" if run_device.startswith("cpu") else 1, max_images=n_examples, capture=capture)
         except AttackRunError as err:
             raise EvaluationError(str(err)) from err
         execute(attack, model=InMemoryModel(model, meta))

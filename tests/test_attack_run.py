@@ -193,6 +193,8 @@ def test_targets_side_by_side_keep_the_fab_t_flags_and_are_recorded(surrogate, s
     assert runs[0]["input_format"] == "auto" and runs[0]["capture"] == "auto"
     with pytest.raises(AttackRunError, match="input_format must be one of"):
         attack(overrides(surrogate, small_bench, tmp_path / "bad", "input_format=nhwc"))
+    with pytest.raises(AttackRunError, match="capture must be one of"):
+        attack(overrides(surrogate, small_bench, tmp_path / "bad", "capture=script", "impl=reference"))
     assert not (tmp_path / "bad").exists()
 
 

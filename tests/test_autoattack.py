@@ -371,8 +371,8 @@ def test_the_attacks_call_a_trace_of_the_model_on_the_cpu_with_the_same_results_
     attacks = {capture: AutoAttack(model, "L2", 0.5, attacks=["apgd-ce", "apgd-t", "square"], n_queries=30,
                                    capture=capture) for capture in ("auto", "eager")}
     results = {capture: attack.run(x, y) for capture, attack in attacks.items()}
-    assert isinstance(attacks["auto"].attack_model, TracedModel)
-    assert isinstance(attacks["eager"].attack_model, ChannelsLastInputs)
+    assert isinstance(attacks["auto"].attack_model, TracedModel) and results["auto"].capture == "trace"
+    assert isinstance(attacks["eager"].attack_model, ChannelsLastInputs) and results["eager"].capture == "eager"
     traced, eager = results["auto"], results["eager"]
     assert torch.equal(traced.x_adv, eager.x_adv) and torch.equal(traced.fooled_by, eager.fooled_by)
     assert {k: v for k, v in traced.evaluations.items() if k != "clean"} == \
@@ -395,6 +395,30 @@ class BakesItsBatchSize(nn.Module):
         return logits * 2 if x.shape[0] == 2 else logits
 
 
+class DetachesABranch(nn.Module):
+    """A branch under no_grad: the model's gradients skip it, a trace's would not (it records no grad mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head, self.shift = nn.Linear(3 * 8 * 8, 10), nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x):
+        with torch.no_grad():
+            shift = self.shift(x.flatten(1))
+        return self.head(x.flatten(1)) + shift
+
+
+class ScalesByItsBrightest(nn.Module):
+    """A per-batch statistic read as a Python number: a trace bakes in its example's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.head(x.flatten(1) / float(x.detach().max()))
+
+
 class ReturnsADict(nn.Module):
     def __init__(self):
         super().__init__()
@@ -415,8 +439,16 @@ def test_a_trace_that_differs_or_fails_keeps_the_model_or_is_named():
     with pytest.raises(ValueError, match="cannot be traced"):
         AutoAttack(ReturnsADict().eval(), "Linf", 0.03, attacks=["apgd-ce"], capture="trace")._captured(
             ReturnsADict().eval(), x, EvalCounter())
+    for odd, why in ((DetachesABranch(), "at a batch of 1"), (ScalesByItsBrightest(), "at a batch of")):
+        odd.eval()
+        attack = AutoAttack(odd, "Linf", 0.03, attacks=["apgd-ce"])
+        assert attack.run(x, y).capture == "eager" and attack.attack_model is odd
+        with pytest.raises(ValueError, match=f"differ from the model's {why}"):
+            AutoAttack(odd, "Linf", 0.03, attacks=["apgd-ce"], capture="trace").run(x, y)
     with pytest.raises(ValueError, match="capture must be one of"):
         AutoAttack(model, "Linf", 0.03, capture="script")
+    with pytest.raises(ValueError, match="needs precision='fp32'"):
+        AutoAttack(model, "Linf", 0.03, capture="trace", precision="bf16")
 
 
 def test_no_trace_on_bf16_or_for_randomised_models(trained_mlp, batch):

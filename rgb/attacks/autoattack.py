@@ -10,6 +10,7 @@ against the budget and the [0,1] box with errors that hold under `python -O`, no
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -68,6 +69,7 @@ class AutoAttackResult:
     seed: int
     precision: str
     warnings: list[str] = field(default_factory=list)
+    capture: str = "eager"  # how the attacks called the model: "trace" or "eager" (see AutoAttack's `capture`)
 
     @property
     def robust_accuracy(self) -> float:
@@ -129,12 +131,14 @@ class AutoAttack:
 
     `capture="trace"` has the attacks call a TorchScript trace of that model instead of its Python modules, run
     without graph optimisations: the same ATen calls in the same order, so the same numbers, without the Python of
-    every module on every call, which is much of a call's time at the few rows of a batch's surviving points
-    (1.2-1.8x per evaluation on a tiny ViT, docs/performance.md). The trace is taken at 2 images of the batch and
-    must reproduce the model's logits bit for bit at 1 and 3 images (a trace that baked in a batch size or a
-    branch on its example fails that) and its input gradients at 1 image. "auto" (the default) traces on the CPU
-    in fp32 for a deterministic version and keeps the model as it is where tracing fails or differs; "eager" never
-    traces. A model that keeps Python-side state across calls (counters, caches) must be attacked with "eager".
+    every module on every call, which is much of a call's time at the few rows of a batch's surviving points (a
+    tiny ViT's forward 1.4-1.5x faster at 1-5 rows, forward+backward 1.1-1.3x; a small CNN's within noise;
+    docs/performance.md). The trace is taken at 2 images of the batch and must reproduce the model's logits bit for
+    bit at 1 and 3 noisy copies of its images (a trace that baked in a batch size, a per-batch statistic or a
+    branch on its example fails that) and its input gradients at 1. "auto" (the default) traces on the CPU in fp32
+    for a deterministic version, unless the model is torch.compile'd, and keeps the model as it is where tracing
+    fails or differs (`AutoAttackResult.capture` says which ran); "eager" never traces. A model that keeps
+    Python-side state across calls (counters, caches) must be attacked with "eager".
     """
 
     def __init__(
@@ -190,6 +194,8 @@ class AutoAttack:
         self.input_format = input_format
         if capture not in CAPTURES:
             raise ValueError(f"capture must be one of {CAPTURES}, got {capture!r}")
+        if capture == "trace" and precision != "fp32":
+            raise ValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
         self.capture = capture
         if int(tail_rows) < 0:
             raise ValueError(f"tail_rows must be >= 0, got {tail_rows}")
@@ -287,6 +293,7 @@ class AutoAttack:
             accuracy_after=accuracy_after, evaluations=evaluations, forward_rows=forward_rows,
             backward_rows=backward_rows, norm=self.norm.value, eps=self.eps,
             version=self.version, seed=self.seed, precision=self.precision, warnings=caught,
+            capture="trace" if isinstance(self.attack_model, TracedModel) else "eager",
         )
 
     def _attack(self, name, x, y, clean_logits, counter, params) -> torch.Tensor:
@@ -340,13 +347,19 @@ class AutoAttack:
         """`model` as a checked trace where `capture` asks for one (see the class docstring), else as it is."""
         wanted = self.capture
         if wanted == "auto":
+            dynamo = sys.modules.get("torch._dynamo")  # only loaded once something was torch.compile'd
+            compiled = dynamo is not None and isinstance(self.model, dynamo.eval_frame.OptimizedModule)
             usual = self.device.type == "cpu" and self.precision == "fp32" and self.spec.deterministic_model
-            wanted = "trace" if usual else "eager"
+            wanted = "trace" if usual and not compiled else "eager"
         if wanted == "eager" or x.shape[0] == 0:
             return model
-        probe = x[torch.arange(3) % len(x)].to(self.device)
+        example = x[torch.arange(2) % len(x)].to(self.device)
+        # The check's images are noisy copies, never the example: a value the trace baked in from its example (a
+        # per-batch statistic, a branch on pixel values) shows as a difference on them.
+        noise = torch.rand((3, *x.shape[1:]), generator=torch.Generator().manual_seed(0)) * 0.2 - 0.1
+        probe = (x[torch.arange(3) % len(x)] + noise).clamp(0, 1).to(self.device)
         try:
-            traced = TracedModel.trace(model, probe[:2], probes)
+            traced = TracedModel.trace(model, example, probes)
             problem = _trace_problem(model, traced, probe, probes)
         except Exception as err:  # noqa: BLE001 - whatever stops a trace (dict outputs, untraceable ops) keeps eager
             problem = f"the model cannot be traced ({type(err).__name__}: {err})"
@@ -465,8 +478,8 @@ class TracedModel(nn.Module):
 
 
 def _trace_problem(model: nn.Module, traced: nn.Module, probe: torch.Tensor, counter: EvalCounter) -> str | None:
-    """Why `traced` (taken at probe[:2]) is not `model`, or None: bitwise equal logits at 1 and 3 images (batch
-    sizes other than the trace's) and input gradients at 1 image (2 backward rows per batch, not 6)."""
+    """Why `traced` (taken at 2 other images) is not `model`, or None: bitwise equal logits at 1 and 3 images
+    (batch sizes other than the trace's) and input gradients at 1 image (2 backward rows per batch, not 6)."""
     for rows in (probe[2:], probe):
         outputs = []
         for candidate in (model, traced):

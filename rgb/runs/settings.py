@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rgb.attacks.autoattack import CAPTURES
 from rgb.core.machine import DeviceError, resolve_device
 from rgb.core.threat import Norm, ThreatModel, parse_norm
 from rgb.data.catalog import TRANSFER_BUDGETS
@@ -85,6 +86,8 @@ class AttackSettings:
             raise AttackRunError(f"batch_size must be >= 1, got {batch_size}")
         if impl not in IMPLEMENTATIONS:
             raise AttackRunError(f"impl must be one of {list(IMPLEMENTATIONS)}, got {impl!r}")
+        if capture not in CAPTURES:  # checked here too: impl=reference never builds our AutoAttack
+            raise AttackRunError(f"capture must be one of {list(CAPTURES)}, got {capture!r}")
         index, count = shard_position(shard_index, shard_count)
         try:
             device = resolve_device(str(device))

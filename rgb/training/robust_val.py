@@ -124,7 +124,7 @@ class RobustValidation(Callback):
                     raise TrainingError(f"robust validation at {norm}: the data config has no budget {norm.key!r}")
                 attack = AutoAttack(pl_module, norm, budgets[norm.key], version=self.version, seed=self.seed,
                                     attacks=self.attacks, batch_size=self.batch_size, precision=self.precision,
-                                    n_iter=self.n_iter)
+                                    n_iter=self.n_iter, capture="eager")  # a LightningModule may keep state
                 accuracies[metric] = attack.run(x, y).robust_accuracy
         seconds = time.perf_counter() - started
         if "val/acc" not in trainer.callback_metrics:
