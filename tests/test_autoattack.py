@@ -380,7 +380,8 @@ def test_the_attacks_call_a_trace_of_the_model_on_the_cpu_with_the_same_results_
     # The probes: the NHWC one (1 row), the trace (2 rows), both models at 1 row (forward and backward) and 3 rows.
     assert traced.evaluations["clean"] == {"forward_rows": len(x) + 1 + 2 + 2 + 6, "backward_rows": 2}
     assert eager.evaluations["clean"] == {"forward_rows": len(x) + 1, "backward_rows": 0}
-    assert float(traced.backward_rows.sum()) == pytest.approx(sum(v["backward_rows"] for v in traced.evaluations.values()))
+    spent = sum(v["backward_rows"] for v in traced.evaluations.values())
+    assert float(traced.backward_rows.sum()) == pytest.approx(spent)
 
 
 class BakesItsBatchSize(nn.Module):
