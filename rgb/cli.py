@@ -35,6 +35,7 @@ from rgb.core.values import (
     name_part,
     path_name,
     problems,
+    url_host,
 )
 
 log = logging.getLogger("rgb")
@@ -68,6 +69,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("rgb.path_name", path_name, replace=True)
     OmegaConf.register_new_resolver("rgb.output_dir", _output_dir, replace=True)
     OmegaConf.register_new_resolver("rgb.name_part", name_part, replace=True)
+    OmegaConf.register_new_resolver("rgb.url_host", url_host, replace=True)
     register_data_resolvers()
 
 

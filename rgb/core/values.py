@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 Rule = tuple[Callable[[object], bool], str]
 
@@ -82,6 +83,12 @@ def name_part(name) -> str:
     """A model name as a piece of a default run name: hub names hold '/' and ':' (`hf-hub:timm/vit_base`), which
     become `--` and `_` (`hf-hub_timm--vit_base`), the way the Hub cache spells a repo as one directory name."""
     return str(name).replace("/", "--").replace(":", "_")
+
+
+def url_host(url) -> str:
+    """The host (and port) of an endpoint URL, a piece of an API run's default name: one model name served by two
+    endpoints gets two run dirs. Credentials a URL may carry (`user:key@host`) are left out of the name."""
+    return urlsplit(str(url)).netloc.rpartition("@")[2] or str(url)
 
 
 def path_name(name) -> str:

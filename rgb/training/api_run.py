@@ -1,5 +1,9 @@
 """`model=api_chat` (strategy `api`): a run dir for a model behind an API, made without training, the way a
-zero-shot CLIP run is: model.json only (family `api`), with the data's class names the prompt will list."""
+zero-shot CLIP run is: model.json only (family `api`), with the data's class names the prompt will list.
+
+The dir follows the rule of every run dir (rgb.core.rundir): written under its lock, bound by `run.json` to the
+identity of its model.json, so a re-run under the same name with another endpoint, decoding or prompt is refused in
+one line instead of overwriting the record that earlier scores and answer caches were made for."""
 
 from __future__ import annotations
 
@@ -9,11 +13,41 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.models import export_meta, export_model
+from rgb.core.rundir import MANIFEST, IdentityManifest
+from rgb.core.values import flatten
+from rgb.models import META_FILE, export_meta, export_model
 from rgb.models.api import ApiClassifier, split_config
-from rgb.training.rundir import run_names
+from rgb.training.config import TrainingError
+from rgb.training.rundir import locked, run_names
 
 log = logging.getLogger(__name__)
+
+TASK = "api"
+
+
+def _api_identity_in(record) -> dict | None:
+    if isinstance(record, dict) and record.get("task") == TASK and "identity" in record:
+        return record["identity"]
+    return None
+
+
+def api_identity(made: dict, model: ApiClassifier) -> dict:
+    """What model.json says about the answers to score, as {dotted key: value}: the data and the model's record
+    without its client settings (concurrency, rate limits, retries change no answer, so they may change)."""
+    described = {key: value for key, value in model.describe().items() if key != "client"}
+    return dict(sorted(flatten({**made, **described}).items()))
+
+
+def claim_api_run(run_dir: Path, identity: dict) -> None:
+    """Bind `run_dir` to `identity` (held under its lock): refused when its model.json was made for another one,
+    or when a model.json is there that no run.json describes (a dir from before run.json, or another run's)."""
+    manifest = IdentityManifest(run_dir, "an API run", _api_identity_in, TrainingError,
+                                "was made for another API model", "another run_name")
+    made = (run_dir / META_FILE).is_file()
+    if made and not manifest.path.is_file():
+        raise TrainingError(f"{run_dir} holds a {META_FILE} but no {MANIFEST}, so the config that made it is "
+                            f"unknown; {manifest.start_over}")
+    manifest.claim({"task": TASK, "identity": identity}, holds_results=made)
 
 
 def export_api_run(cfg: DictConfig) -> None:
@@ -24,7 +58,10 @@ def export_api_run(cfg: DictConfig) -> None:
     except (TypeError, ValueError) as err:
         raise ValueError(f"model=api_chat: {err}") from err
     model = ApiClassifier(settings, client, datamodule.class_names, datamodule.dataset)
-    meta = export_meta(datamodule, run_names(cfg), loss=None, strategy="api", epochs=0, seed=cfg.seed, weights=None)
-    exported = export_model(model, Path(cfg.run_dir), meta)
+    made = export_meta(datamodule, {}, loss=None, strategy="api", epochs=0, seed=cfg.seed, weights=None)
+    run_dir = Path(cfg.run_dir)
+    with locked(run_dir):
+        claim_api_run(run_dir, api_identity(made, model))
+        exported = export_model(model, run_dir, {**run_names(cfg), **made})
     log.info("exported %s: %s at %s (no weights; score it with evaluate.py run=%s protocol=black_box)", exported,
              settings.api_model, settings.base_url, cfg.run_dir)

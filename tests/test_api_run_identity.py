@@ -1,0 +1,98 @@
+"""An API run dir (`train.py model=api_chat`) keeps the identity it was made for, as train and zero-shot run dirs do
+(issue 33): a re-run under its name with another endpoint, decoding or prompt is refused in one line and leaves its
+model.json alone; the same identity re-runs; the default name tells endpoints apart; the dir is locked while written."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import helpers
+from rgb.core.files import flock
+from rgb.core.values import path_name
+from rgb.data.mini import DATASET
+from rgb.training import train
+from rgb.training.config import TrainingError
+
+URL = "http://127.0.0.1:1/v1"  # train.py asks the endpoint nothing: no server needed
+
+
+def api_config(root: Path, mini_dir: Path, *overrides: str):
+    return helpers.compose_config("train", f"paths.root_dir={root}", f"paths.mini_dir={mini_dir}", "model=api_chat",
+                                  "model.api_model=tiny", *overrides)
+
+
+def api_run(root: Path, mini_dir: Path, *overrides: str) -> Path:
+    run = root / "outputs" / "train" / DATASET / "api_tiny"
+    train(api_config(root, mini_dir, f"model.base_url={URL}", f"run_dir={run}", *overrides))
+    return run
+
+
+def one_line_refusal(err) -> str:
+    message = str(err.value)
+    assert "\n" not in message and "another run_name" in message
+    return message
+
+
+@pytest.mark.parametrize("change, key", [
+    ("model.temperature=0.5", "api.temperature"),
+    ("model.base_url=http://127.0.0.1:2/v1", "api.base_url"),
+    ("model.prompt='Which digit? {classes}'", "api.prompt"),
+    ("model.max_tokens=4", "api.max_tokens"),
+])
+def test_another_identity_under_the_same_name_is_refused_and_model_json_kept(change, key, tmp_path, mini_dir):
+    run = api_run(tmp_path, mini_dir)
+    before = (run / "model.json").read_bytes()
+    with pytest.raises(TrainingError) as err:
+        api_run(tmp_path, mini_dir, change)
+    assert key in one_line_refusal(err)
+    assert (run / "model.json").read_bytes() == before
+
+
+def test_the_same_identity_re_runs_and_manners_may_change(tmp_path, mini_dir):
+    run = api_run(tmp_path, mini_dir)
+    first = json.loads((run / "model.json").read_text())
+    api_run(tmp_path, mini_dir)
+    api_run(tmp_path, mini_dir, "model.max_concurrency=2", "model.timeout_s=5")  # client settings: no new model
+    again = json.loads((run / "model.json").read_text())
+    assert again["api"] == first["api"] and again["client"]["max_concurrency"] == 2
+    assert json.loads((run / "run.json").read_text())["task"] == "api"
+
+
+def test_a_model_json_without_run_json_is_not_overwritten(tmp_path, mini_dir):
+    """A dir made before run.json (or by hand): the config behind its model.json is unknown, so it is kept."""
+    run = api_run(tmp_path, mini_dir)
+    (run / "run.json").unlink()
+    before = (run / "model.json").read_bytes()
+    with pytest.raises(TrainingError) as err:
+        api_run(tmp_path, mini_dir, "model.temperature=0.5")
+    assert "no run.json" in one_line_refusal(err)
+    assert (run / "model.json").read_bytes() == before
+
+
+def test_a_train_run_dir_is_not_taken_for_an_api_run(tmp_path, mini_dir):
+    run = tmp_path / "outputs" / "train" / DATASET / "api_tiny"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"task": "train", "identity": {"model.name": "tiny"}, "starts": []}))
+    with pytest.raises(TrainingError) as err:
+        api_run(tmp_path, mini_dir)
+    assert "not an API run record" in one_line_refusal(err) and not (run / "model.json").exists()
+
+
+def test_a_run_dir_being_written_is_refused(tmp_path, mini_dir):
+    run = tmp_path / "outputs" / "train" / DATASET / "api_tiny"
+    run.mkdir(parents=True)
+    holder = flock(run / "run.lock")  # another process writing this run dir (flock: per open file)
+    try:
+        with pytest.raises(TrainingError) as err:
+            api_run(tmp_path, mini_dir)
+    finally:
+        holder.close()
+    assert "in use" in str(err.value) and "\n" not in str(err.value) and not (run / "model.json").exists()
+
+
+def test_the_default_run_name_tells_endpoints_apart(tmp_path, mini_dir):
+    names = [str(api_config(tmp_path, mini_dir, f"model.base_url={url}").run_name) for url in
+             ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1", "https://user:secret@api.example.com/v1")]
+    assert names == ["api-tiny@127.0.0.1_8000", "api-tiny@127.0.0.1_8001", "api-tiny@api.example.com"]
+    assert all(path_name(name) == name for name in names)
