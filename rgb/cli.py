@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import hydra
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
@@ -204,8 +205,26 @@ def check_values(config_name: str, cfg: DictConfig) -> None:
 
 
 # Overrides (and environment variables) that choose where the data is read from: the user's choice beats the run's.
+# The paths.* keys (and RGB_ROOT) move only a data config whose source reads ${paths...} (mini), RGB_BENCHMARK only
+# one whose source reads it (the card's datasets): naming another dataset's path keeps the run's recorded source.
 SOURCE_KEYS = ("data.source", "paths.mini_dir", "paths.data_dir", "paths.root_dir")
 SOURCE_ENV = ("RGB_BENCHMARK", "RGB_ROOT")
+
+
+def _source_choices(name: str) -> tuple[list[str], list[str]]:
+    """(override keys, environment variables) that choose data config `name`'s source (its yaml's, else the
+    `_benchmark` default's `source` value read as text)."""
+    source = ""
+    for stem in (name, "_benchmark"):
+        path = config_dir() / "data" / f"{stem}.yaml"
+        source = str((yaml.safe_load(path.read_text()) or {}).get("source", "")) if path.is_file() else ""
+        if source:
+            break
+    by_paths = "${paths." in source  # paths.mini_dir follows paths.data_dir, paths.root_dir and $RGB_ROOT
+    keys = [k for k in SOURCE_KEYS if k == "data.source" or by_paths]
+    return keys, [v for v in SOURCE_ENV if v in source or (v == "RGB_ROOT" and by_paths)]
+
+
 # What the last _infer_from_run decided about the data source, logged once the command runs.
 _source_note: list[str] = []
 
@@ -235,7 +254,8 @@ def _infer_from_run(argv: list[str]) -> list[str]:
         return [*argv[:position + 1], *added, *argv[position + 1:]]
     added = [f"data={name}"] if given is None and name else []
     if source and name and (given or name) == name:
-        chosen = [k for k in SOURCE_KEYS if k in keys] + [f"${v}" for v in SOURCE_ENV if v in os.environ]
+        source_keys, source_env = _source_choices(name)
+        chosen = [k for k in source_keys if k in keys] + [f"${v}" for v in source_env if v in os.environ]
         if chosen:
             _source_note.append(f"given by {', '.join(chosen)} (the run was trained on {source})")
         else:

@@ -46,6 +46,35 @@ def test_a_source_the_user_gives_beats_the_recorded_one(recorded_run, given):
     assert cli._source_note[0].startswith(f"given by {given.split('=')[0]} (the run was trained on ")
 
 
+@pytest.mark.parametrize("given", ["paths.mini_dir=/elsewhere", "paths.data_dir=/x", "paths.root_dir=/y",
+                                   "$RGB_ROOT"])
+def test_a_path_of_the_mini_data_keeps_the_recorded_source_of_a_card_dataset(tmp_path, monkeypatch, given):
+    """Issue 33: `paths.mini_dir=` (or another path the mini data follows) given for a run trained on a card
+    dataset dropped the run's recorded source: flowers-102 was read from the hub id instead of the snapshot."""
+    run = tmp_path / "flowers"
+    run.mkdir()
+    (run / "model.json").write_text(json.dumps({"dataset": "flowers-102", "data_source": "/snapshots/rgb"}))
+    monkeypatch.delenv("RGB_BENCHMARK", raising=False)
+    monkeypatch.delenv("RGB_ROOT", raising=False)
+    if given.startswith("$"):
+        monkeypatch.setenv(given[1:], str(tmp_path))
+    argv = [f"run={run}"] + ([] if given.startswith("$") else [given])
+    assert cli._infer_from_run(argv) == [f"run={run}", "data=flowers102", "data.source=/snapshots/rgb", *argv[1:]]
+    assert cli._source_note == [f"recorded in {run / 'model.json'}"]
+
+
+def test_rgb_benchmark_keeps_the_recorded_source_of_a_mini_run_and_moves_a_card_one(recorded_run, tmp_path,
+                                                                                   monkeypatch):
+    """$RGB_BENCHMARK chooses the card datasets' source only: a mini run keeps its recorded one."""
+    monkeypatch.setenv("RGB_BENCHMARK", "/hub/mirror")
+    assert cli._infer_from_run([f"run={recorded_run}"])[2] == f"data.source={tmp_path / 'my_mini'}"
+    run = tmp_path / "flowers"
+    run.mkdir()
+    (run / "model.json").write_text(json.dumps({"dataset": "flowers-102", "data_source": "/snapshots/rgb"}))
+    assert cli._infer_from_run([f"run={run}"]) == [f"run={run}", "data=flowers102"]
+    assert cli._source_note[0].startswith("given by $RGB_BENCHMARK (the run was trained on /snapshots/rgb)")
+
+
 def test_the_recorded_source_is_not_used_for_another_data_config(recorded_run):
     assert cli._infer_from_run([f"run={recorded_run}", "data=flowers102"]) == [f"run={recorded_run}", "data=flowers102"]
 
