@@ -82,12 +82,13 @@ def assert_attack_invariants(model, x, y, x_adv, fooled, norm, eps):
 # -- evaluation: records, pools and attack runs as attack.py writes them ----------------------------------------
 
 
-def datamodule(mini_dir):
-    """The mini benchmark at its 32x32 budgets."""
+def datamodule(mini_dir, **budgets):
+    """The mini benchmark at its card's 32x32 budgets (`budgets` replaces some: another protocol)."""
     from rgb.data import BenchmarkData
+    from rgb.data.resolvers import budgets as card_budgets
 
     return BenchmarkData(source=str(mini_dir), dataset="digits", image_size=32, num_classes=10,
-                         budgets={"l1": 1.5306, "l2": 0.2857, "linf": 4 / 255}, eval_batch_size=128)
+                         budgets={**card_budgets("white_box", 32), **budgets}, eval_batch_size=128)
 
 
 def white_box_settings(values):
@@ -97,10 +98,20 @@ def white_box_settings(values):
     return {s: (Accuracy(round(v * 100), 100) if v is not None else None) for s, v in zip(WHITE_BOX_SETTINGS, values)}
 
 
+def card_protocol(dataset, image_size=224, **budgets):
+    """The card's protocol for `dataset` stored at `image_size` (a dataset the card lacks is taken as stored at
+    that size); `budgets` replaces some of the card's (norm key -> eps)."""
+    from rgb.data.protocol import Protocol
+    from rgb.data.resolvers import budgets as card_budgets
+
+    return Protocol(dataset, image_size, image_size, {**card_budgets("white_box", image_size), **budgets})
+
+
 def record(model, dataset, values, **fields):
-    """A scores record with the given five white-box accuracies (None: missing)."""
+    """A scores record with the given five white-box accuracies (None: missing), under the card's protocol."""
     from rgb.evaluation.records import ModelIdentity, ProtocolScore, ScoresRecord
 
+    fields.setdefault("protocol", card_protocol(dataset))
     return ScoresRecord(
         model=ModelIdentity(model, "timm", "t", "ce", "fft", "0"), dataset=dataset, source="s", n_test=100, eps={},
         white_box=ProtocolScore("white_box", white_box_settings(values)), common_by_corruption={}, class_wise={},

@@ -132,8 +132,13 @@ def test_model_evaluation_writes_scores_plots_and_table(tmp_path, mini_dir, tiny
     assert wb.settings["autoattack_l1"] is None and wb.score is None and wb.missing == ["autoattack_l1"]
     assert sum(a.total for a in result.common_by_corruption.values()) == 200
     assert len(result.common_by_corruption) == 11
-    assert set(result.class_wise) == {"test", "common", "autoattack_l2", "autoattack_linf"}
+    assert set(result.class_wise) == {"test", "common", "autoattack_l2", "autoattack_linf", "random_linf_30"}
     assert set(result.class_wise["test"].worst) == {"1", "5", "10"}  # the default worst-k
+    control = result.control  # the card's control, never summed
+    flags = pq.read_table(tmp_path / "eval" / "predictions.parquet").column("correct_random_linf_30").to_pylist()
+    assert control.total == 200 and control.correct == sum(flags)
+    assert f"random_linf_30     {control.value:9.4f}" in format_table(result)
+    assert "random_linf_30" not in result.white_box.settings and result.protocol.is_card
     for plot in ("settings.png", "attack_stages.png", "class_accuracy.png"):
         assert (tmp_path / "eval" / plot).stat().st_size > 5000
     saved = ScoresRecord.load(tmp_path / "eval" / "scores.json")

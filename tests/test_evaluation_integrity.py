@@ -251,8 +251,9 @@ def test_class_ticks_are_integers_and_model_names_get_their_own_rows():
     visible = [t for t in ticks if 0.4 <= t <= 3.6]
     assert visible and all(float(t).is_integer() for t in visible)
     names = [f"a-long-model-name-{i}" for i in range(12)]
-    small = leaderboard_figure({n: {"d": (2.5, "2.50", True)} for n in names[:2]}, "t", 5)
-    large = leaderboard_figure({n: {"d": (2.5, "2.50", True), "e": (None, "missing", False)} for n in names}, "t", 5)
+    small = leaderboard_figure({"ranked": {n: {"d": (2.5, "2.50", True)} for n in names[:2]}}, "t", 5)
+    large = leaderboard_figure({"ranked": {n: {"d": (2.5, "2.50", True), "e": (None, "missing", False)}
+                                           for n in names}}, "t", 5)
     assert [t.get_text() for t in large.axes[0].get_yticklabels()] == names  # one row each, on the y axis
     assert large.get_size_inches()[1] > small.get_size_inches()[1]  # the figure grows with the pool
 

@@ -131,10 +131,12 @@ def stable_id(path: Path) -> str:
 @contextlib.contextmanager
 def replaced_whole(directory: Path):
     """A staging copy of `directory` to write into: when the block ends normally it replaces `directory`, after an
-    error (a full disk while copying or writing) `directory` is left exactly as it was, never half-updated."""
+    error (a full disk while copying or writing) `directory` is left exactly as it was, never half-updated.
+    Staging copies a killed process left beside it are removed first (readers skip them: `is_staging`)."""
     directory = Path(directory)
     staging = directory.with_name(f".{directory.name}.new.{os.getpid()}")
     retired = directory.with_name(f".{directory.name}.old.{os.getpid()}")
+    remove_dead_staging(directory)
     try:
         shutil.rmtree(staging, ignore_errors=True)
         if directory.is_dir():
@@ -149,6 +151,38 @@ def replaced_whole(directory: Path):
         os.replace(directory, retired)
     os.replace(staging, directory)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+STAGING_NAME = re.compile(r"^\.(?P<name>.+)\.(?:new|old)\.(?P<pid>\d+)$")
+
+
+def is_staging(path: Path) -> bool:
+    """Whether `path` is a staging copy of `replaced_whole` (never a result to read: it may be half-written)."""
+    return STAGING_NAME.match(Path(path).name) is not None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_staging(directory: Path) -> list[Path]:
+    """Remove the staging copies of `directory` whose writing process is gone (a killed run); returns them."""
+    directory = Path(directory)
+    removed = []
+    if not directory.parent.is_dir():
+        return removed
+    for candidate in directory.parent.iterdir():
+        found = STAGING_NAME.match(candidate.name)
+        if found and found["name"] == directory.name and not _alive(int(found["pid"])):
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed
 
 
 def flock(path: Path, wait: bool = False) -> IO | None:

@@ -13,7 +13,9 @@ from rgb.core.threat import Norm, parse_norm
 DEFAULT_REPO_ID = "legolasflagstaff/RobustGenBench"
 
 CLEAN_SPLITS = ("train", "validation", "test")
-MODEL_INDEPENDENT_SPLITS = ("common", "random_linf_30")
+# The card's control: uniform noise at Linf 30/255 on the test images (every evaluation shows it, no score adds it).
+CONTROL_SPLIT = "random_linf_30"
+MODEL_INDEPENDENT_SPLITS = ("common", CONTROL_SPLIT)
 DATASET_SPLITS = CLEAN_SPLITS + MODEL_INDEPENDENT_SPLITS
 TRANSFER_SPLITS = ("l1_75", "l1_300", "l2_2", "l2_8", "linf_4", "linf_8", "linf_30")
 

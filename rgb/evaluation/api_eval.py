@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from rgb.evaluation.records import ApiUsage, RequestCounts
-from rgb.models.api import AnswerCache, ApiClassifier, RequestBudget
+from rgb.models.api import PARSER_VERSION, AnswerCache, ApiClassifier, RequestBudget
 
 ABSTAINED = -1  # the prediction of an answer that names no class (or several): never equal to a label
 
@@ -56,7 +56,7 @@ class ApiPredictor:
 
     def usage(self) -> ApiUsage:
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
-                        self.options.max_requests)
+                        self.options.max_requests, PARSER_VERSION)
 
     def close(self) -> None:
         self.cache.close()

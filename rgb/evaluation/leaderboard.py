@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
-from rgb.core.files import atomic_write_bytes
+from rgb.core.files import atomic_write_bytes, is_staging
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
     PARTIAL_SCORES_FILE,
@@ -47,16 +47,32 @@ class LeaderboardRow(JsonRecord):
     sum: SumScore
     per_dataset: dict[str, ProtocolScore | None]
     non_standard: dict[str, list[str]]  # dataset -> "linf 0.1200 (plus)" lines, shown beside, never scored
-    DERIVED: ClassVar[tuple[str, ...]] = ("complete", "status")
+    # dataset -> how its record departs from the card's protocol ("L2 1, card 2"): never ranked with card entries
+    protocol_differences: dict[str, list[str]] = field(default_factory=dict)
+    DERIVED: ClassVar[tuple[str, ...]] = ("complete", "card_protocol", "status")
+
+    @property
+    def card_protocol(self) -> bool:
+        return not any(self.protocol_differences.values())
 
     @property
     def complete(self) -> bool:
-        return self.sum.complete
+        """Every setting a full number, under the card's protocol: what may be ranked with the other entries."""
+        return self.sum.complete and self.card_protocol
 
     @property
     def status(self) -> str:
-        """complete, incomplete (a setting missing) or PARTIAL (a setting over part of its split)."""
+        """complete, incomplete (a setting missing), PARTIAL (a setting over part of its split) or another
+        protocol (budgets, image size or surrogates other than the card's)."""
+        if not self.card_protocol:
+            return OTHER_PROTOCOL
         return "PARTIAL" if self.sum.partial else "complete" if self.complete else "incomplete"
+
+    def protocol_label(self) -> str:
+        return "; ".join(f"{d}: {', '.join(v)}" for d, v in self.protocol_differences.items() if v)
+
+
+OTHER_PROTOCOL = "other protocol"
 
 
 # Ranking keys within a group (smaller sorts first); ties fall back to the other score, then the name.
@@ -71,7 +87,8 @@ class Leaderboard(JsonRecord):
     protocol: str
     datasets: list[str]
     rank_by: str
-    rows: list[LeaderboardRow]  # the complete entries first (ranks 1..), then the incomplete ones
+    rows: list[LeaderboardRow]  # the complete entries first (ranks 1..), then the incomplete ones, then those
+    # under another protocol (rank 0: shown, never ranked)
     borda_pairs: int  # pairs of the complete entries' Borda (all of them)
     incomplete_borda_pairs: int  # pairs every incomplete entry has a full number for
     borda_excluded_pairs: list[list[str]]  # pairs some incomplete entry lacks: not in their Borda
@@ -89,15 +106,21 @@ class Leaderboard(JsonRecord):
 
     @property
     def incomplete_rows(self) -> list[LeaderboardRow]:
-        return [r for r in self.rows if not r.complete]
+        return [r for r in self.rows if not r.complete and r.card_protocol]
+
+    @property
+    def other_protocol_rows(self) -> list[LeaderboardRow]:
+        return [r for r in self.rows if not r.card_protocol]
 
 
 def find_records(paths) -> dict[Path, ScoresRecord]:
-    """Every scores.json under the given files or directories (recursively), by file. A PARTIAL evaluation's
+    """Every scores.json under the given files or directories (recursively), by file; never one inside a staging
+    copy (`.NAME.new.PID`: an evaluation in progress, or one a kill left). A PARTIAL evaluation's
     scores.partial.json enters only when named as a file (and is then ranked apart, marked PARTIAL)."""
     records = {}
     for path in map(Path, paths):
-        files = [path] if path.is_file() else sorted(path.rglob(SCORES_FILE))
+        files = [path] if path.is_file() else sorted(f for f in path.rglob(SCORES_FILE)
+                                                     if not any(map(is_staging, f.relative_to(path).parents)))
         if not files:
             partial = next(path.rglob(PARTIAL_SCORES_FILE), None) if path.is_dir() else None
             raise FileNotFoundError(f"no {SCORES_FILE} in {path}" + (
@@ -134,27 +157,35 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = "white_
     by_model = {m: recs for m, recs in by_model.items() if m not in not_applicable}
     if not by_model and not not_applicable:
         raise LeaderboardError("no scores records in the pool")
-    scores = {m: {d: recs[d].protocol(protocol) if d in recs else None for d in datasets}
+    scores = {m: {d: recs[d].score_under(protocol) if d in recs else None for d in datasets}
               for m, recs in by_model.items()}
+    differences = {m: {d: r.differences_for(protocol) for d, r in recs.items() if r.differences_for(protocol)}
+                   for m, recs in by_model.items()}
     values = {m: {(d, s): a.value for d, score in per.items() if score for s, a in score.scored.items()}
               for m, per in scores.items()}
     sums = {m: sum_score(scores[m], datasets, protocol) for m in by_model}
-    groups = {True: [m for m in by_model if sums[m].complete], False: [m for m in by_model if not sums[m].complete]}
-    borda = {ok: borda_scores({m: values[m] for m in models}) for ok, models in groups.items()}
+    groups = {"complete": [m for m in by_model if not differences[m] and sums[m].complete],
+              "incomplete": [m for m in by_model if not differences[m] and not sums[m].complete],
+              OTHER_PROTOCOL: [m for m in by_model if differences[m]]}
+    borda = {g: borda_scores({m: values[m] for m in models}) for g, models in groups.items()}
     rows = []
-    for ok in (True, False):  # complete entries first: an incomplete one never ranks above them
-        group = [
+    for group, models in groups.items():  # complete entries first: an incomplete one never ranks above them
+        block = [
             LeaderboardRow(
-                model=m, rank=0, borda=borda[ok]["points"][m], sum=sums[m], per_dataset=scores[m],
+                model=m, rank=0, borda=0.0 if group == OTHER_PROTOCOL else borda[group]["points"][m], sum=sums[m],
+                per_dataset=scores[m],
                 non_standard={d: [f"{n} {a.robust} ({a.label()})" for n, a in r.non_standard.items()]
                               for d, r in by_model[m].items() if r.non_standard},
+                protocol_differences=differences[m],
             )
-            for m in groups[ok]
+            for m in models
         ]
-        rows += sorted(group, key=RANK_KEYS[rank_by])
-    rows = [replace(row, rank=i) for i, row in enumerate(rows, start=1)]
-    return Leaderboard(protocol, datasets, rank_by, rows, len(borda[True]["pairs"]), len(borda[False]["pairs"]),
-                       [list(p) for p in borda[False]["excluded_pairs"]], ignored, not_applicable)
+        rows += sorted(block, key=RANK_KEYS[rank_by] if group != OTHER_PROTOCOL else lambda r: r.model)
+    ranked = [r for r in rows if r.card_protocol]
+    rows = [replace(row, rank=i) for i, row in enumerate(ranked, start=1)] + [r for r in rows if not r.card_protocol]
+    return Leaderboard(protocol, datasets, rank_by, rows, len(borda["complete"]["pairs"]),
+                       len(borda["incomplete"]["pairs"]), [list(p) for p in borda["incomplete"]["excluded_pairs"]],
+                       ignored, not_applicable)
 
 
 def model_info(record: ScoresRecord) -> dict:
@@ -172,6 +203,7 @@ def model_info(record: ScoresRecord) -> dict:
         "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.white_box.score,
         "partial": record.partial, "max_images": record.max_images,
         "black_box_score": record.black_box.score if record.black_box else None, "versions": record.versions,
+        "protocol": record.protocol.to_json(), "control_acc": record.control.value if record.control else None,
     }
 
 
@@ -239,6 +271,16 @@ def to_markdown(board: Leaderboard) -> str:
                       f"entries over the {board.incomplete_borda_pairs} pairs each has a full number for"
                       + (f"; {len(board.borda_excluded_pairs)} pairs excluded (missing or PARTIAL for some entry)"
                          if board.borda_excluded_pairs else "") + "."]
+    if board.other_protocol_rows:
+        other_header = ["model", "protocol (what differs from the card)", f"sum (not a Sum /{max_sum})"]
+        lines += ["", "## Under another protocol: shown, never in the Sum or Borda of card entries", ""]
+        lines += markdown_table(other_header + [f"{d} (/{n_settings})" for d in board.datasets],
+                                [[r.model, r.protocol_label(), r.sum.describe()]
+                                 + [dataset_cell(r.per_dataset[d]) for d in board.datasets]
+                                 for r in board.other_protocol_rows],
+                                ["---", "---", "---:"] + ["---:"] * len(board.datasets))
+        lines += ["", "Budgets, image size or surrogates other than the card's: these numbers answer another "
+                      "question and are not comparable with the ranked entries."]
     if board.not_applicable:
         lines += ["", f"Not ranked under {board.protocol} (the protocol cannot apply to them; see their other "
                       f"leaderboard): {', '.join(sorted(board.not_applicable))}."]
@@ -265,13 +307,15 @@ def to_markdown(board: Leaderboard) -> str:
 def to_csv(board: Leaderboard) -> str:
     buffer = io.StringIO()
     columns = ["rank", "model", "borda", "sum", "partial_sum", "covered", "max"]
-    columns += [f"{d}/{s}" for d in board.datasets for s in board.settings] + ["missing", "partial", "status"]
+    columns += [f"{d}/{s}" for d in board.datasets for s in board.settings]
+    columns += ["missing", "partial", "status", "protocol_differences"]
     writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
     for r in board.rows:
         row = {"rank": r.rank, "model": r.model, "borda": r.borda, "sum": r.sum.score,
                "partial_sum": r.sum.partial_sum, "covered": r.sum.covered, "max": r.sum.max,
-               "missing": ";".join(r.sum.missing), "partial": ";".join(r.sum.partial_settings), "status": r.status}
+               "missing": ";".join(r.sum.missing), "partial": ";".join(r.sum.partial_settings), "status": r.status,
+               "protocol_differences": r.protocol_label()}
         for d in board.datasets:
             settings = r.per_dataset[d].settings if r.per_dataset[d] else {}
             row.update({f"{d}/{s}": (settings[s].value if settings.get(s) else None) for s in board.settings})
@@ -296,13 +340,25 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
 
 
 def board_figure(board: Leaderboard):
-    """leaderboard.png: the dataset cells of leaderboard.md, the same numbers and texts, one row per model."""
-    per_model = {f"{r.rank}. {r.model}" + ("" if r.complete else f" ({r.status})"):
-                 {d: (_dataset_sum(s), dataset_cell(s), bool(s) and s.complete) for d, s in r.per_dataset.items()}
-                 for r in board.rows}
-    return leaderboard_figure(per_model, f"{board.protocol}: sum over the {len(board.settings)} settings per "
-                                         f"dataset, as in leaderboard.md (ranked by {board.rank_by})",
-                              len(board.settings))
+    """leaderboard.png: the dataset cells of leaderboard.md, the same numbers and texts, one row per model, each
+    group of the markdown in a panel of its own (a partial or other-protocol sum is never drawn beside a ranked
+    one as if comparable), n/a models as n/a."""
+
+    def cells(rows: list[LeaderboardRow]) -> dict:
+        return {f"{r.rank}. {r.model}" if r.rank else r.model:
+                {d: (_dataset_sum(s), dataset_cell(s), bool(s) and s.complete) for d, s in r.per_dataset.items()}
+                for r in rows}
+
+    panels = {
+        f"ranked (complete, card protocol; by {board.rank_by})": cells(board.complete_rows),
+        "ranked apart: incomplete or PARTIAL (not comparable with the ranked entries)": cells(board.incomplete_rows),
+        "another protocol (not comparable, never ranked): "
+        + "; ".join(f"{r.model}: {r.protocol_label()}" for r in board.other_protocol_rows): cells(board.other_protocol_rows),
+        f"not applicable under {board.protocol}": {m: {d: (None, na, False) for d in board.datasets}
+                                                   for m, na in sorted(board.not_applicable.items())},
+    }
+    return leaderboard_figure(panels, f"{board.protocol}: sum over the {len(board.settings)} settings per "
+                                      f"dataset, as in leaderboard.md", len(board.settings))
 
 
 def seed_spread(records: Sequence[ScoresRecord], metas: Sequence[dict], protocol: str = "white_box") -> dict | None:
@@ -315,7 +371,7 @@ def seed_spread(records: Sequence[ScoresRecord], metas: Sequence[dict], protocol
     seeds = [identity.get("seed") for identity in identities]
     if any(r != recipes[0] for r in recipes) or len(set(seeds)) < len(seeds) or len({r.dataset for r in records}) > 1:
         return None
-    scores = [record.protocol(protocol) for record in records]
+    scores = [record.score_under(protocol) for record in records]
 
     def spread(values: list) -> dict | None:
         return None if None in values else {"mean": statistics.fmean(values), "std": statistics.stdev(values)}
@@ -336,11 +392,16 @@ def seed_spread_markdown(spread: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_seed_spread(spread: dict, out_dir: Path) -> None:
-    """seeds.md and seeds.json beside the leaderboard."""
+def write_seed_spread(spread: dict | None, out_dir: Path) -> None:
+    """seeds.md and seeds.json beside the leaderboard; with no spread (the pool is not one recipe over seeds, or
+    a job is missing), those of an earlier pool are removed: they would describe models no longer ranked."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_dir / "seeds.md", seed_spread_markdown(spread).encode())
-    atomic_write_bytes(out_dir / "seeds.json", (json.dumps(spread, indent=2) + "\n").encode())
+    for name, text in (("seeds.md", spread and seed_spread_markdown(spread)),
+                       ("seeds.json", spread and json.dumps(spread, indent=2) + "\n")):
+        if text:
+            atomic_write_bytes(out_dir / name, text.encode())
+        else:
+            (out_dir / name).unlink(missing_ok=True)
 
 
 __all__ = ["Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard", "find_records",

@@ -29,7 +29,8 @@ from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.core.threat import Norm
 from rgb.data import BenchmarkData
 from rgb.data.benchmark import BenchmarkError, decode_image, is_local, to_tensor
-from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, transfer_coverage
+from rgb.data.catalog import CONTROL_SPLIT, CORRUPTIONS, DATASETS, TRANSFER_SPLITS, transfer_coverage
+from rgb.data.protocol import Protocol
 from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
@@ -316,7 +317,11 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
     else:
         settings.update({f"autoattack_{norm}": None for norm in NORMS})
     transfer = options.transfer or predictor.white_box_na is not None
-    black_box = _black_box(predictor, datamodule, options, settings, per_sample) if transfer else None
+    own = [meta["run_name"]] if meta.get("run_name") else []
+    black_box = _black_box(predictor, datamodule, options, settings, per_sample, own) if transfer else None
+    control_split = datamodule.split(CONTROL_SPLIT)  # asked last: an API model's budget goes to scored settings first
+    control = predictor(control_split, CONTROL_SPLIT)
+    per_sample[CONTROL_SPLIT] = control["pred"] == control["label"]
     labels = test.labels.numpy()
     record = ScoresRecord(
         model=ModelIdentity.of(meta, weights_sha256, model_name(meta)), dataset=datamodule.dataset,
@@ -330,7 +335,11 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
         severity_sweep=severity_sweep(predictor.model, datamodule, options) if options.severity_sweep else None,
         versions={**library_versions(), "python": platform.python_version()}, max_images=options.max_images,
         white_box_na=predictor.white_box_na, api=predictor.usage(),
+        protocol=Protocol.of(datamodule.dataset, datamodule.image_size, datamodule.budgets,
+                             source=_resolved_source(datamodule.source)),
+        control=_accuracy(per_sample[CONTROL_SPLIT], len(control_split), options, CONTROL_SPLIT),
     )
+    record = replace(record, protocol=replace(record.protocol, whole_splits=not record.partial))
     n_rows = len(test) if options.max_images is None else min(options.max_images, len(test))
     return _write(record, n_rows, labels, clean, common, per_sample, predictor.columns, names, options)
 
@@ -350,18 +359,16 @@ def black_box_splits(datamodule: BenchmarkData) -> list[tuple[str, str]]:
     return found
 
 
-def _black_box(predict_split, datamodule, options, settings, per_sample):
+def _black_box(predict_split, datamodule, options, settings, per_sample, own):
     card = transfer_coverage(datamodule.dataset) if datamodule.dataset in DATASETS else None
-    transfer: dict[str, dict[str, Accuracy]] = {split: {} for split in TRANSFER_SPLITS}
+    transfer: dict[str, dict[str, Accuracy | None]] = {split: {} for split in TRANSFER_SPLITS}
     for surrogate, split in black_box_splits(datamodule):
         data = datamodule.split(split, surrogate)  # a broken split is an error, never skipped
         found = predict_split(data, f"{surrogate}/{split}")
         flags = found["pred"] == found["label"]
-        accuracy = _accuracy(flags, len(data), options, f"{surrogate}/{split}")
-        if accuracy is not None:
-            transfer[split][surrogate] = accuracy
+        transfer[split][surrogate] = _accuracy(flags, len(data), options, f"{surrogate}/{split}")  # None: not asked
         per_sample[f"{surrogate}/{split}"] = flags
-    return black_box_score(settings["test"], settings["common"], transfer, card)
+    return black_box_score(settings["test"], settings["common"], transfer, card, own)
 
 
 def request_plan(model, datamodule: BenchmarkData, options: EvalOptions) -> dict:
@@ -431,7 +438,15 @@ def format_table(record: ScoresRecord) -> str:
         label = attack.label() if attack and name.startswith("autoattack_") else ""
         mark += f" [{label}]" if label else ""
         lines.append(f"{name:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d}{mark}")
+    if record.control is not None:
+        acc = record.control
+        lines.append(f"{CONTROL_SPLIT:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d}"
+                     f"{' PARTIAL' if acc.partial else ''} [control: uniform noise, never in a score]")
     lines.append(f"{'score':18s} {na or record.white_box.describe()}")
+    differences = record.differences_for("white_box")
+    if differences and not na:
+        lines.append(f"{'protocol':18s} not the card's ({'; '.join(differences)}): shown apart, never in a Sum "
+                     f"or Borda of card entries")
     for norm, attack in record.non_standard.items():
         acc = attack.robust
         lines.append(f"{'autoattack_' + norm:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d} "
@@ -440,6 +455,9 @@ def format_table(record: ScoresRecord) -> str:
         lines += _black_box_lines(record)
     if record.black_box is not None:
         lines.append(f"{'black-box score':18s} {record.black_box.describe()}")
+        differences = record.differences_for("black_box")
+        if differences:
+            lines.append(f"{'black-box protocol':18s} not the card's ({'; '.join(differences)})")
     return "\n".join(lines)
 
 
@@ -452,7 +470,8 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
         acc, surrogate = bb.settings.get(name), bb.strongest_surrogate.get(name)
         counts = per_split.get(name if surrogate is None else f"{surrogate}/{name}")
         if acc is None:
-            lines.append(f"{name:18s} {'missing':>9s}")
+            unasked = bb.not_asked.get(name) or (counts is not None and counts.unanswered)
+            lines.append(f"{name:18s} {'not asked yet' if unasked else 'missing':>9s}")
             continue
         cells = (f"{counts.abstained:>9d} {counts.requests:>6d} {counts.cached:>6d} {counts.retries:>7d}"
                  if counts else f"{'':>9s} {'':>6s} {'':>6s} {'':>7s}")

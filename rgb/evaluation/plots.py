@@ -83,31 +83,47 @@ def _legend_outside(ax, handles: list[Patch], right: bool = False) -> None:
               bbox_to_anchor=(0.5, -0.12), frameon=False)
 
 
-def settings_figure(per_group: dict[str, dict[str, float | None]], title: str):
-    """Accuracy per setting, grouped (by dataset for one record)."""
+def settings_figure(per_group: dict[str, dict[str, float | None]], title: str,
+                    absent_text: dict[str, str] | None = None):
+    """Accuracy per setting, grouped (by dataset for one record); a setting without a number is labelled
+    `absent_text[setting]` (as the table labels it, e.g. "n/a (API model)"), else "missing"."""
     groups = list(per_group)
     settings = list(dict.fromkeys(s for g in groups for s in per_group[g]))
+    absent_text = absent_text or {}
+
+    def text(value: float | None, setting: str) -> str:
+        return absent_text.get(setting, "missing") if value is None else f"{value:.2f}"
+
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(settings) / 2), 4.2))
-    handles = grouped_bars(ax, groups, {s: [per_group[g].get(s) for g in groups] for s in settings})
+    handles = grouped_bars(ax, groups, {s: [per_group[g].get(s) for g in groups] for s in settings},
+                           texts={s: [text(per_group[g].get(s), s) for g in groups] for s in settings})
     ax.set_title(title, fontsize=10)
     _legend_outside(ax, handles)
     return fig
 
 
-def leaderboard_figure(per_model: dict[str, dict[str, tuple[float | None, str, bool]]], title: str,
+def leaderboard_figure(panels: dict[str, dict[str, dict[str, tuple[float | None, str, bool]]]], title: str,
                        n_settings: int):
-    """One row per model (names never overlap), one bar per dataset: (sum over its settings, the text the table
-    shows for it, whether it is complete); an incomplete sum is drawn light, a missing dataset as an outline."""
-    models = list(per_model)
-    datasets = list(dict.fromkeys(d for m in models for d in per_model[m]))
-    cell = {d: [per_model[m].get(d, (None, "missing", False)) for m in models] for d in datasets}
-    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.28 * max(len(models), 1) * max(len(datasets), 1)))
-    handles = grouped_bars(ax, models, {d: [c[0] for c in cells] for d, cells in cell.items()}, horizontal=True,
-                           texts={d: [c[1] for c in cells] for d, cells in cell.items()},
-                           faded={d: [not c[2] for c in cells] for d, cells in cell.items()},
-                           limit=n_settings, quantity=f"sum over the {n_settings} settings (light: incomplete)")
-    ax.set_title(title, fontsize=10)
-    _legend_outside(ax, handles, right=True)
+    """One panel per group of the leaderboard (ranked entries first, then those ranked apart: incomplete,
+    PARTIAL, another protocol, n/a), so a bar is only ever set beside bars it may be compared with. In a panel,
+    one row per model (names never overlap), one bar per dataset: (sum over its settings, the text the table
+    shows for it, whether it is complete); an incomplete sum is drawn light, a missing dataset or an n/a model
+    as an outline labelled as the table labels it."""
+    panels = {name: rows for name, rows in panels.items() if rows}
+    datasets = list(dict.fromkeys(d for rows in panels.values() for m in rows for d in rows[m]))
+    heights = [1.0 + 0.28 * len(rows) * max(len(datasets), 1) for rows in panels.values()] or [1.0]
+    fig, axes = plt.subplots(len(heights), 1, figsize=(8, sum(heights) + 0.4 * len(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (name, per_model) in zip(axes[:, 0], panels.items()):
+        models = list(per_model)
+        cell = {d: [per_model[m].get(d, (None, "missing", False)) for m in models] for d in datasets}
+        handles = grouped_bars(ax, models, {d: [c[0] for c in cells] for d, cells in cell.items()},
+                               horizontal=True, texts={d: [c[1] for c in cells] for d, cells in cell.items()},
+                               faded={d: [not c[2] for c in cells] for d, cells in cell.items()}, limit=n_settings,
+                               quantity=f"sum over the {n_settings} settings (light: incomplete)")
+        ax.set_title(name, fontsize=9)
+        _legend_outside(ax, handles, right=True)
+    fig.suptitle(title, fontsize=10)
     return fig
 
 
@@ -215,7 +231,10 @@ def record_figures(record: ScoresRecord, class_names: list[str], out: Path) -> l
     """Every figure of one scores record, saved under `out`."""
     title = record.title
     settings = {s: (a.value if a else None) for s, a in record.white_box.settings.items()}
-    figures = [save(settings_figure({record.dataset: settings}, f"five settings: {title}"), out / "settings.png")]
+    na = record.not_applicable("white_box")
+    absent = {s: na for s in settings if na and s.startswith("autoattack_")}
+    figures = [save(settings_figure({record.dataset: settings}, f"five settings: {title}", absent),
+                    out / "settings.png")]
     stages = {n: a.accuracy_after for n, a in record.attacks.items()}
     stages.update({f"{n} [{a.label()}]": a.accuracy_after for n, a in record.non_standard.items()})
     if stages:

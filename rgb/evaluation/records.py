@@ -20,8 +20,10 @@ from rgb.core.files import atomic_write_bytes
 from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
+from rgb.data.protocol import Protocol
 
-SCORES_SCHEMA = 2
+# 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
+SCORES_SCHEMA = 3
 WHITE_BOX_SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoattack_linf")
 BLACK_BOX_SETTINGS = ("test", "common", *TRANSFER_SPLITS)
 PROTOCOLS = {"white_box": WHITE_BOX_SETTINGS, "black_box": BLACK_BOX_SETTINGS}
@@ -189,31 +191,55 @@ class ProtocolScore(JsonRecord):
 class BlackBoxScore(ProtocolScore):
     """The card's transfer protocol: per split the strongest of the card's surrogates (lowest accuracy).
 
-    With a card surrogate absent from the snapshot the minimum is an upper bound: `absent_surrogates` names them
-    and there is no score. Surrogates the card does not list are scored in `other_surrogates`, never in the score.
+    A setting is complete only when every card surrogate of it was scored over its whole split. One absent from
+    the snapshot makes the minimum an upper bound (`absent_surrogates`: no number for the setting); one in the
+    snapshot but not asked yet (an API model under `max_requests`: `not_asked`) or asked over part of its split
+    makes the setting PARTIAL. Surrogates the card does not list are scored in `other_surrogates`, never in the
+    score. `own_surrogates`: transfer splits made from this very model (a white-box transfer), named wherever
+    the score is shown.
     """
 
     strongest_surrogate: dict[str, str | None]
     by_surrogate: dict[str, dict[str, Accuracy]]
     absent_surrogates: dict[str, list[str]]
     other_surrogates: dict[str, dict[str, Accuracy]]
-    DERIVED: ClassVar[tuple[str, ...]] = ProtocolScore.DERIVED + ("complete",)
+    not_asked: dict[str, list[str]] = field(default_factory=dict)
+    own_surrogates: list[str] = field(default_factory=list)
+    DERIVED: ClassVar[tuple[str, ...]] = ProtocolScore.DERIVED + ("complete", "surrogate_status")
 
     @property
     def without_number(self) -> list[str]:
         """Missing settings and upper bounds (a card surrogate absent)."""
         return [s for s in self.names if s in self.missing or self.absent_surrogates.get(s)]
 
+    @property
+    def surrogate_status(self) -> dict[str, dict[str, str]]:
+        """Per transfer setting, each card surrogate: "whole split", "PARTIAL (n asked)", "not asked yet" or
+        "absent" (not in the snapshot)."""
+        status: dict[str, dict[str, str]] = {}
+        for split, found in self.by_surrogate.items():
+            status[split] = {s: f"PARTIAL ({a.total} asked)" if a.partial else "whole split" for s, a in found.items()}
+            status[split].update({s: "not asked yet" for s in self.not_asked.get(split, [])})
+            status[split].update({s: "absent" for s in self.absent_surrogates.get(split, [])})
+        return status
+
+    def _shortfalls(self) -> list[str]:
+        parts = super()._shortfalls()
+        for label, by_split in (("absent surrogates", self.absent_surrogates), ("not asked yet", self.not_asked)):
+            named: dict[str, list[str]] = {}
+            for split, names in by_split.items():
+                for name in names:
+                    named.setdefault(name, []).append(split)
+            parts += [f"{label}: " + "; ".join(f"{s} ({', '.join(v)})" for s, v in named.items())] if named else []
+        return parts
+
     def describe(self) -> str:
+        own = (f" [includes the model's own adversarial examples ({', '.join(self.own_surrogates)}): a white-box "
+               f"transfer, not a black-box score]" if self.own_surrogates else "")
         if self.complete or not self.absent_surrogates:
-            return super().describe()
-        absent: dict[str, list[str]] = {}
-        for split, names in self.absent_surrogates.items():
-            for name in names:
-                absent.setdefault(name, []).append(split)
-        parts = self._shortfalls()
-        parts += ["absent surrogates: " + "; ".join(f"{s} ({', '.join(v)})" for s, v in absent.items())] if absent else []
-        return f"incomplete (upper bound {self.partial_sum:.4f} of {self.max}; {'; '.join(parts)})"
+            return super().describe() + own
+        return (f"incomplete (upper bound {self.partial_sum:.4f} of {self.max}; {'; '.join(self._shortfalls())})"
+                + own)
 
 
 @dataclass(frozen=True)
@@ -253,7 +279,9 @@ class AttackSummary(JsonRecord):
 
 @dataclass(frozen=True)
 class RequestCounts(JsonRecord):
-    """What one split cost an API model (rgb.models.api.RequestStats, same field names)."""
+    """What one split cost an API model (rgb.models.api.RequestStats, same field names). Of the abstentions,
+    `negations` and `alternatives` named a class but denied it or offered it as one of several (0 when recorded
+    before answer parser version 2)."""
 
     images: int
     requests: int
@@ -264,18 +292,22 @@ class RequestCounts(JsonRecord):
     prompt_tokens: int
     completion_tokens: int
     backoff_s: float
+    negations: int = 0
+    alternatives: int = 0
 
 
 @dataclass(frozen=True)
 class ApiUsage(JsonRecord):
     """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
     images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
-    PARTIAL, and a re-run asks only the rest."""
+    PARTIAL, and a re-run asks only the rest. `parser_version`: the answer parser that mapped the answers to
+    classes (rgb.models.api.PARSER_VERSION; None in records made before it was recorded, version 1)."""
 
     base_url: str
     api_model: str
     per_split: dict[str, RequestCounts]
     max_requests: int | None
+    parser_version: int | None = None
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial")
 
     @property
@@ -310,7 +342,13 @@ class ScoresRecord(JsonRecord):
     schema: int = SCORES_SCHEMA
     white_box_na: str | None = None  # why white-box settings do not apply ("API model"): shown as n/a, never 0
     api: ApiUsage | None = None
-    DERIVED: ClassVar[tuple[str, ...]] = ("partial",)
+    protocol: Protocol | None = None  # required (checked): a default only because the fields above have one
+    control: Accuracy | None = None  # random_linf_30, the card's control: shown, never summed
+    DERIVED: ClassVar[tuple[str, ...]] = ("partial", "protocol_differences")
+
+    def __post_init__(self):
+        if self.protocol is None:
+            raise RecordError(f"scores record of {self.model.run_name} on {self.dataset} without its protocol")
 
     @classmethod
     def from_json(cls, data: dict) -> ScoresRecord:
@@ -346,8 +384,19 @@ class ScoresRecord(JsonRecord):
     def file_name(self) -> str:
         return PARTIAL_SCORES_FILE if self.partial else SCORES_FILE
 
-    def protocol(self, name: str) -> ProtocolScore | None:
+    def score_under(self, name: str) -> ProtocolScore | None:
         return {"white_box": self.white_box, "black_box": self.black_box}[name]
+
+    def differences_for(self, name: str) -> list[str]:
+        """How this record departs from the card's protocol `name` (empty: a card entry of its Sum and Borda)."""
+        found = self.protocol.differences_for(name)
+        if name == "black_box" and self.black_box and self.black_box.own_surrogates:
+            found.append(f"own adversarial examples as transfer ({', '.join(self.black_box.own_surrogates)})")
+        return found
+
+    @property
+    def protocol_differences(self) -> dict[str, list[str]]:
+        return {name: self.differences_for(name) for name in PROTOCOLS}
 
     def not_applicable(self, protocol: str) -> str | None:
         """`n/a (API model)` where a protocol cannot apply to this model (a leaderboard lists it, unranked)."""

@@ -80,8 +80,7 @@ def _pool(cfg: DictConfig) -> None:
             board = write_leaderboard(records, staging, str(cfg.protocol),
                                       None if datasets is None else [str(d) for d in datasets],
                                       str(cfg.get("rank_by", "borda")))
-            if spread is not None:
-                write_seed_spread(spread, staging)
+            write_seed_spread(spread, staging)
     except (LeaderboardError, RecordError) as err:
         raise EvaluationError(str(err)) from err
     log.info("%s", to_markdown(board).rstrip("\n"))

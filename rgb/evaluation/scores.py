@@ -6,7 +6,7 @@ A missing setting stays missing (None) and is listed; it never counts as 0 and i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from rgb.data.catalog import DATASETS, TRANSFER_SPLITS
@@ -97,23 +97,33 @@ def strongest_surrogate(by_surrogate: Mapping[str, Accuracy | None]) -> tuple[st
 def black_box_score(
     clean: Accuracy | None,
     common: Accuracy | None,
-    transfer: Mapping[str, Mapping[str, Accuracy]],
+    transfer: Mapping[str, Mapping[str, Accuracy | None]],
     card: Mapping[str, Sequence[str]] | None,
+    own: Sequence[str] = (),
 ) -> BlackBoxScore:
-    """The 9 black-box settings of one dataset from transfer[split][surrogate] (the splits found).
+    """The 9 black-box settings of one dataset from transfer[split][surrogate] (the splits found; None: in the
+    snapshot but not asked yet).
 
     `card`: surrogate -> splits the card lists for this dataset; only those surrogates enter the score, and one
-    of them absent makes that split's minimum an upper bound (named in `absent_surrogates`). Others are reported
-    beside. None (a dataset the card does not describe): every surrogate found counts.
+    of them absent makes that split's minimum an upper bound (named in `absent_surrogates`). A setting is a full
+    number only when every card surrogate of it was scored over its whole split: one not asked yet or asked over
+    part of it makes the setting PARTIAL. Others are reported beside. None (a dataset the card does not
+    describe): every surrogate found counts. `own`: surrogates that are the evaluated model itself.
     """
     settings: dict[str, Accuracy | None] = {"test": clean, "common": common}
-    chosen, by, absent, others = {}, {}, {}, {}
+    chosen, by, absent, not_asked, others = {}, {}, {}, {}, {}
     for split in TRANSFER_SPLITS:
         found = transfer.get(split, {})
         listed = sorted(found) if card is None else sorted(s for s, splits in card.items() if split in splits)
-        by[split] = {s: found[s] for s in listed if s in found}
+        by[split] = {s: found[s] for s in listed if found.get(s) is not None}
         absent[split] = [s for s in listed if s not in found]
-        others[split] = {s: a for s, a in sorted(found.items()) if s not in listed}
+        not_asked[split] = [s for s in listed if s in found and found[s] is None]
+        others[split] = {s: a for s, a in sorted(found.items()) if s not in listed and a is not None}
         chosen[split], settings[split] = strongest_surrogate(by[split])
+        short = not_asked[split] or any(a.partial for a in by[split].values())
+        if settings[split] is not None and short:
+            settings[split] = replace(settings[split], partial=True)  # a minimum over part of the surrogates
+    used = {s for split in TRANSFER_SPLITS for s in by[split]}
     return BlackBoxScore("black_box", settings, chosen, by, {k: v for k, v in absent.items() if v},
-                         {k: v for k, v in others.items() if v})
+                         {k: v for k, v in others.items() if v}, {k: v for k, v in not_asked.items() if v},
+                         sorted(used & set(own)))
