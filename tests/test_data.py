@@ -75,6 +75,25 @@ def test_mini_build_is_byte_for_byte_deterministic(tmp_path):
         assert (first / rel).read_bytes() == (second / rel).read_bytes(), rel
 
 
+def test_force_rebuild_replaces_only_the_builders_files(mini_dir, tmp_path, capsys):
+    """Issue 33: `python -m rgb.data.mini DIR --force` deleted every file in a mini build dir, the user's too."""
+    from rgb.data.mini import main
+
+    bench = tmp_path / "mini"
+    shutil.copytree(mini_dir, bench)
+    built = {p.relative_to(bench): p.read_bytes() for p in bench.rglob("*") if p.is_file()}
+    (bench / "notes.txt").write_text("keep me")
+    (bench / "data" / DATASET / "mine").mkdir()
+    (bench / "data" / DATASET / "mine" / "labels.csv").write_text("0,1\n")
+    test = bench / "data" / DATASET / "test.parquet"
+    pq.write_table(pq.read_table(test).slice(0, 5), test)  # a stale split: replaced
+    assert main([str(bench), "--force"]) == 0 and "built" in capsys.readouterr().out
+    assert (bench / "notes.txt").read_text() == "keep me"
+    assert (bench / "data" / DATASET / "mine" / "labels.csv").read_text() == "0,1\n"
+    assert {rel: (bench / rel).read_bytes() for rel in built} == built  # the build itself byte for byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mini"]  # no staging folder left behind
+
+
 def test_misaligned_split_is_rejected_naming_split_and_id(mini_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(mini_dir, broken)

@@ -3,12 +3,17 @@
 `python -m rgb.data.mini OUT_DIR` writes config `digits` (train / validation / test / common / random_linf_30)
 at 32x32 RGB. The build is deterministic: the same bytes on every run, so results on it are comparable.
 It writes only into a new or empty folder or over a previous mini build (`--force`): never over anything else.
+`--force` replaces only the files the builder writes (the splits and README.md); any other file in the folder (a
+user's notes, transfer splits added with rgb-transfer) stays, and the README declares what is there.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +22,7 @@ from PIL import Image
 
 from rgb.data.benchmark import BenchmarkError
 from rgb.data.catalog import MINI
-from rgb.data.snapshot import build_staged, is_mini_build, write_dataset
+from rgb.data.snapshot import build_staged, is_mini_build, write_dataset, write_readme
 
 DATASET = MINI.name
 IMAGE_SIZE = 32
@@ -75,15 +80,34 @@ def check_replaceable(out_dir: Path) -> None:
 
 
 def build_mini(out_dir: Path) -> Path:
-    """Write the mini benchmark to `out_dir` (replacing a previous mini build only once the new one is complete)."""
+    """Write the mini benchmark to `out_dir` (moved into place only once complete; over a previous mini build, only
+    the builder's own files are replaced)."""
     out_dir = Path(out_dir).expanduser()
     check_replaceable(out_dir)
+    if is_mini_build(out_dir):
+        return rebuild_in_place(out_dir)
 
     def write(staging: Path) -> None:
         write_mini(staging)
         check_replaceable(out_dir)  # again: the folder may have changed while the build ran
 
     return build_staged(out_dir, write, is_mini_build)
+
+
+def rebuild_in_place(out_dir: Path) -> Path:
+    """Replace the files a mini build consists of, each atomically, with a complete new build's, leaving any other
+    file in `out_dir` where it is; the README is rewritten last, declaring every config found there."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    try:
+        write_mini(staging)
+        for built in sorted(p for p in staging.rglob("*") if p.is_file() and p.name != "README.md"):
+            target = out_dir / built.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(built, target)
+        write_readme(out_dir, MINI.title)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
 
 
 def ensure_mini(out_dir: Path) -> Path:
