@@ -28,7 +28,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-PARSER_VERSION = 1
+from rgb.core.values import (
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_INT,
+    ConfigValueError,
+    Rule,
+    optional,
+    problems,
+)
+
+PARSER_VERSION = 2  # AnswerParser; cached answers are re-parsed by the version that scores them
 IMAGE_ENCODING = "png_base64_data_url"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task. The possible classes are: {classes}. "
@@ -39,51 +50,192 @@ RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 class ApiError(RuntimeError):
     """The endpoint refused for good (401, unknown model, image not supported) or kept failing: one line that
-    names the endpoint and the model, never the key."""
+    names the endpoint and the model, never the key. Also class names no answer could tell apart."""
 
 
 # ---------------------------------------------------------------------------------------------- the answer parser
-_MARKDOWN = re.compile(r"[*_`#>~|\[\]()\"'“”]")
-_ANSWER_MARK = re.compile(r"(?:answer|class|category|label|prediction)\s*(?:is|:|=|-)\s*(?:is\s*)?[:\-]?\s*(.+)",
+_MARKDOWN = re.compile(r"[*_`#>~|\[\]()\"“”]")  # not "'": "isn't" must stay one word
+_ANSWER_MARK = re.compile(r"\b(?:answer|class|category|label|prediction)\s*(?:is|:|=|-)\s*(?:is\s*)?[:\-]?\s*(.+)",
                           re.IGNORECASE)
-_ARTICLE = re.compile(r"^(?:a|an|the)\s+")
+# Scripts written without spaces between words: each character is a token, so a class name is found inside a
+# sentence ("这是一只狗" names 狗) the way a name of several words is (tokens joined).
+_UNSPACED = re.compile("([\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
+                       "\uf900-\ufaff\U00020000-\U0002fa1f])")
+_NOT = re.compile(r"n['’]t\b")  # "isn't" -> "is not"
+ARTICLES = frozenset({"a", "an", "the"})
+NEGATIONS = frozenset({"not", "no", "never", "neither", "nor", "不", "没"})
+ALTERNATIVES = frozenset({"or", "或"})
+NUMBER_WORDS = {word: str(i) for i, word in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty".split())}
+# British spellings (singular) and their American form: either names the same class.
+SPELLINGS = {
+    "harbour": "harbor", "colour": "color", "grey": "gray", "aeroplane": "airplane", "tyre": "tire",
+    "jewellery": "jewelry", "centre": "center", "theatre": "theater", "metre": "meter", "aluminium": "aluminum",
+    "neighbour": "neighbor", "favourite": "favorite", "moustache": "mustache", "doughnut": "donut",
+    "plough": "plow", "kerb": "curb", "pyjama": "pajama", "mould": "mold", "catalogue": "catalog",
+    "armour": "armor", "parlour": "parlor", "sulphur": "sulfur", "defence": "defense", "licence": "license",
+}
+# Plurals the s/es/ies rules miss.
+IRREGULAR = {"mice": "mouse", "geese": "goose", "men": "man", "women": "woman", "children": "child",
+             "people": "person", "teeth": "tooth", "feet": "foot", "knives": "knife", "leaves": "leaf",
+             "wolves": "wolf", "shelves": "shelf", "buses": "bus", "cacti": "cactus", "fungi": "fungus"}
+REASONS = ("class", "no class", "several", "negation", "alternative")
+REFUSALS = ("negation", "alternative")  # a class named, but denied or offered as one of several
 
 
-def normalise(text: str) -> str:
-    """Case-, punctuation- and markdown-insensitive form: lower case, every non-alphanumeric run one space,
-    a leading article dropped ("The Sea_Lion." -> "sea lion")."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = re.sub(r"[^0-9a-z]+", " ", text).strip()
-    return _ARTICLE.sub("", text)
+def tokens(text: str) -> list[str]:
+    """The words of a text in any script: NFKC, case folded, "n't" read as "not"; every character that is not a
+    letter, mark or digit (punctuation, markdown, "_", "-") separates words."""
+    text = _NOT.sub(" not", unicodedata.normalize("NFKC", text).casefold())
+    text = _UNSPACED.sub(r" \1 ", text)
+    return "".join(c if unicodedata.category(c)[0] in "LMN" else " " for c in text).split()
+
+
+def stem(word: str) -> str:
+    """One form for a word's variants: number words as digits, plurals as their singular (s, es, ies and a few
+    irregular ones), British spellings as American. Lossy ("movie" and "movies" both become "movy") but the same on
+    both sides, which is all matching needs."""
+    if word in NUMBER_WORDS:
+        return NUMBER_WORDS[word]
+    word = IRREGULAR.get(word, word)
+    if word.endswith("ies") and len(word) >= 5:
+        word = word[:-3] + "y"
+    elif word.endswith(("sses", "shes", "ches", "xes", "zes")):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) >= 4:
+        word = word[:-1]
+    if word.endswith("ie"):
+        word = word[:-2] + "y"
+    elif word.endswith("oe"):
+        word = word[:-1]
+    return SPELLINGS.get(word, word)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What an answer says: `pred` the class (None: an abstention) and why (one of REASONS)."""
+
+    pred: int | None
+    reason: str
+
+
+class AnswerParser:
+    """Answer parser version 2 for one class list.
+
+    A class is found as a run of words whose letters, joined without spaces, are its name's: exactly ("golf
+    course" and "Golf-Course" name `golfcourse`, "sea lion" names `sea_lion`), else through `stem` (plurals,
+    British spellings, number words zero..twenty for digit names). In order: markdown stripped; the part after the
+    last "answer/class/label is:" marker (if any) taken on its own; the whole of that part, the whole answer or
+    its first line (a leading article aside) naming one class; then the classes named inside that part, less a
+    name inside a longer one named at the same place ("a wild cat" names `wild cat`, not `cat`). It abstains when
+    none is named, when two are (or one run of words fits two classes), when the answer denies one ("not 3",
+    "isn't a cat", "no, ..."): reason `negation`, or offers alternatives ("3 or 8"): reason `alternative`.
+    Class names that read the same (`sea_lion` and `sea lion`) are refused: no answer could tell them apart."""
+
+    def __init__(self, class_names: Sequence[str]):
+        self.exact: dict[str, int] = {}
+        self.stemmed: dict[str, set[int]] = {}
+        for i, name in enumerate(class_names):
+            words = tokens(str(name))
+            key = "".join(words)
+            if not key:
+                raise ApiError(f"class name {name!r} has no letter or digit: no answer can name it")
+            if key in self.exact:
+                raise ApiError(f"class names {class_names[self.exact[key]]!r} and {name!r} read the same to the "
+                               f"answer parser (case, punctuation and spaces aside): rename one of them")
+            self.exact[key] = i
+            self.stemmed.setdefault("".join(map(stem, words)), set()).add(i)
+        self._longest = max(map(len, self.exact), default=0), max(map(len, self.stemmed), default=0)
+
+    def _whole(self, words: list[str]) -> int | None:
+        """The class that all of `words` (a leading article aside) names, if exactly one does."""
+        while words and words[0] in ARTICLES:
+            words = words[1:]
+        key = "".join(words)
+        if key in self.exact:
+            return self.exact[key]
+        fits = self.stemmed.get("".join(map(stem, words)), set())
+        return next(iter(fits)) if len(fits) == 1 else None
+
+    def _spans(self, words: list[str]) -> list[tuple[int, int, set[int]]]:
+        """(start, end, classes) of every run of words naming a class (an exact reading beats a stemmed one)."""
+        stems = [stem(w) for w in words]
+        spans = []
+        for start in range(len(words)):
+            exact = stemmed = ""
+            for end in range(start, len(words)):
+                exact, stemmed = exact + words[end], stemmed + stems[end]
+                if len(exact) > self._longest[0] and len(stemmed) > self._longest[1]:
+                    break
+                fits = {self.exact[exact]} if exact in self.exact else self.stemmed.get(stemmed)
+                if fits:
+                    spans.append((start, end + 1, fits))
+        return [s for s in spans if not any(o[0] <= s[0] and s[1] <= o[1] and o[:2] != s[:2] for o in spans)]
+
+    def parse(self, text: str | None) -> Parsed:
+        if not text or not text.strip():
+            return Parsed(None, "no class")
+        stripped = _MARKDOWN.sub(" ", text)
+        marks = list(_ANSWER_MARK.finditer(stripped))
+        candidates = [marks[-1].group(1).splitlines()[0]] if marks else []
+        candidates += [stripped, stripped.strip().splitlines()[0]]
+        for candidate in candidates:
+            found = self._whole(tokens(candidate))
+            if found is not None:
+                return Parsed(found, "class")
+        words = tokens(candidates[0])
+        spans = self._spans(words)
+        if not spans:
+            return Parsed(None, "no class")
+        named = set().union(*(s[2] for s in spans))
+        covered = {i for s in spans for i in range(s[0], s[1])}
+        rest = {w for i, w in enumerate(words) if i not in covered}
+        if rest & NEGATIONS:
+            return Parsed(None, "negation")
+        if rest & ALTERNATIVES:
+            return Parsed(None, "alternative")
+        return Parsed(next(iter(named)), "class") if len(named) == 1 else Parsed(None, "several")
 
 
 def parse_answer(text: str | None, class_names: Sequence[str]) -> int | None:
-    """The class an answer names, or None (an abstention: no class, or several).
-
-    Parser version 1, in order: markdown stripped; the part after the last "answer/class/label is:" marker (if
-    any) taken on its own; an exact match of the normalised text (or its first line) against the normalised class
-    names; then the unique-substring rule: the class names found as whole words in the text, less those contained
-    in another name found ("a wild cat" names "wild cat", not "cat"), must be exactly one."""
-    if not text:
-        return None
-    names = {normalise(n): i for i, n in enumerate(class_names)}
-    stripped = _MARKDOWN.sub(" ", text)
-    marks = list(_ANSWER_MARK.finditer(stripped))
-    candidates = [marks[-1].group(1).splitlines()[0]] if marks else []
-    candidates += [stripped, stripped.strip().splitlines()[0] if stripped.strip() else ""]
-    for candidate in candidates:
-        if normalise(candidate) in names:
-            return names[normalise(candidate)]
-    haystack = f" {normalise(candidates[0])} "
-    found = [n for n in names if n and f" {n} " in haystack]
-    found = [n for n in found if not any(n != other and f" {n} " in f" {other} " for other in found)]
-    return names[found[0]] if len(found) == 1 else None
+    """The class an answer names, or None (an abstention): `AnswerParser` (version 2)."""
+    return AnswerParser(class_names).parse(text).pred
 
 
 # ------------------------------------------------------------------------------------------------ the settings
+def _text(v) -> bool:
+    return isinstance(v, str) and bool(v.strip())
+
+
+# The rules of the model config's values (rgb.core.values), checked when the settings are made: by train.py
+# model=api_chat and by every load of a model.json, so a bad value is one line wherever it comes from.
+API_RULES: dict[str, Rule] = {
+    "model.base_url": (lambda v: isinstance(v, str) and re.match(r"^https?://[^/\s]", v) is not None,
+                       "an http(s) URL ending in /v1"),
+    "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
+    "model.prompt": (lambda v: isinstance(v, str), "a text"),
+    "model.temperature": NON_NEGATIVE, "model.max_tokens": POSITIVE_INT,
+}
+CLIENT_RULES: dict[str, Rule] = {
+    "model.api_key_env": (_text, "the name of an environment variable"),
+    "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
+    "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
+    "model.backoff_s": NON_NEGATIVE, "model.backoff_max_s": NON_NEGATIVE,
+}
+
+
+def _check(settings, rules: dict[str, Rule]) -> None:
+    found = problems({f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}, rules)
+    if found:
+        raise ConfigValueError("invalid value: " + "; ".join(found))
+
+
 @dataclass(frozen=True)
 class ApiSettings:
-    """What identifies the model's answers (model.json `api`): a change of any of these is another model."""
+    """What identifies the model's answers (model.json `api`): a change of any of these is another model. The
+    answer parser is not among them: it maps the cached answer texts, and the version that scored them is
+    recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed)."""
 
     base_url: str
     api_model: str
@@ -91,17 +243,12 @@ class ApiSettings:
     temperature: float = 0.0
     max_tokens: int = 16
     image_encoding: str = IMAGE_ENCODING
-    parser_version: int = PARSER_VERSION
 
     def __post_init__(self):
-        if not re.match(r"^https?://", self.base_url):
-            raise ValueError(f"model.base_url must be an http(s) URL ending in /v1, got {self.base_url!r}")
-        if not self.api_model:
-            raise ValueError("model.api_model is empty: name the endpoint's model (e.g. gpt-4o-mini)")
+        _check(self, API_RULES)
         if self.image_encoding != IMAGE_ENCODING:
-            raise ValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored pixels")
-        if self.parser_version != PARSER_VERSION:
-            raise ValueError(f"answer parser version {self.parser_version} (this rgb has {PARSER_VERSION})")
+            raise ConfigValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored "
+                                   f"pixels")
         object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
 
     @property
@@ -123,8 +270,7 @@ class ClientSettings:
     backoff_max_s: float = 60.0
 
     def __post_init__(self):
-        if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
-            raise ValueError("client settings: max_concurrency >= 1, max_retries >= 0 and timeout_s > 0")
+        _check(self, CLIENT_RULES)
 
 
 def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
@@ -157,10 +303,13 @@ class AnswerCache:
         for number, line in enumerate(whole.splitlines(), start=1):
             try:
                 record = json.loads(line)
-                self.answers[record["key"]] = record
-            except (ValueError, KeyError, TypeError) as err:
-                raise CacheError(f"{self.path} line {number} is not an answer record ({err}); move the file away "
-                                 f"to start a fresh cache") from err
+                lacking = [k for k in ("key", "answer") if not isinstance(record.get(k), str)]
+            except (ValueError, AttributeError) as err:
+                lacking = [f"JSON: {err}"]
+            if lacking:
+                raise CacheError(f"{self.path} line {number} is not an answer record (no {', '.join(lacking)}); "
+                                 f"move the file away to start a fresh cache")
+            self.answers[record["key"]] = record
         if len(whole) < len(data):  # the torn tail of an interrupted append: never a whole answer
             with open(self.path, "r+b") as handle:
                 handle.truncate(len(whole))
@@ -235,7 +384,9 @@ class RequestStats:
     requests: int = 0      # new answers received from the endpoint
     cached: int = 0        # images answered from the cache (other splits, earlier runs, duplicates in the split)
     retries: int = 0
-    abstained: int = 0
+    abstained: int = 0     # answers that name no class (counted wrong), of which:
+    negations: int = 0     #   a class named but denied ("not 3")
+    alternatives: int = 0  #   a class offered as one of several ("3 or 8")
     unanswered: int = 0    # not asked: max_requests reached
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -252,6 +403,11 @@ class RequestBudget:
 
     remaining: int | None = None
 
+    def __post_init__(self):
+        found = problems({"max_requests": self.remaining}, {"max_requests": optional(POSITIVE_INT)})
+        if found:
+            raise ConfigValueError(f"invalid value: {found[0]} (null: no limit)")
+
     def take(self, wanted: int) -> int:
         granted = wanted if self.remaining is None else min(wanted, self.remaining)
         if self.remaining is not None:
@@ -263,6 +419,7 @@ class RequestBudget:
 class Answer:
     text: str
     pred: int | None  # None: an abstention
+    reason: str       # AnswerParser's: why pred is what it is
 
 
 # ---------------------------------------------------------------------------------------------------- the model
@@ -301,7 +458,12 @@ class ApiClassifier:
                  sleep=time.sleep):
         self.settings, self.client_settings = settings, client
         self.class_names, self.dataset = list(class_names), dataset
-        self.prompt = settings.prompt.format(dataset=dataset, classes="; ".join(self.class_names))
+        try:
+            self.prompt = settings.prompt.format(dataset=dataset, classes="; ".join(self.class_names))
+        except (KeyError, IndexError, ValueError) as err:
+            raise ConfigValueError(f"model.prompt may hold only {{dataset}} and {{classes}} ({type(err).__name__}: "
+                                   f"{err}); write a literal brace as {{{{ or }}}}") from None
+        self.parser = AnswerParser(self.class_names)
         self._sleep = sleep
         identity = {"base_url": settings.base_url, "api_model": settings.api_model, "prompt": self.prompt,
                     "decoding": settings.decoding, "image_encoding": settings.image_encoding}
@@ -381,8 +543,8 @@ class ApiClassifier:
             limiter.settle(event, sum(reply["usage"].values()))
             return reply
 
-    def _parse(self, record: dict) -> int | None:
-        return parse_answer(record["answer"], self.class_names)
+    def _parse(self, record: dict) -> Parsed:
+        return self.parser.parse(record["answer"])
 
     # ------------------------------------------------------------------------------------------ many images
     def plan(self, images: Sequence[bytes], cache: AnswerCache) -> tuple[int, list[str]]:
@@ -413,7 +575,7 @@ class ApiClassifier:
                 ThreadPoolExecutor(self.client_settings.max_concurrency) as pool:
             cached = sum(uses[k] for k in uses if k in cache)
             bar.update(cached)
-            abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)) is None)]
+            abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
 
             def one(k: str) -> None:
                 reply = self._ask(http, limiter, images[first_image[k]], stats, lock)
@@ -422,7 +584,7 @@ class ApiClassifier:
                     stats.requests += 1
                     stats.prompt_tokens += reply["usage"]["prompt_tokens"]
                     stats.completion_tokens += reply["usage"]["completion_tokens"]
-                    abstained[0] += uses[k] if self._parse(reply) is None else 0
+                    abstained[0] += uses[k] if self._parse(reply).pred is None else 0
                     bar.update(uses[k])
                     bar.set_postfix(sent=stats.requests, cached=cached, retried=stats.retries,
                                     abstained=abstained[0], refresh=False)
@@ -436,12 +598,15 @@ class ApiClassifier:
             if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise failed
-        answers = [None if cache.get(k) is None else Answer(cache.get(k)["answer"], self._parse(cache.get(k)))
+        parsed = {k: self._parse(cache.get(k)) for k in uses if k in cache}
+        answers = [Answer(cache.get(k)["answer"], parsed[k].pred, parsed[k].reason) if k in parsed else None
                    for k in keys]
-        answered = sum(a is not None for a in answers)
-        stats.cached = answered - stats.requests
-        stats.unanswered = len(images) - answered
-        stats.abstained = sum(a is not None and a.pred is None for a in answers)
+        answered = [a for a in answers if a is not None]
+        stats.cached = len(answered) - stats.requests
+        stats.unanswered = len(images) - len(answered)
+        stats.abstained = sum(a.pred is None for a in answered)
+        stats.negations = sum(a.reason == "negation" for a in answered)
+        stats.alternatives = sum(a.reason == "alternative" for a in answered)
         return answers, stats
 
 
@@ -490,5 +655,5 @@ class ApiFamily:
 
 FAMILY = ApiFamily()
 
-__all__ = ["ApiClassifier", "ApiError", "ApiSettings", "AnswerCache", "ClientSettings", "FAMILY", "RateLimiter",
-           "RequestBudget", "RequestStats", "parse_answer", "split_config"]
+__all__ = ["AnswerParser", "ApiClassifier", "ApiError", "ApiSettings", "AnswerCache", "ClientSettings", "FAMILY",
+           "PARSER_VERSION", "Parsed", "RateLimiter", "RequestBudget", "RequestStats", "parse_answer", "split_config"]

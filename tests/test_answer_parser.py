@@ -1,0 +1,118 @@
+"""The answer parser (rgb.models.api.AnswerParser, version 2) on a table of answers over class lists like the
+benchmark's: which class each answer names, or why it abstains (no class, several, negation, alternative)."""
+
+import pytest
+
+from rgb.data.mini import CLASS_NAMES as MINI
+from rgb.models.api import PARSER_VERSION, REFUSALS, AnswerParser, ApiError, parse_answer
+
+DIGITS = [str(i) for i in range(10)]
+UC_MERCED = ["agricultural", "airplane", "baseballdiamond", "beach", "buildings", "chaparral", "denseresidential",
+             "forest", "freeway", "golfcourse", "harbor", "intersection", "mediumresidential", "mobilehomepark",
+             "overpass", "parkinglot", "river", "runway", "sparseresidential", "storagetanks", "tenniscourt"]
+CALTECH = ["Faces", "Faces_easy", "Leopards", "Motorbikes", "accordion", "airplanes", "anchor", "ant", "barrel",
+           "bass", "butterfly", "cougar_body", "cougar_face", "sea_horse", "wild_cat"]
+PETS = ["Abyssinian", "american_bulldog", "american_pit_bull_terrier", "basset_hound", "beagle", "Bengal", "Birman",
+        "Bombay", "boxer", "British_Shorthair", "chihuahua", "Egyptian_Mau", "english_cocker_spaniel",
+        "english_setter", "german_shorthaired", "great_pyrenees", "havanese", "japanese_chin", "keeshond",
+        "leonberger", "Maine_Coon", "miniature_pinscher", "newfoundland", "Persian", "pomeranian", "pug", "Ragdoll",
+        "Russian_Blue", "saint_bernard", "samoyed", "scottish_terrier", "shiba_inu", "Siamese", "Sphynx",
+        "staffordshire_bull_terrier", "wheaten_terrier", "yorkshire_terrier"]
+CARS = ["AM General Hummer SUV 2000", "Audi TT RS Coupe 2012", "Audi TTS Coupe 2012", "BMW M3 Coupe 2012",
+        "Bentley Continental GT Coupe 2007", "Bentley Continental GT Coupe 2012", "Chevrolet Express Van 2007",
+        "Chevrolet Express Cargo Van 2007"]
+SCRIPTS = ["狗", "猫", "金鱼", "собака", "кошка", "σκύλος", "γάτα", "كلب", "قطة"]
+THINGS = ["hot dog", "dog", "cat", "wild cat", "Grey whale", "colour", "tyre", "jewellery", "aeroplane", "glass",
+          "glasses"]
+LISTS = {"mini": MINI, "digits": DIGITS, "ucm": UC_MERCED, "caltech": CALTECH, "pets": PETS, "cars": CARS,
+         "scripts": SCRIPTS, "things": THINGS, "tires": ["tire", "tyres"]}
+
+# (class list, answer, the class it names or None, why: "class" or the reason of the abstention)
+TABLE = [
+    # the mini benchmark (number words) and digit names
+    ("mini", "three", "three", "class"), ("mini", "Three.", "three", "class"), ("mini", "3", "three", "class"),
+    ("mini", "**seven**", "seven", "class"), ("mini", "The answer is: two.", "two", "class"),
+    ("mini", "I think it is a one", "one", "class"), ("mini", "Final answer: six\nBecause the loop", "six", "class"),
+    ("mini", "three or eight", None, "alternative"), ("mini", "one, two", None, "several"),
+    ("mini", "a digit", None, "no class"), ("mini", "It is not 3.", None, "negation"),
+    ("digits", "3", "3", "class"), ("digits", "three", "3", "class"), ("digits", "Seven.", "7", "class"),
+    ("digits", "zero", "0", "class"), ("digits", "The digit 8", "8", "class"), ("digits", "`4`", "4", "class"),
+    ("digits", "Answer: 9", "9", "class"), ("digits", "It is not 3.", None, "negation"),
+    ("digits", "isn't 5", None, "negation"), ("digits", "3 or 8", None, "alternative"),
+    ("digits", "either one or seven", None, "alternative"), ("digits", "twelve", None, "no class"),
+    ("digits", "3, 5", None, "several"), ("digits", "", None, "no class"), ("digits", "   ", None, "no class"),
+    ("digits", None, None, "no class"),
+    # UC Merced-like names: joined words, British spellings, plurals
+    ("ucm", "golf course", "golfcourse", "class"), ("ucm", "Golf Course.", "golfcourse", "class"),
+    ("ucm", "golf-course", "golfcourse", "class"), ("ucm", "harbour", "harbor", "class"),
+    ("ucm", "Harbours", "harbor", "class"), ("ucm", "sparse residential", "sparseresidential", "class"),
+    ("ucm", "a sparse residential area", "sparseresidential", "class"),
+    ("ucm", "Dense Residential", "denseresidential", "class"), ("ucm", "building", "buildings", "class"),
+    ("ucm", "storage tanks", "storagetanks", "class"), ("ucm", "a storage tank", "storagetanks", "class"),
+    ("ucm", "tennis court", "tenniscourt", "class"), ("ucm", "Parking lot", "parkinglot", "class"),
+    ("ucm", "a mobile home park", "mobilehomepark", "class"), ("ucm", "aeroplane", "airplane", "class"),
+    ("ucm", "beaches", "beach", "class"), ("ucm", "agricultural land", "agricultural", "class"),
+    ("ucm", "The class is: baseball diamond", "baseballdiamond", "class"),
+    ("ucm", "an airplane on a runway", None, "several"), ("ucm", "not a harbor, a beach", None, "negation"),
+    ("ucm", "a lake", None, "no class"),
+    # Caltech-like names: case, plurals, a name inside a longer one
+    ("caltech", "leopard", "Leopards", "class"), ("caltech", "Leopards", "Leopards", "class"),
+    ("caltech", "faces", "Faces", "class"), ("caltech", "a face", "Faces", "class"),
+    ("caltech", "Faces easy", "Faces_easy", "class"), ("caltech", "motorbike", "Motorbikes", "class"),
+    ("caltech", "motor bikes", "Motorbikes", "class"), ("caltech", "an airplane", "airplanes", "class"),
+    ("caltech", "a wild cat", "wild_cat", "class"), ("caltech", "ants", "ant", "class"),
+    ("caltech", "seahorse", "sea_horse", "class"), ("caltech", "butterflies", "butterfly", "class"),
+    ("caltech", "bass", "bass", "class"), ("caltech", "cougar face", "cougar_face", "class"),
+    ("caltech", "cougar", None, "no class"), ("caltech", "an anchor or a barrel", None, "alternative"),
+    # pets and cars
+    ("pets", "Maine Coon", "Maine_Coon", "class"), ("pets", "a maine coon cat", "Maine_Coon", "class"),
+    ("pets", "It's a Siamese.", "Siamese", "class"),
+    ("pets", "American Pit Bull Terrier", "american_pit_bull_terrier", "class"),
+    ("pets", "staffordshire bull terrier", "staffordshire_bull_terrier", "class"),
+    ("pets", "great pyrenees", "great_pyrenees", "class"), ("pets", "Shiba Inu", "shiba_inu", "class"),
+    ("pets", "a terrier", None, "no class"),
+    ("pets", "english setter or english cocker spaniel", None, "alternative"),
+    ("pets", "a beagle, not a basset hound", None, "negation"),
+    ("pets", "No, it is a pug.", None, "negation"),
+    ("cars", "Audi TT RS Coupe 2012", "Audi TT RS Coupe 2012", "class"),
+    ("cars", "audi tts coupe 2012", "Audi TTS Coupe 2012", "class"),
+    ("cars", "a Chevrolet Express Cargo Van 2007", "Chevrolet Express Cargo Van 2007", "class"),
+    ("cars", "Chevrolet Express Van 2007", "Chevrolet Express Van 2007", "class"),
+    ("cars", "Bentley Continental GT Coupe", None, "no class"),
+    # other scripts, full-width letters, markdown
+    ("scripts", "狗", "狗", "class"), ("scripts", "猫", "猫", "class"), ("scripts", "这是一只猫。", "猫", "class"),
+    ("scripts", "金鱼", "金鱼", "class"), ("scripts", "Собака.", "собака", "class"),
+    ("scripts", "КОШКА", "кошка", "class"), ("scripts", "ΣΚΎΛΟΣ", "σκύλος", "class"),
+    ("scripts", "γάτα", "γάτα", "class"), ("scripts", "كلب", "كلب", "class"), ("scripts", "قطة", "قطة", "class"),
+    ("scripts", "不是狗", None, "negation"), ("scripts", "собака, кошка", None, "several"),
+    ("scripts", "a dog", None, "no class"),
+    ("things", "ｃａｔ", "cat", "class"), ("things", "> **Cat**", "cat", "class"), ("things", "Cats", "cat", "class"),
+    ("things", "hot dog or dog?", None, "alternative"), ("things", "hot dogs", "hot dog", "class"),
+    ("things", "a wild cat chasing a cat", None, "several"), ("things", "isn't a cat", None, "negation"),
+    ("things", "gray whale", "Grey whale", "class"), ("things", "color", "colour", "class"),
+    ("things", "tires", "tyre", "class"), ("things", "jewelry", "jewellery", "class"),
+    ("things", "airplane", "aeroplane", "class"), ("things", "glasses", "glasses", "class"),
+    ("things", "a glass", "glass", "class"),
+    ("tires", "tyre", None, "several"),  # one word that fits two classes
+]
+
+
+def test_the_table_is_large_and_covers_every_reason():
+    assert len(TABLE) >= 80 and {row[3] for row in TABLE} == {"class", "no class", "several", *REFUSALS}
+    assert PARSER_VERSION == 2
+
+
+@pytest.mark.parametrize("names, text, expected, reason", TABLE)
+def test_answers_map_to_their_class_or_abstain_with_a_reason(names, text, expected, reason):
+    classes = LISTS[names]
+    parsed = AnswerParser(classes).parse(text)
+    assert (parsed.pred, parsed.reason) == (None if expected is None else classes.index(expected), reason)
+    assert parse_answer(text, classes) == parsed.pred
+
+
+@pytest.mark.parametrize("names", [["sea_lion", "sea lion"], ["golfcourse", "Golf Course"], ["Cat", "cat"],
+                                   ["cat", "***"]])
+def test_class_names_that_read_the_same_are_refused_in_one_line(names):
+    with pytest.raises(ApiError) as refused:
+        AnswerParser(names)
+    assert "\n" not in str(refused.value) and repr(names[1]) in str(refused.value)
