@@ -461,3 +461,55 @@ def test_no_trace_on_bf16_or_for_randomised_models(trained_mlp, batch):
     attack = AutoAttack(trained_mlp, "Linf", 0.03, attacks=["apgd-ce"])
     attack.run(x, y)
     assert attack.attack_model is not trained_mlp
+
+
+class CountsItsCalls(nn.Module):
+    """A model that counts its gradient-taking calls in a Python attribute (the attacks' calls take gradients)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3 * 8 * 8, 10)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += torch.is_grad_enabled()
+        return self.head(x.flatten(1))
+
+
+def test_capture_auto_keeps_a_model_with_hooks_or_python_counters_eager_and_says_why():
+    """Issue 33: a trace runs neither forward hooks nor a forward's Python, so under capture="auto" the user's
+    instrumentation went blind during the attack (the results were the same). Such a model is attacked eager, the
+    reason in the result's warnings (and so in summary.json), and capture="trace" refuses it with that reason."""
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    hooked = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 10)).eval()
+    seen = []
+    hooked[1].register_forward_hook(lambda module, inputs, output: seen.append(torch.is_grad_enabled()))
+    counting = CountsItsCalls().eval()
+    cases = ((hooked, lambda: sum(seen), "forward hook on '1'"), (counting, lambda: counting.calls, "'calls'"))
+    for model, count, why in cases:
+        with torch.no_grad():
+            y = model(x).argmax(1)  # every point correct: the attack runs its steps
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            result = AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], n_iter=20).run(x, y)
+        assert result.capture == "eager"
+        assert count() >= 20  # every attack step called the model's own Python
+        assert any("capture='auto' attacked the model eager" in w and why in w for w in result.warnings)
+        with pytest.raises(ValueError, match=f"capture='trace': .*{why}"):
+            AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], n_iter=20, capture="trace").run(x, y)
+
+
+def test_a_global_module_hook_keeps_capture_auto_eager():
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 10)).eval()
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    seen = []
+    handle = nn.modules.module.register_module_forward_hook(lambda *_: seen.append(torch.is_grad_enabled()))
+    try:
+        with warnings.catch_warnings(record=True):
+            result = AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], n_iter=20).run(x, y)
+    finally:
+        handle.remove()
+    assert result.capture == "eager" and sum(seen) >= 20
+    assert any("global forward hook" in w for w in result.warnings)

@@ -137,8 +137,10 @@ class AutoAttack:
     bit at 1 and 3 noisy copies of its images (a trace that baked in a batch size, a per-batch statistic or a
     branch on its example fails that) and its input gradients at 1. "auto" (the default) traces on the CPU in fp32
     for a deterministic version, unless the model is torch.compile'd, and keeps the model as it is where tracing
-    fails or differs (`AutoAttackResult.capture` says which ran); "eager" never traces. A model that keeps
-    Python-side state across calls (counters, caches) must be attacked with "eager".
+    fails or differs (`AutoAttackResult.capture` says which ran); "eager" never traces. A trace runs none of the
+    model's Python, so "auto" also keeps eager a model with module hooks (its own or global ones) or whose forward
+    changes its modules' Python attributes between calls (counters, caches), and says why in the result's warnings
+    (the user's instrumentation keeps seeing every call); "trace" refuses such a model with that reason.
     """
 
     def __init__(
@@ -197,6 +199,7 @@ class AutoAttack:
         if capture == "trace" and precision != "fp32":
             raise ValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
         self.capture = capture
+        self.capture_reason: str | None = None  # why capture="auto" kept a model eager that a trace would blind
         if int(tail_rows) < 0:
             raise ValueError(f"tail_rows must be >= 0, got {tail_rows}")
         self.tail_rows = int(tail_rows)
@@ -244,6 +247,8 @@ class AutoAttack:
             raise ValueError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): y[{i}] = "
                              f"{int(y[i])}, {outside.numel()} label(s) outside")
         self.attack_model, probe = self._attack_model(x, clean_logits)
+        if self.capture_reason:
+            caught.append(f"capture='auto' attacked the model eager, not a trace: {self.capture_reason}")
         caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
                                                   self.spec.deterministic_model))
         params = self._step_params(clean_logits.shape[1], caught)
@@ -315,7 +320,7 @@ class AutoAttack:
 
     def _attack_model(self, x: torch.Tensor, clean_logits: torch.Tensor) -> tuple[nn.Module, EvalCounter]:
         """The model the attacks call (see `input_format` and `capture`) and the rows its probes spent."""
-        probes = EvalCounter()
+        probes, self.capture_reason = EvalCounter(), None
         model = self._formatted(x[:1], clean_logits[:1], probes)
         return self._captured(model, x, probes), probes
 
@@ -358,15 +363,22 @@ class AutoAttack:
         # per-batch statistic, a branch on pixel values) shows as a difference on them.
         noise = torch.rand((3, *x.shape[1:]), generator=torch.Generator().manual_seed(0)) * 0.2 - 0.1
         probe = (x[torch.arange(3) % len(x)] + noise).clamp(0, 1).to(self.device)
-        try:
-            traced = TracedModel.trace(model, example, probes)
-            problem = _trace_problem(model, traced, probe, probes)
-        except Exception as err:  # noqa: BLE001 - whatever stops a trace (dict outputs, untraceable ops) keeps eager
-            problem = f"the model cannot be traced ({type(err).__name__}: {err})"
-        if problem is None:
+        blind = _hooks_named(model)  # a trace calls no hook: the user's hooks would stop seeing the attack
+        if blind is None:
+            before = _python_state(model)  # the trace and its check call the model 3 times
+            try:
+                traced = TracedModel.trace(model, example, probes)
+                problem = _trace_problem(model, traced, probe, probes)
+            except Exception as err:  # noqa: BLE001 - whatever stops a trace (dict outputs, untraceable ops) keeps eager
+                problem = f"the model cannot be traced ({type(err).__name__}: {err})"
+            blind = _state_changes(before, _python_state(model))
+        if blind is not None:
+            problem = blind
+        elif problem is None:
             return traced
         if self.capture == "trace":
             raise ValueError(f"capture='trace': {problem}")
+        self.capture_reason = blind
         return model
 
     def _step_reporter(self, name: str) -> Progress | None:
@@ -496,6 +508,53 @@ def _trace_problem(model: nn.Module, traced: nn.Module, probe: torch.Tensor, cou
         if not (torch.equal(logits, traced_logits) and same_gradient):
             return f"the traced model's logits or gradients differ from the model's at a batch of {len(rows)}"
     return None
+
+
+# Module hooks by the attribute that holds them (a module's, and with "_global" in front, torch's for every module).
+HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
+         "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
+# A module's own bookkeeping, not state its forward keeps (parameters and buffers are tensors a trace also updates).
+MODULE_INTERNALS = ("_parameters", "_buffers", "_modules")
+
+
+def _hooks_named(model: nn.Module) -> str | None:
+    """Why a trace of `model` would skip hooks (the modules holding them, or torch's global ones), or None."""
+    found = [f"{kind} on {name!r}" for name, module in model.named_modules() for attribute, kind in HOOKS.items()
+             if getattr(module, attribute, None)]
+    registry = torch.nn.modules.module
+    found += [f"global {kind}" for attribute, kind in HOOKS.items() if getattr(registry, "_global" + attribute, None)]
+    if not found:
+        return None
+    return f"the model has a {', a '.join(found[:3])}{' and more' if len(found) > 3 else ''} (a trace runs no hook)"
+
+
+def _python_state(model: nn.Module) -> tuple[dict[str, object], list[object]]:
+    """Each module attribute but its parameters, buffers and submodules, comparable after a call: containers
+    walked, a tensor by identity (kept alive with the snapshot, so no identity is reused), anything else by repr."""
+    held: list[object] = []
+
+    def value(item: object) -> object:
+        if isinstance(item, (torch.Tensor, nn.Module)):
+            held.append(item)
+            return type(item).__name__, id(item)
+        if isinstance(item, (list, tuple)):
+            return type(item).__name__, [value(element) for element in item]
+        if isinstance(item, dict):
+            return type(item).__name__, [(repr(key), value(element)) for key, element in item.items()]
+        return repr(item)
+
+    state = {f"{name}.{key}" if name else key: value(item) for name, module in model.named_modules()
+             for key, item in vars(module).items() if key not in MODULE_INTERNALS}
+    return state, held
+
+
+def _state_changes(before: tuple[dict, list], after: tuple[dict, list]) -> str | None:
+    """Why `model` keeps Python-side state across calls (the attributes its calls changed), or None."""
+    changed = sorted(key for key in before[0].keys() | after[0].keys() if before[0].get(key) != after[0].get(key))
+    if not changed:
+        return None
+    named = ", ".join(repr(key) for key in changed[:3]) + (" and more" if len(changed) > 3 else "")
+    return f"the model's calls change its Python attributes {named} (a trace runs none of its Python)"
 
 
 def _model_device(model: nn.Module) -> torch.device:
