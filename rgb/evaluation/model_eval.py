@@ -376,6 +376,7 @@ def request_plan(model, datamodule: BenchmarkData, options: EvalOptions) -> dict
     and the tokens that would take at the mean usage of the answers cached so far."""
     cache = AnswerCache(cache_path(options.api_cache_dir, model))
     splits = [("test", None), ("common", None)] + [(split, surrogate) for surrogate, split in black_box_splits(datamodule)]
+    splits.append((CONTROL_SPLIT, None))  # asked last, as evaluation asks it
     images, per_split = [], {}
     for split, surrogate in splits:
         data = datamodule.split(split, surrogate)
