@@ -10,7 +10,7 @@ from PIL import Image
 from helpers import REPO
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import CORRUPTIONS
-from rgb.data.import_folder import ImageFolderError, import_folder, main
+from rgb.data.import_folder import ImageFolderError, import_folder, main, read_image
 
 CLASSES = ["cat", "dog", "fox", "owl"]  # four: AutoAttack's APGD-T needs at least four classes
 PER_CLASS = {"train": 3, "validation": 2, "test": 3}  # 12 test images: 11 corruption blocks + 1 wrapping
@@ -146,3 +146,95 @@ def test_imported_dataset_trains_attacks_and_scores_with_the_usual_commands(impo
     board = run("evaluate.py", f"pool=[{tmp_path / 'eval'}]", "leaderboard_datasets=[pets3]",
                 f"leaderboard_dir={tmp_path / 'board'}", f"paths.output_dir={tmp_path}")
     assert "Outside the card's six datasets" in board.stdout + board.stderr
+
+
+# Issue 33: every image mode as a viewer shows it (16-bit gradients imported 98% white), broken links refused.
+
+GRADIENT = np.round(np.linspace(0, 65535, 32 * 32)).reshape(32, 32).astype(np.int64)
+
+
+def saved(tmp_path, name, image):
+    path = tmp_path / name
+    image.save(path)
+    return path
+
+
+def test_16_bit_grey_is_scaled_to_8_bits_not_clipped_to_white(tmp_path):
+    expected = np.round(GRADIENT / 257).astype(np.uint8)
+    files = [saved(tmp_path, "g.png", Image.fromarray(GRADIENT.astype(np.uint16))),  # opens as I;16
+             saved(tmp_path, "gb.tif", Image.fromarray(GRADIENT.astype(">u2"))),  # I;16B
+             saved(tmp_path, "gi.tif", Image.fromarray(GRADIENT.astype(np.int32)))]  # I
+    modes = []
+    for path in files:
+        with Image.open(path) as image:
+            modes.append(image.mode)
+        pixels = read_image(path, 32)
+        assert np.array_equal(pixels, np.repeat(expected[..., None], 3, axis=2)), path.name
+        assert (pixels == 255).mean() < 0.01
+    assert modes == ["I;16", "I;16B", "I"]
+
+
+def test_float_grey_is_read_as_0_to_1(tmp_path):
+    path = saved(tmp_path, "f.tif", Image.fromarray((GRADIENT / 65535).astype(np.float32)))
+    assert np.array_equal(read_image(path, 32)[..., 0], np.round(GRADIENT / 65535 * 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("name, values, shown", [
+    ("big.tif", np.array([[0, 70000]], dtype=np.int32), "I values 0..70000 outside 0..65535"),
+    ("neg.tif", np.array([[-3, 5]], dtype=np.int32), "I values -3..5 outside 0..65535"),
+    ("hdr.tif", np.array([[0, 1.5]], dtype=np.float32), "F values 0..1.5 outside 0..1"),
+    ("nan.tif", np.array([[0, np.nan]], dtype=np.float32), "F values are not finite"),
+])
+def test_values_outside_a_modes_range_are_refused_naming_the_file_never_clipped(tmp_path, name, values, shown):
+    path = saved(tmp_path, name, Image.fromarray(values))
+    with pytest.raises(ImageFolderError, match=shown) as err:
+        read_image(path, 2)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_transparency_is_composited_on_white(tmp_path):
+    alpha = np.array([[0, 128, 255, 255]] * 4, dtype=np.uint8)
+    grey = np.full((4, 4), 100, dtype=np.uint8)
+    over_white = np.round(100 * (alpha / 255) + 255 * (1 - alpha / 255))  # alpha 0: white, 255: the pixel
+    la = saved(tmp_path, "la.png", Image.fromarray(np.stack([grey, alpha], axis=2), mode="LA"))
+    rgba = saved(tmp_path, "rgba.png", Image.fromarray(np.stack([grey, grey, grey, alpha], axis=2), mode="RGBA"))
+    for path in (la, rgba):
+        assert np.abs(read_image(path, 4)[..., 0].astype(int) - over_white).max() <= 1, path.name
+    palette = Image.fromarray(np.array([[0, 1], [1, 0]], dtype=np.uint8), mode="P")
+    palette.putpalette([0, 0, 0, 200, 30, 30] + [0] * 762)  # index 0 black, 1 red
+    palette.info["transparency"] = 0  # black is transparent: shown as the background
+    path = tmp_path / "p.png"
+    palette.save(path, transparency=0)
+    with Image.open(path) as image:
+        assert image.mode == "P" and "transparency" in image.info
+    assert read_image(path, 2).tolist() == [[[255] * 3, [200, 30, 30]], [[200, 30, 30], [255] * 3]]
+
+
+def test_cmyk_and_1_bit_images_convert(tmp_path):
+    cmyk = saved(tmp_path, "c.tif", Image.new("CMYK", (4, 4), (255, 0, 0, 0)))  # full cyan
+    assert read_image(cmyk, 4)[0, 0].tolist() == [0, 255, 255]
+    bits = saved(tmp_path, "b.png", Image.fromarray(np.array([[True, False]] * 2)))
+    assert read_image(bits, 2)[..., 0].tolist() == [[255, 0], [255, 0]]
+
+
+def test_a_16_bit_png_in_the_tree_is_imported_as_a_gradient(tmp_path):
+    src = make_tree(tmp_path / "src")
+    Image.fromarray(GRADIENT.astype(np.uint16)).save(src / "test" / "cat" / "00.png")
+    (src / "test" / "cat" / "00.jpg").unlink(missing_ok=True)
+    import_folder(src, tmp_path / "out", "grads", size=32)
+    first = np.asarray(load_split(str(tmp_path / "out"), "grads", "test")[0]["image"])
+    assert np.array_equal(first[..., 0], np.round(GRADIENT / 257).astype(np.uint8))
+
+
+def test_a_broken_symbolic_link_is_refused_in_one_line_naming_it(tmp_path, capsys):
+    src = make_tree(tmp_path / "src")
+    (src / "train" / "dog" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (src / "test" / "owl" / "lost.jpg").symlink_to(tmp_path / "lost.jpg")
+    out = tmp_path / "out"
+    with pytest.raises(ImageFolderError, match=r"train/dog/gone\.png is a broken symbolic link") as err:
+        import_folder(src, out, "mine", size=32)
+    assert "\n" not in str(err.value) and not out.exists()
+    (src / "train" / "dog" / "gone.png").unlink()
+    (src / "test" / "holes").symlink_to(tmp_path / "no_class_folder")
+    with pytest.raises(ImageFolderError, match=r"test/holes is a broken symbolic link"):
+        import_folder(src, out, "mine", size=32)

@@ -5,6 +5,10 @@ folders in all three) holding the images. OUT gets config NAME with the card's f
 squash-resized to `--size` (224 by default) and stored as lossless PNG, plus `common` (the card's 11 corruptions
 at severity 3, in its contiguous blocks) and `random_linf_30` made from `test`, and the README `configs:` block;
 the same bytes on every run. Then `data=custom data.source=OUT data.dataset=NAME` trains, attacks and scores it.
+Every image is read as a viewer shows it, as 8-bit RGB: 16-bit grey (PNG's I;16, I;16B, and mode I, read as
+0..65535) scaled to 0..255, float grey (F) read as 0..1, palette, CMYK and 1-bit images converted, transparency
+(LA, RGBA, PA, a palette's or tRNS transparent colour) composited on white. A value outside its mode's range, a
+mode Pillow cannot convert, a broken symbolic link: one line naming the file, never a silent clip or skip.
 Bad input is one line naming the file or folder, and nothing is written (the build is moved into place only
 once complete; OUT must be new or empty).
 """
@@ -26,6 +30,8 @@ from rgb.data.catalog import CLEAN_SPLITS, CORRUPTIONS, DATASETS, MINI
 from rgb.data.snapshot import build_staged, write_dataset
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
+BACKGROUND = (255, 255, 255)  # what transparent pixels are composited on: white, as a viewer's page shows them
+ALPHA_MODES = ("LA", "La", "PA", "RGBA", "RGBa")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
@@ -40,27 +46,59 @@ def check_name(name: str) -> None:
         raise ImageFolderError(f"dataset name {name!r} is one of the benchmark's own: choose another name")
 
 
+def refuse_broken_links(entries: list[Path]) -> None:
+    """A symbolic link to nothing would otherwise be skipped silently (it is neither a file nor a folder)."""
+    broken = [p for p in entries if p.is_symlink() and not p.exists()]
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise ImageFolderError(f"{broken[0]} is a broken symbolic link (to {broken[0].readlink()}){more}: fix or "
+                               f"remove it")
+
+
 def class_folders(split_dir: Path) -> list[str]:
     if not split_dir.is_dir():
         raise ImageFolderError(f"{split_dir} not found: an ImageFolder tree has {', '.join(CLEAN_SPLITS)} folders")
-    names = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    entries = sorted(p for p in split_dir.iterdir() if not p.name.startswith("."))
+    refuse_broken_links(entries)
+    names = [p.name for p in entries if p.is_dir()]
     if len(names) < 2:
         raise ImageFolderError(f"{split_dir} has {len(names)} class folder(s): a classification dataset needs at least 2")
     return names
 
 
 def image_files(class_dir: Path) -> list[Path]:
-    files = sorted(p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    candidates = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    refuse_broken_links(candidates)
+    files = [p for p in candidates if p.is_file()]
     if not files:
         raise ImageFolderError(f"class folder {class_dir} holds no image ({', '.join(IMAGE_SUFFIXES)})")
     return files
+
+
+def as_rgb(image: Image.Image, path: Path) -> Image.Image:
+    """`image` in 8-bit RGB as a viewer shows it (see the module doc); ImageFolderError for values outside its
+    mode's range."""
+    if image.mode.startswith("I") or image.mode == "F":  # 16-bit and float grey: scaled, never clipped to white
+        values = np.asarray(image, dtype=np.float64)
+        top = 1.0 if image.mode == "F" else 65535.0
+        if not np.isfinite(values).all():
+            raise ImageFolderError(f"image {path}: {image.mode} values are not finite (NaN or inf)")
+        low, high = values.min(), values.max()
+        if low < 0 or high > top:
+            raise ImageFolderError(f"image {path}: {image.mode} values {low:g}..{high:g} outside 0..{top:g}, which "
+                                   f"would be clipped: convert it to 8 bits first")
+        return Image.fromarray(np.round(values * (255 / top)).astype(np.uint8), mode="L").convert("RGB")
+    if image.mode in ALPHA_MODES or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (*BACKGROUND, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
 
 
 def read_image(path: Path, size: int) -> np.ndarray:
     """uint8 size x size x 3: RGB, squash-resized (bicubic) as the benchmark's images are."""
     try:
         with Image.open(path) as image:
-            rgb = image.convert("RGB")
+            rgb = as_rgb(image, path)
     except (OSError, ValueError, Image.DecompressionBombError) as err:
         raise ImageFolderError(f"cannot read image {path}: {type(err).__name__}: {err}") from None
     if rgb.size != (size, size):
