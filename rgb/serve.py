@@ -13,6 +13,7 @@ import binascii
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from rgb.models import load_with_meta
 
 log = logging.getLogger(__name__)
 DATA_URL_PREFIX = "data:image/png;base64,"
+# A body declared longer is refused (413) unread: a benchmark image is a few hundred KiB as a data URL, and a
+# declared length is never allocated before it is checked.
+MAX_BODY_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class ServeError(ValueError):
 
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
+    # The listen backlog (socketserver's default is 5): connections beyond it are dropped or reset, so a client with
+    # more requests in flight than that (max_concurrency=64) would see failures instead of queued requests.
+    request_queue_size = 1024
 
     def __init__(self, model, class_names: list[str], image_size: int, served_name: str, host: str = "127.0.0.1",
                  port: int = 0, faults: Faults | None = None, api_key: str | None = None, device: str = "cpu"):
@@ -102,12 +109,21 @@ def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_
                        faults, api_key, device)
 
 
+def _url_of(part) -> str:
+    """The URL of a content part's `image_url`: `{"url": ...}`, or the URL itself (the older OpenAI form)."""
+    image_url = part.get("image_url") if isinstance(part, dict) else None
+    if isinstance(image_url, dict):
+        image_url = image_url.get("url")
+    return image_url if isinstance(image_url, str) else ""
+
+
 def _png_of(body: dict) -> bytes | None:
-    """The PNG bytes of the (first) image_url of the last user message, or None."""
-    for message in reversed(body.get("messages") or []):
+    """The PNG bytes of the (first) image_url of the last user message, or None (also for parts of no known form)."""
+    messages = body.get("messages")
+    for message in reversed(messages if isinstance(messages, list) else []):
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
-            url = ((part or {}).get("image_url") or {}).get("url", "") if isinstance(part, dict) else ""
+            url = _url_of(part)
             if url.startswith(DATA_URL_PREFIX):
                 try:
                     return base64.b64decode(url[len(DATA_URL_PREFIX):], validate=True)
@@ -142,9 +158,24 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no route {self.path}", "not_found")
 
+    def _read_body(self) -> bytes | None:
+        """The request body; None once a malformed length (400) or one over MAX_BODY_BYTES (413) was answered.
+        Such a body is left unread, so that answer closes the connection."""
+        declared = self.headers.get("Content-Length", "0").strip()
+        if not re.fullmatch(r"[0-9]+", declared):
+            self._error(400, f"malformed Content-Length {declared[:40]!r}", "invalid_content_length",
+                        {"Connection": "close"})
+            return None
+        if int(declared) > MAX_BODY_BYTES:
+            self._error(413, f"the body ({declared} bytes) is over the limit of {MAX_BODY_BYTES} bytes",
+                        "request_too_large", {"Connection": "close"})
+            return None
+        return self.rfile.read(int(declared))
+
     def do_POST(self):  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
+        raw = self._read_body()
+        if raw is None:
+            return None
         if self.path.rstrip("/") != "/v1/chat/completions":
             return self._error(404, f"no route {self.path}", "not_found")
         server = self.server
@@ -154,6 +185,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw)
         except ValueError:
             return self._error(400, "the body is not JSON", "invalid_json")
+        if not isinstance(body, dict):
+            return self._error(400, "the body must be a JSON object", "invalid_request_body")
         if body.get("model") != server.served_name:
             return self._error(404, f"the model {body.get('model')!r} does not exist (served: "
                                     f"{server.served_name!r})", "model_not_found")
@@ -205,3 +238,9 @@ def serve_from_config(cfg) -> None:
         log.info("stopped after %d requests", server.requests.count())
     finally:
         server.server_close()
+
+
+if __name__ == "__main__":  # `python -m rgb.serve`: the rgb-serve command
+    from rgb.cli import serve_main
+
+    serve_main()
