@@ -1,32 +1,57 @@
-"""A local Hugging Face Hub cache in the standard layout (models--ORG--NAME/snapshots/REV/, refs/main), written by
-tests so that hub names load through the libraries' own loaders with HF_HUB_OFFLINE=1."""
+"""A local Hugging Face Hub cache in the standard layout (models--ORG--NAME/blobs/, snapshots/REV/FILE linking to
+its blob, refs/main), its repos written by the libraries' own writers (timm's and open_clip's `save_for_hf`, what
+their push_to_hf_hub uploads), so that hub names load through the libraries' own loaders with HF_HUB_OFFLINE=1."""
 
 from __future__ import annotations
 
-import json
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-import safetensors.torch
+import timm
+from torch import nn
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
-def write_repo(cache: Path, repo_id: str, files: dict[str, object], revision: str = REVISION) -> Path:
-    """Write a repo snapshot: dict values are JSON, tensors dicts go to safetensors, bytes are written as is."""
+def write_repo(cache: Path, repo_id: str, write: Callable[[Path], object], revision: str = REVISION) -> Path:
+    """The snapshot of `repo_id` holding what `write(folder)` puts in an empty folder: each file becomes a blob
+    (named by its content) that the snapshot links to, as huggingface_hub stores a download."""
     repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
     snapshot = repo / "snapshots" / revision
     snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "blobs").mkdir(exist_ok=True)
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(revision)
-    for name, content in files.items():
-        path = snapshot / name
-        if name.endswith(".safetensors"):
-            safetensors.torch.save_file({k: v.contiguous() for k, v in content.items()}, str(path))
-        elif isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(json.dumps(content))
+    with tempfile.TemporaryDirectory() as tmp:
+        write(Path(tmp))
+        for file in sorted(Path(tmp).iterdir()):
+            blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+            file.replace(blob)
+            (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
     return snapshot
+
+
+def timm_writer(model: nn.Module) -> Callable[[Path], None]:
+    """timm's own export of `model` (config.json with model_args and pretrained_cfg, model.safetensors)."""
+    return lambda folder: timm.models.save_for_hf(model, str(folder), safe_serialization=True)
+
+
+def save_open_clip(model: nn.Module, model_config: dict, folder: Path, skip_weights: bool = False) -> None:
+    """open_clip's own export of `model` (open_clip_config.json, open_clip_model.safetensors). Its writer also
+    saves the tokenizer; a model with open_clip's built-in BPE tokenizer (the mini CLIP's) has no tokenizer files
+    (open_clip ships the vocabulary), so there is nothing to save for it."""
+    import open_clip
+    from open_clip.push_to_hf_hub import save_for_hf
+
+    class BuiltInTokenizer(open_clip.SimpleTokenizer):
+        def save_pretrained(self, dest):
+            pass
+
+    save_for_hf(model, BuiltInTokenizer(), model_config, str(folder), safe_serialization=True,
+                skip_weights=skip_weights)
 
 
 def use_cache(monkeypatch, cache: Path) -> None:

@@ -1,14 +1,23 @@
 """Models from outside the registries: timm `hf-hub:` / `local-dir:` and open_clip `hf-hub:` names through a local
-Hub cache the tests write (offline), and image-tower-only CLIP checkpoints (RobustVLM's FARE / TeCoA format)."""
+Hub cache the tests fill with the libraries' own writers (offline), and image-tower-only CLIP checkpoints as
+RobustVLM's FARE / TeCoA training saves them (`torch.save` of the tower's state dict, DDP's `module.` keys)."""
 
+import copy
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import safetensors.torch
 import timm
 import torch
 
-from hub_cache import REVISION, use_cache, write_repo
+from helpers import FAST, REPO
+from hub_cache import REVISION, save_open_clip, timm_writer, use_cache, write_repo
+from rgb.attacks import AutoAttack, within_budget
+from rgb.core.files import CorruptFileError
 from rgb.models import (
     META_FILE,
     WeightsMismatchError,
@@ -28,16 +37,16 @@ from rgb.models.embedded_clip import (
     register_embedded_architecture,
     save_checkpoint,
 )
-from rgb.models.hub import HubModelMissingError
+from rgb.models.hub import HubCacheCorruptError, HubModelMissingError
 from rgb.models.io import origin_line
 
+SOURCE_CLASSES = 5  # the hub model's own head (a model fine-tuned and pushed with timm); the tests' heads differ
 
-def timm_source():
+
+def timm_source(**kwargs):
+    """A tiny timm model as someone fine-tuned it before pushing it with timm's save_for_hf."""
     torch.manual_seed(3)
-    model = timm.create_model("test_resnet", pretrained=False)
-    pretrained_cfg = {k: v for k, v in model.pretrained_cfg.items() if k != "architecture"}
-    config = {"architecture": "test_resnet", "num_classes": 1000, "pretrained_cfg": pretrained_cfg}
-    return model.state_dict(), config
+    return timm.create_model("test_resnet", pretrained=False, num_classes=SOURCE_CLASSES, **kwargs)
 
 
 @pytest.fixture
@@ -55,12 +64,19 @@ def assert_backbone_equal(model, state, head="fc."):
             torch.testing.assert_close(loaded[key], value, msg=key)
 
 
+def assert_same_outputs(a, b):
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(a.eval()(x), b.eval()(x))
+
+
 def test_timm_hub_name_loads_from_the_local_cache_offline_and_records_the_revision(hub, tmp_path):
-    state, config = timm_source()
-    write_repo(hub, "someorg/tiny-resnet", {"config.json": config, "model.safetensors": state})
+    source = timm_source()
+    write_repo(hub, "someorg/tiny-resnet", timm_writer(source))
     model = create_model("hf-hub:someorg/tiny-resnet", 7)
-    assert_backbone_equal(model, state)
-    assert model.classifier.out_features == 7
+    assert_backbone_equal(model, source.state_dict())
+    assert model.classifier.out_features == 7 and model.recipe["num_classes"] == 7
+    assert "num_classes" not in model.recipe["timm_kwargs"]  # the hub head's count (timm's model_args): not ours
     export_model(model, tmp_path / "run", {"dataset": "digits"})
     meta = json.loads((tmp_path / "run" / META_FILE).read_text())
     assert meta["timm_name"] == "test_resnet"
@@ -70,83 +86,148 @@ def test_timm_hub_name_loads_from_the_local_cache_offline_and_records_the_revisi
     for child in list(hub.iterdir()):  # the reload needs no hub: it rebuilds the registry architecture
         child.rename(tmp_path / child.name)
     loaded, _ = load_with_meta(tmp_path / "run")
-    x = torch.rand(2, 3, 32, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(x), model.eval()(x))
+    assert_same_outputs(loaded, model)
+    assert loaded.recipe["source"] == meta["source"]  # kept by a rebuild: a re-export still names it
+
+
+def test_timm_hub_vit_keeps_its_model_args_through_the_reload(hub, tmp_path):
+    """timm records what rebuilds the hub model (img_size, global_pool) beside its head's class count."""
+    torch.manual_seed(4)
+    source = timm.create_model("test_vit", pretrained=False, num_classes=SOURCE_CLASSES, img_size=32)
+    write_repo(hub, "someorg/tiny-vit", timm_writer(source))
+    model = create_model("hf-hub:someorg/tiny-vit", 3)
+    assert model.recipe["timm_kwargs"]["img_size"] == [32, 32]
+    export_model(model, tmp_path / "run", {"dataset": "digits"})
+    for child in list(hub.iterdir()):
+        child.rename(tmp_path / child.name)
+    loaded, _ = load_with_meta(tmp_path / "run")
+    assert_same_outputs(loaded, model)
 
 
 def test_timm_local_dir_name(tmp_path):
-    state, config = timm_source()
+    source = timm_source()
     folder = tmp_path / "mymodel"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config))
-    safetensors.torch.save_file(state, str(folder / "model.safetensors"))
+    timm_writer(source)(folder)
     model = create_model(f"local-dir:{folder}", 4)
-    assert_backbone_equal(model, state)
+    assert_backbone_equal(model, source.state_dict())
     assert model.recipe["source"]["path"] == str(folder.resolve())
+    export_model(model, tmp_path / "run", {"dataset": "digits"})
+    folder.rename(tmp_path / "moved")  # the reload needs no folder either
+    loaded, _ = load_with_meta(tmp_path / "run")
+    assert_same_outputs(loaded, model)
     with pytest.raises(FileNotFoundError, match="config.json not found"):
         create_model(f"local-dir:{tmp_path / 'nothing'}", 4)
+    (tmp_path / "moved" / "config.json").write_text('{"architecture": ')
+    with pytest.raises(CorruptFileError, match=r"moved/config.json is not JSON") as err:
+        create_model(f"local-dir:{tmp_path / 'moved'}", 4)
+    assert "\n" not in str(err.value)
 
 
 def test_timm_hub_name_absent_offline_is_one_line_naming_repo_and_fetch(hub):
     with pytest.raises(HubModelMissingError, match=r"someorg/absent.*hf download someorg/absent.*HF_HUB_OFFLINE=1") as err:
         create_model("hf-hub:someorg/absent", 7)
     assert "\n" not in str(err.value)
-    _, config = timm_source()
-    write_repo(hub, "someorg/config-only", {"config.json": config})  # weights never downloaded
+
+    def config_only(folder):  # weights never downloaded
+        timm_writer(timm_source())(folder)
+        (folder / "model.safetensors").unlink()
+
+    write_repo(hub, "someorg/config-only", config_only)
     with pytest.raises(HubModelMissingError, match="someorg/config-only") as err:
         create_model("hf-hub:someorg/config-only", 7)
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("broken", ["config.json", "model.safetensors"])
+def test_a_broken_hub_cache_file_is_one_line_naming_the_file_and_the_repo(hub, broken):
+    snapshot = write_repo(hub, "someorg/truncated", timm_writer(timm_source()))
+    blob = (snapshot / broken).resolve()
+    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])  # a download cut off
+    with pytest.raises(HubCacheCorruptError,
+                       match=rf"file {broken} of hub repo someorg/truncated .* is corrupt .*--force-download") as err:
+        create_model("hf-hub:someorg/truncated", 7)
+    assert "\n" not in str(err.value)
+
+
 def test_timm_hub_weights_that_do_not_fit_are_a_mismatch(hub):
-    state, config = timm_source()
-    del state["conv1.0.weight"]
-    write_repo(hub, "someorg/broken", {"config.json": config, "model.safetensors": state})
+    source = timm_source()
+    source.conv1[0] = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False)  # changed after timm built it
+    write_repo(hub, "someorg/broken", timm_writer(source))
     with pytest.raises(WeightsMismatchError, match="conv1.0.weight"):
         create_model("hf-hub:someorg/broken", 7)
+
+
+def test_hub_model_trains_exports_reloads_without_the_hub_and_is_attacked(hub, tmp_path, mini_dir):
+    """The whole path of a model pushed with timm: train.py fine-tunes it from the cache (offline), exports it;
+    the export loads with the cache gone and is attacked."""
+    write_repo(hub, "someorg/tiny-resnet", timm_writer(timm_source()))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "WANDB_MODE": "offline"}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "model.name=hf-hub:someorg/tiny-resnet", "debug=fdr",
+         f"data.source={mini_dir}", f"paths.root_dir={tmp_path}", f"hydra.run.dir={run_dir}", *FAST],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for child in list(hub.iterdir()):
+        child.rename(tmp_path / child.name)
+    model, meta = load_with_meta(run_dir)
+    assert (meta["timm_name"], meta["num_classes"], meta["source"]["revision"]) == ("test_resnet", 10, REVISION)
+    x, y = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(4)
+    result = AutoAttack(model, "Linf", 8 / 255, version="fast", n_iter=3, seed=0).run(x, y)
+    assert within_budget(result.x_adv - x, "Linf", 8 / 255).all()
+    with torch.no_grad():
+        assert torch.equal(model(result.x_adv).argmax(dim=1) == y, result.robust)
 
 
 # ------------------------------------------------------------------ open_clip
 
 @pytest.fixture(scope="module")
 def mini_clip():
+    """The mini CLIP with weights of its own (not the seed-0 init a random load gives) and its own preprocessing,
+    as someone trained it before pushing it with open_clip."""
     register_embedded_architecture()
     torch.manual_seed(5)
-    clip = load_clip(EMBEDDED_ARCH)
-    return {k: v + 0.01 * torch.randn_like(v) for k, v in clip.model.state_dict().items()}
-
-
-PREPROCESS_CFG = {"size": [32, 32], "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "interpolation": "bicubic",
-                  "resize_mode": "shortest"}
+    model = copy.deepcopy(load_clip(EMBEDDED_ARCH).model)
+    with torch.no_grad():
+        for value in model.state_dict().values():
+            value.add_(0.01 * torch.randn_like(value))
+    model.visual.image_std = (0.25, 0.25, 0.25)
+    return model
 
 
 def test_open_clip_hub_name_loads_both_towers_from_the_cache(hub, mini_clip, tmp_path):
-    write_repo(hub, "robust/FARE-mini", {"open_clip_config.json": {"model_cfg": MINI_CLIP_CONFIG,
-                                                                   "preprocess_cfg": PREPROCESS_CFG},
-                                         "open_clip_model.safetensors": mini_clip})
+    write_repo(hub, "robust/FARE-mini", lambda folder: save_open_clip(mini_clip, MINI_CLIP_CONFIG, folder))
     clip = load_clip("hf-hub:robust/FARE-mini")
-    for key, value in mini_clip.items():
+    for key, value in mini_clip.state_dict().items():
         torch.testing.assert_close(clip.model.state_dict()[key], value, msg=key)
     assert clip.preprocess["std"] == [0.25, 0.25, 0.25]
     model = create_openclip_classifier("hf-hub:robust/FARE-mini", 3)
     export_model(model, tmp_path / "run", {"dataset": "digits"})
     loaded, meta = load_with_meta(tmp_path / "run")
     assert meta["openclip_name"] == "hf-hub:robust/FARE-mini" and meta["source"]["revision"] == REVISION
-    x = torch.rand(2, 3, 32, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(x), model.eval()(x))
+    assert_same_outputs(loaded, model)
     text = load_clip_of(loaded)  # the text tower back from the cache, for zero-shot heads
-    torch.testing.assert_close(text.model.state_dict()["text_projection"], mini_clip["text_projection"])
+    torch.testing.assert_close(text.model.state_dict()["text_projection"], mini_clip.state_dict()["text_projection"])
 
 
 def test_open_clip_hub_name_absent_offline_is_one_line(hub, mini_clip):
     with pytest.raises(HubModelMissingError, match=r"robust/absent.*hf download robust/absent") as err:
         load_clip("hf-hub:robust/absent")
     assert "\n" not in str(err.value)
-    write_repo(hub, "robust/no-weights", {"open_clip_config.json": {"model_cfg": MINI_CLIP_CONFIG}})
+    write_repo(hub, "robust/no-weights",
+               lambda folder: save_open_clip(mini_clip, MINI_CLIP_CONFIG, folder, skip_weights=True))
     with pytest.raises(HubModelMissingError, match="robust/no-weights"):  # open_clip alone warns, random weights
         load_clip("hf-hub:robust/no-weights")
+
+
+def test_a_broken_open_clip_hub_weights_file_names_the_file_and_the_repo(hub, mini_clip):
+    snapshot = write_repo(hub, "robust/truncated", lambda folder: save_open_clip(mini_clip, MINI_CLIP_CONFIG, folder))
+    blob = (snapshot / "open_clip_model.safetensors").resolve()
+    blob.write_bytes(blob.read_bytes()[:100])
+    with pytest.raises(HubCacheCorruptError, match="file open_clip_model.safetensors of hub repo robust/truncated"):
+        load_clip("hf-hub:robust/truncated")
 
 
 def test_rebuild_goes_through_open_clips_public_factory(tmp_path):
@@ -164,28 +245,51 @@ def test_rebuild_goes_through_open_clips_public_factory(tmp_path):
     assert "_build_vision_tower" not in inspect.getsource(rgb.models.openclip)  # private: may go in any release
 
 
-def visual_only(state, prefix):
-    return {(k if prefix else k.removeprefix("visual.")): v for k, v in state.items() if k.startswith("visual.")}
+def robust_tower(mini_clip):
+    """An image tower as FARE / TeCoA training leaves it: the CLIP's tower with weights of its own."""
+    visual = copy.deepcopy(mini_clip.visual)
+    with torch.no_grad():
+        for value in visual.state_dict().values():
+            value.add_(1.0)
+    return visual
 
 
-@pytest.mark.parametrize("prefix", [True, False])
-@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
-def test_image_tower_checkpoint_with_text_tower_from_a_second_file(mini_clip, tmp_path, prefix, suffix):
-    register_embedded_architecture()
+# How image-tower checkpoints are written: RobustVLM's `torch.save(unwrap_model(model).model.state_dict(), ...)`,
+# the same without unwrapping DDP (`module.` keys), safetensors' own module writer, and the tower's keys filtered
+# out of a whole CLIP's state dict (`visual.` kept).
+TOWER_WRITERS = {
+    "torch_save": lambda visual, path: torch.save(visual.state_dict(), path.with_suffix(".pt")),
+    "torch_save_ddp": lambda visual, path: torch.save({f"module.{k}": v for k, v in visual.state_dict().items()},
+                                                      path.with_suffix(".pt")),
+    "safetensors_save_model": lambda visual, path: safetensors.torch.save_model(visual, str(path)),
+    "visual_prefixed": lambda visual, path: safetensors.torch.save_file(
+        {f"visual.{k}": v.contiguous() for k, v in visual.state_dict().items()}, str(path)),
+}
+
+
+def write_tower(writer, visual, tmp_path) -> Path:
+    TOWER_WRITERS[writer](visual, tmp_path / "fare.safetensors")
+    return next(tmp_path.glob("fare.*"))
+
+
+def whole_clip_file(mini_clip, tmp_path) -> Path:
     text_file = tmp_path / "whole.safetensors"
-    safetensors.torch.save_file(mini_clip, str(text_file))
-    robust = {k: v + 1.0 for k, v in visual_only(mini_clip, prefix).items()}
-    image_file = tmp_path / f"fare{suffix}"
-    if suffix == ".pt":
-        torch.save(robust, image_file)
-    else:
-        safetensors.torch.save_file(robust, str(image_file))
+    safetensors.torch.save_model(mini_clip, str(text_file))
+    return text_file
+
+
+@pytest.mark.parametrize("writer", sorted(TOWER_WRITERS))
+def test_image_tower_checkpoint_with_text_tower_from_a_second_file(mini_clip, tmp_path, writer):
+    register_embedded_architecture()
+    text_file = whole_clip_file(mini_clip, tmp_path)
+    robust = robust_tower(mini_clip)
+    image_file = write_tower(writer, robust, tmp_path)
     model = create_openclip_classifier(EMBEDDED_ARCH, 3, weights=str(image_file), text_weights=str(text_file))
     tower = model.backbone.visual.state_dict()
-    for key, value in robust.items():
-        torch.testing.assert_close(tower[key.removeprefix("visual.")], value, msg=key)
+    for key, value in robust.state_dict().items():
+        torch.testing.assert_close(tower[key], value, msg=key)
     clip = load_clip_of(model)  # the text tower the zero-shot head would use: from the second file
-    torch.testing.assert_close(clip.model.state_dict()["text_projection"], mini_clip["text_projection"])
+    torch.testing.assert_close(clip.model.state_dict()["text_projection"], mini_clip.state_dict()["text_projection"])
     torch.testing.assert_close(clip.model.state_dict()["visual.conv1.weight"], tower["conv1.weight"])
     export_model(model, tmp_path / "run", {"dataset": "digits"})
     meta = json.loads((tmp_path / "run" / META_FILE).read_text())
@@ -196,15 +300,14 @@ def test_image_tower_checkpoint_with_text_tower_from_a_second_file(mini_clip, tm
 def test_image_tower_checkpoint_needs_a_text_tower_and_mismatches_name_keys(mini_clip, tmp_path):
     register_embedded_architecture()
     image_file = tmp_path / "fare.pt"
-    robust = visual_only(mini_clip, prefix=False)
-    torch.save(robust, image_file)
+    torch.save(mini_clip.visual.state_dict(), image_file)
     with pytest.raises(ValueError, match="image tower only: give the text tower with model.pretrained"):
         create_openclip_classifier(EMBEDDED_ARCH, 3, weights=str(image_file))
-    text_file = tmp_path / "whole.safetensors"
-    safetensors.torch.save_file(mini_clip, str(text_file))
-    del robust["conv1.weight"]
-    robust["extra.weight"] = torch.zeros(1)
-    torch.save(robust, image_file)
+    text_file = whole_clip_file(mini_clip, tmp_path)
+    other = dict(mini_clip.visual.state_dict())  # a tower of another architecture: a key gone, one added
+    del other["conv1.weight"]
+    other["extra.weight"] = torch.zeros(1)
+    torch.save(other, image_file)
     with pytest.raises(WeightsMismatchError, match=r"conv1\.weight.*extra\.weight") as err:
         create_openclip_classifier(EMBEDDED_ARCH, 3, weights=str(image_file), text_weights=str(text_file))
     assert "\n" not in str(err.value)
@@ -215,11 +318,10 @@ def test_openclip_mini_takes_an_image_tower_checkpoint_text_from_the_embedded_cl
     clip_dir = tmp_path / "mini_clip"
     embedded = load_clip(EMBEDDED_ARCH)  # stands in for the trained embedded CLIP (same file format)
     save_checkpoint(embedded.model, embedded.preprocess, clip_dir, {**DEFAULTS, "templates": list(CAPTION_TEMPLATES)})
-    image_file = tmp_path / "fare.safetensors"
-    robust = visual_only(mini_clip, prefix=True)
-    safetensors.torch.save_file(robust, str(image_file))
+    robust = robust_tower(mini_clip)
+    image_file = write_tower("torch_save", robust, tmp_path)
     model = embedded_clip_classifier("rgb-mini-clip", 10, str(clip_dir), weights=str(image_file))
-    torch.testing.assert_close(model.backbone.visual.state_dict()["conv1.weight"], robust["visual.conv1.weight"])
+    torch.testing.assert_close(model.backbone.visual.state_dict()["conv1.weight"], robust.state_dict()["conv1.weight"])
     text = load_clip_of(model)
     torch.testing.assert_close(text.model.state_dict()["text_projection"],
                                embedded.model.state_dict()["text_projection"])

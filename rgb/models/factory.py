@@ -11,8 +11,11 @@ import timm
 import torch
 from torch import nn
 
-from rgb.core.files import corrupt_file_named
+from rgb.core.files import CorruptFileError, corrupt_file_named
 from rgb.models.hub import HF_HUB, hub_files, source_record, split_source
+
+# What timm reads from a hub repo (config, then safetensors or torch weights): the files a failed load checks.
+HUB_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 
 
 class WeightsMismatchError(ValueError):
@@ -120,14 +123,17 @@ def _source_config(name: str) -> tuple[str, dict]:
     rebuilds the model later without the hub (model.json records the name and revision beside it)."""
     source, rest = split_source(name)
     if source == HF_HUB:
-        with hub_files(name, rest):
+        with hub_files(name, rest, HUB_FILES):
             _, architecture, model_args = timm.models.load_model_config_from_hf(rest)
     else:
-        folder = Path(rest).expanduser()
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"model {name}: {folder / 'config.json'} not found (a local-dir: model is a folder "
+        config_file = Path(rest).expanduser() / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"model {name}: {config_file} not found (a local-dir: model is a folder "
                                     "with timm's config.json and weights, as timm's push_to_hub / save writes it)")
-        config = json.loads((folder / "config.json").read_text())  # timm's format: architecture, model_args, ...
+        try:
+            config = json.loads(config_file.read_text())  # timm's format: architecture, model_args, ...
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CorruptFileError(f"model {name}: {config_file} is not JSON ({err}): write it again") from None
         architecture, model_args = config["architecture"], config.get("model_args")
     return architecture, dict(model_args or {})
 
@@ -139,12 +145,14 @@ def _create_from_source(name: str, pretrained: bool, timm_kwargs: dict) -> tuple
     source, rest = split_source(name)
     with contextlib.ExitStack() as stack:
         if source == HF_HUB:
-            stack.enter_context(hub_files(name, rest))
+            stack.enter_context(hub_files(name, rest, HUB_FILES))
         if pretrained:
             backbone = _strict_create(name, name, **timm_kwargs)
         else:
             backbone = timm.create_model(name, pretrained=False, **timm_kwargs)
-    recipe_kwargs = {**model_args, **timm_kwargs}
+    # The config's num_classes is the source head's (timm's save_for_hf records it in model_args); the rebuild
+    # passes the fine-tuned head's count itself, so the recipe must not carry it a second time.
+    recipe_kwargs = {k: v for k, v in {**model_args, **timm_kwargs}.items() if k != "num_classes"}
     return backbone, {"architecture": architecture, "timm_kwargs": recipe_kwargs,
                       "source": source_record(name, "config.json")}
 

@@ -9,8 +9,11 @@ model.json.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
+
+from rgb.core.files import CorruptFileError, tensor_file_problem
 
 HF_HUB = "hf-hub"
 LOCAL_DIR = "local-dir"
@@ -18,6 +21,11 @@ LOCAL_DIR = "local-dir"
 
 class HubModelMissingError(FileNotFoundError):
     """A hub model whose files are not in the local Hugging Face cache (offline, or the hub unreachable)."""
+
+
+class HubCacheCorruptError(CorruptFileError):
+    """A file of a hub repo that is in the local Hugging Face cache but does not read (truncated download, a blob
+    overwritten): the libraries' own errors name neither the file nor the repo."""
 
 
 def split_source(name: str) -> tuple[str | None, str]:
@@ -46,19 +54,56 @@ def fetch_hint(repo_id: str, revision: str | None) -> str:
             f"huggingface_hub), bring its cache here ({cache}) and run with HF_HUB_OFFLINE=1")
 
 
+def _file_problem(path: Path) -> str | None:
+    """Why a cached config (JSON) or weights file does not read, in a few words; None when it reads."""
+    if path.suffix != ".json":
+        return tensor_file_problem(path)
+    try:
+        json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"not JSON: {err}"
+    return None
+
+
+def _corrupt_cached_file(repo_id: str, revision: str | None, files: tuple[str, ...]) -> tuple[Path, str] | None:
+    """(path, problem) of the first of `files` that is in the cache for this revision and does not read."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in files:
+        cached = try_to_load_from_cache(repo_id, filename, revision=revision)
+        if isinstance(cached, str):
+            problem = _file_problem(Path(cached))
+            if problem:
+                return Path(cached), problem
+    return None
+
+
 @contextlib.contextmanager
-def hub_files(name: str, repo: str):
-    """Turn 'not in the cache / hub unreachable' from huggingface_hub (or a library wrapping it) into one line."""
+def hub_files(name: str, repo: str, files: tuple[str, ...] = ()):
+    """Turn 'not in the cache / hub unreachable' from huggingface_hub (or a library wrapping it) into one line;
+    any other failure while one of `files` (the repo's config and weights, as the library names them) is cached
+    but does not read becomes one line naming that file and the repo."""
     from huggingface_hub.errors import EntryNotFoundError, OfflineModeIsEnabled
 
     repo_id, revision = split_revision(repo)
+    spelled = f"{repo_id}{'@' + revision if revision else ''}"
     try:
         yield
     except (EntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError, ConnectionError) as err:
         offline = "HF_HUB_OFFLINE=1" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") else "hub unreachable"
         raise HubModelMissingError(
-            f"model {name}: files of hub repo {repo_id}{'@' + revision if revision else ''} are not in the local "
+            f"model {name}: files of hub repo {spelled} are not in the local "
             f"Hugging Face cache ({offline}; {type(err).__name__}): {fetch_hint(repo_id, revision)}"
+        ) from None
+    except Exception:
+        corrupt = _corrupt_cached_file(repo_id, revision, files)
+        if corrupt is None:
+            raise
+        path, problem = corrupt
+        raise HubCacheCorruptError(
+            f"model {name}: file {path.name} of hub repo {spelled} in the local Hugging Face cache ({path}) is "
+            f"corrupt ({' '.join(problem.split())}): fetch it again (hf download {repo_id} {path.name} "
+            f"--force-download{' --revision ' + revision if revision else ''}, where the hub is reachable)"
         ) from None
 
 
@@ -67,7 +112,7 @@ def hub_file(name: str, repo: str, filename: str) -> Path:
     from huggingface_hub import hf_hub_download
 
     repo_id, revision = split_revision(repo)
-    with hub_files(name, repo):
+    with hub_files(name, repo, (filename,)):
         return Path(hf_hub_download(repo_id, filename, revision=revision))
 
 

@@ -29,6 +29,8 @@ from rgb.models.factory import Normalize, WeightsMismatchError, weights_must_fit
 from rgb.models.hub import HF_HUB, LOCAL_DIR, hub_file, hub_files, source_record, split_revision, split_source
 
 INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear", "random": "bicubic"}
+# What open_clip reads from a hub repo (open_clip.constants: config, safetensors or torch weights).
+HUB_FILES = ("open_clip_config.json", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
 class OpenCLIPWeightsError(FileNotFoundError):
@@ -357,13 +359,17 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
     if source == HF_HUB:
         _hub_weights(name, rest)
     checkpoint, image_state, towers = _weights_plan(name, source, pretrained, weights, text_weights)
-    with hub_files(name, rest) if source == HF_HUB else contextlib.nullcontext():
+
+    def hub():  # around each read of a hub repo's files: a broken cache names the file
+        return hub_files(name, rest, HUB_FILES) if source == HF_HUB else contextlib.nullcontext()
+
+    with hub():
         config = open_clip.get_model_config(name)
     if image_size is not None:
         config["vision_cfg"]["image_size"] = int(image_size)
     reading = corrupt_file_named(Path(checkpoint), "CLIP weights file") if checkpoint else contextlib.nullcontext()
     fits = weights_must_fit(f"weights {checkpoint} do not fit open_clip {name!r}")
-    with fits, reading, torch.random.fork_rng(devices=[]), _quiet_root_logger():
+    with fits, reading, hub(), torch.random.fork_rng(devices=[]), _quiet_root_logger():
         torch.manual_seed(0)  # random init (no weights) is reproducible: a reload has the same text tower
         model = open_clip.create_model(
             name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False,
@@ -371,7 +377,7 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
         )
     if image_state is not None:
         _load_image_tower(model, image_state, str(weights), name)
-    with _quiet_root_logger():
+    with hub(), _quiet_root_logger():
         tokenizer = open_clip.get_tokenizer(name)
     return LoadedCLIP(model.eval(), tokenizer, name, pretrained, None if weights is None else str(weights), config,
                       _preprocess_of(model, name, pretrained), None if text_weights is None else str(text_weights),

@@ -29,7 +29,12 @@ class TimmFamily:
         }
 
     def rebuild(self, record: dict) -> NormalizedClassifier:
-        return create_model(record["timm_name"], record["num_classes"], pretrained=False, **record["timm_kwargs"])
+        """The registry architecture, weights not loaded; a hub / local-dir `source` stays in the recipe, so the
+        export of a rebuilt model (training exports its best weights that way) still says where they came from."""
+        model = create_model(record["timm_name"], record["num_classes"], pretrained=False, **record["timm_kwargs"])
+        if record.get("source"):
+            model.recipe["source"] = record["source"]
+        return model
 
     def model_name(self, record: dict) -> str | None:
         return record.get("timm_name")
