@@ -20,7 +20,7 @@ import pytest
 import helpers
 from helpers import REPO
 from rgb.data import ImageSplit, load_split
-from rgb.data.catalog import TRANSFER_SPLITS
+from rgb.data.catalog import CONTROL_SPLIT, TRANSFER_SPLITS
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.snapshot import write_readme, write_split
 from rgb.evaluation.api_eval import cache_path, split_images
@@ -37,8 +37,11 @@ from rgb.models.api import (
     CacheError,
     ClientSettings,
     RateLimiter,
+    RequestBudget,
     parse_answer,
 )
+from rgb import cli
+from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError
 from rgb.serve import Faults, make_server
 from rgb.training import train
@@ -92,6 +95,73 @@ def test_cache_cuts_a_torn_last_line_and_refuses_damage_elsewhere(tmp_path):
         AnswerCache(path)
 
 
+def test_a_record_without_its_answer_is_one_line_naming_the_file_and_line(tmp_path):
+    path = tmp_path / "answers.jsonl"
+    path.write_text('{"key": "a", "answer": "one", "usage": {}}\n{"key": "b", "usage": {}}\n["c"]\n')
+    with pytest.raises(CacheError) as refused:
+        AnswerCache(path)
+    assert str(refused.value).startswith(f"{path} line 2 is not an answer record (no answer)")
+    assert "\n" not in str(refused.value)
+
+
+# ----------------------------------------------------------------------------------------------- the settings
+@pytest.mark.parametrize("settings, message", [
+    (dict(base_url="ftp://host/v1"), "model.base_url must be an http(s) URL ending in /v1, got 'ftp://host/v1'"),
+    (dict(base_url="127.0.0.1:8000/v1"), "model.base_url must be an http(s) URL"),
+    (dict(api_model=""), "model.api_model must be the endpoint's model name"),
+    (dict(api_model="  "), "model.api_model must be the endpoint's model name"),
+    (dict(max_tokens=0), "model.max_tokens must be an integer >= 1, got 0"),
+    (dict(temperature=-1.0), "model.temperature must be a finite number >= 0"),
+])
+def test_bad_api_settings_are_one_line_naming_the_key(settings, message):
+    with pytest.raises(ConfigValueError) as refused:
+        ApiSettings(**{"base_url": "http://127.0.0.1:1/v1", "api_model": "tiny", **settings})
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(max_concurrency=0), "model.max_concurrency must be an integer >= 1, got 0"),
+    (dict(max_concurrency=-3), "model.max_concurrency must be an integer >= 1, got -3"),
+    (dict(max_retries=-1), "model.max_retries must be an integer >= 0, got -1"),
+    (dict(timeout_s=0), "model.timeout_s must be a finite number > 0, got 0"),
+    (dict(requests_per_minute=0), "model.requests_per_minute must be null or a finite number > 0"),
+    (dict(api_key_env=""), "model.api_key_env must be the name of an environment variable"),
+])
+def test_bad_client_settings_are_one_line_naming_the_key(settings, message):
+    with pytest.raises(ConfigValueError) as refused:
+        ClientSettings(**settings)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("value", [-1, 0, 2.5])
+def test_max_requests_below_one_is_refused_in_one_line(value):
+    with pytest.raises(ConfigValueError, match=f"max_requests must be null or an integer >= 1, got {value}"):
+        RequestBudget(value)
+    assert RequestBudget(None).take(5) == 5 and RequestBudget(3).take(5) == 3
+
+
+def test_a_prompt_with_an_unknown_placeholder_is_one_line():
+    with pytest.raises(ConfigValueError, match=r"model.prompt may hold only \{dataset\} and \{classes\}"):
+        ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny", prompt="Which {thing}?"), ClientSettings(),
+                      CLASS_NAMES, DATASET)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.max_concurrency=0"], "model.max_concurrency must be an integer >= 1, got 0"),
+    (["model.base_url=ftp://host/v1", "model.api_model=tiny"], "model.base_url must be an http(s) URL"),
+    (["model.api_model=''"], "model.api_model must be the endpoint's model name"),
+])
+def test_train_py_shows_a_bad_model_value_in_one_line(overrides, message, tmp_path, bench):
+    given = {o.split("=")[0] for o in overrides}
+    defaults = [o for o in ("model.base_url=http://127.0.0.1:1/v1", "model.api_model=tiny")
+                if o.split("=")[0] not in given]
+    cfg = compose_config("train", tmp_path, bench, "model=api_chat", *defaults, *overrides, f"run_dir={tmp_path / 'r'}")
+    with pytest.raises(Exception) as refused:
+        train(cfg)
+    line = cli._error_line(refused.value, cli.user_errors())  # what the entry point prints instead of a traceback
+    assert line is not None and message in line and "\n" not in line
+
+
 def test_rate_limiter_holds_requests_to_the_window():
     now = [0.0]
     slept = []
@@ -114,11 +184,10 @@ def test_rate_limiter_holds_requests_to_the_window():
 
 # ------------------------------------------------------------------------------------------- the offline bench
 def _bench(mini_dir: Path, out: Path) -> Path:
-    """The first N test images with their common rows, and the 7 transfer splits of a surrogate `noise` (random
-    perturbations within each budget on every other image; the rest unmodified, i.e. the clean test PNG)."""
-    test = load_split(str(mini_dir), DATASET, "test").select(range(N_IMAGES))
-    common = load_split(str(mini_dir), DATASET, "common").select(range(N_IMAGES))
-    for name, split in (("test", test), ("common", common)):
+    """The first N test images with their common and control rows, and the 7 transfer splits of a surrogate `noise`
+    (random perturbations within each budget on every other image; the rest unmodified, i.e. the clean test PNG)."""
+    for name in ("test", "common", CONTROL_SPLIT):
+        split = load_split(str(mini_dir), DATASET, name).select(range(N_IMAGES))
         rows = split.cast_column("image", datasets.Image(decode=False))[:]
         rows["image"] = [image["bytes"] for image in rows["image"]]
         write_split(out / "data" / DATASET / f"{name}.parquet", CLASS_NAMES, rows)
@@ -187,7 +256,7 @@ def stored_images(bench: Path, split: str = "test", surrogate: str | None = None
 
 
 def all_images(bench: Path) -> list[bytes]:
-    splits = [("test", None), ("common", None)] + [(s, SURROGATE) for s in TRANSFER_SPLITS]
+    splits = [("test", None), ("common", None), (CONTROL_SPLIT, None)] + [(s, SURROGATE) for s in TRANSFER_SPLITS]
     return [image for split, surrogate in splits for image in stored_images(bench, split, surrogate)]
 
 
@@ -330,6 +399,50 @@ def test_dry_run_counts_and_max_requests_stops_partial_then_resumes(tmp_path, be
         whole = evaluate(tmp_path, bench, run)
         assert running.requests.count() == distinct == len(set(running.requests.images))  # nothing asked twice
         assert not whole.api.partial and whole.black_box.complete
+
+
+def test_max_requests_below_one_sends_nothing(tmp_path, bench, server):
+    run = api_run(tmp_path, bench, server.base_url)
+    before = server.requests.count()
+    with pytest.raises(ConfigValueError) as refused:
+        evaluate(tmp_path, bench, run, "max_requests=-1")
+    assert cli._error_line(refused.value, cli.user_errors()).startswith("invalid value: max_requests must be null")
+    assert server.requests.count() == before and not (tmp_path / "outputs" / "api_cache").exists()
+
+
+# --------------------------------------------------------------------------------- re-parsing cached answers
+def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tmp_path, bench, server):
+    """An API run made by parser version 1 (its model.json says so) with every answer cached: scoring it again
+    re-parses the cached texts with the current parser, asks nothing, and records the version that scored."""
+    run = api_run(tmp_path, bench, server.base_url)
+    meta = json.loads((run / "model.json").read_text())
+    assert "parser_version" not in meta["api"]  # the parser is no part of the model's (or its answers') identity
+    meta["api"]["parser_version"] = 1
+    (run / "model.json").write_text(json.dumps(meta))
+    model, _ = load_with_meta(run)
+    texts = ["It is not seven.", "3", "seven or three", "Answer: **Eight**"]  # v1: seven, none, none, eight
+    images = list(dict.fromkeys(all_images(bench)))
+    answer_of = {model.request_key(image): texts[i % len(texts)] for i, image in enumerate(images)}
+    cache = AnswerCache(cache_path(tmp_path / "outputs" / "api_cache", model))
+    for key, text in answer_of.items():
+        cache.add({"key": key, "answer": text, "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    cache.close()
+
+    before = server.requests.count()
+    record = evaluate(tmp_path, bench, run)
+    assert server.requests.count() == before and record.api.total["requests"] == 0
+    assert record.api.parser_version == 2 and record.black_box.complete
+    asked = [answer_of[model.request_key(image)] for image in all_images(bench)]
+    assert record.api.total["negations"] == asked.count(texts[0]) > 0
+    assert record.api.total["alternatives"] == asked.count(texts[2]) > 0
+    assert record.api.total["abstained"] == asked.count(texts[0]) + asked.count(texts[2])
+    ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
+    parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight"}
+    assert [None if pd.isna(p) else p for p in ours["parsed_test"]] == [parsed[t] for t in ours["answer_test"]]
+    negated, offered = asked.count(texts[0]), asked.count(texts[2])
+    assert f"({negated} denying a class, {offered} alternatives; parser v2)" in format_table(record)
+    saved = json.loads((tmp_path / "outputs" / "eval" / DATASET / run.name / SCORES_FILE).read_text())
+    assert saved["api"]["parser_version"] == 2 and saved["api"]["per_split"]["test"]["negations"] > 0
 
 
 # ------------------------------------------------------------------------------------------ kill -9, resume

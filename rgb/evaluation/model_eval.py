@@ -376,6 +376,7 @@ def request_plan(model, datamodule: BenchmarkData, options: EvalOptions) -> dict
     and the tokens that would take at the mean usage of the answers cached so far."""
     cache = AnswerCache(cache_path(options.api_cache_dir, model))
     splits = [("test", None), ("common", None)] + [(split, surrogate) for surrogate, split in black_box_splits(datamodule)]
+    splits.append((CONTROL_SPLIT, None))  # asked last by the evaluation, as here
     splits.append((CONTROL_SPLIT, None))  # asked last, as evaluation asks it
     images, per_split = [], {}
     for split, surrogate in splits:
@@ -480,7 +481,9 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
                      f"{' PARTIAL' if acc.partial else ''}")
     total = record.api.total
     lines.append(f"{'api requests':18s} {int(total['requests'])} sent, {int(total['cached'])} cached, "
-                 f"{int(total['retries'])} retried, {int(total['abstained'])} abstained, "
+                 f"{int(total['retries'])} retried, {int(total['abstained'])} abstained ({int(total['negations'])} "
+                 f"denying a class, {int(total['alternatives'])} alternatives; "
+                 f"parser v{record.api.parser_version or 1}), "
                  f"{int(total['prompt_tokens'])}+{int(total['completion_tokens'])} tokens"
                  + (f"; PARTIAL: {int(total['unanswered'])} images not asked yet (max_requests="
                     f"{record.api.max_requests}); re-run to continue" if record.api.partial else ""))
