@@ -369,7 +369,7 @@ class AutoAttack:
             try:
                 traced = TracedModel.trace(model, example, probes)
                 problem = _trace_problem(model, traced, probe, probes)
-            except Exception as err:  # noqa: BLE001 - whatever stops a trace (dict outputs, untraceable ops) keeps eager
+            except Exception as err:  # noqa: BLE001 - whatever stops a trace (dict outputs, untraceable ops)
                 problem = f"the model cannot be traced ({type(err).__name__}: {err})"
             blind = _state_changes(before, _python_state(model))
         if blind is not None:
