@@ -34,9 +34,10 @@ def write_repo(cache: Path, repo_id: str, write: Callable[[Path], object], revis
     return snapshot
 
 
-def timm_writer(model: nn.Module) -> Callable[[Path], None]:
-    """timm's own export of `model` (config.json with model_args and pretrained_cfg, model.safetensors)."""
-    return lambda folder: timm.models.save_for_hf(model, str(folder), safe_serialization=True)
+def timm_writer(model: nn.Module, **save_kwargs) -> Callable[[Path], None]:
+    """timm's own export of `model` (config.json with model_args and pretrained_cfg, model.safetensors);
+    `save_kwargs` go to timm's save_for_hf (e.g. data_config: the preprocessing the weights were trained with)."""
+    return lambda folder: timm.models.save_for_hf(model, str(folder), safe_serialization=True, **save_kwargs)
 
 
 def save_open_clip(model: nn.Module, model_config: dict, folder: Path, skip_weights: bool = False) -> None:

@@ -69,6 +69,33 @@ def test_headless_weights_file_loads(source_weights, tmp_path):
     torch.testing.assert_close(model.backbone.state_dict()["conv1.0.weight"], state["conv1.0.weight"])
 
 
+def ddp_state_dict(model, path):
+    torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, path)
+
+
+def timm_train_checkpoint(model, path):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    timm.utils.CheckpointSaver(model, optimizer, checkpoint_dir=str(path.parent)).save_checkpoint(0, metric=0.5)
+    (path.parent / "last.pth.tar").rename(path)
+
+
+@pytest.mark.parametrize("write", [ddp_state_dict, timm_train_checkpoint])
+def test_weights_as_training_scripts_save_them(source_weights, tmp_path, write):
+    """A DDP-wrapped model's state dict saved without unwrapping (`module.` keys), and timm's train.py checkpoint
+    (CheckpointSaver: the state dict beside optimizer, epoch and metric)."""
+    state, _ = source_weights
+    source = timm.create_model("test_resnet", pretrained=False)
+    source.load_state_dict(state)
+    path = tmp_path / "checkpoints" / "trained.pth"
+    path.parent.mkdir()
+    write(source, path)
+    model = create_model("test_resnet", 10, weights=str(path))
+    loaded = model.backbone.state_dict()
+    for key, value in state.items():
+        if not key.startswith("fc."):
+            torch.testing.assert_close(loaded[key], value, msg=key)
+
+
 def test_weights_with_wrong_keys_fail_naming_them(source_weights, tmp_path):
     state, _ = source_weights
     path = tmp_path / "prefixed.pth"

@@ -90,17 +90,21 @@ def test_timm_hub_name_loads_from_the_local_cache_offline_and_records_the_revisi
     assert loaded.recipe["source"] == meta["source"]  # kept by a rebuild: a re-export still names it
 
 
-def test_timm_hub_vit_keeps_its_model_args_through_the_reload(hub, tmp_path):
-    """timm records what rebuilds the hub model (img_size, global_pool) beside its head's class count."""
+def test_timm_hub_vit_keeps_its_model_args_and_normalisation_through_the_reload(hub, tmp_path):
+    """timm records what rebuilds the hub model (img_size, global_pool) beside its head's class count, and the
+    mean/std its weights were trained with (which the registry architecture's defaults are not)."""
     torch.manual_seed(4)
     source = timm.create_model("test_vit", pretrained=False, num_classes=SOURCE_CLASSES, img_size=32)
-    write_repo(hub, "someorg/tiny-vit", timm_writer(source))
+    mean, std = [0.2, 0.3, 0.4], [0.1, 0.2, 0.3]
+    write_repo(hub, "someorg/tiny-vit", timm_writer(source, data_config={"mean": mean, "std": std}))
     model = create_model("hf-hub:someorg/tiny-vit", 3)
     assert model.recipe["timm_kwargs"]["img_size"] == [32, 32]
+    assert (model.mean, model.std) == (pytest.approx(mean), pytest.approx(std))
     export_model(model, tmp_path / "run", {"dataset": "digits"})
     for child in list(hub.iterdir()):
         child.rename(tmp_path / child.name)
-    loaded, _ = load_with_meta(tmp_path / "run")
+    loaded, meta = load_with_meta(tmp_path / "run")
+    assert (loaded.mean, meta["std"]) == (pytest.approx(mean), pytest.approx(std))
     assert_same_outputs(loaded, model)
 
 

@@ -76,6 +76,19 @@ def test_local_checkpoint_loads_through_the_same_path(clip, tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_open_clip_training_checkpoint_loads(clip, tmp_path):
+    """open_clip's trainer (open_clip_train.main) saves {"epoch", "name", "state_dict", "optimizer"}, the state
+    dict of the DDP-wrapped model (`module.` keys)."""
+    state = {k: v + 0.01 for k, v in clip.model.state_dict().items()}
+    optimizer = torch.optim.AdamW(clip.model.parameters(), lr=1e-3)
+    path = tmp_path / "epoch_1.pt"
+    torch.save({"epoch": 1, "name": "fare", "state_dict": {f"module.{k}": v for k, v in state.items()},
+                "optimizer": optimizer.state_dict()}, path)
+    loaded = load_clip(EMBEDDED_ARCH, weights=str(path))
+    torch.testing.assert_close(loaded.model.state_dict()["visual.conv1.weight"], state["visual.conv1.weight"])
+    torch.testing.assert_close(loaded.model.state_dict()["text_projection"], state["text_projection"])
+
+
 def test_classifier_is_image_tower_plus_one_matmul(clip, tmp_path):
     head = build_zeroshot_head(clip, CLASSES, settings(tmp_path, ensemble="mean"), "digits")
     model = zeroshot_classifier(clip, head)
