@@ -4,7 +4,18 @@ benchmark's: which class each answer names, or why it abstains (no class, severa
 import pytest
 
 from rgb.data.mini import CLASS_NAMES as MINI
-from rgb.models.api import PARSER_VERSION, REFUSALS, AnswerParser, ApiError, parse_answer
+from rgb import cli
+from rgb.models.api import (
+    PARSER_VERSION,
+    REASONS,
+    REFUSALS,
+    AnswerParser,
+    ApiClassifier,
+    ApiError,
+    ApiSettings,
+    ClientSettings,
+    parse_answer,
+)
 
 DIGITS = [str(i) for i in range(10)]
 UC_MERCED = ["agricultural", "airplane", "baseballdiamond", "beach", "buildings", "chaparral", "denseresidential",
@@ -23,7 +34,7 @@ CARS = ["AM General Hummer SUV 2000", "Audi TT RS Coupe 2012", "Audi TTS Coupe 2
         "Chevrolet Express Cargo Van 2007"]
 SCRIPTS = ["狗", "猫", "金鱼", "собака", "кошка", "σκύλος", "γάτα", "كلب", "قطة"]
 THINGS = ["hot dog", "dog", "cat", "wild cat", "Grey whale", "colour", "tyre", "jewellery", "aeroplane", "glass",
-          "glasses"]
+          "glasses", "sea_lion", "Boeing 747-400"]
 LISTS = {"mini": MINI, "digits": DIGITS, "ucm": UC_MERCED, "caltech": CALTECH, "pets": PETS, "cars": CARS,
          "scripts": SCRIPTS, "things": THINGS, "tires": ["tire", "tyres"]}
 
@@ -35,6 +46,9 @@ TABLE = [
     ("mini", "I think it is a one", "one", "class"), ("mini", "Final answer: six\nBecause the loop", "six", "class"),
     ("mini", "three or eight", None, "alternative"), ("mini", "one, two", None, "several"),
     ("mini", "a digit", None, "no class"), ("mini", "It is not 3.", None, "negation"),
+    ("mini", "Answer: five", "five", "class"), ("mini", "The answer is **Nine**", "nine", "class"),
+    ("mini", "  FOUR\n", "four", "class"), ("mini", "It shows the digit eight.", "eight", "class"),
+    ("mini", "I cannot tell.", None, "no class"),
     ("digits", "3", "3", "class"), ("digits", "three", "3", "class"), ("digits", "Seven.", "7", "class"),
     ("digits", "zero", "0", "class"), ("digits", "The digit 8", "8", "class"), ("digits", "`4`", "4", "class"),
     ("digits", "Answer: 9", "9", "class"), ("digits", "It is not 3.", None, "negation"),
@@ -92,13 +106,14 @@ TABLE = [
     ("things", "gray whale", "Grey whale", "class"), ("things", "color", "colour", "class"),
     ("things", "tires", "tyre", "class"), ("things", "jewelry", "jewellery", "class"),
     ("things", "airplane", "aeroplane", "class"), ("things", "glasses", "glasses", "class"),
-    ("things", "a glass", "glass", "class"),
+    ("things", "a glass", "glass", "class"), ("things", "It is a Sea Lion!", "sea_lion", "class"),
+    ("things", "boeing 747 400", "Boeing 747-400", "class"), ("things", "a cat next to a sea lion", None, "several"),
     ("tires", "tyre", None, "several"),  # one word that fits two classes
 ]
 
 
 def test_the_table_is_large_and_covers_every_reason():
-    assert len(TABLE) >= 80 and {row[3] for row in TABLE} == {"class", "no class", "several", *REFUSALS}
+    assert len(TABLE) >= 80 and {row[3] for row in TABLE} == set(REASONS) and set(REFUSALS) < set(REASONS)
     assert PARSER_VERSION == 2
 
 
@@ -116,3 +131,6 @@ def test_class_names_that_read_the_same_are_refused_in_one_line(names):
     with pytest.raises(ApiError) as refused:
         AnswerParser(names)
     assert "\n" not in str(refused.value) and repr(names[1]) in str(refused.value)
+    with pytest.raises(ApiError) as refused:  # as train.py model=api_chat and every load of its model.json build it
+        ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny"), ClientSettings(), names, "data")
+    assert cli._error_line(refused.value, cli.user_errors()) == str(refused.value)

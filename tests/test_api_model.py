@@ -1,4 +1,5 @@
-"""The `api` model family against a real `rgb-serve` on 127.0.0.1: the answer parser, the answer cache, the
+"""The `api` model family against a real `rgb-serve` on 127.0.0.1 (its answer parser: test_answer_parser.py): the
+settings and their one-line refusals, the answer cache, re-parsing cached answers under a new parser version, the
 manners (retries, Retry-After, rate limit, one-line refusals), the black-box protocol image by image equal to
 evaluate.py of the served model, dry_run / max_requests, and a key that never reaches a file."""
 
@@ -38,7 +39,6 @@ from rgb.models.api import (
     ClientSettings,
     RateLimiter,
     RequestBudget,
-    parse_answer,
 )
 from rgb import cli
 from rgb.core.values import ConfigValueError
@@ -50,29 +50,6 @@ from api_throughput import noise_transfer_splits
 N_IMAGES = 24
 SURROGATE = "noise"
 KEY_ENV = "RGB_TEST_API_KEY"
-
-
-# ------------------------------------------------------------------------------------------------ the parser
-@pytest.mark.parametrize("text, expected", [
-    ("three", 3), ("Three.", 3), ("**three**", 3), ("`seven`", 7), ("The answer is: two.", 2), ("Answer: five", 5),
-    ("The answer is **Nine**", 9), ("  FOUR\n", 4), ("I think it is a one", 1), ("It shows the digit eight.", 8),
-    ("Final answer: six\nBecause the loop ...", 6),
-])
-def test_parser_maps_answers_to_classes(text, expected):
-    assert parse_answer(text, CLASS_NAMES) == expected
-
-
-@pytest.mark.parametrize("text", ["", None, "I cannot tell.", "three or eight", "one, two", "a digit"])
-def test_parser_abstains_on_no_class_or_several(text):
-    assert parse_answer(text, CLASS_NAMES) is None
-
-
-def test_parser_prefers_the_longer_name_and_normalises_punctuation():
-    names = ["cat", "wild cat", "sea_lion", "Boeing 747-400"]
-    assert parse_answer("a wild cat", names) == 1
-    assert parse_answer("It is a Sea Lion!", names) == 2
-    assert parse_answer("boeing 747 400", names) == 3
-    assert parse_answer("a cat next to a sea lion", names) is None
 
 
 # ------------------------------------------------------------------------------------------------ the cache
