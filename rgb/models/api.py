@@ -63,8 +63,10 @@ _UNSPACED = re.compile("([\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u
                        "\uf900-\ufaff\U00020000-\U0002fa1f])")
 _NOT = re.compile(r"n['’]t\b")  # "isn't" -> "is not"
 ARTICLES = frozenset({"a", "an", "the"})
-NEGATIONS = frozenset({"not", "no", "never", "neither", "nor", "不", "没"})
-ALTERNATIVES = frozenset({"or", "或"})
+# Words that deny a class or offer alternatives: English, and a few of other languages an answer may come in.
+NEGATIONS = frozenset({"not", "no", "none", "never", "neither", "nor", "не", "нет", "nicht", "kein", "keine", "pas",
+                       "δεν", "όχι", "ليس", "不", "没"})
+ALTERNATIVES = frozenset({"or", "или", "oder", "ou", "ή", "أو", "或"})
 NUMBER_WORDS = {word: str(i) for i, word in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty".split())}
