@@ -105,6 +105,7 @@ TABLE = [
     ("things", "ｃａｔ", "cat", "class"), ("things", "> **Cat**", "cat", "class"), ("things", "Cats", "cat", "class"),
     ("things", "hot dog or dog?", None, "alternative"), ("things", "hot dogs", "hot dog", "class"),
     ("things", "a wild cat chasing a cat", None, "several"), ("things", "isn't a cat", None, "negation"),
+    ("things", "It cannot be a dog", None, "negation"),
     ("things", "gray whale", "Grey whale", "class"), ("things", "color", "colour", "class"),
     ("things", "tires", "tyre", "class"), ("things", "jewelry", "jewellery", "class"),
     ("things", "airplane", "aeroplane", "class"), ("things", "glasses", "glasses", "class"),

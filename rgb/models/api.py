@@ -64,8 +64,8 @@ _UNSPACED = re.compile("([\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u
 _NOT = re.compile(r"n['’]t\b")  # "isn't" -> "is not"
 ARTICLES = frozenset({"a", "an", "the"})
 # Words that deny a class or offer alternatives: English, and a few of other languages an answer may come in.
-NEGATIONS = frozenset({"not", "no", "none", "never", "neither", "nor", "не", "нет", "nicht", "kein", "keine", "pas",
-                       "δεν", "όχι", "ليس", "不", "没"})
+NEGATIONS = frozenset({"not", "cannot", "no", "none", "never", "neither", "nor", "не", "нет", "nicht", "kein",
+                       "keine", "pas", "δεν", "όχι", "ليس", "不", "没"})
 ALTERNATIVES = frozenset({"or", "или", "oder", "ou", "ή", "أو", "或"})
 NUMBER_WORDS = {word: str(i) for i, word in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
