@@ -142,14 +142,19 @@ def test_timm_hub_name_absent_offline_is_one_line_naming_repo_and_fetch(hub):
     assert "\n" not in str(err.value)
 
 
+def truncate(blob):  # a download cut off
+    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
+
+
 @pytest.mark.parametrize("broken", ["config.json", "model.safetensors"])
-def test_a_broken_hub_cache_file_is_one_line_naming_the_file_and_the_repo(hub, broken):
-    snapshot = write_repo(hub, "someorg/truncated", timm_writer(timm_source()))
-    blob = (snapshot / broken).resolve()
-    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])  # a download cut off
+@pytest.mark.parametrize("damage", [truncate, Path.unlink], ids=["truncated", "blob_missing"])
+def test_a_broken_hub_cache_file_is_one_line_naming_the_file_and_the_repo(hub, broken, damage):
+    snapshot = write_repo(hub, "someorg/broken-cache", timm_writer(timm_source()))
+    damage((snapshot / broken).resolve())
     with pytest.raises(HubCacheCorruptError,
-                       match=rf"file {broken} of hub repo someorg/truncated .* is corrupt .*--force-download") as err:
-        create_model("hf-hub:someorg/truncated", 7)
+                       match=rf"file {broken} of hub repo someorg/broken-cache .* does not read .*--force-download"
+                       ) as err:
+        create_model("hf-hub:someorg/broken-cache", 7)
     assert "\n" not in str(err.value)
 
 
@@ -226,12 +231,13 @@ def test_open_clip_hub_name_absent_offline_is_one_line(hub, mini_clip):
         load_clip("hf-hub:robust/no-weights")
 
 
-def test_a_broken_open_clip_hub_weights_file_names_the_file_and_the_repo(hub, mini_clip):
-    snapshot = write_repo(hub, "robust/truncated", lambda folder: save_open_clip(mini_clip, MINI_CLIP_CONFIG, folder))
-    blob = (snapshot / "open_clip_model.safetensors").resolve()
-    blob.write_bytes(blob.read_bytes()[:100])
-    with pytest.raises(HubCacheCorruptError, match="file open_clip_model.safetensors of hub repo robust/truncated"):
-        load_clip("hf-hub:robust/truncated")
+@pytest.mark.parametrize("damage", [truncate, Path.unlink], ids=["truncated", "blob_missing"])
+def test_a_broken_open_clip_hub_weights_file_names_the_file_and_the_repo(hub, mini_clip, damage):
+    snapshot = write_repo(hub, "robust/broken", lambda folder: save_open_clip(mini_clip, MINI_CLIP_CONFIG, folder))
+    damage((snapshot / "open_clip_model.safetensors").resolve())
+    with pytest.raises(HubCacheCorruptError, match="file open_clip_model.safetensors of hub repo robust/broken") as err:
+        load_clip("hf-hub:robust/broken")
+    assert "\n" not in str(err.value)
 
 
 def test_rebuild_goes_through_open_clips_public_factory(tmp_path):

@@ -56,6 +56,8 @@ def fetch_hint(repo_id: str, revision: str | None) -> str:
 
 def _file_problem(path: Path) -> str | None:
     """Why a cached config (JSON) or weights file does not read, in a few words; None when it reads."""
+    if path.is_symlink() and not path.exists():
+        return "the blob it links to is missing: a cache copied without its blobs/ folder, or a blob deleted"
     if path.suffix != ".json":
         return tensor_file_problem(path)
     try:
@@ -65,45 +67,49 @@ def _file_problem(path: Path) -> str | None:
     return None
 
 
-def _corrupt_cached_file(repo_id: str, revision: str | None, files: tuple[str, ...]) -> tuple[Path, str] | None:
-    """(path, problem) of the first of `files` that is in the cache for this revision and does not read."""
-    from huggingface_hub import try_to_load_from_cache
+def _broken_cached_file(repo_id: str, revision: str | None, files: tuple[str, ...]) -> tuple[Path, str] | None:
+    """(path, problem) of the first of `files` that the cache's snapshot of this revision holds but that does not
+    read; the snapshot is found as huggingface_hub lays the cache out (refs/<branch> names the commit)."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
 
-    for filename in files:
-        cached = try_to_load_from_cache(repo_id, filename, revision=revision)
-        if isinstance(cached, str):
-            problem = _file_problem(Path(cached))
-            if problem:
-                return Path(cached), problem
+    repo = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    ref = repo / "refs" / (revision or "main")
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    for filename in files if commit else ():
+        path = repo / "snapshots" / commit / filename
+        problem = _file_problem(path) if path.is_symlink() or path.is_file() else None
+        if problem:
+            return path, problem
     return None
 
 
 @contextlib.contextmanager
 def hub_files(name: str, repo: str, files: tuple[str, ...] = ()):
-    """Turn 'not in the cache / hub unreachable' from huggingface_hub (or a library wrapping it) into one line;
-    any other failure while one of `files` (the repo's config and weights, as the library names them) is cached
-    but does not read becomes one line naming that file and the repo."""
+    """Failures of huggingface_hub (or a library wrapping it) inside the block as one line: one of `files` (the
+    repo's config and weights, as the library names them) in the cache but unreadable names that file and the
+    repo; files not in the cache / the hub unreachable name the repo and how to fetch it."""
     from huggingface_hub.errors import EntryNotFoundError, OfflineModeIsEnabled
 
     repo_id, revision = split_revision(repo)
     spelled = f"{repo_id}{'@' + revision if revision else ''}"
     try:
         yield
-    except (EntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError, ConnectionError) as err:
+    except Exception as err:
+        broken = _broken_cached_file(repo_id, revision, files)
+        if broken is not None:
+            path, problem = broken
+            raise HubCacheCorruptError(
+                f"model {name}: file {path.name} of hub repo {spelled} in the local Hugging Face cache ({path}) "
+                f"does not read ({' '.join(problem.split())}): fetch it again (hf download {repo_id} {path.name} "
+                f"--force-download{' --revision ' + revision if revision else ''}, where the hub is reachable)"
+            ) from None
+        if not isinstance(err, (EntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError, ConnectionError)):
+            raise
         offline = "HF_HUB_OFFLINE=1" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") else "hub unreachable"
         raise HubModelMissingError(
             f"model {name}: files of hub repo {spelled} are not in the local "
             f"Hugging Face cache ({offline}; {type(err).__name__}): {fetch_hint(repo_id, revision)}"
-        ) from None
-    except Exception:
-        corrupt = _corrupt_cached_file(repo_id, revision, files)
-        if corrupt is None:
-            raise
-        path, problem = corrupt
-        raise HubCacheCorruptError(
-            f"model {name}: file {path.name} of hub repo {spelled} in the local Hugging Face cache ({path}) is "
-            f"corrupt ({' '.join(problem.split())}): fetch it again (hf download {repo_id} {path.name} "
-            f"--force-download{' --revision ' + revision if revision else ''}, where the hub is reachable)"
         ) from None
 
 

@@ -303,7 +303,7 @@ def _hub_weights(name: str, repo: str) -> None:
     import open_clip.pretrained
 
     hub_file(name, repo, "open_clip_config.json")
-    with hub_files(name, repo):
+    with hub_files(name, repo, HUB_FILES):
         open_clip.pretrained.download_pretrained_from_hf(repo)
 
 
