@@ -85,6 +85,7 @@ def test_a_record_without_its_answer_is_one_line_naming_the_file_and_line(tmp_pa
 @pytest.mark.parametrize("settings, message", [
     (dict(base_url="ftp://host/v1"), "model.base_url must be an http(s) URL ending in /v1, got 'ftp://host/v1'"),
     (dict(base_url="127.0.0.1:8000/v1"), "model.base_url must be an http(s) URL"),
+    (dict(base_url="http://"), "model.base_url must be an http(s) URL"),
     (dict(api_model=""), "model.api_model must be the endpoint's model name"),
     (dict(api_model="  "), "model.api_model must be the endpoint's model name"),
     (dict(max_tokens=0), "model.max_tokens must be an integer >= 1, got 0"),

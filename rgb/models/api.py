@@ -213,7 +213,7 @@ def _text(v) -> bool:
 # The rules of the model config's values (rgb.core.values), checked when the settings are made: by train.py
 # model=api_chat and by every load of a model.json, so a bad value is one line wherever it comes from.
 API_RULES: dict[str, Rule] = {
-    "model.base_url": (lambda v: isinstance(v, str) and re.match(r"^https?://[^/\s]", v) is not None,
+    "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None,
                        "an http(s) URL ending in /v1"),
     "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
     "model.prompt": (lambda v: isinstance(v, str), "a text"),
