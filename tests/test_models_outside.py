@@ -88,6 +88,9 @@ def test_timm_hub_name_loads_from_the_local_cache_offline_and_records_the_revisi
     loaded, _ = load_with_meta(tmp_path / "run")
     assert_same_outputs(loaded, model)
     assert loaded.recipe["source"] == meta["source"]  # kept by a rebuild: a re-export still names it
+    meta["timm_kwargs"]["num_classes"] = SOURCE_CLASSES  # as earlier rgb recorded it (the hub head's count)
+    (tmp_path / "run" / META_FILE).write_text(json.dumps(meta))
+    assert_same_outputs(load_with_meta(tmp_path / "run")[0], model)
 
 
 def test_timm_hub_vit_keeps_its_model_args_and_normalisation_through_the_reload(hub, tmp_path):

@@ -30,8 +30,11 @@ class TimmFamily:
 
     def rebuild(self, record: dict) -> NormalizedClassifier:
         """The registry architecture, weights not loaded; a hub / local-dir `source` stays in the recipe, so the
-        export of a rebuilt model (training exports its best weights that way) still says where they came from."""
-        model = create_model(record["timm_name"], record["num_classes"], pretrained=False, **record["timm_kwargs"])
+        export of a rebuilt model (training exports its best weights that way) still says where they came from.
+        A `num_classes` among the kwargs is the hub model's own head, which earlier rgb recorded there: the head
+        exported is `record["num_classes"]`."""
+        kwargs = {k: v for k, v in record["timm_kwargs"].items() if k != "num_classes"}
+        model = create_model(record["timm_name"], record["num_classes"], pretrained=False, **kwargs)
         if record.get("source"):
             model.recipe["source"] = record["source"]
         return model
