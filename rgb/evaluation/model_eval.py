@@ -377,7 +377,6 @@ def request_plan(model, datamodule: BenchmarkData, options: EvalOptions) -> dict
     cache = AnswerCache(cache_path(options.api_cache_dir, model))
     splits = [("test", None), ("common", None)] + [(split, surrogate) for surrogate, split in black_box_splits(datamodule)]
     splits.append((CONTROL_SPLIT, None))  # asked last by the evaluation, as here
-    splits.append((CONTROL_SPLIT, None))  # asked last, as evaluation asks it
     images, per_split = [], {}
     for split, surrogate in splits:
         data = datamodule.split(split, surrogate)
