@@ -339,3 +339,16 @@ def test_openclip_mini_takes_an_image_tower_checkpoint_text_from_the_embedded_cl
     torch.testing.assert_close(text.model.state_dict()["text_projection"],
                                embedded.model.state_dict()["text_projection"])
     assert model.recipe["towers"]["text"] == f"file {clip_dir / 'open_clip_model.safetensors'}"
+
+
+def test_the_embedded_clip_checkpoint_reads_as_open_clip_local_dir(mini_clip, tmp_path):
+    """rgb writes the embedded CLIP's folder itself (save_checkpoint): open_clip's own local-dir loader reads it
+    back whole, with its preprocessing."""
+    register_embedded_architecture()
+    clip_dir = tmp_path / "mini_clip"
+    preprocess = {"size": [32, 32], "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "interpolation": "bicubic"}
+    save_checkpoint(mini_clip, preprocess, clip_dir, {**DEFAULTS, "templates": list(CAPTION_TEMPLATES)})
+    clip = load_clip(f"local-dir:{clip_dir}")
+    for key, value in mini_clip.state_dict().items():
+        torch.testing.assert_close(clip.model.state_dict()[key], value, msg=key)
+    assert clip.preprocess == preprocess
