@@ -224,6 +224,18 @@ def test_open_clip_hub_name_loads_both_towers_from_the_cache(hub, mini_clip, tmp
     torch.testing.assert_close(text.model.state_dict()["text_projection"], mini_clip.state_dict()["text_projection"])
 
 
+def test_open_clip_local_dir_name(mini_clip, tmp_path):
+    folder = tmp_path / "fare-mini"
+    save_open_clip(mini_clip, MINI_CLIP_CONFIG, folder)
+    model = create_openclip_classifier(f"local-dir:{folder}", 3)
+    torch.testing.assert_close(model.backbone.visual.state_dict()["conv1.weight"],
+                               mini_clip.state_dict()["visual.conv1.weight"])
+    assert model.std == pytest.approx([0.25, 0.25, 0.25])
+    export_model(model, tmp_path / "run", {"dataset": "digits"})
+    folder.rename(tmp_path / "moved")  # the image tower reloads from the export alone
+    assert_same_outputs(load_with_meta(tmp_path / "run")[0], model)
+
+
 def test_open_clip_hub_name_absent_offline_is_one_line(hub, mini_clip):
     with pytest.raises(HubModelMissingError, match=r"robust/absent.*hf download robust/absent") as err:
         load_clip("hf-hub:robust/absent")
