@@ -92,7 +92,7 @@ def test_no_config_names_the_old_distribution():
 def fake_record(name, values, score):
     settings = {s: (None if v is None else SimpleNamespace(value=v)) for s, v in values.items()}
     protocol = SimpleNamespace(settings=settings, score=score)
-    return SimpleNamespace(dataset="digits", model=SimpleNamespace(run_name=name), protocol=lambda _: protocol)
+    return SimpleNamespace(dataset="digits", model=SimpleNamespace(run_name=name), score_under=lambda _: protocol)
 
 
 def fake_meta(seed, lr=0.1):
