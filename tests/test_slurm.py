@@ -178,7 +178,11 @@ def test_attack_array_over_the_sweep_resumes_a_requeued_shard(attack_array, trai
     cfg = compose("attack", f"run={train_sweep / '1'}", f"output_dir={single}", *ATTACK, *paths)
     attack_from_config(cfg, threads=1)
     merged = pq.read_table(attack_dir / f"{SWEEP_NAME}-j1" / "linf" / "results.parquet")
-    assert merged.num_rows == 200 and merged.equals(pq.read_table(single / "linf" / "results.parquet"))
+    alone = pq.read_table(single / "linf" / "results.parquet")
+    # Every result column is identical. The cost columns (forward_rows, backward_rows) include the capture probe's
+    # rows, which a process spends or not by its own decision to trace: seen to differ on one batch, at 9c48283 too.
+    cost = ["forward_rows", "backward_rows"]
+    assert merged.num_rows == 200 and merged.drop_columns(cost).equals(alone.drop_columns(cost))
     summary = json.loads((attack_dir / f"{SWEEP_NAME}-j1" / "linf" / "summary.json").read_text())
     assert summary["run_name"] == f"{SWEEP_NAME}-j1" and summary["complete"]
     logs = list((attack_dir / "multirun" / SWEEP_NAME).glob("*/attack.log"))
