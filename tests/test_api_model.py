@@ -30,16 +30,9 @@ from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_DIR, PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.evaluation.run import run_evaluation
 from rgb.models import load_with_meta
-from rgb.models.api import (
-    AnswerCache,
-    ApiClassifier,
-    ApiError,
-    ApiSettings,
-    CacheError,
-    ClientSettings,
-    RateLimiter,
-    RequestBudget,
-)
+from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
+from rgb.models.api_cache import AnswerCache, CacheError
+from rgb.models.api_client import ApiError, RateLimiter, RequestBudget
 from rgb import cli
 from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError

@@ -37,7 +37,7 @@ from rgb.evaluation import plots
 from rgb.evaluation.api_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import SCORES_FILE, Accuracy, AttackSummary, ModelIdentity, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import black_box_score
-from rgb.models.api import AnswerCache
+from rgb.models.api_cache import AnswerCache
 from rgb.models.checks import check_model_fits
 from rgb.models.families import model_name
 from rgb.models.io import library_versions

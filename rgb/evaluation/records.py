@@ -279,7 +279,7 @@ class AttackSummary(JsonRecord):
 
 @dataclass(frozen=True)
 class RequestCounts(JsonRecord):
-    """What one split cost an API model (rgb.models.api.RequestStats, same field names). Of the abstentions,
+    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names). Of the abstentions,
     `negations` and `alternatives` named a class but denied it or offered it as one of several (0 when recorded
     before answer parser version 2)."""
 
@@ -301,7 +301,7 @@ class ApiUsage(JsonRecord):
     """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
     images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
     PARTIAL, and a re-run asks only the rest. `parser_version`: the answer parser that mapped the answers to
-    classes (rgb.models.api.PARSER_VERSION; None in records made before it was recorded, version 1)."""
+    classes (rgb.models.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
 
     base_url: str
     api_model: str
