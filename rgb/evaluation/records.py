@@ -21,6 +21,7 @@ from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
+from rgb.runs.store import partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
 SCORES_SCHEMA = 3
@@ -28,9 +29,8 @@ WHITE_BOX_SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoa
 BLACK_BOX_SETTINGS = ("test", "common", *TRANSFER_SPLITS)
 PROTOCOLS = {"white_box": WHITE_BOX_SETTINGS, "black_box": BLACK_BOX_SETTINGS}
 # A complete evaluation writes SCORES_FILE (what a leaderboard pool collects); a PARTIAL one (max_images) writes
-# PARTIAL_DIR/PARTIAL_SCORES_FILE beside it, so it never replaces the complete record nor enters a pool unasked.
+# PARTIAL_SCORES_FILE in rgb.runs.store.partial_dir, so it never replaces the complete record nor enters a pool unasked.
 SCORES_FILE = "scores.json"
-PARTIAL_DIR = "partial"
 PARTIAL_SCORES_FILE = "scores.partial.json"
 
 
@@ -378,7 +378,7 @@ class ScoresRecord(JsonRecord):
 
     def folder(self, out_dir: Path) -> Path:
         """Where this record's files go under an evaluation's output dir (a PARTIAL one apart)."""
-        return Path(out_dir) / PARTIAL_DIR if self.partial else Path(out_dir)
+        return partial_dir(out_dir) if self.partial else Path(out_dir)
 
     @property
     def file_name(self) -> str:

@@ -31,7 +31,7 @@ from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method
 from rgb.runs.settings import AttackSettings, Budget
-from rgb.runs.store import RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, standard_run
+from rgb.runs.store import RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir, standard_run
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,8 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
 
 
 def run_directories(settings: AttackSettings, target: Target) -> dict[str, RunDirectory]:
-    return {b.name: RunDirectory(settings.output_dir / b.name, target.identity(settings, b)) for b in settings.budgets}
+    return {b.name: RunDirectory(budget_dir(settings.output_dir, b.name), target.identity(settings, b))
+            for b in settings.budgets}
 
 
 def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dict[str, RunSummary]:
