@@ -34,7 +34,7 @@ from rgb.evaluation.api_eval import split_images
 from rgb.evaluation.records import ScoresRecord
 from rgb.evaluation.run import run_evaluation
 from rgb.models import library_versions, load_with_meta
-from rgb.models.api import parse_answer
+from rgb.models.answers import parse_answer
 from rgb.serve import make_server
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from rgb.models.checks import check_model_fits
 from rgb.models.user_factory import IN_MEMORY_FAMILY
 from rgb.runs.runner import InMemoryModel, execute
 from rgb.runs.settings import AttackSettings, white_box_budgets
-from rgb.runs.store import AttackRunError, output_dir_for
+from rgb.runs.store import AttackRunError, first_images_dir, output_dir_for
 
 SETTINGS = ("test", "common", "l1", "l2", "linf")
 
@@ -101,7 +101,7 @@ def benchmark(
     weights = write_export(model, run_dir, meta, replace=False)
     attack_dir = output_dir_for(output_dir, "attack", datamodule.dataset, name)
     if n_examples is not None:
-        attack_dir = attack_dir / f"first-{n_examples}"  # never mixed with (nor refused by) a whole-split run
+        attack_dir = first_images_dir(attack_dir, n_examples)
     if norms:
         try:  # an in-memory model is attacked in this process (on the CPU with forked workers, one per thread, as
             # attack.py does: threads of one process spin-wait for each other on a shared machine)

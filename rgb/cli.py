@@ -93,7 +93,7 @@ USER_ERRORS = (
     ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
     ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),
     ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
-    ("rgb.models.api", "ApiError"), ("rgb.models.api", "CacheError"), ("rgb.serve", "ServeError"),
+    ("rgb.models.api_client", "ApiError"), ("rgb.models.api_cache", "CacheError"), ("rgb.serve", "ServeError"),
 )
 # OSErrors that are the user's machine, not a bug: shown as one line with what to do.
 OS_ERRORS = {

@@ -1,21 +1,13 @@
-"""The answer parser (rgb.models.api.AnswerParser, version 2) on a table of answers over class lists like the
+"""The answer parser (rgb.models.answers.AnswerParser, version 2) on a table of answers over class lists like the
 benchmark's: which class each answer names, or why it abstains (no class, several, negation, alternative)."""
 
 import pytest
 
 from rgb.data.mini import CLASS_NAMES as MINI
 from rgb import cli
-from rgb.models.api import (
-    PARSER_VERSION,
-    REASONS,
-    REFUSALS,
-    AnswerParser,
-    ApiClassifier,
-    ApiError,
-    ApiSettings,
-    ClientSettings,
-    parse_answer,
-)
+from rgb.models.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, parse_answer
+from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
+from rgb.models.api_client import ApiError
 
 DIGITS = [str(i) for i in range(10)]
 UC_MERCED = ["agricultural", "airplane", "baseballdiamond", "beach", "buildings", "chaparral", "denseresidential",

@@ -72,7 +72,7 @@ def test_benchmark_attacks_in_one_forked_worker_per_thread_on_the_cpu(user_model
 
     pools, attack_in_workers = [], runner.attack_in_workers
     monkeypatch.setattr(runner, "attack_in_workers",
-                        lambda *args, **kwargs: pools.append(args[3]) or attack_in_workers(*args, **kwargs))
+                        lambda *args, **kwargs: pools.append(args[2]) or attack_in_workers(*args, **kwargs))
     summaries = {}
     for threads in (1, 2):
         rgb.benchmark(user_model, "mini", source=str(mini_dir), settings=("linf",), name=f"cnn-{threads}",

@@ -27,22 +27,15 @@ from rgb.data.snapshot import write_readme, write_split
 from rgb.evaluation.api_eval import cache_path, split_images
 from rgb.evaluation.leaderboard import build_leaderboard, find_records, to_markdown
 from rgb.evaluation.model_eval import format_table
-from rgb.evaluation.records import PARTIAL_DIR, PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
+from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.evaluation.run import run_evaluation
 from rgb.models import load_with_meta
-from rgb.models.api import (
-    AnswerCache,
-    ApiClassifier,
-    ApiError,
-    ApiSettings,
-    CacheError,
-    ClientSettings,
-    RateLimiter,
-    RequestBudget,
-)
+from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
+from rgb.models.api_cache import AnswerCache, CacheError
+from rgb.models.api_client import ApiError, RateLimiter, RequestBudget
 from rgb import cli
 from rgb.core.values import ConfigValueError
-from rgb.runs.store import AttackRunError
+from rgb.runs.store import AttackRunError, partial_dir
 from rgb.serve import Faults, make_server
 from rgb.training import train
 from api_throughput import noise_transfer_splits
@@ -224,7 +217,7 @@ def api_run(root: Path, bench: Path, base_url: str, name: str = "api_tiny", *ove
 def evaluate(root: Path, bench: Path, run: Path, *overrides: str) -> ScoresRecord:
     run_evaluation(compose_config("evaluate", root, bench, f"run={run}", "protocol=black_box", *overrides))
     out = root / "outputs" / "eval" / DATASET / run.name
-    written = [p for p in (out / SCORES_FILE, out / PARTIAL_DIR / PARTIAL_SCORES_FILE) if p.is_file()]
+    written = [p for p in (out / SCORES_FILE, partial_dir(out) / PARTIAL_SCORES_FILE) if p.is_file()]
     return ScoresRecord.load(max(written, key=lambda p: p.stat().st_mtime_ns))  # a partial one goes apart
 
 

@@ -293,7 +293,7 @@ def test_a_failing_worker_stops_the_parent_at_its_next_report():
     import threading
     from types import SimpleNamespace
 
-    from rgb.runs import runner
+    from rgb.runs import pool
 
     drawn = []
     bars = SimpleNamespace(stage=lambda *args: drawn.append(args))
@@ -306,9 +306,9 @@ def test_a_failing_worker_stops_the_parent_at_its_next_report():
         inbox = queue.Queue()
         for event in events:
             inbox.put(event)
-        shared = runner._SharedBars(bars)
+        shared = pool._SharedBars(bars)
         worker = SimpleNamespace(is_alive=lambda alive=alive: alive, exitcode=-9)
-        runner.pump_events(inbox, {1: worker}, shared, threading.Event())
+        pool.pump_events(inbox, {1: worker}, shared, threading.Event())
         assert drawn == [(0, 1, "apgd-ce")] and message in str(shared.failure)
         with pytest.raises(AttackRunError, match="attack worker 1"):
             shared.stage(0, 0, "square")  # the parent's own report
@@ -319,8 +319,8 @@ def test_a_failing_worker_stops_the_parent_at_its_next_report():
 
     inbox = queue.Queue()
     inbox.put(("stage", (0, 1, "apgd-ce")))
-    shared = runner._SharedBars(SimpleNamespace(stage=broken))
-    runner.pump_events(inbox, {1: SimpleNamespace(is_alive=lambda: True)}, shared, threading.Event())
+    shared = pool._SharedBars(SimpleNamespace(stage=broken))
+    pool.pump_events(inbox, {1: SimpleNamespace(is_alive=lambda: True)}, shared, threading.Event())
     with pytest.raises(AttackRunError, match="progress failed: OSError: terminal gone"):  # never a quiet end
         shared.check()
 
@@ -331,7 +331,7 @@ def test_single_threaded_cpu_workers_are_forked_with_the_model(device, threads, 
     """Forked CPU workers start with the parent's model at once; CUDA and multi-threaded OpenMP are not fork-safe."""
     from types import SimpleNamespace
 
-    from rgb.runs.runner import worker_start_method
+    from rgb.runs.pool import worker_start_method
 
     assert worker_start_method(SimpleNamespace(device=device, threads=threads), 2) == method
 
@@ -342,15 +342,16 @@ def test_workers_on_one_cpu_share_its_threads(monkeypatch, device, expected):
     import importlib
     from types import SimpleNamespace
 
-    runner = importlib.import_module("rgb.runs.runner")
+    pool, runner = importlib.import_module("rgb.runs.pool"), importlib.import_module("rgb.runs.runner")
     chosen, events = [], []
 
     def refuse(*args):
         raise AttackRunError("opened")
 
-    monkeypatch.setattr(runner, "configure_threads", chosen.append)
+    monkeypatch.setattr(pool, "configure_threads", chosen.append)
     monkeypatch.setattr(runner.Target, "open", refuse)
-    runner._worker(0, 2, SimpleNamespace(threads=4, device=device), None, SimpleNamespace(put=events.append))
+    pool._worker(0, 2, SimpleNamespace(threads=4, device=device), None, SimpleNamespace(put=events.append),
+                 runner._attack_tasks)
     assert chosen == [expected]
     assert events == [("error", (0, "AttackRunError: opened", None))]  # a user error: one line, no traceback
 

@@ -13,7 +13,16 @@ from rgb.attacks.autoattack import FooledBy
 from rgb.core.values import ConfigValueError
 from rgb.data import BenchmarkData
 from rgb.runs.settings import AttackSettings, white_box_budgets
-from rgb.runs.store import REFERENCE_CASCADE, AttackRunError, output_dir_for, standard_run
+from rgb.runs.store import (
+    REFERENCE_CASCADE,
+    AttackRunError,
+    budget_dir,
+    first_images_dir,
+    output_dir_for,
+    partial_dir,
+    standard_run,
+    sweep_dir_for,
+)
 
 
 def test_output_dirs_have_one_layout():
@@ -23,6 +32,18 @@ def test_output_dirs_have_one_layout():
         output_dir_for("out", "eval", "digits", "../elsewhere")  # a run name is one directory
     with pytest.raises(ValueError, match="output kind must be one of"):
         output_dir_for("out", "scores", "digits", "vit")
+
+
+def test_the_dirs_inside_the_outputs_have_one_layout():
+    """The names on disk of a threat model's run, rgb.benchmark's first-n run, a `runs=` sweep and a PARTIAL
+    evaluation (old run dirs stay readable)."""
+    attack = output_dir_for("out", "attack", "digits", "vit")
+    assert budget_dir(attack, "linf") == Path("out/attack/digits/vit/linf")
+    assert budget_dir(first_images_dir(attack, 50), "l2") == Path("out/attack/digits/vit/first-50/l2")
+    assert sweep_dir_for("out", "digits", "m-ce") == Path("out/attack/digits/multirun/m-ce")
+    assert str(sweep_dir_for("${paths.output_dir}", "${data.dataset}", "m")) == (
+        "${paths.output_dir}/attack/${data.dataset}/multirun/m")  # as attack.py `runs=` spells it
+    assert partial_dir(output_dir_for("out", "eval", "digits", "vit")) == Path("out/eval/digits/vit/partial")
 
 
 def test_the_configs_spell_output_dirs_through_the_store(tmp_path):

@@ -10,7 +10,10 @@ import numpy as np
 import pyarrow.compute as pc
 
 from rgb.evaluation.records import ApiUsage, RequestCounts
-from rgb.models.api import PARSER_VERSION, AnswerCache, ApiClassifier, RequestBudget
+from rgb.models.answers import PARSER_VERSION
+from rgb.models.api import ApiClassifier
+from rgb.models.api_cache import AnswerCache
+from rgb.models.api_client import RequestBudget
 
 ABSTAINED = -1  # the prediction of an answer that names no class (or several): never equal to a label
 

@@ -37,12 +37,12 @@ from rgb.evaluation import plots
 from rgb.evaluation.api_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import SCORES_FILE, Accuracy, AttackSummary, ModelIdentity, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import black_box_score
-from rgb.models.api import AnswerCache
+from rgb.models.api_cache import AnswerCache
 from rgb.models.checks import check_model_fits
 from rgb.models.families import model_name
 from rgb.models.io import library_versions
 from rgb.runs.store import AttackRunError
-from rgb.runs.store import RunResult, read_run, standard_run
+from rgb.runs.store import RunResult, budget_dir, read_run, standard_run
 from rgb.zeroshot.head import check_class_names
 from rgb.zeroshot.prompts import PromptError
 
@@ -187,7 +187,7 @@ def _check_identity(found: RunResult, norm: str, expected: AttackExpectation) ->
 
 def read_attack(norm: str, options: EvalOptions, expected: AttackExpectation) -> AttackReading | None:
     """The merged AutoAttack result of one norm, checked against what this evaluation is about; None if absent."""
-    folder = options.attack_dir / norm
+    folder = budget_dir(options.attack_dir, norm)
     try:
         found = read_run(folder)
     except AttackRunError as err:
@@ -313,7 +313,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
             elif found:
                 non_standard[norm] = found.summary
                 log.warning("autoattack_%s: %s holds a non-standard result (%s); shown beside, not in the score",
-                            norm, options.attack_dir / norm, found.summary.label())
+                            norm, budget_dir(options.attack_dir, norm), found.summary.label())
     else:
         settings.update({f"autoattack_{norm}": None for norm in NORMS})
     transfer = options.transfer or predictor.white_box_na is not None

@@ -21,6 +21,7 @@ from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
+from rgb.runs.store import partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
 SCORES_SCHEMA = 3
@@ -28,9 +29,8 @@ WHITE_BOX_SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoa
 BLACK_BOX_SETTINGS = ("test", "common", *TRANSFER_SPLITS)
 PROTOCOLS = {"white_box": WHITE_BOX_SETTINGS, "black_box": BLACK_BOX_SETTINGS}
 # A complete evaluation writes SCORES_FILE (what a leaderboard pool collects); a PARTIAL one (max_images) writes
-# PARTIAL_DIR/PARTIAL_SCORES_FILE beside it, so it never replaces the complete record nor enters a pool unasked.
+# PARTIAL_SCORES_FILE in rgb.runs.store.partial_dir, so it never replaces the complete record nor enters a pool unasked.
 SCORES_FILE = "scores.json"
-PARTIAL_DIR = "partial"
 PARTIAL_SCORES_FILE = "scores.partial.json"
 
 
@@ -279,7 +279,7 @@ class AttackSummary(JsonRecord):
 
 @dataclass(frozen=True)
 class RequestCounts(JsonRecord):
-    """What one split cost an API model (rgb.models.api.RequestStats, same field names). Of the abstentions,
+    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names). Of the abstentions,
     `negations` and `alternatives` named a class but denied it or offered it as one of several (0 when recorded
     before answer parser version 2)."""
 
@@ -301,7 +301,7 @@ class ApiUsage(JsonRecord):
     """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
     images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
     PARTIAL, and a re-run asks only the rest. `parser_version`: the answer parser that mapped the answers to
-    classes (rgb.models.api.PARSER_VERSION; None in records made before it was recorded, version 1)."""
+    classes (rgb.models.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
 
     base_url: str
     api_model: str
@@ -378,7 +378,7 @@ class ScoresRecord(JsonRecord):
 
     def folder(self, out_dir: Path) -> Path:
         """Where this record's files go under an evaluation's output dir (a PARTIAL one apart)."""
-        return Path(out_dir) / PARTIAL_DIR if self.partial else Path(out_dir)
+        return partial_dir(out_dir) if self.partial else Path(out_dir)
 
     @property
     def file_name(self) -> str:

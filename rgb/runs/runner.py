@@ -10,24 +10,18 @@ from __future__ import annotations
 import json
 import logging
 import platform
-import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from queue import Empty
 
 import torch
 from torch.utils.data import DataLoader, Subset, default_collate
 from tqdm import tqdm
 
 from rgb.attacks.autoattack import FooledBy, within_budget
-from rgb.attacks.common import AttackError
 from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
 from rgb.core.files import file_sha256
-from rgb.core.machine import configure_threads, die_with_parent, keep_freed_memory
 from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split, quantise_within_budget
 from rgb.data.fingerprint import split_sha256
@@ -35,8 +29,9 @@ from rgb.models import (apply_speed_options, export_paths, family_of_record, lib
                         model_name)
 from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
+from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method
 from rgb.runs.settings import AttackSettings, Budget
-from rgb.runs.store import RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, standard_run
+from rgb.runs.store import RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir, standard_run
 
 log = logging.getLogger(__name__)
 
@@ -187,16 +182,6 @@ class Bars:
             bar.close()
 
 
-class _Events:
-    """A worker's Bars: the same calls, sent to the parent process that draws the bars."""
-
-    def __init__(self, queue):
-        self.queue = queue
-
-    def __getattr__(self, method: str):
-        return lambda *args: self.queue.put((method, args))
-
-
 def load_batch(target: Target, settings: AttackSettings, run: RunDirectory, start: int):
     """(x, y, image_id) of the batch at `start`."""
     n = min(settings.batch_size, run.identity["n_images"] - start)
@@ -264,153 +249,21 @@ def attack_shard(target: Target, settings: AttackSettings, runs: list[RunDirecto
     attack_held(target, settings, runs, held, settings.device, bars)
 
 
-def _next_tasks(tasks, check: Callable[[], None]):
-    """The queue's tasks until its None; `check()` runs while none comes (it raises when the run must stop: a worker
-    killed while reading the queue leaves its lock held for good)."""
-    while True:
-        try:
-            task = tasks.get(timeout=1.0)
-        except Empty:
-            check()
-            continue
-        if task is None:
-            return
-        yield task
-
-
 def take_tasks(target: Target, settings: AttackSettings, runs: list[RunDirectory], tasks, device: str, bars,
                rank: int, check: Callable[[], None] = lambda: None) -> None:
     """Attack (budget, batch start) tasks from the queue `tasks` until a None, then the ones another process held."""
     held = []
-    for b, start in _next_tasks(tasks, check):
+    for b, start in next_tasks(tasks, check):
         if not attack_batch(target, settings, b, runs[b], settings.shard_index, settings.shard_count, start,
                             lambda b=b, start=start: load_batch(target, settings, runs[b], start), device, bars, rank):
             held.append((b, start))
     attack_held(target, settings, runs, held, device, bars, rank)
 
 
-def worker_threads(settings: AttackSettings, device: str, workers: int) -> int:
-    """A worker's torch threads: on the CPU its share (one each by default: single-threaded processes cannot
-    spin-wait on each other the way OpenMP threads of processes sharing cores do); on a GPU the run's."""
-    return settings.threads if device.startswith("cuda") else max(1, settings.threads // workers)
-
-
-def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events, target: Target | None = None) -> None:
-    """Worker `rank` of `workers`: takes tasks until a None, on GPU `rank` or on the CPU with its share of the
-    threads, and reports to the parent. A forked worker is handed the parent's `target`; a spawned one opens it."""
-    die_with_parent()
-    keep_freed_memory()  # a forked worker may have it already (attack.py's parent sets it; rgb.benchmark's does not)
-    try:
-        device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
-        configure_threads(worker_threads(settings, device, workers))
-        target = target if target is not None else Target.open(settings, device)
-        take_tasks(target, settings, list(run_directories(settings, target).values()), tasks, device,
-                   _Events(events), rank)
-        events.put(("exit", (rank,)))
-    except Exception as err:  # the parent names it and stops the other workers
-        user = isinstance(err, (AttackRunError, AttackError))
-        events.put(("error", (rank, f"{type(err).__name__}: {err}", None if user else traceback.format_exc())))
-
-
-def worker_start_method(settings: AttackSettings, workers: int) -> str:
-    """`fork` for single-threaded CPU workers on Linux: the child has the parent's model and split at once, where a
-    spawned one re-imports torch and reloads both (seconds each, on every core). `spawn` for GPUs (CUDA is not
-    fork-safe) and for multi-threaded CPU workers (a forked child must not enter OpenMP regions the parent ran)."""
-    single = not settings.device.startswith("cuda") and worker_threads(settings, settings.device, workers) == 1
-    return "fork" if single and sys.platform.startswith("linux") else "spawn"
-
-
-class _SharedBars:
-    """The parent's bars while it is a worker too: drawn one call at a time from its two threads, and once a worker
-    failed (`failure`) the parent's own attack stops at its next report (its batch is left unsaved, for the re-run)."""
-
-    def __init__(self, bars: Bars):
-        self.bars, self.lock = bars, threading.Lock()
-        self.failure: AttackRunError | None = None
-
-    def check(self) -> None:
-        if self.failure is not None:
-            raise self.failure
-
-    def __getattr__(self, method: str):
-        def call(*args):
-            self.check()
-            with self.lock:
-                getattr(self.bars, method)(*args)
-        return call
-
-
-def pump_events(events, processes: dict, bars: _SharedBars, stopping: threading.Event) -> None:
-    """Draw the workers' reports on the bars until every worker has exited; the first failure (a worker's error, a
-    worker that stopped without a word, or this thread's own error) goes to `bars.failure` and ends the pump."""
-    try:
-        _pump(events, processes, bars, stopping)
-    except BaseException as err:  # never end quietly: the run would look finished with batches missing
-        bars.failure = AttackRunError(f"the thread drawing the workers' progress failed: {type(err).__name__}: {err}")
-
-
-def _pump(events, processes: dict, bars: _SharedBars, stopping: threading.Event) -> None:
-    running = set(processes)
-    while running and bars.failure is None and not stopping.is_set():
-        try:
-            method, args = events.get(timeout=0.2)
-        except Empty:
-            stopped = [rank for rank in sorted(running) if not processes[rank].is_alive()]
-            if stopped:
-                bars.failure = AttackRunError(f"attack worker {stopped[0]} stopped (exit code "
-                                              f"{processes[stopped[0]].exitcode}) before its batches were done; "
-                                              f"re-run to continue")
-            continue
-        if method == "exit":
-            running.discard(args[0])
-        elif method == "error":
-            rank, message, trace = args
-            if trace:
-                log.error("attack worker %d failed:\n%s", rank, trace)
-            bars.failure = AttackRunError(f"attack worker {rank}: {message}")
-        else:
-            getattr(bars, method)(*args)
-
-
-def attack_in_workers(settings: AttackSettings, runs: list[RunDirectory], tasks: list[tuple[int, int]],
-                      workers: int, bars: Bars, target: Target | None = None) -> None:
-    """Attack `tasks` (budget number, batch start) in `workers` processes that each take the next task when done (a
-    batch of robust images costs 100x one that falls at once, so a fixed split would leave cores idle); the results
-    are those of one process, batch for batch. With `target` (the CPU) this process is worker 0 with the model it
-    already holds, so batches start at once; the others are forked from it with that model where they may be
-    (worker_start_method), else spawned. This process draws the bars."""
-    method = worker_start_method(settings, workers)
-    context = torch.multiprocessing.get_context(method)
-    queue, events = context.Queue(), context.Queue()
-    for task in [*tasks, *[None] * workers]:
-        queue.put(task)
-    inherited = target if method == "fork" else None
-    processes = {rank: context.Process(target=_worker, args=(rank, workers, settings, queue, events, inherited),
-                                       name=f"rgb-attack-{rank}") for rank in range(int(target is not None), workers)}
-    for process in processes.values():
-        process.start()
-    shared, stopping = _SharedBars(bars), threading.Event()
-    pump = threading.Thread(target=pump_events, args=(events, processes, shared, stopping), name="rgb-attack-events",
-                            daemon=True)
-    pump.start()
-    try:
-        if target is not None:  # this process's own threads come back after its share (rgb.benchmark's caller)
-            threads = torch.get_num_threads()
-            configure_threads(worker_threads(settings, settings.device, workers))
-            try:
-                take_tasks(target, settings, runs, queue, settings.device, shared, 0, shared.check)
-            finally:
-                torch.set_num_threads(threads)
-        pump.join()
-        if shared.failure is not None:
-            raise shared.failure
-    finally:
-        stopping.set()
-        for process in processes.values():
-            if process.is_alive():
-                process.terminate()
-            process.join()
-        pump.join()
+def _attack_tasks(rank: int, device: str, settings: AttackSettings, tasks, bars, target: Target | None) -> None:
+    """A pool worker's job (rgb.runs.pool): a forked worker is handed the parent's `target`; a spawned one opens it."""
+    target = target if target is not None else Target.open(settings, device)
+    take_tasks(target, settings, list(run_directories(settings, target).values()), tasks, device, bars, rank)
 
 
 def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDirectory, shard_count: int
@@ -465,7 +318,8 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
 
 
 def run_directories(settings: AttackSettings, target: Target) -> dict[str, RunDirectory]:
-    return {b.name: RunDirectory(settings.output_dir / b.name, target.identity(settings, b)) for b in settings.budgets}
+    return {b.name: RunDirectory(budget_dir(settings.output_dir, b.name), target.identity(settings, b))
+            for b in settings.budgets}
 
 
 def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dict[str, RunSummary]:
@@ -493,7 +347,12 @@ def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dic
         try:
             on_cpu = settings.device.startswith("cpu")
             if pool and (workers > 1 or not on_cpu):
-                attack_in_workers(settings, ordered, tasks, workers, bars, target if on_cpu else None)
+
+                def own_share(queue, shared, check) -> None:  # on the CPU: worker 0, with the model it holds
+                    take_tasks(target, settings, ordered, queue, settings.device, shared, 0, check)
+
+                attack_in_workers(settings, tasks, workers, bars, _attack_tasks, own_share if on_cpu else None,
+                                  target if on_cpu else None)
             else:
                 attack_shard(target, settings, ordered, bars)
         finally:

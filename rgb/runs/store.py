@@ -54,6 +54,8 @@ def standard_run(version: str, attacks: list[str], precision: str) -> bool:
 
 
 OUTPUT_KINDS = ("train", "models", "attack", "eval", "transfer")
+SWEEPS_DIR = "multirun"  # attack.py's multiruns, under a dataset's attack outputs
+PARTIAL_DIR = "partial"  # a PARTIAL evaluation's record, beside the complete one
 
 
 def output_dir_for(root: str | Path, kind: str, dataset: str, name: str) -> Path:
@@ -63,6 +65,30 @@ def output_dir_for(root: str | Path, kind: str, dataset: str, name: str) -> Path
     if kind not in OUTPUT_KINDS:
         raise ValueError(f"output kind must be one of {OUTPUT_KINDS}, got {kind!r}")
     return Path(str(root)) / kind / str(dataset) / path_name(str(name))
+
+
+def budget_dir(attack_dir: str | Path, budget: str) -> Path:
+    """One threat model's run directory among a model's attack outputs: `<attack dir>/<budget>` (a norm key, or a
+    transfer split's name), written by the attack run and read by evaluation."""
+    return Path(str(attack_dir)) / budget
+
+
+def first_images_dir(attack_dir: str | Path, n_images: int) -> Path:
+    """The attack outputs of a model's first `n_images` test images (rgb.benchmark `n_examples`):
+    `<attack dir>/first-<n>`, never mixed with (nor refused by) a whole-split run."""
+    return Path(str(attack_dir)) / f"first-{n_images}"
+
+
+def sweep_dir_for(root: str | Path, dataset: str, label: str) -> Path:
+    """attack.py's sweep dir of a `runs=` multirun (its logs, .submitit): `<root>/attack/<dataset>/multirun/<label>`,
+    `label` the train sweep's name."""
+    return Path(str(root)) / "attack" / str(dataset) / SWEEPS_DIR / str(label)
+
+
+def partial_dir(out_dir: str | Path) -> Path:
+    """Where a PARTIAL evaluation (max_images) writes its record: `<eval dir>/partial`, so it never replaces the
+    complete record nor enters a pool unasked."""
+    return Path(str(out_dir)) / PARTIAL_DIR
 
 
 def model_record(path: str | Path) -> dict | None:

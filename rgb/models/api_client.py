@@ -1,0 +1,201 @@
+"""The endpoint client of the `api` family: one chat-completions request at a time, retried with exponential backoff
+and jitter (or the server's Retry-After), under a per-minute rate limit; what asking cost; how many requests are left.
+The API key is read from the environment at request time and never written anywhere, nor shown in an error.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from rgb.core.values import POSITIVE_INT, ConfigValueError, optional, problems
+
+if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.api)
+    from rgb.models.api import ClientSettings
+
+# Transient failures worth another try; any other HTTP error is the endpoint refusing for good.
+RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class ApiError(RuntimeError):
+    """The endpoint refused for good (401, unknown model, image not supported) or kept failing: one line that
+    names the endpoint and the model, never the key. Also class names no answer could tell apart."""
+
+
+class RateLimiter:
+    """Requests and tokens per minute over a sliding 60 s window (None: unlimited). Tokens are charged by each
+    request's estimate (the mean of the answers so far) and corrected when its usage is known."""
+
+    WINDOW_S = 60.0
+
+    def __init__(self, requests_per_minute: float | None, tokens_per_minute: float | None,
+                 clock=time.monotonic, sleep=time.sleep):
+        self.rpm, self.tpm = requests_per_minute, tokens_per_minute
+        self.clock, self.sleep = clock, sleep
+        self._events: deque[list] = deque()  # [time, tokens]
+        self._lock = threading.Lock()
+        self._seen_tokens, self._seen_requests = 0, 0
+
+    def acquire(self) -> list:
+        while True:
+            with self._lock:
+                now = self.clock()
+                while self._events and self._events[0][0] <= now - self.WINDOW_S:
+                    self._events.popleft()
+                estimate = self._seen_tokens / self._seen_requests if self._seen_requests else 0.0
+                used = sum(e[1] for e in self._events)
+                if ((self.rpm is None or len(self._events) < self.rpm)
+                        and (self.tpm is None or not self._events or used + estimate <= self.tpm)):
+                    event = [now, estimate]
+                    self._events.append(event)
+                    return event
+                delay = self._events[0][0] + self.WINDOW_S - now
+            self.sleep(max(delay, 0.01))
+
+    def settle(self, event: list, tokens: int) -> None:
+        with self._lock:
+            event[1] = tokens
+            self._seen_tokens += tokens
+            self._seen_requests += 1
+
+
+@dataclass
+class RequestStats:
+    """What asking cost, per call of `ApiClassifier.answer` (one split)."""
+
+    images: int = 0
+    requests: int = 0      # new answers received from the endpoint
+    cached: int = 0        # images answered from the cache (other splits, earlier runs, duplicates in the split)
+    retries: int = 0
+    abstained: int = 0     # answers that name no class (counted wrong), of which:
+    negations: int = 0     #   a class named but denied ("not 3")
+    alternatives: int = 0  #   a class offered as one of several ("3 or 8")
+    unanswered: int = 0    # not asked: max_requests reached
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    backoff_s: float = 0.0
+
+    def add(self, other: RequestStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class RequestBudget:
+    """`max_requests`: new requests left to this evaluation (None: no limit)."""
+
+    remaining: int | None = None
+
+    def __post_init__(self):
+        found = problems({"max_requests": self.remaining}, {"max_requests": optional(POSITIVE_INT)})
+        if found:
+            raise ConfigValueError(f"invalid value: {found[0]} (null: no limit)")
+
+    def take(self, wanted: int) -> int:
+        granted = wanted if self.remaining is None else min(wanted, self.remaining)
+        if self.remaining is not None:
+            self.remaining -= granted
+        return granted
+
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (a number or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Transient(Exception):
+    def __init__(self, reason: str, retry_after: float | None = None):
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+def _error_message(response) -> str:
+    """The error message of an OpenAI-style error body, else the start of the body."""
+    try:
+        error = response.json().get("error")
+        return str(error.get("message") if isinstance(error, dict) else error)
+    except (ValueError, AttributeError):
+        return response.text[:200] or response.reason_phrase
+
+
+class Endpoint:
+    """One model of a chat-completions endpoint, asked as the client settings say."""
+
+    def __init__(self, base_url: str, api_model: str, client: ClientSettings, sleep=time.sleep):
+        self.base_url, self.api_model, self.client_settings = base_url, api_model, client
+        self._sleep = sleep
+
+    def refused(self, what: str, key: str | None) -> ApiError:
+        message = _one_line(what)
+        if key:
+            message = message.replace(key, "[key]")
+        return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
+
+    def post_once(self, http, body: dict, key: str | None) -> dict:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            response = http.post(f"{self.base_url}/chat/completions", json=body, headers=headers,
+                                 timeout=self.client_settings.timeout_s)
+        except httpx.TimeoutException:
+            raise _Transient(f"timeout after {self.client_settings.timeout_s:g} s") from None
+        except httpx.TransportError as err:
+            raise _Transient(f"connection error ({type(err).__name__})") from None
+        if response.status_code in RETRY_STATUS:
+            raise _Transient(f"HTTP {response.status_code}", _retry_after(response.headers.get("retry-after")))
+        if response.status_code != 200:
+            hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(response.status_code, "")
+            raise self.refused(f"HTTP {response.status_code}: {_error_message(response)}{hint}", key)
+        try:
+            reply = response.json()
+            text = reply["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise _Transient("malformed response (no choices[0].message.content)") from None
+        usage = reply.get("usage") or {}
+        return {"answer": text if isinstance(text, str) else json.dumps(text),
+                "usage": {k: int(usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")}}
+
+    def ask(self, http, limiter: RateLimiter, body: dict, stats: RequestStats, lock) -> dict:
+        """One answer, retried with exponential backoff and jitter (or the server's Retry-After)."""
+        key = os.environ.get(self.client_settings.api_key_env) or None
+        attempts, attempt = self.client_settings.max_retries + 1, 0
+        while True:
+            event = limiter.acquire()
+            try:
+                reply = self.post_once(http, body, key)
+            except _Transient as err:
+                limiter.settle(event, 0)
+                if attempt == attempts - 1:
+                    raise self.refused(f"gave up after {attempts} attempts, last: {err}", key) from None
+                backoff = min(self.client_settings.backoff_max_s, self.client_settings.backoff_s * 2 ** attempt)
+                delay = err.retry_after if err.retry_after is not None else backoff * (0.5 + random.random() / 2)
+                with lock:
+                    stats.retries += 1
+                    stats.backoff_s += delay
+                self._sleep(delay)
+                attempt += 1
+                continue
+            limiter.settle(event, sum(reply["usage"].values()))
+            return reply
