@@ -21,6 +21,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from rgb.commands.resolvers import register_resolvers
 from rgb.core.configs import config_dir, data_config_for, data_configs
 from rgb.core.values import (
     INT,
@@ -33,10 +34,7 @@ from rgb.core.values import (
     integer,
     number,
     optional,
-    name_part,
-    path_name,
     problems,
-    url_host,
 )
 
 log = logging.getLogger("rgb")
@@ -48,30 +46,6 @@ CONFIG_DIR = str(config_dir())
 # (docs/performance.md, issue 24). A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-
-
-def _run_name(path) -> str:
-    from rgb.runs.store import run_name_for
-
-    return run_name_for(path)
-
-
-def _output_dir(root, kind, dataset, name) -> str:
-    from rgb.runs.store import output_dir_for
-
-    return str(output_dir_for(root, kind, dataset, name))
-
-
-def register_resolvers() -> None:
-    """Every `${rgb.*:...}` interpolation of conf/ (idempotent; tests that compose configs call it too)."""
-    from rgb.data.resolvers import register_resolvers as register_data_resolvers
-
-    OmegaConf.register_new_resolver("rgb.run_name", _run_name, replace=True)
-    OmegaConf.register_new_resolver("rgb.path_name", path_name, replace=True)
-    OmegaConf.register_new_resolver("rgb.output_dir", _output_dir, replace=True)
-    OmegaConf.register_new_resolver("rgb.name_part", name_part, replace=True)
-    OmegaConf.register_new_resolver("rgb.url_host", url_host, replace=True)
-    register_data_resolvers()
 
 
 HELP_FLAGS = ("--help", "-h", "--hydra-help")

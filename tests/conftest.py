@@ -19,7 +19,7 @@ import helpers  # noqa: E402
 @pytest.fixture(scope="session", autouse=True)
 def _config_resolvers():
     """The `${rgb.*:...}` config resolvers, as every entry point registers them."""
-    from rgb.cli import register_resolvers
+    from rgb.commands.resolvers import register_resolvers
 
     register_resolvers()
 

@@ -16,7 +16,7 @@ from rgb.data import BenchmarkError, ImageSplit, load_split, transfer_coverage
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.corruptions import corruption_of_row
 from rgb.data.mini import CLASS_NAMES, DATASET, HELD_OUT, TEST_SIZE, VALIDATION_SIZE, build_mini, digit_images, stratified_splits
-from rgb.data.resolvers import register_resolvers
+from rgb.commands.resolvers import register_resolvers
 from rgb.data.snapshot import png_bytes, write_readme, write_split
 
 SPLIT_SIZES = {"train": 1797 - HELD_OUT - VALIDATION_SIZE, "validation": VALIDATION_SIZE, "test": TEST_SIZE,

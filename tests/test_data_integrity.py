@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from rgb.data import BenchmarkError, ImageSplit, load_split
 from rgb.data.catalog import DATASETS, MINI, transfer_coverage
 from rgb.data.mini import DATASET, TEST_SIZE, main
-from rgb.data.resolvers import register_resolvers
+from rgb.commands.resolvers import register_resolvers
 from rgb.data.snapshot import is_mini_build, png_bytes, write_readme, write_split
 
 

@@ -25,12 +25,14 @@ ALLOWED = {
     "runs": {"core", "data", "models", "attacks", "zeroshot"},
     "training": {"core", "data", "models", "attacks", "zeroshot"},
     "evaluation": {"core", "data", "models", "attacks", "zeroshot", "brittleness", "runs", "training"},
+    "commands": {"core", "data", "models", "attacks", "zeroshot", "brittleness", "runs", "training", "evaluation"},
 }
 ENTRY_POINTS = {"cli", "cli_adapters", "api", "serve"}
-# Hydra and OmegaConf live at the edges: the entry points (but rgb.api: plain arguments) and the run drivers that
-# receive a composed config (train.py's and evaluate.py's; the data resolvers are what the configs call).
+# Hydra and OmegaConf live at the edges: rgb/commands/ (each command's config becomes one typed request) and the
+# entry points not moved there yet (but rgb.api: plain arguments).
+CONFIG_PACKAGE = "rgb/commands/"
 CONFIG_MODULES = {
-    "rgb/cli.py", "rgb/cli_adapters.py", "rgb/serve.py", "rgb/data/resolvers.py",
+    "rgb/cli.py", "rgb/cli_adapters.py", "rgb/serve.py",
     "rgb/training/run.py", "rgb/training/api_run.py", "rgb/training/zeroshot.py", "rgb/training/config.py",
     "rgb/training/rundir.py", "rgb/evaluation/run.py", "rgb/evaluation/text_robustness.py",
     "rgb/evaluation/zeroshot_report.py",
@@ -162,4 +164,5 @@ def _config_imports(path: Path) -> list[int]:
 def test_hydra_only_at_the_edges():
     """No library module (attacks, models, the attack runner, rgb.benchmark, ...) imports Hydra or OmegaConf."""
     found = {str(p.relative_to(RGB.parent)): _config_imports(p) for p in sorted(RGB.rglob("*.py"))}
-    assert {name: lines for name, lines in found.items() if lines and name not in CONFIG_MODULES} == {}
+    assert {name: lines for name, lines in found.items()
+            if lines and name not in CONFIG_MODULES and not name.startswith(CONFIG_PACKAGE)} == {}

@@ -1,4 +1,4 @@
-"""OmegaConf resolvers that give the data configs their budgets from the catalog, so no number is written twice.
+"""The values behind the data configs' resolvers: their budgets from the catalog, so no number is written twice.
 
     budgets:
       linf: ${rgb.budget:linf,${..image_size}}           # WHITE_BOX_BUDGETS["linf"] at this image size
@@ -6,12 +6,11 @@
       l2_8: ${rgb.transfer_budget:l2_8,${..image_size}}  # TRANSFER_BUDGETS["l2_8"] at this image size
 
 One resolver per value (not one per dict), so a single budget stays overridable: `data.budgets.linf=0.03`.
-Entry points (and tests that compose configs) call `register_resolvers()` before resolving a config.
+rgb.commands.resolvers registers them with OmegaConf (the entry points, and tests that compose configs, call its
+`register_resolvers()` before resolving a config).
 """
 
 from __future__ import annotations
-
-from omegaconf import OmegaConf
 
 from rgb.core.threat import parse_norm
 from rgb.data.catalog import TRANSFER_BUDGETS, WHITE_BOX_BUDGETS, scale_budget, split_budget
@@ -52,12 +51,3 @@ def snapshot_image_size(source: str, dataset: str) -> int:
     """Image side of a local snapshot's config (`data=custom`)."""
     return snapshot_shape(source, dataset)[1]
 
-
-RESOLVERS = {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget,
-             "rgb.snapshot_classes": snapshot_classes, "rgb.snapshot_image_size": snapshot_image_size}
-
-
-def register_resolvers() -> None:
-    """Register the `rgb.*` resolvers (idempotent)."""
-    for name, resolver in RESOLVERS.items():
-        OmegaConf.register_new_resolver(name, resolver, replace=True)

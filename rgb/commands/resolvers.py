@@ -1,0 +1,38 @@
+"""Every `${rgb.*:...}` interpolation of conf/: registered with OmegaConf by the entry points (and by tests that
+compose configs) before a config is resolved. The values come from the library (the data catalog's budgets, the
+run store's names and places, the value rules); only the registration lives here.
+"""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from rgb.core.values import name_part, path_name, url_host
+
+
+def _run_name(path) -> str:
+    from rgb.runs.store import run_name_for
+
+    return run_name_for(path)
+
+
+def _output_dir(root, kind, dataset, name) -> str:
+    from rgb.runs.store import output_dir_for
+
+    return str(output_dir_for(root, kind, dataset, name))
+
+
+def _data_resolvers() -> dict:
+    """The data configs' budgets and a local snapshot's shape (rgb.data.resolvers), so no number is written twice."""
+    from rgb.data.resolvers import snapshot_classes, snapshot_image_size, transfer_budget, white_box_budget
+
+    return {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget,
+            "rgb.snapshot_classes": snapshot_classes, "rgb.snapshot_image_size": snapshot_image_size}
+
+
+def register_resolvers() -> None:
+    """Register every `rgb.*` resolver (idempotent)."""
+    resolvers = {"rgb.run_name": _run_name, "rgb.path_name": path_name, "rgb.output_dir": _output_dir,
+                 "rgb.name_part": name_part, "rgb.url_host": url_host, **_data_resolvers()}
+    for name, resolver in resolvers.items():
+        OmegaConf.register_new_resolver(name, resolver, replace=True)
