@@ -32,7 +32,7 @@ from rgb.cli import register_resolvers
 from rgb.core import atomic_write_json
 from rgb.evaluation.api_eval import split_images
 from rgb.evaluation.records import ScoresRecord
-from rgb.evaluation.run import run_evaluation
+from rgb.commands.evaluate import run_evaluation
 from rgb.models import library_versions, load_with_meta
 from rgb.models.answers import parse_answer
 from rgb.serve import make_server
@@ -83,7 +83,7 @@ def prepare(work: Path) -> tuple[Path, Path]:
 
     from rgb.data import ImageSplit, load_split
     from rgb.data.mini import ensure_mini
-    from rgb.training import train
+    from rgb.commands.train import train
 
     ensure_mini(work / "mini")
     runs = work / "outputs" / "train" / "digits"
@@ -139,7 +139,7 @@ def main() -> None:
         clip, _ = prepare(work)
         server = make_server(clip, port=0, served_name="zs_clip")
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        from rgb.training import train
+        from rgb.commands.train import train
 
         rows = []
         direct, direct_s = evaluate(work, clip)

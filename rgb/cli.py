@@ -445,7 +445,7 @@ def _missing_required(config_name: str, argv: list[str]) -> str | None:
 
 
 def _train(cfg: DictConfig, threads: int):
-    from rgb.training import train
+    from rgb.commands.train import train
 
     return train(cfg)
 
@@ -459,7 +459,7 @@ def _attack(cfg: DictConfig, threads: int):
 
 
 def _evaluate(cfg: DictConfig, threads: int):
-    from rgb.evaluation.run import run_evaluation
+    from rgb.commands.evaluate import run_evaluation
 
     return run_evaluation(cfg)
 

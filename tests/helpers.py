@@ -27,6 +27,13 @@ def compose_config(name: str, *overrides: str, return_hydra_config: bool = False
         return compose(name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
+def resolved(cfg) -> dict:
+    """A composed config as the library reads it: resolved into plain values (what rgb.commands hands it)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
 # -- the attack tests' surrogate: a small ViT trained by the real training code -------------------------------
 
 # A one-block ViT over 4 patches: trains to ~85% on the mini digits in seconds on a CPU.
@@ -40,7 +47,7 @@ SURROGATE_OVERRIDES = [
 
 def trained_surrogate(base: Path, mini_dir: Path) -> Path:
     """Train run dir of the test model, trained once under `base` by rgb.training (train.py's code path)."""
-    from rgb.training import train
+    from rgb.commands.train import train
 
     run_dir = base / "attack_run_surrogate" / "vit_mlp"
     if not (run_dir / "model.safetensors").is_file():

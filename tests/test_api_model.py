@@ -28,7 +28,7 @@ from rgb.evaluation.api_eval import cache_path, split_images
 from rgb.evaluation.leaderboard import build_leaderboard, find_records, to_markdown
 from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
-from rgb.evaluation.run import run_evaluation
+from rgb.commands.evaluate import run_evaluation
 from rgb.models import load_with_meta
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
 from rgb.models.api_cache import AnswerCache, CacheError
@@ -37,7 +37,7 @@ from rgb import cli
 from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError, partial_dir
 from rgb.serve import Faults, make_server
-from rgb.training import train
+from rgb.commands.train import train
 from api_throughput import noise_transfer_splits
 
 N_IMAGES = 24

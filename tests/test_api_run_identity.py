@@ -11,7 +11,7 @@ import helpers
 from rgb.core.files import flock
 from rgb.core.values import path_name
 from rgb.data.mini import DATASET
-from rgb.training import train
+from rgb.commands.train import train
 from rgb.training.config import TrainingError
 
 URL = "http://127.0.0.1:1/v1"  # train.py asks the endpoint nothing: no server needed

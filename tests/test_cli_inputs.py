@@ -253,16 +253,13 @@ def test_evaluate_writes_into_a_staging_copy_then_replaces(monkeypatch, tmp_path
     run = tmp_path / "model"
     export_model(create_model("test_resnet", 10, pretrained=False), run, {"dataset": "digits", "num_classes": 10})
     monkeypatch.setattr(run_module, "evaluate_model", evaluate_model)
-    monkeypatch.setattr(run_module, "instantiate", lambda cfg: None)
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.create({"pool": None, "run": str(run), "max_images": None, "allow_partial": False,
-                            "run_name": "model", "attack_dir": str(tmp_path / "attack"), "output_dir": str(out),
-                            "transfer": False, "severity_sweep": False, "worst_k": [1], "device": "cpu",
-                            "batch_size": 8, "data": {}, "wandb": {"enabled": False}, "protocol": "white_box",
-                            "dry_run": False, "max_requests": None, "api_cache_dir": str(tmp_path / "cache")})
+    request = run_module.EvalRequest(
+        model=run_module.RunOutputs(run, "model", out), attack_dir=tmp_path / "attack", data=lambda: None,
+        protocol="white_box", transfer=False, severity_sweep=False, allow_partial=False, max_images=None,
+        worst_k=(1,), device="cpu", batch_size=8, api_cache_dir=tmp_path / "cache", max_requests=None,
+        dry_run=False, wandb_project=None)
     with pytest.raises(OSError):
-        run_module.run_evaluation(cfg)
+        run_module.evaluate(request)
     assert seen and seen[0] != out and (out / "scores.json").read_text() == "complete"
 
 

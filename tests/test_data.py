@@ -266,7 +266,7 @@ def test_corruptions_are_an_optional_extra(monkeypatch):
             f"    def find_spec(self, name, *args):\n"
             f"        if name.split('.')[0] in {blocked!r}: raise ImportError(name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import rgb.cli, rgb.data.mini, rgb.runs.runner, rgb.evaluation.run, rgb.training.run, rgb.zeroshot\n"
+            "import rgb.cli, rgb.data.mini, rgb.runs.runner, rgb.evaluation.run, rgb.commands.train, rgb.zeroshot\n"
             "print('imported')\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]
@@ -280,7 +280,7 @@ def test_training_fits_on_the_data_config_it_is_given(compose):
 
     from rgb.training.config import resumable
     from rgb.training.datamodule import RGBDataModule
-    from rgb.training.run import lightning_data
+    from rgb.commands.train import lightning_data
 
     cfg = compose("train", "data=mini")
     built = lightning_data(cfg.data)
@@ -299,7 +299,7 @@ def test_attack_and_evaluation_start_without_lightning_or_scikit_learn():
 
     code = ("import sys\n"
             "from hydra.utils import instantiate\n"
-            "import rgb.cli_adapters, rgb.runs.runner, rgb.evaluation.run, rgb.models.openclip\n"
+            "import rgb.cli_adapters, rgb.runs.runner, rgb.commands.evaluate, rgb.models.openclip\n"
             "from rgb.cli import register_resolvers\n"
             "from tests.helpers import compose_config\n"
             "register_resolvers()\n"

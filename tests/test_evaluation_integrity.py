@@ -28,7 +28,7 @@ from rgb.evaluation.model_eval import (
 )
 from rgb.evaluation.plots import class_accuracy_figure, leaderboard_figure, settings_figure
 from rgb.evaluation.records import Accuracy, BlackBoxScore
-from rgb.evaluation.run import run_evaluation
+from rgb.commands.evaluate import run_evaluation
 from rgb.evaluation.scores import black_box_score
 from rgb.models import load_with_meta
 

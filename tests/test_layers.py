@@ -31,12 +31,7 @@ ENTRY_POINTS = {"cli", "cli_adapters", "api", "serve"}
 # Hydra and OmegaConf live at the edges: rgb/commands/ (each command's config becomes one typed request) and the
 # entry points not moved there yet (but rgb.api: plain arguments).
 CONFIG_PACKAGE = "rgb/commands/"
-CONFIG_MODULES = {
-    "rgb/cli.py", "rgb/cli_adapters.py", "rgb/serve.py",
-    "rgb/training/run.py", "rgb/training/api_run.py", "rgb/training/zeroshot.py", "rgb/training/config.py",
-    "rgb/training/rundir.py", "rgb/evaluation/run.py", "rgb/evaluation/text_robustness.py",
-    "rgb/evaluation/zeroshot_report.py",
-}
+CONFIG_MODULES = {"rgb/cli.py", "rgb/cli_adapters.py", "rgb/serve.py"}
 
 
 def _package_of(path: Path) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from helpers import REPO, compose_config
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.evaluation.run import run_evaluation
+from rgb.commands.evaluate import run_evaluation
 from rgb.evaluation.text_robustness import (
     TextRobustnessOptions,
     load_queries,

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from helpers import CONF, FAST, compose_config
 from rgb.models import NormalizedClassifier, check_model_name
-from rgb.training import LOSSES, train
+from rgb.commands.train import train
+from rgb.training import LOSSES
 
 # Presets small enough to build (random init) in a test; the others only have their timm name checked.
 BUILDABLE = {"tiny", "efficientnet_b0", "regnetx_004", "mobilenetv3", "resnet50", "deit_s", "vit_s16", "convnext_t"}

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 import yaml
 
 from helpers import FAST, REPO, compose_config
+from rgb.commands.train import train
+from rgb.core.files import stable_id as stable_run_id
 from rgb.models import create_model, load, load_with_meta
 from rgb.training import (
     InnerAttack,
@@ -27,8 +29,6 @@ from rgb.training import (
     build_loss,
     parameter_groups,
     resume_path,
-    stable_run_id,
-    train,
     warmup_cosine,
 )
 

@@ -24,12 +24,12 @@ from rgb.training import (
     RunManifest,
     TrainingConfigError,
     TrainingError,
-    train,
     training_identity,
     validate_config,
 )
+from rgb.commands.train import train
 
-from helpers import FAST, REPO, compose_config  # FAST: one set of fast-run overrides for the training tests
+from helpers import FAST, REPO, compose_config, resolved  # FAST: one set of fast-run overrides for the training tests
 
 SHORT = ["debug=limit", "trainer.max_epochs=1", *FAST]
 
@@ -75,8 +75,8 @@ def test_resumable_keys_may_change_and_are_listed_once(tmp_path, mini_dir):
     cfg = compose_train(tmp_path, mini_dir, *SHORT)
     moved = compose_train(tmp_path / "elsewhere", mini_dir, *SHORT, "threads=1", "data.num_workers=1",
                           "data.eval_batch_size=8", "logger=wandb", "trainer.devices=1", "callbacks.progress_bar.refresh_rate=5")
-    assert training_identity(cfg) == training_identity(moved)
-    assert "loss.name" in training_identity(cfg) and "trainer.max_epochs" in training_identity(cfg)
+    assert training_identity(resolved(cfg)) == training_identity(resolved(moved))
+    assert "loss.name" in training_identity(resolved(cfg)) and "trainer.max_epochs" in training_identity(resolved(cfg))
     assert {"threads", "logger.*", "paths.*", "trainer.devices", "trainer.max_time"} <= set(RESUMABLE_KEYS)
 
 
@@ -294,9 +294,9 @@ def test_nonsense_hyperparameters_are_refused_before_anything_starts(tmp_path, m
 
 def test_every_problem_is_named_and_zero_backbone_lr_and_beta_are_allowed(tmp_path, mini_dir):
     with pytest.raises(TrainingConfigError) as err:
-        validate_config(compose_train(tmp_path, mini_dir, "optim.head_lr=-1", "data.batch_size=0"))
+        validate_config(resolved(compose_train(tmp_path, mini_dir, "optim.head_lr=-1", "data.batch_size=0")))
     assert "optim.head_lr" in one_line(err) and "data.batch_size" in one_line(err)
-    validate_config(compose_train(tmp_path, mini_dir, "optim.backbone_lr=0", "loss=trades", "loss.beta=0"))
+    validate_config(resolved(compose_train(tmp_path, mini_dir, "optim.backbone_lr=0", "loss=trades", "loss.beta=0")))
 
 
 def test_a_diverged_run_is_not_exported(tmp_path, mini_dir):

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import helpers
-from rgb.evaluation.run import run_evaluation
+from rgb.commands.evaluate import run_evaluation
 from rgb.models import load_with_meta
 from rgb.models.embedded_clip import EMBEDDED_ARCH
 from rgb.cli_adapters import attack_from_config
-from rgb.training import train
+from rgb.commands.train import train
 
 RUN_NAME = "zs_cpe"
 WIDE_BUDGETS = ("data.budgets.linf=0.5", "data.budgets.l2=16", "data.budgets.l1=400")

@@ -13,11 +13,11 @@ import torch
 
 from helpers import compose_config
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
-from rgb.evaluation.run import run_evaluation
+from rgb.commands.evaluate import run_evaluation
 from rgb.evaluation.zeroshot_report import REPORT_DIR
 from rgb.zeroshot import row_metrics
 from rgb.models import load_with_meta
-from rgb.training import train
+from rgb.commands.train import train
 from clip_runs import compose_train
 
 ROWS = ("clip (class names)", "single", "mean", "zpe (test debias)", "zpe (median+2*MAD, logit average, test debias)",

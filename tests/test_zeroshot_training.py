@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from clip_runs import compose_train
+from helpers import resolved
 from rgb.models import load_with_meta
-from rgb.training import train
+from rgb.commands.train import train
 from rgb.training.zeroshot import initialise_head, validation_metrics
 
 
@@ -40,7 +41,7 @@ def test_head_init_zeroshot_gives_the_zeroshot_accuracy_at_step_0(tmp_path, mini
     cfg = compose_train(tmp_path / "ft", mini_dir, "strategy=linear_probe", "head_init=zeroshot", "prompts=mean")
     datamodule = hydra.utils.instantiate(cfg.data)
     model = hydra.utils.instantiate(cfg.model)
-    initialise_head(model, cfg, datamodule)
+    initialise_head(model, resolved(cfg), datamodule)
     assert validation_metrics(model, datamodule, "cpu")["val/acc"] == zeroshot_acc
     exported, _ = load_with_meta(tmp_path / "zs" / "run")
     x = torch.rand(4, 3, 32, 32)
@@ -60,5 +61,5 @@ def test_fine_tuning_from_the_zeroshot_head_trains_and_exports(tmp_path, mini_di
 def test_head_init_zeroshot_on_a_timm_model_is_one_line(tmp_path, mini_dir, compose):
     cfg = compose("train", f"run_dir={tmp_path}", f"data.source={mini_dir}", "head_init=zeroshot")
     with pytest.raises(ValueError, match=r"zero-shot head needs a CLIP text tower: model family 'timm'") as err:
-        initialise_head(hydra.utils.instantiate(cfg.model), cfg, hydra.utils.instantiate(cfg.data))
+        initialise_head(hydra.utils.instantiate(cfg.model), resolved(cfg), hydra.utils.instantiate(cfg.data))
     assert "\n" not in str(err.value)

@@ -3,6 +3,6 @@ class-wise metrics, leaderboards (Sum and Borda), plots and W&B, all from one ty
 
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.records import ScoresRecord
-from rgb.evaluation.run import run_evaluation
+from rgb.evaluation.run import EvalRequest, PoolRequest, evaluate, evaluate_pool
 
-__all__ = ["EvaluationError", "ScoresRecord", "run_evaluation"]
+__all__ = ["EvalRequest", "EvaluationError", "PoolRequest", "ScoresRecord", "evaluate", "evaluate_pool"]

@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,17 +28,16 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import safetensors.torch
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256, resolve_device
+from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256
 from rgb.core.files import read_cached_tensors
 from rgb.core.files import read_jsonl
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
+from rgb.evaluation.run import RunOutputs
 from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
 from rgb.brittleness.metrics import DEFAULT_KS, DEFAULT_P, classification_view, query_table, summarize
@@ -67,7 +66,8 @@ POOL_METRICS = {"instability_mean": "mean instability", "brittleness_mean": "mea
 
 @dataclass(frozen=True)
 class TextRobustnessOptions:
-    """The `text_robustness_options` block of conf/evaluate.yaml, checked (types against the registry)."""
+    """The `text_robustness_options` block of conf/evaluate.yaml (rgb.commands.text_robustness reads it), checked
+    (types against the registry)."""
 
     split: str
     queries: Path | None
@@ -88,17 +88,6 @@ class TextRobustnessOptions:
         if any(k < 1 for k in self.ks) or not 0 < self.p < 1:
             raise PerturbationError(f"text_robustness_options: ks must be >= 1 and 0 < p < 1, got ks={list(self.ks)}, "
                                     f"p={self.p}")
-
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> TextRobustnessOptions:
-        block = OmegaConf.to_container(cfg.text_robustness_options, resolve=True)
-        paths = {key: None if block[key] is None else Path(str(block[key]))
-                 for key in ("queries", "user_edits", "cache_dir")}
-        types = DEFAULT_TYPES if block["types"] is None else tuple(str(t) for t in block["types"])
-        return cls(split=str(block["split"]), types=types,
-                   seeds=tuple(int(s) for s in block["seeds"]), ks=tuple(int(k) for k in block["ks"]),
-                   p=float(block["p"]), device=resolve_device(str(cfg.device)), batch_size=int(cfg.batch_size),
-                   **paths)
 
 
 def zero_shot_record(meta: dict, run: Path) -> dict:
@@ -375,22 +364,29 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
     return TextRobustnessResult(run_name, summary, classification, result_record, out, figures)
 
 
-def _member(cfg: DictConfig, run: Path) -> DictConfig:
-    """The config of one pool model: its run_name and output_dir resolve as they would for run=DIR."""
-    return OmegaConf.merge(cfg, {"run": str(run)})
+@dataclass(frozen=True)
+class TextRobustnessRequest:
+    """evaluate.py text_robustness=true: one zero-shot run, or a pool of them side by side (each measured where
+    evaluate writes its outputs), and how to measure them."""
+
+    options: TextRobustnessOptions
+    models: tuple[RunOutputs, ...]
+    data: Callable[[], object]  # the data config's module (rgb.data.BenchmarkData)
+    pool_dir: Path | None  # a pool: the side-by-side comparison goes here; None: one model
+    wandb_project: str | None  # None: nothing logged to W&B
 
 
-def _measure_run(cfg: DictConfig, run: Path, datamodule, options: TextRobustnessOptions) -> TextRobustnessResult:
-    model, meta = load_with_meta(run)
-    zero_shot_record(meta, run)
-    member = _member(cfg, run)
-    meta.setdefault("run_name", str(member.run_name))
-    result = measure_text_robustness(model, meta, export_paths(run)[0], datamodule, options,
-                                     Path(str(member.output_dir)))
-    if cfg.wandb.enabled:
+def _measure_run(target: RunOutputs, datamodule, options: TextRobustnessOptions,
+                 wandb_project: str | None) -> TextRobustnessResult:
+    model, meta = load_with_meta(target.run)
+    zero_shot_record(meta, target.run)
+    meta.setdefault("run_name", target.run_name)
+    result = measure_text_robustness(model, meta, export_paths(target.run)[0], datamodule, options,
+                                     target.output_dir)
+    if wandb_project is not None:
         from rgb.evaluation.wandb_report import log_text_robustness
 
-        log_text_robustness(result, str(cfg.wandb.project))
+        log_text_robustness(result, wandb_project)
     return result
 
 
@@ -431,28 +427,26 @@ def compare_models(results: Sequence[TextRobustnessResult], out: Path) -> list[P
                        out / "brittleness_heatmap.png")]
 
 
-def run_text_robustness(cfg: DictConfig) -> None:
-    """`text_robustness=true` with run=DIR (one model) or pool=[DIR,...] (side by side); user errors in one line."""
+def text_robustness(request: TextRobustnessRequest) -> None:
+    """One model measured, or a pool measured and put side by side; user errors in one line."""
     try:
-        options = TextRobustnessOptions.from_config(cfg)
-        runs = [Path(str(p)) for p in (cfg.pool or [])] or ([Path(str(cfg.run))] if cfg.run is not None else [])
-        if not runs:
+        if not request.models:
             raise EvaluationError("text robustness needs run=<zero-shot run dir> or pool=[DIR,...]")
-        names = [str(_member(cfg, run).run_name) for run in runs]
+        names = [target.run_name for target in request.models]
         if len(set(names)) != len(names):
             raise EvaluationError(f"pool models need distinct run names (their output dirs), got {', '.join(names)}")
-        datamodule = instantiate(cfg.data)
-        results = [_measure_run(cfg, run, datamodule, options) for run in runs]
+        datamodule = request.data()
+        results = [_measure_run(target, datamodule, request.options, request.wandb_project)
+                   for target in request.models]
     except (PerturbationError, PromptError) as error:
         raise EvaluationError(str(error)) from error
     for result in results:
         log.info("text robustness of %s in %s", result.model, result.out_dir)
-    if cfg.pool:
-        pool_dir = Path(str(cfg.text_robustness_options.pool_dir))
-        compare_models(results, pool_dir)
+    if request.pool_dir is not None:
+        compare_models(results, request.pool_dir)
         log.info("%s", pool_markdown(results).rstrip("\n"))
-        log.info("models side by side in %s", pool_dir)
+        log.info("models side by side in %s", request.pool_dir)
 
 
-__all__ = ["TextRobustnessOptions", "TextRobustnessResult", "compare_models", "load_queries",
-           "measure_text_robustness", "run_text_robustness", "zero_shot_record"]
+__all__ = ["TextRobustnessOptions", "TextRobustnessRequest", "TextRobustnessResult", "compare_models", "load_queries",
+           "measure_text_robustness", "text_robustness", "zero_shot_record"]

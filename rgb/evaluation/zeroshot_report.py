@@ -23,17 +23,16 @@ import io
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
-
-from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256, resolve_device
+from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256
 from rgb.core.classwise import check_worst_k
 from rgb.core.configs import describe_data_config
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
+from rgb.evaluation.run import RunOutputs
 from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
 from rgb.zeroshot import (
@@ -62,7 +61,8 @@ DESCRIPTOR = "descriptor"
 
 @dataclass(frozen=True)
 class ZeroShotReportOptions:
-    """The `zeroshot_report_options` block of conf/evaluate.yaml (and evaluate's `worst_k`); None: the run's own."""
+    """The `zeroshot_report_options` block of conf/evaluate.yaml (and evaluate's `worst_k`; rgb.commands.zeroshot_report
+    reads them); None: the run's own."""
 
     ensembles: tuple[str, ...]
     unlabelled_split: str | None  # None: the split the run's prompts config named
@@ -87,17 +87,6 @@ class ZeroShotReportOptions:
             check_worst_k(self.worst_k)
         except ValueError as error:
             raise EvaluationError(f"worst_k: {error}") from None
-
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> ZeroShotReportOptions:
-        block = OmegaConf.to_container(cfg.zeroshot_report_options, resolve=True)
-        paths = {key: None if block.get(key) is None else Path(str(block[key]))
-                 for key in ("cache_dir", "zpe_pretraining_features", "descriptions", "pool_dir")}
-        return cls(ensembles=tuple(str(m) for m in block["ensembles"]),
-                   unlabelled_split=None if block["unlabelled_split"] is None else str(block["unlabelled_split"]),
-                   device=resolve_device(str(cfg.device)), worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
-                   cmm_units=block.get("cmm_units"),
-                   mad_t=None if block.get("mad_t") is None else float(block["mad_t"]), **paths)
 
 
 def zeroshot_record_of(meta: dict, run: Path) -> dict:
@@ -296,50 +285,57 @@ def write_pool(reports: list[dict], pool_dir: Path) -> list[dict]:
     return rows
 
 
-def _report_run(cfg: DictConfig, run: Path, options: ZeroShotReportOptions, datamodule=None) -> dict:
+@dataclass(frozen=True)
+class ZeroShotReportRequest:
+    """evaluate.py zeroshot_report=true: one zero-shot run, or a pool of runs and earlier reports averaged."""
+
+    options: ZeroShotReportOptions
+    entries: tuple[RunOutputs | Path, ...]  # runs (where evaluate writes their outputs), or comparison.json files
+    data: Callable[[], object]  # the data config's module (rgb.data.BenchmarkData)
+    pool_dir: Path | None  # a pool: the average goes here; None: one run
+
+
+def _report_run(target: RunOutputs, options: ZeroShotReportOptions, data: Callable[[], object]) -> dict:
     """One run's report, written where evaluate writes that run's outputs."""
-    member = OmegaConf.merge(cfg, {"run": str(run)})
-    model, meta = load_with_meta(run)
-    zeroshot_record_of(meta, run)
-    meta.setdefault("run_name", str(member.run_name))
-    return zeroshot_report(model, meta, export_paths(run)[0],
-                           datamodule or instantiate(cfg.data), options, Path(str(member.output_dir)))
+    model, meta = load_with_meta(target.run)
+    zeroshot_record_of(meta, target.run)
+    meta.setdefault("run_name", target.run_name)
+    return zeroshot_report(model, meta, export_paths(target.run)[0], data(), options, target.output_dir)
 
 
-def _pool_member(cfg: DictConfig, path: Path, options: ZeroShotReportOptions, datamodule) -> dict:
+def _pool_member(entry: RunOutputs | Path, options: ZeroShotReportOptions, datamodule) -> dict:
     """A pool entry: an earlier report's comparison.json (any dataset), or a run of the configured dataset."""
-    if path.suffix == ".json":
-        if not path.is_file():
-            raise EvaluationError(f"zero-shot report {path} does not exist")
+    if isinstance(entry, Path):
+        if not entry.is_file():
+            raise EvaluationError(f"zero-shot report {entry} does not exist")
         try:
-            report = json.loads(path.read_text())
+            report = json.loads(entry.read_text())
         except json.JSONDecodeError as error:
-            raise EvaluationError(f"zero-shot report {path} is not JSON ({error})") from None
+            raise EvaluationError(f"zero-shot report {entry} is not JSON ({error})") from None
         if not isinstance(report, dict) or not {"rows", "dataset", "model"} <= set(report):
-            raise EvaluationError(f"{path} is not a zero-shot report's comparison.json")
+            raise EvaluationError(f"{entry} is not a zero-shot report's comparison.json")
         return report
-    dataset = load_with_meta(path)[1].get("dataset")
+    dataset = load_with_meta(entry.run)[1].get("dataset")
     if dataset not in (None, datamodule.dataset):
-        raise EvaluationError(f"{path} was made for dataset {dataset!r}, not {datamodule.dataset!r}: report it with "
-                              f"{describe_data_config(dataset)} first and give its zeroshot_report/comparison.json "
+        raise EvaluationError(f"{entry.run} was made for dataset {dataset!r}, not {datamodule.dataset!r}: report it "
+                              f"with {describe_data_config(dataset)} first and give its zeroshot_report/comparison.json "
                               "in pool=")
-    return _report_run(cfg, path, options, datamodule)
+    return _report_run(entry, options, lambda: datamodule)
 
 
-def run_zeroshot_report(cfg: DictConfig) -> None:
-    """`zeroshot_report=true run=DIR`: one zero-shot run; `pool=[...]` (runs or earlier reports' comparison.json):
-    each reported, then the rows averaged over them; anything else in one line."""
-    options = ZeroShotReportOptions.from_config(cfg)
-    if cfg.pool:
-        datamodule = instantiate(cfg.data)
-        reports = [_pool_member(cfg, Path(str(p)), options, datamodule) for p in cfg.pool]
-        write_pool(reports, options.pool_dir or Path(str(cfg.leaderboard_dir)) / REPORT_DIR)
+def zeroshot_reports(request: ZeroShotReportRequest) -> None:
+    """One zero-shot run reported; a pool (runs or earlier reports' comparison.json): each reported, then the rows
+    averaged over them; anything else in one line."""
+    if request.pool_dir is not None:
+        datamodule = request.data()
+        reports = [_pool_member(entry, request.options, datamodule) for entry in request.entries]
+        write_pool(reports, request.pool_dir)
         return
-    if cfg.run is None:
+    if not request.entries:
         raise EvaluationError("zeroshot_report=true compares the ensembles of a zero-shot run: give run=DIR, or "
                               "pool=[DIR or comparison.json, ...] to average several")
-    _report_run(cfg, Path(str(cfg.run)), options)
+    _report_run(request.entries[0], request.options, request.data)
 
 
-__all__ = ["ZeroShotReportOptions", "report_markdown", "run_zeroshot_report", "write_pool",
-           "zeroshot_record_of", "zeroshot_report"]
+__all__ = ["ZeroShotReportOptions", "ZeroShotReportRequest", "report_markdown", "write_pool", "zeroshot_record_of",
+           "zeroshot_report", "zeroshot_reports"]

@@ -1,11 +1,12 @@
-"""Fine-tuning under the paper's protocol: losses (CE, PGD-AT, TRADES), the LightningModule, the run driver."""
+"""Fine-tuning under the paper's protocol: losses (CE, PGD-AT, TRADES), the LightningModule, the run driver (one
+TrainRequest per run: rgb.commands.train builds it from train.py's config)."""
 
 from rgb.training.config import RESUMABLE_KEYS, TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.losses import LOSSES, PGDAT, TRADES, CrossEntropy, InnerAttack, TrainingLoss, build_loss
 from rgb.training.module import STRATEGIES, RobustFinetuneModule
 from rgb.training.optim import SCHEDULERS, build_optimizer, parameter_groups, warmup_cosine
 from rgb.training.rundir import AtomicCheckpointIO, RunManifest, locked
-from rgb.training.run import accumulation_steps, resume_path, stable_run_id, train
+from rgb.training.run import TrainRequest, accumulation_steps, resume_path, train
 
 __all__ = [
     "LOSSES",
@@ -19,6 +20,7 @@ __all__ = [
     "InnerAttack",
     "RobustFinetuneModule",
     "RunManifest",
+    "TrainRequest",
     "TrainingConfigError",
     "TrainingError",
     "TrainingLoss",
@@ -28,7 +30,6 @@ __all__ = [
     "locked",
     "parameter_groups",
     "resume_path",
-    "stable_run_id",
     "train",
     "training_identity",
     "validate_config",

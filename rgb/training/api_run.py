@@ -8,21 +8,32 @@ one line instead of overwriting the record that earlier scores and answer caches
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-import hydra
-from omegaconf import DictConfig, OmegaConf
 
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import flatten
 from rgb.models import META_FILE, export_meta, export_model
 from rgb.models.api import ApiClassifier, split_config
 from rgb.training.config import TrainingError
-from rgb.training.rundir import locked, run_names
+from rgb.training.rundir import locked
 
 log = logging.getLogger(__name__)
 
 TASK = "api"
+
+
+@dataclass(frozen=True)
+class ApiRunRequest:
+    """One `model=api_chat` run dir to write: the resolved model config (endpoint, decoding, prompt, client), the
+    data whose class names the prompt lists, the run's names and seed."""
+
+    model: dict
+    data: Callable[[], object]  # the data config's own class (rgb.data.BenchmarkData)
+    run_dir: str  # as given: the log line names it for evaluate.py's run=
+    names: dict  # run_name and sweep, recorded in model.json (rgb.runs.store.run_name_for)
+    seed: int | None
 
 
 def _api_identity_in(record) -> dict | None:
@@ -50,18 +61,18 @@ def claim_api_run(run_dir: Path, identity: dict) -> None:
     manifest.claim({"task": TASK, "identity": identity}, holds_results=made)
 
 
-def export_api_run(cfg: DictConfig) -> None:
-    """Write `<run_dir>/model.json` for the endpoint of `cfg.model`; the API key stays in its environment variable."""
-    datamodule = hydra.utils.instantiate(cfg.data)
+def export_api_run(request: ApiRunRequest) -> None:
+    """Write `<run_dir>/model.json` for the requested endpoint; the API key stays in its environment variable."""
+    datamodule = request.data()
     try:
-        settings, client = split_config(OmegaConf.to_container(cfg.model, resolve=True))
+        settings, client = split_config(request.model)
     except (TypeError, ValueError) as err:
         raise ValueError(f"model=api_chat: {err}") from err
     model = ApiClassifier(settings, client, datamodule.class_names, datamodule.dataset)
-    made = export_meta(datamodule, {}, loss=None, strategy="api", epochs=0, seed=cfg.seed, weights=None)
-    run_dir = Path(cfg.run_dir)
+    made = export_meta(datamodule, {}, loss=None, strategy="api", epochs=0, seed=request.seed, weights=None)
+    run_dir = Path(request.run_dir)
     with locked(run_dir):
         claim_api_run(run_dir, api_identity(made, model))
-        exported = export_model(model, run_dir, {**run_names(cfg), **made})
+        exported = export_model(model, run_dir, {**request.names, **made})
     log.info("exported %s: %s at %s (no weights; score it with evaluate.py run=%s protocol=black_box)", exported,
-             settings.api_model, settings.base_url, cfg.run_dir)
+             settings.api_model, settings.base_url, request.run_dir)

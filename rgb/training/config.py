@@ -1,7 +1,8 @@
 """What a training config must satisfy before anything starts, and which of its keys identify the weights.
 
-`validate_config` refuses nonsense hyper-parameters in one line (they used to train and export: a negative
-learning rate gave val/loss 1.2e9 and exit 0). `training_identity` is the resolved config minus the keys listed in
+Both read the resolved config as plain values (rgb.commands.train resolves it). `validate_config` refuses nonsense
+hyper-parameters in one line (they used to train and export: a negative learning rate gave val/loss 1.2e9 and exit
+0). `training_identity` is the resolved config minus the keys listed in
 `RESUMABLE_KEYS` (where things run and are written, how fast, how they are logged): a run dir keeps the identity
 of its first start in `run.json`, and a resume under another identity is refused.
 """
@@ -9,8 +10,6 @@ of its first start in `run.json`, and a resume under another identity is refused
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-
-from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import parse_norm
 from rgb.core.values import (
@@ -81,13 +80,9 @@ def resumable(key: str) -> bool:
     return any(fnmatchcase(key, pattern) or key.startswith(f"{pattern}.") for pattern in RESUMABLE_KEYS)
 
 
-def resolved(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)
-
-
-def training_identity(cfg: DictConfig) -> dict:
+def training_identity(config: dict) -> dict:
     """The resolved config without the resumable keys, as {dotted key: value}, sorted."""
-    return {key: value for key, value in sorted(flatten(resolved(cfg)).items()) if not resumable(key)}
+    return {key: value for key, value in sorted(flatten(config).items()) if not resumable(key)}
 
 
 # ---------------------------------------------------------------- validation
@@ -136,9 +131,9 @@ RULES: dict[str, Rule] = {
 }
 
 
-def validate_config(cfg: DictConfig) -> None:
-    """Raise TrainingConfigError naming every key that breaks its rule (one line)."""
-    flat = flatten(resolved(cfg))
+def validate_config(config: dict) -> None:
+    """Raise TrainingConfigError naming every key of the resolved config that breaks its rule (one line)."""
+    flat = flatten(config)
     problems = check(flat, RULES)
     batch, effective = flat.get("data.batch_size"), flat.get("effective_batch_size")
     if not problems and effective is not None and effective % batch:

@@ -1,31 +1,29 @@
-"""One training run from a composed Hydra config: check it, own its run dir, fit (resuming if possible), export the
-best weights with the record of what produced them."""
+"""One training run from its request (train.py's config made typed by rgb.commands.train): check it, own its run
+dir, fit (resuming if possible), export the best weights with the record of what produced them."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
 import lightning as L
-from hydra.errors import InstantiationException
+import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import configure_threads
-from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.core.machine import DeviceError
 from rgb.models import META_FILE, export_meta, export_model, rebuild_like
 from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
-from rgb.training.datamodule import RGBDataModule
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
-from rgb.training.api_run import export_api_run
 from rgb.training.zeroshot import check_zeroshot_config, initialise_head, train_zeroshot
 from rgb.training.rundir import (
     AtomicCheckpointIO,
@@ -33,12 +31,28 @@ from rgb.training.rundir import (
     SameHyperparameters,
     load_checkpoint_file,
     locked,
-    run_names,
     start_record,
     write_hydra_record,
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One training run: the resolved config as plain values (validated, its identity bound to the run dir, logged)
+    and the builders of what Lightning runs, each called when the run needs it (the model after the seed is set)."""
+
+    config: dict
+    run_dir: Path
+    names: dict  # run_name and, for a sweep job, its sweep: recorded in model.json (rgb.runs.store.run_name_for)
+    data: Callable[[], object]  # the data config's own class (rgb.data.BenchmarkData): what a zero-shot head reads
+    fit_data: Callable[[], L.LightningDataModule]  # the same data as Lightning fits on it
+    model: Callable[[], torch.nn.Module]
+    callbacks: Callable[[], list[Callback]]  # each refuses its own settings in one line (TrainingError)
+    loggers: Callable[[], list[Logger]]
+    trainer: Callable[..., L.Trainer]  # called with callbacks=, logger=, plugins=
+    hydra_record: dict[str, bytes]  # the .hydra/ files of this start ({}: none), written once run.json accepted it
 
 
 def accumulation_steps(effective_batch_size: int | None, batch_size: int, world_size: int) -> int:
@@ -72,16 +86,6 @@ def last_checkpoint_file(callbacks: list) -> Path | None:
         if isinstance(callback, ModelCheckpoint) and callback.monitor is None and callback.filename:
             return Path(callback.dirpath) / f"{callback.filename}{callback.FILE_EXTENSION}"
     return None
-
-
-def build_loggers(logger_cfg: DictConfig | None, run_dir: Path) -> list[Logger]:
-    loggers = []
-    for cfg in (logger_cfg or {}).values():
-        overrides = {}
-        if cfg._target_.endswith("WandbLogger") and cfg.get("id") is None:
-            overrides["id"] = stable_run_id(run_dir)
-        loggers.append(hydra.utils.instantiate(cfg, **overrides))
-    return loggers
 
 
 def cluster_plugins() -> list:
@@ -177,16 +181,8 @@ class MonitoredMetric(Callback):
                                       f"{sorted(trainer.callback_metrics)}: set monitor.metric to one of them")
 
 
-def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
-    """The configured callbacks; a callback refusing its settings is reported as its own one-line error."""
-    callbacks = []
-    for node in (callbacks_cfg or {}).values():
-        try:
-            callbacks.append(hydra.utils.instantiate(node))
-        except InstantiationException as err:
-            if isinstance(err.__cause__, TrainingError):
-                raise err.__cause__ from None
-            raise
+def checked_callbacks(callbacks: list[Callback]) -> list[Callback]:
+    """The configured callbacks, once those that depend on others agree with them."""
     for callback in callbacks:
         if isinstance(callback, RobustValidation):
             callback.check_checkpoints(callbacks)
@@ -202,82 +198,69 @@ def monitored_value(trainer: L.Trainer, best: ModelCheckpoint | None, metric: st
     return float(trainer.callback_metrics[metric])
 
 
-# Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.api_run).
-RECORD_ONLY = {"api": export_api_run}
-
-
-def train(cfg: DictConfig) -> float | None:
-    """Fit the configured run (or build its head from prompts: strategy=zeroshot), export `model.safetensors` +
+def train(request: TrainRequest) -> float | None:
+    """Fit the requested run (or build its head from prompts: strategy=zeroshot), export `model.safetensors` +
     `model.json` into the run dir, return the monitored metric (best value when checkpointing, for Hydra sweepers).
 
     Before anything starts: the config is validated, the CPU threads set, the run dir locked and its identity
     checked against run.json (process of rank 0; the other DDP ranks run under its lock). Nothing in the run dir
     changes before that check passes (the .hydra/ record included)."""
-    if cfg.strategy.name in RECORD_ONLY:
-        return RECORD_ONLY[cfg.strategy.name](cfg)
-    validate_config(cfg)
+    config = request.config
+    validate_config(config)
     try:
-        threads = configure_threads(cfg.get("threads", "auto"))
+        threads = configure_threads(config.get("threads", "auto"))
     except DeviceError as err:
         raise TrainingConfigError(str(err)) from None
-    zeroshot = cfg.strategy.name == ZEROSHOT  # a head from prompts: no fit, no checkpoints (rgb.training.zeroshot)
+    zeroshot = config["strategy"]["name"] == ZEROSHOT  # a head from prompts: no fit, no checkpoints
     if zeroshot:
-        check_zeroshot_config(cfg)
+        check_zeroshot_config(config)
     # The callbacks check their own settings: before the run dir is claimed.
-    callbacks = [] if zeroshot else instantiate_callbacks(cfg.callbacks)
-    run_dir = Path(cfg.run_dir)
+    callbacks = [] if zeroshot else checked_callbacks(request.callbacks())
+    run_dir = request.run_dir
     if rank_zero_only.rank != 0:
-        return fit_and_export(cfg, run_dir, threads, callbacks, None, None)
+        return fit_and_export(request, threads, callbacks, None, None)
     with locked(run_dir):
         manifest = RunManifest(run_dir)
-        record = manifest.claim(training_identity(cfg))
-        write_hydra_record(run_dir, cfg)
+        record = manifest.claim(training_identity(config))
+        write_hydra_record(run_dir, request.hydra_record)
         if zeroshot:
-            return train_zeroshot(cfg, threads, manifest, record)
-        return fit_and_export(cfg, run_dir, threads, callbacks, manifest, record)
-
-
-def lightning_data(data: DictConfig) -> L.LightningDataModule:
-    """The data config as Lightning fits on it: its `_target_` when that is a LightningDataModule (a user's own),
-    else an RGBDataModule over the same keys (the configs' rgb.data.BenchmarkData reads no training batches)."""
-    if issubclass(hydra.utils.get_class(data._target_), L.LightningDataModule):
-        return hydra.utils.instantiate(data)
-    return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
+            return train_zeroshot(request, threads, manifest, record)
+        return fit_and_export(request, threads, callbacks, manifest, record)
 
 
 def fit_and_export(
-    cfg: DictConfig, run_dir: Path, threads: int, callbacks: list[Callback], manifest: RunManifest | None,
-    record: dict | None,
+    request: TrainRequest, threads: int, callbacks: list[Callback], manifest: RunManifest | None, record: dict | None,
 ) -> float:
-    if cfg.seed is not None:
-        L.seed_everything(cfg.seed, workers=True)
-    datamodule = lightning_data(cfg.data)
-    model = hydra.utils.instantiate(cfg.model)
-    initialise_head(model, cfg, datamodule)
+    config, run_dir = request.config, request.run_dir
+    metric = config["monitor"]["metric"]
+    if config["seed"] is not None:
+        L.seed_everything(config["seed"], workers=True)
+    datamodule = request.fit_data()
+    model = request.model()
+    initialise_head(model, config, datamodule)
     module = RobustFinetuneModule(
         model,
-        loss=OmegaConf.to_container(cfg.loss, resolve=True),
-        strategy=cfg.strategy.name,
-        optim=OmegaConf.to_container(cfg.optim, resolve=True),
-        channels_last=cfg.channels_last,
-        compile=cfg.compile,
+        loss=copy.deepcopy(config["loss"]),
+        strategy=config["strategy"]["name"],
+        optim=copy.deepcopy(config["optim"]),
+        channels_last=config["channels_last"],
+        compile=config["compile"],
     )
     progress = StartProgress()
-    callbacks = [*callbacks, progress, SameHyperparameters(), MonitoredMetric(cfg.monitor.metric)]
+    callbacks = [*callbacks, progress, SameHyperparameters(), MonitoredMetric(metric)]
     best = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
-    loggers = build_loggers(cfg.logger, run_dir)
+    loggers = request.loggers()
     status, summary = "failed", {}
     try:
-        trainer: L.Trainer = hydra.utils.instantiate(
-            cfg.trainer, callbacks=callbacks, logger=loggers or False,
-            plugins=[*cluster_plugins(), AtomicCheckpointIO()],
+        trainer: L.Trainer = request.trainer(
+            callbacks=callbacks, logger=loggers or False, plugins=[*cluster_plugins(), AtomicCheckpointIO()],
         )
         trainer.accumulate_grad_batches = accumulation_steps(
-            cfg.effective_batch_size, cfg.data.batch_size, trainer.world_size
+            config["effective_batch_size"], config["data"]["batch_size"], trainer.world_size
         )
         for logger in trainer.loggers:
-            logger.log_hyperparams({"config": OmegaConf.to_container(cfg, resolve=True)})
-        ckpt_path = resume_path(cfg.ckpt_path, last_checkpoint_file(callbacks))
+            logger.log_hyperparams({"config": copy.deepcopy(config)})
+        ckpt_path = resume_path(config["ckpt_path"], last_checkpoint_file(callbacks))
         if ckpt_path is not None:
             log.info("resuming from %s", ckpt_path)
         if manifest is not None:
@@ -285,18 +268,18 @@ def fit_and_export(
             record = manifest.add_start(record, start_record(threads, accelerator, trainer.num_devices,
                                                              trainer.num_nodes, str(trainer.precision), ckpt_path))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-        value = monitored_value(trainer, best, cfg.monitor.metric)
+        value = monitored_value(trainer, best, metric)
         if not math.isfinite(value):  # Lightning ranks NaN as the worst value: here every validation was NaN/inf
             raise TrainingError(
-                f"training diverged: best {cfg.monitor.metric} is {value}; nothing exported; lower the learning "
+                f"training diverged: best {metric} is {value}; nothing exported; lower the learning "
                 f"rates (optim.head_lr, optim.backbone_lr) and start fresh (delete {run_dir} or another run_name)"
             )
         if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
-            exported = export_best(datamodule, module, best, run_dir, record, run_names(cfg))
-            log.info("exported %s (%s = %.4f)", exported, cfg.monitor.metric, value)
+            exported = export_best(datamodule, module, best, run_dir, record, request.names)
+            log.info("exported %s (%s = %.4f)", exported, metric, value)
         elif trainer.is_global_zero:
             log.info("nothing left to train in %s: %s unchanged", run_dir, META_FILE)
-        summary = {f"best/{cfg.monitor.metric}": value, "epochs": module.current_epoch}
+        summary = {f"best/{metric}": value, "epochs": module.current_epoch}
         status = "success"
         return value
     finally:

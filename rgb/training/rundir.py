@@ -73,22 +73,6 @@ def locked(run_dir: Path):
         handle.close()  # releases the flock
 
 
-def run_names(cfg) -> dict:
-    """The run's own name and, for a job of a multirun, its sweep (the sweep dir's name, the dir, the job number),
-    recorded in model.json: attack.py and evaluate.py name their outputs from this record
-    (rgb.runs.store.run_name_for), since a sweep job's directory is named by its number only. A single run's name
-    is its dir's: `run_name` unless the dir was set by hand (run_dir=, hydra.run.dir=)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
-        return {"run_name": Path(str(cfg.run_dir)).name, "sweep": None}
-    hydra_cfg = HydraConfig.get()
-    sweep_dir = Path(str(hydra_cfg.sweep.dir))
-    return {"run_name": str(cfg.run_name),
-            "sweep": {"name": sweep_dir.name, "dir": str(sweep_dir.resolve()), "job": int(hydra_cfg.job.num)}}
-
-
 def start_record(threads: int, accelerator: str, devices: int, num_nodes: int, precision: str,
                  resumed_from: str | None) -> dict:
     """What this start ran on: recorded in run.json and, through it, in model.json."""
@@ -104,21 +88,17 @@ def start_record(threads: int, accelerator: str, devices: int, num_nodes: int, p
     }
 
 
-def write_hydra_record(run_dir: Path, cfg) -> None:
-    """The `.hydra/` record (config.yaml, hydra.yaml, overrides.yaml) of a start whose identity run.json accepted.
-    Hydra itself would write it before the run starts (conf/hydra/default.yaml turns that off), so a refused start
-    would rewrite the record of the config that trained the weights."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    if not HydraConfig.initialized():
-        return  # train(cfg) called from Python: there is no Hydra run to record
-    hydra_cfg = HydraConfig.get()
+def write_hydra_record(run_dir: Path, files: dict[str, bytes]) -> None:
+    """The `.hydra/` record (config.yaml, hydra.yaml, overrides.yaml: rgb.commands.train reads them from Hydra) of
+    a start whose identity run.json accepted. Hydra itself would write it before the run starts
+    (conf/hydra/default.yaml turns that off), so a refused start would rewrite the record of the config that
+    trained the weights. No files: train() called from Python, there is no Hydra run to record."""
+    if not files:
+        return
     record = run_dir / HYDRA_RECORD
     record.mkdir(parents=True, exist_ok=True)
-    for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
-                       ("overrides.yaml", hydra_cfg.overrides.task)):
-        atomic_write_bytes(record / name, OmegaConf.to_yaml(node).encode())
+    for name, text in files.items():
+        atomic_write_bytes(record / name, text)
 
 
 def _training_identity_in(record) -> dict | None:

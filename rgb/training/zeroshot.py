@@ -1,25 +1,26 @@
 """Heads built from prompts instead of gradients: `strategy=zeroshot` (the whole run) and `head_init=zeroshot`
-(fine-tuning starts from the prompt-built head). The prompts come from the `prompts` config group (rgb.zeroshot);
-labels are read only to report the validation accuracy of the finished head."""
+(fine-tuning starts from the prompt-built head). The prompts come from the `prompts` config group (rgb.zeroshot), read
+from the run's resolved config; labels are read only to report the validation accuracy of the finished head."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import hydra
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 
 from rgb.core import resolve_device
 from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.training.config import ZEROSHOT, TrainingConfigError
-from rgb.training.rundir import RunManifest, run_names, start_record
+from rgb.training.rundir import RunManifest, start_record
 from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
+
+if TYPE_CHECKING:
+    from rgb.training.run import TrainRequest
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,11 @@ def check_zeroshot_capable(model: torch.nn.Module) -> None:
         )
 
 
-def prompt_head(model, cfg: DictConfig, datamodule, device: str = "cpu") -> ZeroShotHead:
-    """The head that `cfg.prompts` builds for `model`'s CLIP on the data's class names (unlabelled split images)."""
+def prompt_head(model, config: dict, datamodule, device: str = "cpu") -> ZeroShotHead:
+    """The head that the config's `prompts` build for `model`'s CLIP on the data's class names (unlabelled split
+    images)."""
     check_zeroshot_capable(model)
-    settings = PromptSettings.from_config(OmegaConf.to_container(cfg.prompts, resolve=True))
+    settings = PromptSettings.from_config(config["prompts"])
     unlabelled = features_of(model, datamodule.eval_dataloader(settings.split), device)
     return build_zeroshot_head(load_clip_of(model), datamodule.class_names, settings, datamodule.dataset,
                                unlabelled, device)
@@ -62,9 +64,9 @@ def log_head(head: ZeroShotHead) -> None:
         log.info("described classes: %s", ", ".join(head.enriched))
 
 
-def init_head_from_prompts(model, cfg: DictConfig, datamodule) -> ZeroShotHead:
+def init_head_from_prompts(model, config: dict, datamodule) -> ZeroShotHead:
     """`head_init=zeroshot`: the image tower's head = logit_scale * W from the prompts, bias 0."""
-    head = prompt_head(model, cfg, datamodule, resolve_device("auto"))
+    head = prompt_head(model, config, datamodule, resolve_device("auto"))
     model.set_head(head.logit_scale * head.head)
     log_head(head)
     return head
@@ -73,14 +75,15 @@ def init_head_from_prompts(model, cfg: DictConfig, datamodule) -> ZeroShotHead:
 HEAD_INITS = {"zeroshot": init_head_from_prompts}
 
 
-def initialise_head(model, cfg: DictConfig, datamodule) -> None:
-    """Apply `head_init` (config group conf/head_init/; absent = the model's own fresh head)."""
-    head_init = cfg.get("head_init")
+def initialise_head(model, config: dict, datamodule) -> None:
+    """Apply `head_init` of the resolved config (config group conf/head_init/; absent = the model's own fresh
+    head)."""
+    head_init = config.get("head_init")
     if head_init is None:
         return
-    if head_init.name not in HEAD_INITS:
-        raise ValueError(f"unknown head_init {head_init.name!r}; choose one of {', '.join(HEAD_INITS)}")
-    HEAD_INITS[head_init.name](model, cfg, datamodule)
+    if head_init["name"] not in HEAD_INITS:
+        raise ValueError(f"unknown head_init {head_init['name']!r}; choose one of {', '.join(HEAD_INITS)}")
+    HEAD_INITS[head_init["name"]](model, config, datamodule)
 
 
 def validation_metrics(model, datamodule, device: str) -> dict[str, float]:
@@ -100,40 +103,42 @@ def validation_metrics(model, datamodule, device: str) -> dict[str, float]:
 ZEROSHOT_METRICS = ("val/acc", "val/loss")
 
 
-def check_zeroshot_config(cfg: DictConfig) -> None:
+def check_zeroshot_config(config: dict) -> None:
     """Before the run dir is claimed: the monitored metric must be one the zero-shot head reports."""
-    if cfg.monitor.metric not in ZEROSHOT_METRICS:
-        raise TrainingConfigError(f"monitored metric {cfg.monitor.metric!r} is not reported by strategy=zeroshot: "
+    metric = config["monitor"]["metric"]
+    if metric not in ZEROSHOT_METRICS:
+        raise TrainingConfigError(f"monitored metric {metric!r} is not reported by strategy=zeroshot: "
                                   f"set monitor.metric to one of {list(ZEROSHOT_METRICS)}")
 
 
-def train_zeroshot(cfg: DictConfig, threads: int, manifest: RunManifest, record: dict) -> float:
+def train_zeroshot(request: TrainRequest, threads: int, manifest: RunManifest, record: dict) -> float:
     """`strategy=zeroshot`: build the head (no gradient step), export the run dir like a trained run, return the
     monitored validation metric. Called under the run dir's lock, once run.json accepted the config: a re-run of
     an exported head changes nothing (attack runs of its weights stay valid)."""
-    run_dir = Path(cfg.run_dir)
+    config, run_dir = request.config, request.run_dir
+    metric = config["monitor"]["metric"]
     meta_file = run_dir / META_FILE
     if record["starts"] and meta_file.is_file() and (run_dir / WEIGHTS_FILE).is_file():
         log.info("%s already holds this zero-shot head: %s unchanged", run_dir, META_FILE)
         return float(json.loads(meta_file.read_text())["monitor_value"])
-    datamodule = hydra.utils.instantiate(cfg.data)
-    model = hydra.utils.instantiate(cfg.model)
+    datamodule = request.data()
+    model = request.model()
     device = resolve_device("auto")
     record = manifest.add_start(record, start_record(threads, device.split(":")[0], 1, 1, "32-true", None))
-    head = init_head_from_prompts(model, cfg, datamodule)
+    head = init_head_from_prompts(model, config, datamodule)
     metrics = validation_metrics(model, datamodule, device)
     meta = export_meta(
-        datamodule, run_names(cfg),
+        datamodule, request.names,
         loss=None,
         strategy=ZEROSHOT,
         epochs=0,
-        seed=cfg.seed,
+        seed=config["seed"],
         weights=ZEROSHOT,
-        monitor=cfg.monitor.metric,
-        monitor_value=metrics[cfg.monitor.metric],
+        monitor=metric,
+        monitor_value=metrics[metric],
         zeroshot=head.record(),
         training={"identity": record["identity"], "starts": record["starts"]},
     )
     exported = export_model(model.cpu().eval(), run_dir, meta)
     log.info("exported %s (val/acc %.4f, val/loss %.4f)", exported, metrics["val/acc"], metrics["val/loss"])
-    return metrics[cfg.monitor.metric]
+    return metrics[metric]

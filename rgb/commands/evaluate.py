@@ -1,0 +1,75 @@
+"""evaluate.py's config half: the composed config becomes one request (a model to score, a pool to rank, or one of
+the reports that replace the scores) and rgb.evaluation runs it. A pool builds one request per member, each named
+and placed as run=DIR would be."""
+
+from __future__ import annotations
+
+import importlib
+from functools import partial
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rgb.evaluation.model_eval import EvaluationError
+from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate, evaluate_pool
+from rgb.runs.store import train_runs
+
+# Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
+REPORTS = {
+    "text_robustness": ("rgb.commands.text_robustness", "run_text_robustness"),
+    "zeroshot_report": ("rgb.commands.zeroshot_report", "run_zeroshot_report"),
+}
+
+
+def member(cfg: DictConfig, run) -> DictConfig:
+    """The config of one pool model: its run_name and output_dir resolve as they would for run=DIR."""
+    return OmegaConf.merge(cfg, {"run": str(run), "pool": None})
+
+
+def run_outputs(cfg: DictConfig) -> RunOutputs:
+    """The model of `cfg.run`, its name and output dir."""
+    return RunOutputs(Path(str(cfg.run)), str(cfg.run_name), Path(str(cfg.output_dir)))
+
+
+def eval_request(cfg: DictConfig) -> EvalRequest:
+    tracking = cfg.wandb
+    return EvalRequest(
+        model=run_outputs(cfg), attack_dir=Path(str(cfg.attack_dir)), data=partial(instantiate, cfg.data),
+        protocol=str(cfg.protocol), transfer=bool(cfg.transfer), severity_sweep=bool(cfg.severity_sweep),
+        allow_partial=bool(cfg.allow_partial), max_images=cfg.max_images,
+        worst_k=tuple(OmegaConf.to_container(cfg.worst_k)), device=str(cfg.device), batch_size=int(cfg.batch_size),
+        api_cache_dir=Path(str(cfg.api_cache_dir)), max_requests=cfg.get("max_requests"),
+        dry_run=bool(cfg.get("dry_run")), wandb_project=str(tracking.project) if tracking.enabled else None,
+    )
+
+
+def pool_request(cfg: DictConfig) -> PoolRequest:
+    """pool=[...]: a train sweep or run dir names its models (one request each), any other entry is a dir of
+    scores.json files."""
+    entries = []
+    for entry in cfg.pool:
+        runs = train_runs(entry)
+        entries += [eval_request(member(cfg, run)) for run in runs] if runs else [Path(str(entry))]
+    datasets = cfg.get("leaderboard_datasets")
+    return PoolRequest(tuple(entries), str(cfg.protocol), Path(str(cfg.leaderboard_dir)),
+                       None if datasets is None else tuple(str(d) for d in datasets), str(cfg.get("rank_by", "borda")))
+
+
+def run_evaluation(cfg: DictConfig) -> float | None:
+    """Returns the score of the model, for sweepers (white-box; black-box for an API model); None in pool mode,
+    for a dry run or while incomplete."""
+    asked = [flag for flag in REPORTS if cfg.get(flag)]
+    if len(asked) > 1:
+        raise EvaluationError(f"{' and '.join(asked)} are separate reports: set one of them per command")
+    if asked:
+        module, function = REPORTS[asked[0]]
+        return getattr(importlib.import_module(module), function)(cfg)
+    if cfg.pool:
+        return evaluate_pool(pool_request(cfg))
+    if cfg.run is None:
+        raise EvaluationError("nothing to evaluate: give run=<train output dir or .safetensors> or pool=[DIR,...]")
+    record = evaluate(eval_request(cfg))[0]
+    if record is None:  # dry_run: nothing scored
+        return None
+    return record.black_box.score if record.white_box_na else record.white_box.score

@@ -1,0 +1,118 @@
+"""train.py's config half: the composed config becomes one TrainRequest (a model behind an API: one ApiRunRequest)
+and rgb.training runs it. What only Hydra knows is read here: the objects its `_target_`s name, the run's place in a
+sweep, the `.hydra/` record of the start.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.errors import InstantiationException
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
+from rgb.training.api_run import ApiRunRequest, export_api_run
+from rgb.training.config import TrainingError
+from rgb.training.datamodule import RGBDataModule
+from rgb.training.run import TrainRequest
+from rgb.training.run import train as train_request
+
+
+def run_names(cfg: DictConfig) -> dict:
+    """The run's own name and, for a job of a multirun, its sweep (the sweep dir's name, the dir, the job number),
+    recorded in model.json: attack.py and evaluate.py name their outputs from this record
+    (rgb.runs.store.run_name_for), since a sweep job's directory is named by its number only. A single run's name
+    is its dir's: `run_name` unless the dir was set by hand (run_dir=, hydra.run.dir=)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
+        return {"run_name": Path(str(cfg.run_dir)).name, "sweep": None}
+    hydra_cfg = HydraConfig.get()
+    sweep_dir = Path(str(hydra_cfg.sweep.dir))
+    return {"run_name": str(cfg.run_name),
+            "sweep": {"name": sweep_dir.name, "dir": str(sweep_dir.resolve()), "job": int(hydra_cfg.job.num)}}
+
+
+def hydra_record(cfg: DictConfig) -> dict[str, bytes]:
+    """The `.hydra/` files of this start (config.yaml, hydra.yaml, overrides.yaml); none when train() is called
+    from Python (no Hydra run to record)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    hydra_cfg = HydraConfig.get()
+    return {name: OmegaConf.to_yaml(node).encode()
+            for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                               ("overrides.yaml", hydra_cfg.overrides.task))}
+
+
+def build_loggers(logger_cfg: DictConfig | None, run_dir: Path) -> list[Logger]:
+    loggers = []
+    for cfg in (logger_cfg or {}).values():
+        overrides = {}
+        if cfg._target_.endswith("WandbLogger") and cfg.get("id") is None:
+            overrides["id"] = stable_run_id(run_dir)
+        loggers.append(hydra.utils.instantiate(cfg, **overrides))
+    return loggers
+
+
+def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
+    """The configured callbacks; a callback refusing its settings is reported as its own one-line error."""
+    callbacks = []
+    for node in (callbacks_cfg or {}).values():
+        try:
+            callbacks.append(hydra.utils.instantiate(node))
+        except InstantiationException as err:
+            if isinstance(err.__cause__, TrainingError):
+                raise err.__cause__ from None
+            raise
+    return callbacks
+
+
+def lightning_data(data: DictConfig) -> L.LightningDataModule:
+    """The data config as Lightning fits on it: its `_target_` when that is a LightningDataModule (a user's own),
+    else an RGBDataModule over the same keys (the configs' rgb.data.BenchmarkData reads no training batches)."""
+    if issubclass(hydra.utils.get_class(data._target_), L.LightningDataModule):
+        return hydra.utils.instantiate(data)
+    return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
+
+
+def training_request(cfg: DictConfig) -> TrainRequest:
+    """The run of `cfg`: resolved once (an interpolation that fails is named here, before anything starts)."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    run_dir = Path(config["run_dir"])
+    return TrainRequest(
+        config=config, run_dir=run_dir, names=run_names(cfg),
+        data=partial(hydra.utils.instantiate, cfg.data), fit_data=partial(lightning_data, cfg.data),
+        model=partial(hydra.utils.instantiate, cfg.model), callbacks=partial(instantiate_callbacks, cfg.get("callbacks")),
+        loggers=partial(build_loggers, cfg.get("logger"), run_dir),
+        trainer=partial(hydra.utils.instantiate, cfg.get("trainer")),
+        hydra_record=hydra_record(cfg),
+    )
+
+
+def api_run_request(cfg: DictConfig) -> ApiRunRequest:
+    return ApiRunRequest(model=OmegaConf.to_container(cfg.model, resolve=True),
+                         data=partial(hydra.utils.instantiate, cfg.data), run_dir=str(cfg.run_dir),
+                         names=run_names(cfg), seed=cfg.seed)
+
+
+def export_api_config(cfg: DictConfig) -> None:
+    export_api_run(api_run_request(cfg))
+
+
+# Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.api_run).
+RECORD_ONLY = {"api": export_api_config}
+
+
+def train(cfg: DictConfig) -> float | None:
+    """train.py: the run `cfg` describes (rgb.training.train), its monitored metric for sweepers."""
+    if cfg.strategy.name in RECORD_ONLY:
+        return RECORD_ONLY[cfg.strategy.name](cfg)
+    return train_request(training_request(cfg))

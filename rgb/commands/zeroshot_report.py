@@ -1,0 +1,43 @@
+"""evaluate.py zeroshot_report=true, its config half: the `zeroshot_report_options` block (with evaluate's
+`worst_k`) and the entries (run=, or each pool member: a run named and placed as run=DIR would be, or an earlier
+report's comparison.json) become one ZeroShotReportRequest."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rgb.commands.evaluate import member, run_outputs
+from rgb.core.machine import resolve_device
+from rgb.evaluation.zeroshot_report import REPORT_DIR, ZeroShotReportOptions, ZeroShotReportRequest, zeroshot_reports
+
+
+def zeroshot_report_options(cfg: DictConfig) -> ZeroShotReportOptions:
+    block = OmegaConf.to_container(cfg.zeroshot_report_options, resolve=True)
+    paths = {key: None if block.get(key) is None else Path(str(block[key]))
+             for key in ("cache_dir", "zpe_pretraining_features", "descriptions", "pool_dir")}
+    return ZeroShotReportOptions(
+        ensembles=tuple(str(m) for m in block["ensembles"]),
+        unlabelled_split=None if block["unlabelled_split"] is None else str(block["unlabelled_split"]),
+        device=resolve_device(str(cfg.device)), worst_k=tuple(OmegaConf.to_container(cfg.worst_k)),
+        cmm_units=block.get("cmm_units"), mad_t=None if block.get("mad_t") is None else float(block["mad_t"]), **paths)
+
+
+def zeroshot_report_request(cfg: DictConfig) -> ZeroShotReportRequest:
+    options = zeroshot_report_options(cfg)
+    data = partial(instantiate, cfg.data)
+    if cfg.pool:
+        paths = [Path(str(p)) for p in cfg.pool]
+        entries = tuple(path if path.suffix == ".json" else run_outputs(member(cfg, path)) for path in paths)
+        return ZeroShotReportRequest(options, entries, data,
+                                     options.pool_dir or Path(str(cfg.leaderboard_dir)) / REPORT_DIR)
+    return ZeroShotReportRequest(options, () if cfg.run is None else (run_outputs(cfg),), data, None)
+
+
+def run_zeroshot_report(cfg: DictConfig) -> None:
+    """`zeroshot_report=true run=DIR`: one zero-shot run; `pool=[...]` (runs or earlier reports' comparison.json):
+    each reported, then the rows averaged over them."""
+    zeroshot_reports(zeroshot_report_request(cfg))
