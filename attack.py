@@ -2,7 +2,7 @@
 `python attack.py run=outputs/train/<dataset>/<run_name>` (resumable, shardable; see conf/attack.yaml).
 Same command as the installed `rgb-attack`."""
 
-from rgb.cli import attack_main
+from rgb.commands.main import attack_main
 
 if __name__ == "__main__":
     attack_main()

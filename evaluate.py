@@ -2,7 +2,7 @@
 `python evaluate.py pool=[DIR,...]` (leaderboard with Sum and Borda scores). See conf/evaluate.yaml.
 Same command as the installed `rgb-evaluate`."""
 
-from rgb.cli import evaluate_main
+from rgb.commands.main import evaluate_main
 
 if __name__ == "__main__":
     evaluate_main()

@@ -2,7 +2,7 @@
 experiment=fft50_trades trainer=gpu`. Plain `python train.py` trains the tiny CPU demo on the mini benchmark.
 Same command as the installed `rgb-train`."""
 
-from rgb.cli import train_main
+from rgb.commands.main import train_main
 
 if __name__ == "__main__":
     train_main()

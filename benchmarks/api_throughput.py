@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from rgb.cli import register_resolvers
+from rgb.commands.resolvers import register_resolvers
 from rgb.core import atomic_write_json
 from rgb.evaluation.api_eval import split_images
 from rgb.evaluation.records import ScoresRecord

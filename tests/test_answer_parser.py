@@ -4,7 +4,7 @@ benchmark's: which class each answer names, or why it abstains (no class, severa
 import pytest
 
 from rgb.data.mini import CLASS_NAMES as MINI
-from rgb import cli
+from rgb.commands import main as cli
 from rgb.models.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, parse_answer
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
 from rgb.models.api_client import ApiError

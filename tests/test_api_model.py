@@ -33,7 +33,7 @@ from rgb.models import load_with_meta
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
 from rgb.models.api_cache import AnswerCache, CacheError
 from rgb.models.api_client import ApiError, RateLimiter, RequestBudget
-from rgb import cli
+from rgb.commands import main as cli
 from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError, partial_dir
 from rgb.serve import Faults, make_server
@@ -281,7 +281,7 @@ def test_api_model_scores_what_the_served_model_scores_image_by_image(tmp_path, 
 
 
 def test_an_api_model_cannot_be_attacked(tmp_path, bench, server):
-    from rgb.cli_adapters import attack_from_config
+    from rgb.commands.attack import attack_from_config
 
     run = api_run(tmp_path, bench, server.base_url)
     with pytest.raises(AttackRunError, match="cannot be white-box attacked"):
@@ -456,12 +456,12 @@ def test_kill_9_mid_run_then_resume_asks_nothing_twice(tmp_path, bench, served_r
 
 @pytest.mark.slow
 def test_rgb_serve_command_answers_on_localhost(tmp_path, bench, served_run):
-    """The console script's code path (rgb.cli.serve_main) in a subprocess, port 0, one real request."""
+    """The console script's code path (rgb.commands.main.serve_main) in a subprocess, port 0, one real request."""
     import httpx
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "RGB_THREADS": "1"}
     child = subprocess.Popen(
-        [sys.executable, "-c", "from rgb.cli import serve_main; serve_main()", f"run={served_run}", "port=0",
+        [sys.executable, "-c", "from rgb.commands.main import serve_main; serve_main()", f"run={served_run}", "port=0",
          "served_name=tiny", f"paths.root_dir={tmp_path}"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     guard = threading.Timer(180, lambda: os.killpg(child.pid, signal.SIGKILL))

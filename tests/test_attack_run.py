@@ -25,7 +25,7 @@ from rgb.core.files import flock
 from rgb.data import load_split
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.export import quantise_within_budget
-from rgb.cli_adapters import attack_from_config
+from rgb.commands.attack import attack_from_config
 from rgb.runs.settings import shard_position
 from rgb.runs.store import AttackRunError
 from rgb.models import create_model, export_model

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rgb import cli
+from rgb.commands import main as cli
 from rgb.core.files import replaced_whole
 from rgb.core.values import ConfigValueError, path_name
 from rgb.models import ExportFileError, create_model, export_model, load_with_meta
@@ -291,7 +291,7 @@ def test_entry_points_shorten_openmp_spinning_before_torch_loads(env, expected):
     """libgomp reads GOMP_SPINCOUNT once, when torch loads it: the entry points set it first (a user's own
     setting, or OMP_WAIT_POLICY, wins)."""
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    code = "import sys, os, rgb.cli; print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT'))"
+    code = "import sys, os, rgb.commands.main; print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT'))"
     shown = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
                            check=True).stdout.split()
     assert shown == ["False", str(expected)]

@@ -266,7 +266,7 @@ def test_corruptions_are_an_optional_extra(monkeypatch):
             f"    def find_spec(self, name, *args):\n"
             f"        if name.split('.')[0] in {blocked!r}: raise ImportError(name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import rgb.cli, rgb.data.mini, rgb.runs.runner, rgb.evaluation.run, rgb.commands.train, rgb.zeroshot\n"
+            "import rgb.commands.main, rgb.data.mini, rgb.runs.runner, rgb.evaluation.run, rgb.commands.train, rgb.zeroshot\n"
             "print('imported')\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]
@@ -292,20 +292,20 @@ def test_training_fits_on_the_data_config_it_is_given(compose):
 
 def test_attack_and_evaluation_start_without_lightning_or_scikit_learn():
     """Lightning (about 1.5 s to import) is training's, and scikit-learn only builds the mini benchmark: the modules
-    attack.py and evaluate.py run, the data config they instantiate and rgb.cli's error table load neither (issue
+    attack.py and evaluate.py run, the data config they instantiate and rgb.commands.main's error table load neither (issue
     24: start-up)."""
     import subprocess
     import sys
 
     code = ("import sys\n"
             "from hydra.utils import instantiate\n"
-            "import rgb.cli_adapters, rgb.runs.runner, rgb.commands.evaluate, rgb.models.openclip\n"
-            "from rgb.cli import register_resolvers\n"
+            "import rgb.commands.attack, rgb.runs.runner, rgb.commands.evaluate, rgb.models.openclip\n"
+            "from rgb.commands.main import register_resolvers\n"
             "from tests.helpers import compose_config\n"
             "register_resolvers()\n"
             "instantiate(compose_config('attack', 'data=mini').data)\n"
-            "import rgb.cli\n"
-            "rgb.cli.user_errors()  # the one-line error table names classes of loaded modules only\n"
+            "import rgb.commands.main\n"
+            "rgb.commands.main.user_errors()  # the one-line error table names classes of loaded modules only\n"
             "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'sklearn') if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -14,7 +14,7 @@ from torch import nn
 import rgb
 from rgb.attacks import AttackError
 from rgb.attacks.autoattack import AutoAttack
-from rgb.cli import user_errors
+from rgb.commands.main import user_errors
 from rgb.core.files import CorruptFileError
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.evaluation.records import RecordError, white_box_setting
@@ -223,7 +223,7 @@ def test_evaluate_refuses_other_class_names_and_other_logit_counts(mini_dir, tmp
 
 
 def test_attack_refuses_a_model_with_other_logit_counts_or_infinite_logits(mini_dir, tmp_path, compose):
-    from rgb.cli_adapters import attack_from_config
+    from rgb.commands.attack import attack_from_config
 
     five, infinite = small_cnn(num_classes=5), small_cnn()
     with torch.no_grad():

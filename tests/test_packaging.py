@@ -31,7 +31,7 @@ def test_wheel_carries_the_configs_built_from_conf(wheel):
         if not relative.startswith("local/"):
             assert f"rgb/conf/{relative}" in names, relative
     assert not any(n.startswith("rgb/conf/local/") and not n.endswith("README.md") for n in names)
-    assert "rgb/cli.py" in names and not any(n.startswith("tests/") for n in names)
+    assert "rgb/commands/main.py" in names and not any(n.startswith("tests/") for n in names)
 
 
 @pytest.mark.slow

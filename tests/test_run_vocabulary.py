@@ -50,7 +50,7 @@ def test_the_configs_spell_output_dirs_through_the_store(tmp_path):
     """attack.yaml's and evaluate.yaml's output paths are the store's layout (the `${rgb.output_dir:...}` resolver)."""
     from hydra import compose, initialize_config_dir
 
-    from rgb.cli import CONFIG_DIR, register_resolvers
+    from rgb.commands.main import CONFIG_DIR, register_resolvers
 
     register_resolvers()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -172,7 +172,7 @@ def test_attack_array_over_the_sweep_resumes_a_requeued_shard(attack_array, trai
         ["multirun", f"{SWEEP_NAME}-j0", f"{SWEEP_NAME}-j1"])  # named from the train record, never "0"
     after = {p.name: p.stat().st_mtime_ns for p in shard.glob("batch-*.pt")}
     assert len(after) == 6 and all(after[name] == mtime for name, mtime in before.items())  # none recomputed
-    from rgb.cli_adapters import attack_from_config
+    from rgb.commands.attack import attack_from_config
 
     single = root / "single"  # the same attack in one process, here (no SLURM, no shards)
     cfg = compose("attack", f"run={train_sweep / '1'}", f"output_dir={single}", *ATTACK, *paths)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import CONF, compose_config
-from rgb import cli
+from rgb.commands import main as cli
 from rgb.evaluation.leaderboard import seed_spread, seed_spread_markdown
 from rgb.runs.store import run_name_for, train_runs
 

@@ -12,7 +12,7 @@ from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import TRANSFER_SPLITS, split_budget
 from rgb.data.mini import DATASET
 from rgb.runs.store import AttackRunError
-from rgb.cli_adapters import transfer_from_config as make_transfer_summaries
+from rgb.commands.transfer import transfer_from_config as make_transfer_summaries
 from rgb.models import load
 
 N_IMAGES = 24

@@ -13,7 +13,7 @@ import helpers
 from rgb.commands.evaluate import run_evaluation
 from rgb.models import load_with_meta
 from rgb.models.embedded_clip import EMBEDDED_ARCH
-from rgb.cli_adapters import attack_from_config
+from rgb.commands.attack import attack_from_config
 from rgb.commands.train import train
 
 RUN_NAME = "zs_cpe"

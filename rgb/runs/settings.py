@@ -74,7 +74,7 @@ class AttackSettings:
                progress: bool = True, impl: str = "ours", threads: int = 1, tail_rows: int = 0,
                input_format: str = "auto", capture: str = "auto", max_images: int | None = None
                ) -> AttackSettings:
-        """Validated settings from plain values (attack.py's config is mapped onto these by rgb.cli_adapters;
+        """Validated settings from plain values (attack.py's config is mapped onto these by rgb.commands.attack;
         rgb.benchmark passes them directly). `data` builds the data module in whichever process attacks."""
         if run is None:
             raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")

@@ -2,6 +2,7 @@
 train.py / attack.py / evaluate.py of the repository): one place that registers the config resolvers, sets the
 CPU threads, fills `data=` from the model when it is not given, and turns every user-facing error into one line.
 
+Each command's body (rgb/commands/<command>.py) turns the composed config into the typed values the library takes.
 Heavy libraries (torch, Lightning, timm, datasets) are imported inside the commands, so `--help` stays fast.
 """
 
@@ -451,7 +452,7 @@ def _train(cfg: DictConfig, threads: int):
 
 
 def _attack(cfg: DictConfig, threads: int):
-    from rgb.cli_adapters import attack_from_config
+    from rgb.commands.attack import attack_from_config
 
     summaries = attack_from_config(cfg, threads=threads)
     # For sweepers: the lowest robust accuracy over the merged norms (None while shards are still missing).
@@ -465,13 +466,13 @@ def _evaluate(cfg: DictConfig, threads: int):
 
 
 def _transfer(cfg: DictConfig, threads: int):
-    from rgb.cli_adapters import transfer_from_config
+    from rgb.commands.transfer import transfer_from_config
 
     transfer_from_config(cfg, threads=threads)
 
 
 def _serve(cfg: DictConfig, threads: int):
-    from rgb.serve import serve_from_config
+    from rgb.commands.serve import serve_from_config
 
     serve_from_config(cfg)
 

@@ -1,6 +1,6 @@
-"""The command-line edge of the attack runs: attack.py's and rgb-transfer's composed configs become the typed
-values the library takes (`AttackSettings.create`, a data-module factory, budgets), so no module below the entry
-points sees a DictConfig. Imported inside the commands (it pulls in torch), never by `--help`.
+"""attack.py's config half (and what rgb-transfer's shares with it): the composed config becomes the typed values
+the library takes (`AttackSettings.create`, a data-module factory, budgets), so no module below rgb/commands/ sees a
+DictConfig. Imported inside the commands (it pulls in torch), never by `--help`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.data.benchmark_data import BenchmarkData
-from rgb.runs.settings import AttackSettings, Budget, transfer_budgets, white_box_budgets
+from rgb.runs.settings import AttackSettings, Budget, white_box_budgets
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import RunSummary, run_name_for
 
@@ -56,15 +56,3 @@ def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummar
 
         log_attack(summaries, settings.output_dir, str(tracking.get("project", "robustgenbench")))
     return summaries
-
-
-def transfer_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
-    """rgb-transfer: the surrogate `cfg.run` attacked at the requested transfer budgets, written into the snapshot."""
-    from rgb.runs.transfer import make_transfer_splits
-
-    data = data_factory(cfg.data)
-    datamodule = data()
-    splits = None if cfg.splits is None else [str(s) for s in cfg.splits]
-    budgets = transfer_budgets(splits, datamodule.transfer_budgets)
-    settings = attack_settings(cfg, data, budgets, surrogate=str(cfg.surrogate), threads=threads)
-    return make_transfer_splits(settings, datamodule.source)

@@ -1,0 +1,22 @@
+"""rgb-transfer's config half: the surrogate's attack settings at the requested transfer budgets (built as
+attack.py's are), written into the snapshot."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from rgb.commands.attack import attack_settings, data_factory
+from rgb.runs.settings import transfer_budgets
+from rgb.runs.store import RunSummary
+
+
+def transfer_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
+    """rgb-transfer: the surrogate `cfg.run` attacked at the requested transfer budgets, written into the snapshot."""
+    from rgb.runs.transfer import make_transfer_splits
+
+    data = data_factory(cfg.data)
+    datamodule = data()
+    splits = None if cfg.splits is None else [str(s) for s in cfg.splits]
+    budgets = transfer_budgets(splits, datamodule.transfer_budgets)
+    settings = attack_settings(cfg, data, budgets, surrogate=str(cfg.surrogate), threads=threads)
+    return make_transfer_splits(settings, datamodule.source)
