@@ -14,18 +14,16 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from rgb.attacks.common import AttackError, EvalCounter, Progress, check_eps, lp_norm
+from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import ATTACKS, VERSIONS
 from rgb.core.threat import Norm, parse_norm
 
-PRECISIONS = ("fp32", "bf16")
-INPUT_FORMATS = ("auto", "contiguous", "channels_last")
-CAPTURES = ("auto", "eager", "trace")
 # Budget tolerances of spec §8.1 (float32 rounding of the projections).
 RELATIVE_TOLERANCE = {Norm.L1: 1e-5, Norm.L2: 1e-5}
 LINF_TOLERANCE = 1e-7
@@ -99,7 +97,8 @@ def check_threat_model(x: torch.Tensor, x_adv: torch.Tensor, norm: str | Norm, e
 
 
 class AutoAttack:
-    """`AutoAttack(model, norm, eps).run(x, y)` for any model mapping [0,1] images to logits.
+    """`AutoAttack(model, norm, eps).run(x, y)` for any model mapping [0,1] images to logits; what it runs is an
+    `rgb.attacks.options.AttackOptions` (its fields may be given as keywords instead).
 
     `version` names an entry of `rgb.attacks.registry.VERSIONS`: "standard" runs the spec's table for `norm`
     (L1: 5 APGD-CE restarts and 5 APGD-T targets with the 3-2-1 eps schedule, Square-L1 included); "plus" runs
@@ -109,7 +108,8 @@ class AutoAttack:
     randomness allows. "fast" (screening, never the benchmark's number) runs APGD-CE as standard, then APGD-T
     over the MALT targets (`rgb.attacks.malt`), without FAB-T and Square. `attacks` picks a subset in the version's order (for diagnostics; a subset is not
     AutoAttack and is labelled as such by the caller). `precision="bf16"` runs the attacks under bf16 autocast;
-    a success only counts after an fp32 re-verification, which every success gets anyway.
+    a success only counts after an fp32 re-verification, which every success gets anyway. `steps`: iterations
+    of each gradient attack; `queries`: Square's query budget.
 
     `progress(name, *position)`, if given, hears `progress(name)` when attack `name` starts on a batch and then,
     at most every `progress_interval` seconds, the position of its current step (`rgb.attacks.common.Progress`:
@@ -148,61 +148,34 @@ class AutoAttack:
         model: nn.Module,
         norm: str | Norm,
         eps: float,
-        version: str = "standard",
-        seed: int = 0,
+        options: AttackOptions | None = None,
+        *,
         device: str | torch.device | None = None,
-        attacks: list[str] | tuple[str, ...] | None = None,
         batch_size: int = 500,
-        precision: str = "fp32",
-        n_iter: int = 100,
-        n_queries: int = 5000,
         progress: Callable[..., None] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
-        tail_rows: int = 0,
-        input_format: str = "auto",
         on_leave: Callable[[int], None] | None = None,
-        capture: str = "auto",
+        **option_values,
     ):
+        """`options` (or, for convenience, its fields as keywords, which replace those of `options`): what to run."""
         self.model = model
         self.norm = parse_norm(norm)
         check_eps(eps)
         if not float(eps) > 0:
             raise ValueError(f"eps must be positive, got {eps}")
-        if version not in VERSIONS:
-            raise ValueError(f"version must be one of {tuple(VERSIONS)}, got {version!r}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        self.spec = VERSIONS[version]
-        order = self.spec.attacks
-        attacks = list(order if attacks is None else attacks)
-        unknown = [a for a in attacks if a not in order]
-        if unknown or not attacks:
-            raise ValueError(f"attacks of version {version!r} must be a non-empty subset of {order}, got {attacks}")
-        self.steps = [step for step in self.spec.steps if step.attack in attacks]
+        options = options or AttackOptions()
+        self.options = replace(options, **option_values) if option_values else options
+        self.spec = VERSIONS[self.options.version]
+        chosen = self.options.attacks
+        self.steps = [step for step in self.spec.steps if chosen is None or step.attack in chosen]
         self.attacks = [step.attack for step in self.steps]
         self.eps = float(eps)
-        self.version = version
-        self.seed = int(seed)
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.batch_size = int(batch_size)
-        self.precision = precision
-        self.n_iter = int(n_iter)
-        self.n_queries = int(n_queries)
         self.progress = progress
         self.progress_interval = float(progress_interval)
         self.on_leave = on_leave
-        if input_format not in INPUT_FORMATS:
-            raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
-        self.input_format = input_format
-        if capture not in CAPTURES:
-            raise ValueError(f"capture must be one of {CAPTURES}, got {capture!r}")
-        if capture == "trace" and precision != "fp32":
-            raise ValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
-        self.capture = capture
         self.capture_reason: str | None = None  # why capture="auto" kept a model eager that a trace would blind
-        if int(tail_rows) < 0:
-            raise ValueError(f"tail_rows must be >= 0, got {tail_rows}")
-        self.tail_rows = int(tail_rows)
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
@@ -297,7 +270,7 @@ class AutoAttack:
             perturbation_norm=lp_norm(x_adv - x, self.norm), attacks=list(self.attacks),
             accuracy_after=accuracy_after, evaluations=evaluations, forward_rows=forward_rows,
             backward_rows=backward_rows, norm=self.norm.value, eps=self.eps,
-            version=self.version, seed=self.seed, precision=self.precision, warnings=caught,
+            version=self.options.version, seed=self.options.seed, precision=self.options.precision, warnings=caught,
             capture="trace" if isinstance(self.attack_model, TracedModel) else "eager",
         )
 
@@ -305,8 +278,7 @@ class AutoAttack:
         """One attack on one batch of still-robust points; returns candidates on the CPU (clean where it failed)."""
         x, y, clean_logits = x.to(self.device), y.to(self.device), clean_logits.to(self.device)
         entry = ATTACKS[name]
-        available = {"clean_logits": clean_logits, "generator": self.seed, "n_iter": self.n_iter,
-                     "n_queries": self.n_queries, "tail_rows": self.tail_rows}
+        available = {"clean_logits": clean_logits, **self.options.cascade_inputs(name)}
         inputs = {key: value for key, value in available.items() if key in entry.inputs}
         with self._autocast():
             out = entry.attack(self.attack_model, x, y, norm=self.norm, eps=self.eps, counter=counter,
@@ -326,7 +298,7 @@ class AutoAttack:
 
     def _formatted(self, probe: torch.Tensor, probe_logits: torch.Tensor, probes: EvalCounter) -> nn.Module:
         """The model in the memory format of `input_format`, checked on a one-image probe."""
-        wanted = self.input_format
+        wanted = self.options.input_format
         if wanted == "auto":
             convolutional = any(isinstance(module, nn.Conv2d) for module in self.model.modules())
             wanted = "channels_last" if self.device.type == "cpu" and convolutional else "contiguous"
@@ -339,22 +311,22 @@ class AutoAttack:
                 logits = model(probe.to(self.device)).float().cpu()
             agrees = torch.allclose(logits, probe_logits, rtol=1e-3, atol=1e-4)
         except RuntimeError as err:
-            if self.input_format == "channels_last":
+            if self.options.input_format == "channels_last":
                 raise ValueError(f"input_format='channels_last': the model refuses NHWC inputs ({err})") from err
             return self.model
         if not agrees:
-            if self.input_format == "channels_last":
+            if self.options.input_format == "channels_last":
                 raise ValueError("input_format='channels_last': the model's logits change with the memory format")
             return self.model
         return model
 
     def _captured(self, model: nn.Module, x: torch.Tensor, probes: EvalCounter) -> nn.Module:
         """`model` as a checked trace where `capture` asks for one (see the class docstring), else as it is."""
-        wanted = self.capture
+        wanted = self.options.capture
         if wanted == "auto":
             dynamo = sys.modules.get("torch._dynamo")  # only loaded once something was torch.compile'd
             compiled = dynamo is not None and isinstance(self.model, dynamo.eval_frame.OptimizedModule)
-            usual = self.device.type == "cpu" and self.precision == "fp32" and self.spec.deterministic_model
+            usual = self.device.type == "cpu" and self.options.precision == "fp32" and self.spec.deterministic_model
             wanted = "trace" if usual and not compiled else "eager"
         if wanted == "eager" or x.shape[0] == 0:
             return model
@@ -376,7 +348,7 @@ class AutoAttack:
             problem = blind
         elif problem is None:
             return traced
-        if self.capture == "trace":
+        if self.options.capture == "trace":
             raise ValueError(f"capture='trace': {problem}")
         self.capture_reason = blind
         return model
@@ -401,7 +373,7 @@ class AutoAttack:
         return [f"{message} ({self.spec.caveat})" if self.spec.caveat else message for message in found]
 
     def _autocast(self):
-        if self.precision == "bf16":
+        if self.options.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
