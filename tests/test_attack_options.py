@@ -52,3 +52,13 @@ def test_summary_writes_set_options_after_the_schema_and_reads_them_back():
     assert RunSummary.from_json(record).to_json() == record
     default = RunSummary.recording(AttackOptions(), attacks=["apgd-ce"], **values).to_json()
     assert list(default)[-1] == "capture" and "options" not in default and "steps" not in default
+
+
+def test_fab_steps_reach_fab_only_and_default_to_steps():
+    tuned = AttackOptions(steps=50, fab_steps=20)
+    assert tuned.cascade_inputs("fab-t")["n_iter"] == tuned.cascade_inputs("fab")["n_iter"] == 20
+    assert tuned.cascade_inputs("apgd-t")["n_iter"] == 50
+    assert AttackOptions(steps=50).cascade_inputs("fab-t")["n_iter"] == 50
+    assert tuned.identity(WHEN_SET) == {"steps": 50, "fab_steps": 20} and tuned.off_protocol() == ["steps", "fab_steps"]
+    with pytest.raises(ValueError, match="fab_steps must be >= 1, got 0"):
+        AttackOptions(fab_steps=0)

@@ -49,6 +49,7 @@ class AttackOptions:
     attacks: tuple[str, ...] | None = _option(None, identity=ALWAYS)
     precision: str = _option("fp32", identity=ALWAYS)
     steps: int = _option(100, identity=WHEN_SET, protocol=True, feeds="n_iter")
+    fab_steps: int | None = _option(None, identity=WHEN_SET, protocol=True, feeds="n_iter", only=("fab", "fab-t"))
     queries: int = _option(5000, identity=WHEN_SET, protocol=True, feeds="n_queries")
     tail_rows: int = _option(0, identity=WHEN_SET, feeds="tail_rows")
     input_format: str = _option("auto")
@@ -66,6 +67,8 @@ class AttackOptions:
         object.__setattr__(self, "seed", int(self.seed))
         _choice(self.precision, "precision", PRECISIONS)
         _count(self.steps, "steps", 1)
+        if self.fab_steps is not None:
+            _count(self.fab_steps, "fab_steps", 1)
         _count(self.queries, "queries", 1)
         _count(self.tail_rows, "tail_rows", 0)
         _choice(self.input_format, "input_format", INPUT_FORMATS)
