@@ -327,7 +327,7 @@ def test_conv_models_get_nhwc_inputs_on_the_cpu_and_the_same_flags():
     without convolutions as given; the clean pass and the verification always see the images as given."""
     from user_models import small_cnn
 
-    from rgb.attacks.autoattack import ChannelsLastInputs
+    from rgb.attacks.model_calls import ChannelsLastInputs
 
     model = small_cnn().eval()
     x, y = torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 10
@@ -364,7 +364,7 @@ def test_the_attacks_call_a_trace_of_the_model_on_the_cpu_with_the_same_results_
     without the Python of its modules), checked against the model on a probe, and every number is the eager one."""
     from user_models import small_cnn
 
-    from rgb.attacks.autoattack import ChannelsLastInputs, TracedModel
+    from rgb.attacks.model_calls import ChannelsLastInputs, TracedModel
 
     model = small_cnn().eval()
     x, y = torch.rand(6, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.arange(6) % 10
