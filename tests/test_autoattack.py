@@ -11,7 +11,8 @@ import sys
 
 from rgb.attacks import ATTACKS, VERSIONS, AttackError, AttackResult, is_standard
 from rgb.attacks.autoattack import AutoAttack, check_threat_model, within_budget
-from rgb.attacks.common import EvalCounter
+from rgb.attacks.model_calls import attack_model
+from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import AttackEntry, Step
 from toy_models import separable_data
 
@@ -438,8 +439,8 @@ def test_a_trace_that_differs_or_fails_keeps_the_model_or_is_named():
     with pytest.raises(ValueError, match="differ from the model's at a batch of 1"):
         AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"], capture="trace").run(x, y)
     with pytest.raises(ValueError, match="cannot be traced"):
-        AutoAttack(ReturnsADict().eval(), "Linf", 0.03, attacks=["apgd-ce"], capture="trace")._captured(
-            ReturnsADict().eval(), x, EvalCounter())
+        attack_model(ReturnsADict().eval(), x, torch.zeros(4, 10), AttackOptions(capture="trace"),
+                     torch.device("cpu"), deterministic=True)
     for odd, why in ((DetachesABranch(), "at a batch of 1"), (ScalesByItsBrightest(), "at a batch of")):
         odd.eval()
         attack = AutoAttack(odd, "Linf", 0.03, attacks=["apgd-ce"])
