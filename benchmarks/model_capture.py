@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from reference_speed import MODELS, cached_model, digits
-from rgb.attacks.autoattack import AutoAttack, ChannelsLastInputs, TracedModel
+from rgb.attacks.autoattack import AutoAttack
+from rgb.attacks.model_calls import ChannelsLastInputs, TracedModel
 from rgb.attacks.common import EvalCounter
 from rgb.core.files import atomic_write_json
 from rgb.core.threat import Norm

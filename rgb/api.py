@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rgb.attacks.options import AttackOptions
 from rgb.core.configs import data_configs
 from rgb.core.machine import configure_threads, resolve_device
 from rgb.core.values import path_name
@@ -53,14 +54,13 @@ def benchmark(
     settings: Sequence[str] = SETTINGS,
     name: str | None = None,
     output_dir: str | Path = "outputs",
-    seed: int = 0,
     device: str = "auto",
     batch_size: int | None = None,
     threads: int | str = "auto",
     progress: bool = True,
     budgets: Mapping[str, float] | None = None,
     n_examples: int | None = None,
-    capture: str = "auto",
+    **attack_options,
 ):
     """Score `model` on one dataset: clean and common accuracy, and standard AutoAttack at the norms named in
     `settings` (any of l1, l2, linf; any case, as rgb.core.threat reads norms), over whole splits. Returns the
@@ -71,9 +71,9 @@ def benchmark(
     beside a complete one. `budgets`: other white-box eps for some norms (e.g. {"linf": 8/255}), which makes the
     record one of another threat model; `batch_size`: the attack and evaluation batch (part of a run's identity);
     `threads`: on the CPU, the single-threaded attack workers (this process and forks of it; "auto": the usable
-    cores), afterwards this process's torch threads. `capture`: how the attacks call the model ("auto": a checked
-    TorchScript trace on the CPU; "eager" for a model that keeps Python-side state between calls; see
-    rgb.attacks.AutoAttack)."""
+    cores), afterwards this process's torch threads. Any other keyword is a field of rgb.attacks.AttackOptions,
+    e.g. `seed` or `capture` (how the attacks call the model: "auto", a checked TorchScript trace on the CPU;
+    "eager" for a model that keeps Python-side state between calls; see rgb.attacks.AutoAttack)."""
     try:
         chosen = {white_box_setting(s) for s in settings}
     except RecordError:
@@ -83,6 +83,10 @@ def benchmark(
     if n_examples is not None and (isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples < 1):
         raise EvaluationError(f"n_examples must be a positive integer (the first N images of each split), got "
                               f"{n_examples!r}")
+    try:
+        options = AttackOptions(**attack_options)
+    except ValueError as err:
+        raise EvaluationError(str(err)) from err
     norms = [norm.key for setting, norm in ATTACK_SETTING_NORMS.items() if setting in chosen]
     try:
         datamodule = BenchmarkData.for_dataset(_dataset_id(dataset), source, eval_batch_size=batch_size,
@@ -108,8 +112,8 @@ def benchmark(
             attack = AttackSettings.create(
                 run_dir, lambda: datamodule, white_box_budgets(norms, datamodule.budgets, datamodule.transfer_budgets),
                 batch_size=datamodule.eval_batch_size, output_dir=attack_dir, surrogate=name, run_name=name,
-                seed=seed, device=device, progress=progress, threads=torch.get_num_threads(),
-                devices="auto" if run_device.startswith("cpu") else 1, max_images=n_examples, capture=capture)
+                options=options, device=device, progress=progress, threads=torch.get_num_threads(),
+                devices="auto" if run_device.startswith("cpu") else 1, max_images=n_examples)
         except AttackRunError as err:
             raise EvaluationError(str(err)) from err
         execute(attack, model=InMemoryModel(model, meta))

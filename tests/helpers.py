@@ -145,6 +145,7 @@ def expectation(run: Path, dm, clean_pred):
 def write_attack(folder: Path, norm: str, run: Path, dm, robust, clean_pred, **overrides):
     """A merged attack run as attack.py writes it (results.parquet + summary.json of rgb.runs.store): the model's
     clean predictions, and `robust` among the images it classifies correctly."""
+    from rgb.attacks.options import AttackOptions
     from rgb.attacks.registry import VERSIONS
     from rgb.core.files import file_sha256
     from rgb.data.fingerprint import split_sha256
@@ -167,8 +168,8 @@ def write_attack(folder: Path, norm: str, run: Path, dm, robust, clean_pred, **o
         run=str(run), run_name=run.name, weights_sha256=file_sha256(run / "model.safetensors"), model_family="timm",
         model_name="test_resnet", loss="ce", strategy="full_finetune", dataset="digits", source=str(dm.source),
         split="test", split_sha256=split_sha256(dm.split("test")), n=n, norm=norm, eps=dm.budgets[norm],
-        impl="ours", impl_version="0", version="standard", standard=True, attacks=list(VERSIONS["standard"].attacks),
-        seed=0, precision="fp32", tf32=False, compile=False, channels_last=False, batch_size=n, threads=1,
+        impl="ours", impl_version="0", standard=True, attacks=list(VERSIONS["standard"].attacks),
+        tf32=False, compile=False, channels_last=False, batch_size=n, threads=1,
         clean_accuracy=float(clean_correct.float().mean()), n_clean_correct=int(clean_correct.sum()),
         robust_accuracy=float(robust.float().mean()), n_robust=int(robust.sum()),
         accuracy_after={"clean": float(clean_correct.float().mean()), "apgd-ce": 0.05, "apgd-t": 0.04,
@@ -177,5 +178,5 @@ def write_attack(folder: Path, norm: str, run: Path, dm, robust, clean_pred, **o
         results_sha256=store.write_results(columns), versions={}, complete=True,
     )
     fields.update(overrides)
-    store.write_summary(RunSummary(**fields))
+    store.write_summary(RunSummary.recording(AttackOptions(), **fields))  # the options' defaults, unless overridden
     return int(robust.sum())

@@ -122,7 +122,7 @@ def test_fast_warnings_say_the_standard_version_is_needed(trained_mlp):
 
     x, y = separable_data(8, seed=2)
     with pytest.warns(UserWarning, match="probabilities.*run the standard version"):
-        AutoAttack(Probabilities(), "Linf", 0.01, version="fast", n_iter=3).run(x, y)
+        AutoAttack(Probabilities(), "Linf", 0.01, version="fast", steps=3).run(x, y)
 
 
 def test_fast_at_l1_says_it_is_experimental(trained_mlp):

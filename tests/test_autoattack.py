@@ -11,7 +11,8 @@ import sys
 
 from rgb.attacks import ATTACKS, VERSIONS, AttackError, AttackResult, is_standard
 from rgb.attacks.autoattack import AutoAttack, check_threat_model, within_budget
-from rgb.attacks.common import EvalCounter
+from rgb.attacks.model_calls import attack_model
+from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import AttackEntry, Step
 from toy_models import separable_data
 
@@ -87,7 +88,7 @@ def test_each_attack_gets_exactly_the_points_still_robust(trained_mlp, batch, mo
 
 def test_fixed_seed_is_deterministic(trained_mlp, batch):
     x, y = batch
-    settings = dict(seed=3, attacks=["apgd-ce", "square"], n_queries=1000)  # the two randomised attacks
+    settings = dict(seed=3, attacks=["apgd-ce", "square"], queries=1000)  # the two randomised attacks
     first = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], **settings).run(x, y)
     second = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], **settings).run(x, y)
     assert torch.equal(first.robust, second.robust) and torch.equal(first.x_adv, second.x_adv)
@@ -181,7 +182,7 @@ def test_rand_version_uses_eot_and_skips_the_randomness_check(trained_mlp, batch
     x, y = batch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        result = AutoAttack(Noisy(trained_mlp), "Linf", LARGE_EPS["Linf"], version="rand", n_iter=10).run(x, y)
+        result = AutoAttack(Noisy(trained_mlp), "Linf", LARGE_EPS["Linf"], version="rand", steps=10).run(x, y)
     assert result.attacks == ["apgd-ce", "apgd-dlr"] and result.version == "rand"
     assert within_budget(result.x_adv - x, "Linf", LARGE_EPS["Linf"]).all()
     assert result.robust_accuracy <= 0.2
@@ -207,7 +208,7 @@ def test_plus_version_runs_its_cascade_and_is_at_least_as_strong(trained_mlp, ba
 def test_plus_at_l1_warns_that_the_eps_schedule_is_off(trained_mlp, batch):
     x, y = batch
     with pytest.warns(UserWarning, match="'plus' at L1 runs without the L1 eps schedule"):
-        AutoAttack(trained_mlp, "L1", MIXED_EPS["L1"], version="plus", attacks=["apgd-ce"], n_iter=5).run(x, y)
+        AutoAttack(trained_mlp, "L1", MIXED_EPS["L1"], version="plus", attacks=["apgd-ce"], steps=5).run(x, y)
 
 
 def test_versions_are_built_from_the_attack_table():
@@ -245,7 +246,7 @@ def test_progress_reports_stages_and_steps_within_a_batch(trained_mlp, batch):
     """Issue 13 item 22: a long batch is never silent: every stage starts with its name, then step positions."""
     x, y = batch
     calls = []
-    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, n_queries=40, progress_interval=0,
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, queries=40, progress_interval=0,
                         progress=lambda name, *position: calls.append((name, position))).run(x, y, batch_size=32)
     assert 0 < result.robust_accuracy  # every stage ran on the one batch
     stages = list(dict.fromkeys(name for name, _ in calls))
@@ -261,7 +262,7 @@ def test_progress_reports_stages_and_steps_within_a_batch(trained_mlp, batch):
     assert [p for name, p in calls if name == "fab-t"][1][1] == 9
 
     throttled = []
-    AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, n_queries=40, progress_interval=3600,
+    AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, queries=40, progress_interval=3600,
                progress=lambda name, *position: throttled.append((name, position))).run(x, y, batch_size=32)
     assert throttled == [(stage, ()) for stage in stages]  # nothing between the stage starts within an hour
 
@@ -270,7 +271,7 @@ def test_images_are_reported_as_they_leave_the_cascade(trained_mlp, batch):
     """Issue 24: a bar counts images as they leave a batch (fooled or finished), not once per batch."""
     x, y = batch
     left, seen = [], []
-    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, n_queries=40, on_leave=left.append,
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, queries=40, on_leave=left.append,
                         progress=lambda name, *position: seen.append((name, sum(left)))).run(x, y, batch_size=32)
     assert sum(left) == len(y) and all(n > 0 for n in left)
     assert left[-1] == int(result.robust.sum()) > 0  # the robust ones leave after the last attack
@@ -327,7 +328,7 @@ def test_conv_models_get_nhwc_inputs_on_the_cpu_and_the_same_flags():
     without convolutions as given; the clean pass and the verification always see the images as given."""
     from user_models import small_cnn
 
-    from rgb.attacks.autoattack import ChannelsLastInputs
+    from rgb.attacks.model_calls import ChannelsLastInputs
 
     model = small_cnn().eval()
     x, y = torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 10
@@ -364,11 +365,11 @@ def test_the_attacks_call_a_trace_of_the_model_on_the_cpu_with_the_same_results_
     without the Python of its modules), checked against the model on a probe, and every number is the eager one."""
     from user_models import small_cnn
 
-    from rgb.attacks.autoattack import ChannelsLastInputs, TracedModel
+    from rgb.attacks.model_calls import ChannelsLastInputs, TracedModel
 
     model = small_cnn().eval()
     x, y = torch.rand(6, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.arange(6) % 10
-    attacks = {capture: AutoAttack(model, "L2", 0.5, attacks=["apgd-ce", "apgd-t", "square"], n_queries=30,
+    attacks = {capture: AutoAttack(model, "L2", 0.5, attacks=["apgd-ce", "apgd-t", "square"], queries=30,
                                    capture=capture) for capture in ("auto", "eager")}
     results = {capture: attack.run(x, y) for capture, attack in attacks.items()}
     assert isinstance(attacks["auto"].attack_model, TracedModel) and results["auto"].capture == "trace"
@@ -438,8 +439,8 @@ def test_a_trace_that_differs_or_fails_keeps_the_model_or_is_named():
     with pytest.raises(ValueError, match="differ from the model's at a batch of 1"):
         AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce"], capture="trace").run(x, y)
     with pytest.raises(ValueError, match="cannot be traced"):
-        AutoAttack(ReturnsADict().eval(), "Linf", 0.03, attacks=["apgd-ce"], capture="trace")._captured(
-            ReturnsADict().eval(), x, EvalCounter())
+        attack_model(ReturnsADict().eval(), x, torch.zeros(4, 10), AttackOptions(capture="trace"),
+                     torch.device("cpu"), deterministic=True)
     for odd, why in ((DetachesABranch(), "at a batch of 1"), (ScalesByItsBrightest(), "at a batch of")):
         odd.eval()
         attack = AutoAttack(odd, "Linf", 0.03, attacks=["apgd-ce"])
@@ -491,12 +492,12 @@ def test_capture_auto_keeps_a_model_with_hooks_or_python_counters_eager_and_says
             y = model(x).argmax(1)  # every point correct: the attack runs its steps
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
-            result = AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], n_iter=20).run(x, y)
+            result = AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], steps=20).run(x, y)
         assert result.capture == "eager"
         assert count() >= 20  # every attack step called the model's own Python
         assert any("capture='auto' attacked the model eager" in w and why in w for w in result.warnings)
         with pytest.raises(ValueError, match=f"capture='trace': .*{why}"):
-            AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], n_iter=20, capture="trace").run(x, y)
+            AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], steps=20, capture="trace").run(x, y)
 
 
 def test_a_global_module_hook_keeps_capture_auto_eager():
@@ -508,7 +509,7 @@ def test_a_global_module_hook_keeps_capture_auto_eager():
     handle = nn.modules.module.register_module_forward_hook(lambda *_: seen.append(torch.is_grad_enabled()))
     try:
         with warnings.catch_warnings(record=True):
-            result = AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], n_iter=20).run(x, y)
+            result = AutoAttack(model, "Linf", 0.001, attacks=["apgd-ce"], steps=20).run(x, y)
     finally:
         handle.remove()
     assert result.capture == "eager" and sum(seen) >= 20

@@ -187,7 +187,7 @@ def test_hub_model_trains_exports_reloads_without_the_hub_and_is_attacked(hub, t
     model, meta = load_with_meta(run_dir)
     assert (meta["timm_name"], meta["num_classes"], meta["source"]["revision"]) == ("test_resnet", 10, REVISION)
     x, y = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(4)
-    result = AutoAttack(model, "Linf", 8 / 255, version="fast", n_iter=3, seed=0).run(x, y)
+    result = AutoAttack(model, "Linf", 8 / 255, version="fast", steps=3, seed=0).run(x, y)
     assert within_budget(result.x_adv - x, "Linf", 8 / 255).all()
     with torch.no_grad():
         assert torch.equal(model(result.x_adv).argmax(dim=1) == y, result.robust)

@@ -321,7 +321,7 @@ def subset_robust_accuracy(model, mini_dir, eps, n_images, n_iter, seed=0):
     picked = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:n_images].sort().values
     x = torch.stack([split[int(i)][0] for i in picked])
     y = torch.tensor([split[int(i)][1] for i in picked])
-    attack = AutoAttack(model, "Linf", eps, attacks=["apgd-ce"], seed=seed, n_iter=n_iter)
+    attack = AutoAttack(model, "Linf", eps, attacks=["apgd-ce"], seed=seed, steps=n_iter)
     return attack.run(x, y).robust_accuracy
 
 

@@ -8,6 +8,7 @@ from rgb.attacks.apgd import APGDResult, apgd, apgd_over_targets, apgd_targeted,
 from rgb.attacks.autoattack import AutoAttack, AutoAttackResult, check_threat_model, within_budget
 from rgb.attacks.common import Attack, AttackError, AttackResult, EvalCounter, LiveRows, lp_norm
 from rgb.attacks.fab import FABResult, fab_targeted, fab_untargeted
+from rgb.attacks.options import AttackOptions
 from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
 from rgb.attacks.projections import project_l1_ball_box, project_l2, project_linf
 from rgb.attacks.registry import ATTACKS, VERSIONS, AttackEntry, Step, Version, is_standard
@@ -20,6 +21,7 @@ __all__ = [
     "Attack",
     "AttackEntry",
     "AttackError",
+    "AttackOptions",
     "AttackResult",
     "AutoAttack",
     "AutoAttackResult",

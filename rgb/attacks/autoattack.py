@@ -10,22 +10,20 @@ against the budget and the [0,1] box with errors that hold under `python -O`, no
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from rgb.attacks.common import AttackError, EvalCounter, Progress, check_eps, lp_norm
+from rgb.attacks.model_calls import TracedModel, attack_model
+from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import ATTACKS, VERSIONS
 from rgb.core.threat import Norm, parse_norm
 
-PRECISIONS = ("fp32", "bf16")
-INPUT_FORMATS = ("auto", "contiguous", "channels_last")
-CAPTURES = ("auto", "eager", "trace")
 # Budget tolerances of spec §8.1 (float32 rounding of the projections).
 RELATIVE_TOLERANCE = {Norm.L1: 1e-5, Norm.L2: 1e-5}
 LINF_TOLERANCE = 1e-7
@@ -99,7 +97,8 @@ def check_threat_model(x: torch.Tensor, x_adv: torch.Tensor, norm: str | Norm, e
 
 
 class AutoAttack:
-    """`AutoAttack(model, norm, eps).run(x, y)` for any model mapping [0,1] images to logits.
+    """`AutoAttack(model, norm, eps).run(x, y)` for any model mapping [0,1] images to logits; what it runs is an
+    `rgb.attacks.options.AttackOptions` (its fields may be given as keywords instead).
 
     `version` names an entry of `rgb.attacks.registry.VERSIONS`: "standard" runs the spec's table for `norm`
     (L1: 5 APGD-CE restarts and 5 APGD-T targets with the 3-2-1 eps schedule, Square-L1 included); "plus" runs
@@ -109,7 +108,8 @@ class AutoAttack:
     randomness allows. "fast" (screening, never the benchmark's number) runs APGD-CE as standard, then APGD-T
     over the MALT targets (`rgb.attacks.malt`), without FAB-T and Square. `attacks` picks a subset in the version's order (for diagnostics; a subset is not
     AutoAttack and is labelled as such by the caller). `precision="bf16"` runs the attacks under bf16 autocast;
-    a success only counts after an fp32 re-verification, which every success gets anyway.
+    a success only counts after an fp32 re-verification, which every success gets anyway. `steps`: iterations
+    of each gradient attack; `queries`: Square's query budget.
 
     `progress(name, *position)`, if given, hears `progress(name)` when attack `name` starts on a batch and then,
     at most every `progress_interval` seconds, the position of its current step (`rgb.attacks.common.Progress`:
@@ -148,61 +148,34 @@ class AutoAttack:
         model: nn.Module,
         norm: str | Norm,
         eps: float,
-        version: str = "standard",
-        seed: int = 0,
+        options: AttackOptions | None = None,
+        *,
         device: str | torch.device | None = None,
-        attacks: list[str] | tuple[str, ...] | None = None,
         batch_size: int = 500,
-        precision: str = "fp32",
-        n_iter: int = 100,
-        n_queries: int = 5000,
         progress: Callable[..., None] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
-        tail_rows: int = 0,
-        input_format: str = "auto",
         on_leave: Callable[[int], None] | None = None,
-        capture: str = "auto",
+        **option_values,
     ):
+        """`options` (or, for convenience, its fields as keywords, which replace those of `options`): what to run."""
         self.model = model
         self.norm = parse_norm(norm)
         check_eps(eps)
         if not float(eps) > 0:
             raise ValueError(f"eps must be positive, got {eps}")
-        if version not in VERSIONS:
-            raise ValueError(f"version must be one of {tuple(VERSIONS)}, got {version!r}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        self.spec = VERSIONS[version]
-        order = self.spec.attacks
-        attacks = list(order if attacks is None else attacks)
-        unknown = [a for a in attacks if a not in order]
-        if unknown or not attacks:
-            raise ValueError(f"attacks of version {version!r} must be a non-empty subset of {order}, got {attacks}")
-        self.steps = [step for step in self.spec.steps if step.attack in attacks]
+        options = options or AttackOptions()
+        self.options = replace(options, **option_values) if option_values else options
+        self.spec = VERSIONS[self.options.version]
+        chosen = self.options.attacks
+        self.steps = [step for step in self.spec.steps if chosen is None or step.attack in chosen]
         self.attacks = [step.attack for step in self.steps]
         self.eps = float(eps)
-        self.version = version
-        self.seed = int(seed)
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.batch_size = int(batch_size)
-        self.precision = precision
-        self.n_iter = int(n_iter)
-        self.n_queries = int(n_queries)
         self.progress = progress
         self.progress_interval = float(progress_interval)
         self.on_leave = on_leave
-        if input_format not in INPUT_FORMATS:
-            raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
-        self.input_format = input_format
-        if capture not in CAPTURES:
-            raise ValueError(f"capture must be one of {CAPTURES}, got {capture!r}")
-        if capture == "trace" and precision != "fp32":
-            raise ValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
-        self.capture = capture
         self.capture_reason: str | None = None  # why capture="auto" kept a model eager that a trace would blind
-        if int(tail_rows) < 0:
-            raise ValueError(f"tail_rows must be >= 0, got {tail_rows}")
-        self.tail_rows = int(tail_rows)
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
@@ -246,7 +219,8 @@ class AutoAttack:
             i = int(outside[0])
             raise ValueError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): y[{i}] = "
                              f"{int(y[i])}, {outside.numel()} label(s) outside")
-        self.attack_model, probe = self._attack_model(x, clean_logits)
+        self.attack_model, probe, self.capture_reason = attack_model(self.model, x, clean_logits, self.options,
+                                                                     self.device, self.spec.deterministic_model)
         if self.capture_reason:
             caught.append(f"capture='auto' attacked the model eager, not a trace: {self.capture_reason}")
         caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
@@ -297,7 +271,7 @@ class AutoAttack:
             perturbation_norm=lp_norm(x_adv - x, self.norm), attacks=list(self.attacks),
             accuracy_after=accuracy_after, evaluations=evaluations, forward_rows=forward_rows,
             backward_rows=backward_rows, norm=self.norm.value, eps=self.eps,
-            version=self.version, seed=self.seed, precision=self.precision, warnings=caught,
+            version=self.options.version, seed=self.options.seed, precision=self.options.precision, warnings=caught,
             capture="trace" if isinstance(self.attack_model, TracedModel) else "eager",
         )
 
@@ -305,8 +279,7 @@ class AutoAttack:
         """One attack on one batch of still-robust points; returns candidates on the CPU (clean where it failed)."""
         x, y, clean_logits = x.to(self.device), y.to(self.device), clean_logits.to(self.device)
         entry = ATTACKS[name]
-        available = {"clean_logits": clean_logits, "generator": self.seed, "n_iter": self.n_iter,
-                     "n_queries": self.n_queries, "tail_rows": self.tail_rows}
+        available = {"clean_logits": clean_logits, **self.options.cascade_inputs(name)}
         inputs = {key: value for key, value in available.items() if key in entry.inputs}
         with self._autocast():
             out = entry.attack(self.attack_model, x, y, norm=self.norm, eps=self.eps, counter=counter,
@@ -317,69 +290,6 @@ class AutoAttack:
     def _left(self, n: int) -> None:
         if self.on_leave is not None and n:
             self.on_leave(n)
-
-    def _attack_model(self, x: torch.Tensor, clean_logits: torch.Tensor) -> tuple[nn.Module, EvalCounter]:
-        """The model the attacks call (see `input_format` and `capture`) and the rows its probes spent."""
-        probes, self.capture_reason = EvalCounter(), None
-        model = self._formatted(x[:1], clean_logits[:1], probes)
-        return self._captured(model, x, probes), probes
-
-    def _formatted(self, probe: torch.Tensor, probe_logits: torch.Tensor, probes: EvalCounter) -> nn.Module:
-        """The model in the memory format of `input_format`, checked on a one-image probe."""
-        wanted = self.input_format
-        if wanted == "auto":
-            convolutional = any(isinstance(module, nn.Conv2d) for module in self.model.modules())
-            wanted = "channels_last" if self.device.type == "cpu" and convolutional else "contiguous"
-        if wanted == "contiguous" or probe.shape[0] == 0:
-            return self.model
-        model = ChannelsLastInputs(self.model)
-        probes.forward(1)
-        try:
-            with torch.inference_mode():
-                logits = model(probe.to(self.device)).float().cpu()
-            agrees = torch.allclose(logits, probe_logits, rtol=1e-3, atol=1e-4)
-        except RuntimeError as err:
-            if self.input_format == "channels_last":
-                raise ValueError(f"input_format='channels_last': the model refuses NHWC inputs ({err})") from err
-            return self.model
-        if not agrees:
-            if self.input_format == "channels_last":
-                raise ValueError("input_format='channels_last': the model's logits change with the memory format")
-            return self.model
-        return model
-
-    def _captured(self, model: nn.Module, x: torch.Tensor, probes: EvalCounter) -> nn.Module:
-        """`model` as a checked trace where `capture` asks for one (see the class docstring), else as it is."""
-        wanted = self.capture
-        if wanted == "auto":
-            dynamo = sys.modules.get("torch._dynamo")  # only loaded once something was torch.compile'd
-            compiled = dynamo is not None and isinstance(self.model, dynamo.eval_frame.OptimizedModule)
-            usual = self.device.type == "cpu" and self.precision == "fp32" and self.spec.deterministic_model
-            wanted = "trace" if usual and not compiled else "eager"
-        if wanted == "eager" or x.shape[0] == 0:
-            return model
-        example = x[torch.arange(2) % len(x)].to(self.device)
-        # The check's images are noisy copies, never the example: a value the trace baked in from its example (a
-        # per-batch statistic, a branch on pixel values) shows as a difference on them.
-        noise = torch.rand((3, *x.shape[1:]), generator=torch.Generator().manual_seed(0)) * 0.2 - 0.1
-        probe = (x[torch.arange(3) % len(x)] + noise).clamp(0, 1).to(self.device)
-        blind = _hooks_named(model)  # a trace calls no hook: the user's hooks would stop seeing the attack
-        if blind is None:
-            before = _python_state(model)  # the trace and its check call the model 3 times
-            try:
-                traced = TracedModel.trace(model, example, probes)
-                problem = _trace_problem(model, traced, probe, probes)
-            except Exception as err:  # noqa: BLE001 - whatever stops a trace (dict outputs, untraceable ops)
-                problem = f"the model cannot be traced ({type(err).__name__}: {err})"
-            blind = _state_changes(before, _python_state(model))
-        if blind is not None:
-            problem = blind
-        elif problem is None:
-            return traced
-        if self.capture == "trace":
-            raise ValueError(f"capture='trace': {problem}")
-        self.capture_reason = blind
-        return model
 
     def _step_reporter(self, name: str) -> Progress | None:
         """The attack's step hook: forwards a position to `self.progress` at most every `progress_interval` s."""
@@ -401,7 +311,7 @@ class AutoAttack:
         return [f"{message} ({self.spec.caveat})" if self.spec.caveat else message for message in found]
 
     def _autocast(self):
-        if self.precision == "bf16":
+        if self.options.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -455,106 +365,6 @@ class AutoAttack:
         correct = self._logits(x_adv, batch_size).argmax(dim=1) == y
         if not torch.equal(correct, robust):
             raise AttackError("robust flags disagree with an fp32 re-evaluation of x_adv")
-
-
-class ChannelsLastInputs(nn.Module):
-    """`model` called on a channels_last (NHWC) copy of its (N, C, H, W) input; gradients flow back to the input
-    as given. Mode switches reach the wrapped model."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x.contiguous(memory_format=torch.channels_last))
-
-
-class TracedModel(nn.Module):
-    """A TorchScript trace of a model, always run without graph optimisations, so that its calls are the eager
-    model's ATen calls, in order, and its numbers and gradients the eager model's (see AutoAttack's `capture`)."""
-
-    def __init__(self, traced: torch.jit.ScriptModule):
-        super().__init__()
-        self.traced = traced
-
-    @classmethod
-    def trace(cls, model: nn.Module, example: torch.Tensor, counter: EvalCounter) -> TracedModel:
-        counter.forward(len(example))
-        with warnings.catch_warnings(), torch.jit.optimized_execution(False):
-            warnings.simplefilter("ignore")  # deprecation and tracer warnings: the trace is compared instead
-            return cls(torch.jit.trace(model, example, check_trace=False))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.jit.optimized_execution(False):
-            return self.traced(x)
-
-
-def _trace_problem(model: nn.Module, traced: nn.Module, probe: torch.Tensor, counter: EvalCounter) -> str | None:
-    """Why `traced` (taken at 2 other images) is not `model`, or None: bitwise equal logits at 1 and 3 images
-    (batch sizes other than the trace's) and input gradients at 1 image (2 backward rows per batch, not 6)."""
-    for rows in (probe[2:], probe):
-        outputs = []
-        for candidate in (model, traced):
-            image = rows.detach().clone().requires_grad_(len(rows) == 1)
-            with torch.set_grad_enabled(len(rows) == 1):
-                logits = candidate(image)
-                mix = torch.linspace(-1, 1, logits.shape[1], device=logits.device, dtype=logits.dtype)
-                gradient = torch.autograd.grad((logits * mix).sum(), image)[0] if len(rows) == 1 else None
-            counter.forward(len(rows))
-            counter.backward(len(rows) if gradient is not None else 0)
-            outputs.append((logits.detach(), gradient))
-        (logits, gradient), (traced_logits, traced_gradient) = outputs
-        same_gradient = gradient is None or torch.equal(gradient, traced_gradient)
-        if not (torch.equal(logits, traced_logits) and same_gradient):
-            return f"the traced model's logits or gradients differ from the model's at a batch of {len(rows)}"
-    return None
-
-
-# Module hooks by the attribute that holds them (a module's, and with "_global" in front, torch's for every module).
-HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
-         "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
-# A module's own bookkeeping, not state its forward keeps (parameters and buffers are tensors a trace also updates).
-MODULE_INTERNALS = ("_parameters", "_buffers", "_modules")
-
-
-def _hooks_named(model: nn.Module) -> str | None:
-    """Why a trace of `model` would skip hooks (the modules holding them, or torch's global ones), or None."""
-    found = [f"{kind} on {name!r}" for name, module in model.named_modules() for attribute, kind in HOOKS.items()
-             if getattr(module, attribute, None)]
-    registry = torch.nn.modules.module
-    found += [f"global {kind}" for attribute, kind in HOOKS.items() if getattr(registry, "_global" + attribute, None)]
-    if not found:
-        return None
-    return f"the model has a {', a '.join(found[:3])}{' and more' if len(found) > 3 else ''} (a trace runs no hook)"
-
-
-def _python_state(model: nn.Module) -> tuple[dict[str, object], list[object]]:
-    """Each module attribute but its parameters, buffers and submodules, comparable after a call: containers
-    walked, a tensor by identity (kept alive with the snapshot, so no identity is reused), anything else by repr."""
-    held: list[object] = []
-
-    def value(item: object) -> object:
-        if isinstance(item, (torch.Tensor, nn.Module)):
-            held.append(item)
-            return type(item).__name__, id(item)
-        if isinstance(item, (list, tuple)):
-            return type(item).__name__, [value(element) for element in item]
-        if isinstance(item, dict):
-            return type(item).__name__, [(repr(key), value(element)) for key, element in item.items()]
-        return repr(item)
-
-    state = {f"{name}.{key}" if name else key: value(item) for name, module in model.named_modules()
-             for key, item in vars(module).items() if key not in MODULE_INTERNALS}
-    return state, held
-
-
-def _state_changes(before: tuple[dict, list], after: tuple[dict, list]) -> str | None:
-    """Why `model` keeps Python-side state across calls (the attributes its calls changed), or None."""
-    changed = sorted(key for key in before[0].keys() | after[0].keys() if before[0].get(key) != after[0].get(key))
-    if not changed:
-        return None
-    named = ", ".join(repr(key) for key in changed[:3]) + (" and more" if len(changed) > 3 else "")
-    return f"the model's calls change its Python attributes {named} (a trace runs none of its Python)"
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rgb.attacks.options import AttackOptions
 from rgb.data.benchmark_data import BenchmarkData
 from rgb.runs.settings import AttackSettings, Budget, white_box_budgets
-from rgb.runs.store import AttackRunError
-from rgb.runs.store import RunSummary, run_name_for
+from rgb.runs.store import AttackRunError, RunSummary, run_name_for
 
 
 def data_factory(data: DictConfig) -> Callable[[], BenchmarkData]:
@@ -27,17 +27,17 @@ def attack_settings(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets:
     """conf/attack.yaml (or conf/transfer.yaml) mapped onto the run's settings."""
     if cfg.get("run") is None or OmegaConf.is_missing(cfg, "run"):
         raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
-    attacks = cfg.attacks if cfg.attacks is None else list(cfg.attacks)
+    try:  # every option by its name; a config without one keeps its default
+        options = AttackOptions(**{name: cfg[name] for name in AttackOptions.names() if name in cfg})
+    except ValueError as err:
+        raise AttackRunError(str(err)) from err
     return AttackSettings.create(
         str(cfg.run), data, budgets, batch_size=int(cfg.batch_size),
         output_dir=str(cfg.output_dir), surrogate=surrogate, run_name=cfg.get("run_name") or None,
-        version=str(cfg.version), seed=int(cfg.seed), attacks=attacks, precision=str(cfg.precision),
-        device=str(cfg.device), compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
+        options=options, device=str(cfg.device), compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
         shard_index=cfg.shard.index, shard_count=cfg.shard.count, devices=cfg.shard.devices,
         merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial), export_dir=str(cfg.export_dir),
         progress=bool(cfg.progress), impl=str(cfg.get("impl", "ours")), threads=threads,
-        tail_rows=int(cfg.get("tail_rows", 0)), input_format=str(cfg.get("input_format", "auto")),
-        capture=str(cfg.get("capture", "auto")),
     )
 
 

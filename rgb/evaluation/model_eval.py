@@ -26,7 +26,6 @@ from tqdm import tqdm
 
 from rgb.core.classwise import class_wise_summary
 from rgb.core.files import atomic_write_bytes, file_sha256
-from rgb.core.threat import Norm
 from rgb.data import BenchmarkData
 from rgb.data.benchmark import BenchmarkError, decode_image, is_local, to_tensor
 from rgb.data.catalog import CONTROL_SPLIT, CORRUPTIONS, DATASETS, TRANSFER_SPLITS, transfer_coverage
@@ -35,7 +34,8 @@ from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.api_eval import ApiPredictor, cache_path, split_images
-from rgb.evaluation.records import SCORES_FILE, Accuracy, AttackSummary, ModelIdentity, ProtocolScore, ScoresRecord
+from rgb.evaluation.records import (ATTACK_SETTING_NORMS, SCORES_FILE, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
+                                    ModelIdentity, ProtocolScore, ScoresRecord)
 from rgb.evaluation.scores import black_box_score
 from rgb.models.api_cache import AnswerCache
 from rgb.models.checks import check_model_fits
@@ -47,7 +47,8 @@ from rgb.zeroshot.head import check_class_names
 from rgb.zeroshot.prompts import PromptError
 
 log = logging.getLogger(__name__)
-NORMS = tuple(n.key for n in (Norm.L1, Norm.L2, Norm.LINF))
+# The attacked norms in the order of the record's white-box settings.
+SCORED_NORMS = tuple(ATTACK_SETTING_NORMS[s].key for s in WHITE_BOX_SETTINGS if s in ATTACK_SETTING_NORMS)
 
 
 class EvaluationError(RuntimeError):
@@ -305,7 +306,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
     if predictor.white_box_na is None:
         expected = AttackExpectation(weights_sha256, datamodule.dataset, split_sha256(test), datamodule.budgets,
                                      len(test), clean["pred"])
-        for norm in NORMS:
+        for norm in SCORED_NORMS:
             found = read_attack(norm, options, expected)
             settings[f"autoattack_{norm}"] = found.summary.robust if found and found.standard else None
             if found and found.standard:
@@ -315,7 +316,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
                 log.warning("autoattack_%s: %s holds a non-standard result (%s); shown beside, not in the score",
                             norm, budget_dir(options.attack_dir, norm), found.summary.label())
     else:
-        settings.update({f"autoattack_{norm}": None for norm in NORMS})
+        settings.update({f"autoattack_{norm}": None for norm in SCORED_NORMS})
     transfer = options.transfer or predictor.white_box_na is not None
     own = [meta["run_name"]] if meta.get("run_name") else []
     black_box = _black_box(predictor, datamodule, options, settings, per_sample, own) if transfer else None

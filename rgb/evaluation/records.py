@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields, is_dataclass
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,7 +22,7 @@ from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
-from rgb.runs.store import partial_dir
+from rgb.runs.store import RunSummary, partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
 SCORES_SCHEMA = 3
@@ -242,30 +243,23 @@ class BlackBoxScore(ProtocolScore):
                 + own)
 
 
+# What a scores record keeps of an attack run's summary.json, in the record's order; the fields are RunSummary's.
+KEPT_FROM_RUN = ("norm", "eps", "version", "standard", "impl", "impl_version", "precision", "attacks", "seed",
+                 "accuracy_after", "forward_rows_per_image", "backward_rows_per_image", "versions", "warnings")
+_RUN_TYPES = typing.get_type_hints(RunSummary)
+_KeptFromRun = make_dataclass("_KeptFromRun", [(name, _RUN_TYPES[name]) for name in KEPT_FROM_RUN], frozen=True)
+
+
 @dataclass(frozen=True)
-class AttackSummary(JsonRecord):
-    """What the scores record keeps of an attack run (rgb.runs.store.RunSummary, same field names) and the
+class AttackSummary(JsonRecord, _KeptFromRun):
+    """What the scores record keeps of an attack run (`KEPT_FROM_RUN` of rgb.runs.store.RunSummary) and the
     robust accuracy computed from its checked per-image results."""
 
-    norm: str
-    eps: float
-    version: str
-    standard: bool
-    impl: str
-    impl_version: str
-    precision: str
-    attacks: list[str]
-    seed: int
-    accuracy_after: dict[str, float]
-    forward_rows_per_image: float
-    backward_rows_per_image: float
-    versions: dict[str, str]
-    warnings: list[str]
     robust: Accuracy
 
     @classmethod
-    def of(cls, summary, robust: Accuracy) -> AttackSummary:
-        return cls(robust=robust, **{f.name: getattr(summary, f.name) for f in fields(cls) if f.name != "robust"})
+    def of(cls, summary: RunSummary, robust: Accuracy) -> AttackSummary:
+        return cls(robust=robust, **{name: getattr(summary, name) for name in KEPT_FROM_RUN})
 
     def label(self) -> str:
         """How a result that is not the protocol's number is labelled wherever it is shown."""

@@ -27,18 +27,10 @@ class OursImplementation:
     def version() -> str:
         return rgb.__version__
 
-    @staticmethod
-    def _attack(model, threat: ThreatModel, settings, device=None, progress=None, on_leave=None) -> AutoAttack:
-        return AutoAttack(model, threat.norm.value, threat.eps, version=settings.version, seed=settings.seed,
-                          device=device, attacks=None if settings.attacks is None else list(settings.attacks),
-                          precision=settings.precision, progress=progress, tail_rows=settings.tail_rows,
-                          input_format=settings.input_format, on_leave=on_leave,
-                          capture=settings.capture)
-
     def check(self, model, threat: ThreatModel, settings) -> None:
-        """Fail on a bad version, attack list or precision before any directory is written."""
+        """Fail on a bad budget before any directory is written (the options were checked when made)."""
         try:
-            self._attack(model, threat, settings)
+            AutoAttack(model, threat.norm.value, threat.eps, settings.options)
         except ValueError as err:
             raise AttackRunError(f"{threat.name}: {err}") from err
 
@@ -46,8 +38,9 @@ class OursImplementation:
             ) -> AutoAttackResult:
         """`progress(name, *position)` hears the stages and steps, `on_leave(n)` the images that finished."""
         # A fresh instance per batch: no RNG state carries over between batches.
-        return self._attack(model, threat, settings, device, progress, on_leave).run(x, y,
-                                                                                     batch_size=settings.batch_size)
+        attack = AutoAttack(model, threat.norm.value, threat.eps, settings.options, device=device, progress=progress,
+                            on_leave=on_leave)
+        return attack.run(x, y, batch_size=settings.batch_size)
 
 
 class RowCounter(nn.Module):
@@ -98,12 +91,16 @@ class ReferenceImplementation:
 
     def check(self, model, threat: ThreatModel, settings) -> None:
         self.version()
-        if settings.precision != "fp32":
+        options = settings.options
+        if options.precision != "fp32":
             raise AttackRunError("impl=reference runs in fp32 only (precision=fp32)")
-        if settings.tail_rows:
+        if options.tail_rows:
             raise AttackRunError("impl=reference runs targets one after another (tail_rows=0)")
-        if settings.version not in ("standard", "plus", "rand"):
-            raise AttackRunError(f"impl=reference has versions standard, plus, rand; got {settings.version!r}")
+        if options.version not in ("standard", "plus", "rand"):
+            raise AttackRunError(f"impl=reference has versions standard, plus, rand; got {options.version!r}")
+        if options.off_protocol():
+            raise AttackRunError(f"impl=reference runs the protocol's step and query counts: leave "
+                                 f"{', '.join(options.off_protocol())} at the default")
 
     def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress, on_leave=None
             ) -> AutoAttackResult:
@@ -115,9 +112,10 @@ class ReferenceImplementation:
         logger.addHandler(log)
         try:
             progress(REFERENCE_CASCADE)
-            kwargs = {} if settings.attacks is None else {"attacks": list(settings.attacks)}
-            attack = ReferenceAutoAttack(counter, norm=threat.norm.value, eps=threat.eps, version=settings.version,
-                                         seed=settings.seed, device=device, **kwargs)
+            options = settings.options
+            kwargs = {} if options.attacks is None else {"attacks": list(options.attacks)}
+            attack = ReferenceAutoAttack(counter, norm=threat.norm.value, eps=threat.eps, version=options.version,
+                                         seed=options.seed, device=device, **kwargs)
             x_adv, _ = attack.run_standard_evaluation(x.to(device), y.to(device), batch_size=settings.batch_size)
         finally:
             logger.removeHandler(log)
@@ -142,8 +140,8 @@ class ReferenceImplementation:
                                              "backward_rows": counter.backward_rows}},
             forward_rows=torch.full((n,), counter.forward_rows / n, dtype=torch.float64),
             backward_rows=torch.full((n,), counter.backward_rows / n, dtype=torch.float64),
-            norm=threat.norm.value, eps=threat.eps, version=settings.version, seed=settings.seed,
-            precision=settings.precision, warnings=log.messages,
+            norm=threat.norm.value, eps=threat.eps, version=options.version, seed=options.seed,
+            precision=options.precision, warnings=log.messages,
         )
 
 

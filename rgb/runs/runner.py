@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Subset, default_collate
 from tqdm import tqdm
 
 from rgb.attacks.autoattack import FooledBy, within_budget
+from rgb.attacks.options import ALWAYS, WHEN_SET
 from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
 from rgb.core.files import file_sha256
@@ -92,14 +93,12 @@ class Target:
         identity = {
             "weights_sha256": self.weights_sha256, "dataset": self.datamodule.dataset, "split": "test",
             "split_sha256": self.split_sha256, "n_images": self.n_images(settings), "norm": budget.threat.norm.key,
-            "eps": budget.threat.eps, "version": settings.version, "seed": settings.seed,
-            "attacks": None if settings.attacks is None else list(settings.attacks),
-            "precision": settings.precision, "batch_size": settings.batch_size, "export_adversarial": settings.export,
+            "eps": budget.threat.eps, **settings.options.identity(ALWAYS),
+            "batch_size": settings.batch_size, "export_adversarial": settings.export,
         }
         if settings.impl != "ours":  # added only when set, so directories of earlier runs keep their identity
             identity["impl"] = settings.impl
-        if settings.tail_rows:  # APGD-T then draws other random starts
-            identity["tail_rows"] = settings.tail_rows
+        identity.update(settings.options.identity(WHEN_SET))  # e.g. tail_rows: APGD-T draws other random starts
         if settings.max_images is not None:
             identity["max_images"] = settings.max_images
         return identity
@@ -285,17 +284,17 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
                       for k, name in enumerate(["clean", *attacks])}
     meta = target.meta
     implementation = attack_implementation(settings.impl)
-    summary = RunSummary(
-        run=str(settings.run), run_name=settings.run_name, weights_sha256=target.weights_sha256,
+    options = settings.options
+    summary = RunSummary.recording(
+        options, run=str(settings.run), run_name=settings.run_name, weights_sha256=target.weights_sha256,
         model_family=family_of_record(meta).name, model_name=model_name(meta),
         loss=meta.get("loss"), strategy=meta.get("strategy"),
         dataset=target.datamodule.dataset, source=str(target.datamodule.source), split="test",
         split_sha256=target.split_sha256, n=n, norm=budget.threat.norm.key, eps=budget.threat.eps,
         impl=settings.impl, impl_version=implementation.version(),
-        version=settings.version, standard=standard_run(settings.version, attacks, settings.precision), attacks=attacks,
-        seed=settings.seed, precision=settings.precision, tf32=False, compile=settings.compile,
+        standard=standard_run(options.version, attacks, options.precision) and not options.off_protocol(),
+        attacks=attacks, tf32=False, compile=settings.compile,
         channels_last=settings.channels_last, batch_size=settings.batch_size, threads=settings.threads,
-        tail_rows=settings.tail_rows, input_format=settings.input_format, capture=settings.capture,
         clean_accuracy=accuracy_after["clean"], n_clean_correct=int(columns["clean_correct"].sum()),
         robust_accuracy=float(columns["robust"].float().mean()), n_robust=int(columns["robust"].sum()),
         accuracy_after=accuracy_after,

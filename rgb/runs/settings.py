@@ -11,17 +11,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rgb.attacks.autoattack import CAPTURES
+from rgb.attacks.options import AttackOptions
 from rgb.core.machine import DeviceError, resolve_device
 from rgb.core.threat import Norm, ThreatModel, parse_norm
 from rgb.data.catalog import TRANSFER_BUDGETS
+from rgb.runs.implementations import attack_implementation
 from rgb.runs.store import AttackRunError, run_name_for
 
 if TYPE_CHECKING:  # for the annotation only: building a data module is the factory's job
     from rgb.data.benchmark_data import BenchmarkData
-
-IMPLEMENTATIONS = ("ours", "reference")
-
 
 @dataclass(frozen=True)
 class Budget:
@@ -40,10 +38,7 @@ class AttackSettings:
     run_name: str
     data: Callable[[], BenchmarkData]  # picklable (a functools.partial): each worker builds its own
     budgets: tuple[Budget, ...]
-    version: str
-    seed: int
-    attacks: tuple[str, ...] | None
-    precision: str
+    options: AttackOptions
     batch_size: int
     device: str
     compile: bool
@@ -59,23 +54,20 @@ class AttackSettings:
     progress: bool = True
     impl: str = "ours"
     threads: int = 1
-    tail_rows: int = 0
-    input_format: str = "auto"
-    capture: str = "auto"
     max_images: int | None = None  # attack the first N test images only (rgb.benchmark(n_examples=N)): PARTIAL
 
     @classmethod
     def create(cls, run: str | Path, data: Callable[[], BenchmarkData], budgets: tuple[Budget, ...], *,
                batch_size: int, output_dir: str | Path, surrogate: str, run_name: str | None = None,
-               version: str = "standard", seed: int = 0, attacks: Sequence[str] | None = None,
-               precision: str = "fp32", device: str = "auto", compile: bool = False, channels_last: bool = False,
+               options: AttackOptions = AttackOptions(), device: str = "auto", compile: bool = False,
+               channels_last: bool = False,
                shard_index: int | None = None, shard_count: int | None = None, devices: int | str = "auto",
                merge_only: bool = False, export: bool = False, export_dir: str | Path | None = None,
-               progress: bool = True, impl: str = "ours", threads: int = 1, tail_rows: int = 0,
-               input_format: str = "auto", capture: str = "auto", max_images: int | None = None
+               progress: bool = True, impl: str = "ours", threads: int = 1, max_images: int | None = None
                ) -> AttackSettings:
-        """Validated settings from plain values (attack.py's config is mapped onto these by rgb.commands.attack;
-        rgb.benchmark passes them directly). `data` builds the data module in whichever process attacks."""
+        """Validated settings from plain values and the (already validated) attack options (attack.py's config is
+        mapped onto these by rgb.commands.attack; rgb.benchmark passes them directly). `data` builds the data module in
+        whichever process attacks."""
         if run is None:
             raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
         run = Path(str(run))
@@ -84,10 +76,7 @@ class AttackSettings:
         batch_size = int(batch_size)
         if batch_size < 1:
             raise AttackRunError(f"batch_size must be >= 1, got {batch_size}")
-        if impl not in IMPLEMENTATIONS:
-            raise AttackRunError(f"impl must be one of {list(IMPLEMENTATIONS)}, got {impl!r}")
-        if capture not in CAPTURES:  # checked here too: impl=reference never builds our AutoAttack
-            raise AttackRunError(f"capture must be one of {list(CAPTURES)}, got {capture!r}")
+        attack_implementation(impl)
         index, count = shard_position(shard_index, shard_count)
         try:
             device = resolve_device(str(device))
@@ -96,13 +85,11 @@ class AttackSettings:
         output_dir = Path(str(output_dir))
         return cls(
             run=run, run_name=str(run_name) if run_name else run_name_for(run), data=data, budgets=budgets,
-            version=str(version), seed=int(seed), attacks=None if attacks is None else tuple(str(a) for a in attacks),
-            precision=str(precision), batch_size=batch_size, device=device, compile=bool(compile),
+            options=options, batch_size=batch_size, device=device, compile=bool(compile),
             channels_last=bool(channels_last), shard_index=index, shard_count=count,
             processes=process_count(devices, device, threads), merge_only=bool(merge_only), export=bool(export),
             export_dir=Path(str(export_dir)) if export_dir is not None else output_dir / "adversarial",
             surrogate=surrogate, output_dir=output_dir, progress=bool(progress), impl=str(impl), threads=int(threads),
-            tail_rows=int(tail_rows), input_format=str(input_format), capture=str(capture),
             max_images=max_images,
         )
 

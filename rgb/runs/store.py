@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, stable_id
 from rgb.core.rundir import MANIFEST, IdentityManifest
@@ -144,7 +145,12 @@ def train_runs(pattern: str | Path) -> list[Path]:
 
 @dataclass
 class RunSummary:
-    """summary.json of one merged threat-model run (schema 2). `from_json` refuses records missing a field."""
+    """summary.json of one merged threat-model run (schema 2). `from_json` refuses records missing a field.
+
+    The attack options (`rgb.attacks.options.AttackOptions`) declared here are written always, at their places of
+    schema 2 (`attacks` is the cascade that ran); any other option only when set to another value than its
+    default, after them, in `options`, so summaries of runs that leave it alone, and older ones, keep their bytes
+    and read back."""
 
     run: str
     run_name: str
@@ -186,22 +192,34 @@ class RunSummary:
     schema: int = SUMMARY_SCHEMA
     export: str | None = None
     warnings: list[str] = field(default_factory=list)
-    tail_rows: int = 0
-    input_format: str = "auto"
-    capture: str = "auto"
+    tail_rows: int = AttackOptions.tail_rows
+    input_format: str = AttackOptions.input_format
+    capture: str = AttackOptions.capture
+    options: dict[str, object] = field(default_factory=dict)  # the other options, where not at their defaults
+
+    @classmethod
+    def recording(cls, options: AttackOptions, **values) -> RunSummary:
+        """The summary of a run made with `options` and the other `values`."""
+        declared = {f.name for f in fields(cls)}
+        written = {name: getattr(options, name) for name in options.names() if name in declared and name not in values}
+        others = {name: value for name, value in options.changed().items() if name not in declared}
+        return cls(**values, **written, options=others)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        record = asdict(self)
+        others = record.pop("options")
+        return {**record, **others}
 
     @classmethod
     def from_json(cls, record: dict, where: Path | str = "summary.json") -> RunSummary:
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"options"}
         required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
         missing = sorted(required - set(record))
         if missing or record.get("schema") != SUMMARY_SCHEMA:
             raise AttackRunError(f"{where}: not a summary of this rgb version (schema {record.get('schema')}, "
                                  f"missing {missing}); re-run `python attack.py ... merge_only=true`")
-        return cls(**{k: v for k, v in record.items() if k in names})
+        others = {k: v for k, v in record.items() if k in AttackOptions.names() and k not in names}
+        return cls(**{k: v for k, v in record.items() if k in names}, options=others)
 
     def line(self) -> str:
         label = "" if self.standard else f" [{self.version}: not standard]"

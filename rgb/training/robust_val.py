@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from rgb.attacks.autoattack import AutoAttack
+from rgb.attacks.options import AttackOptions
 from rgb.core import parse_norm
 from rgb.training.config import TrainingConfigError, TrainingError
 
@@ -67,23 +68,22 @@ class RobustValidation(Callback):
         if not problems and not self.norms:
             problems.append("callbacks.robust_val.norms must name at least one norm")
         if not problems:
-            try:  # the attack table checks version, attacks and precision (on a stand-in model)
-                AutoAttack(torch.nn.Identity(), self.norms[0], 1.0, version=version, seed=seed, attacks=attacks,
-                           precision=precision, device="cpu")
+            try:  # a LightningModule may keep Python-side state between calls: attacked eager
+                self.options = AttackOptions(version=version, seed=seed, attacks=attacks, precision=precision,
+                                             steps=n_iter, capture="eager")
             except ValueError as err:
                 problems.append(f"callbacks.robust_val: {err}")
         if problems:
             raise TrainingConfigError("; ".join(problems))
-        self.every_n_epochs, self.n_images, self.seed = every_n_epochs, n_images, int(seed)
-        self.version, self.attacks = version, None if attacks is None else list(attacks)
-        self.batch_size, self.precision, self.clean_weight = batch_size, precision, float(clean_weight)
-        self.n_iter = n_iter
+        self.every_n_epochs, self.n_images = every_n_epochs, n_images
+        self.batch_size, self.clean_weight = batch_size, float(clean_weight)
         self.metrics = [robust_metric(n) for n in self.norms]
         self._subset: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.version}:{','.join(self.attacks)}" if self.attacks else self.version
+        version, attacks = self.options.version, self.options.attacks
+        return f"{version}:{','.join(attacks)}" if attacks else version
 
     def check_checkpoints(self, callbacks: list[Callback]) -> None:
         """Refuse a checkpoint callback that would read this callback's metrics on epochs where they are stale."""
@@ -100,7 +100,7 @@ class RobustValidation(Callback):
         """The same images at every epoch and every resume: a seeded draw from the validation split."""
         if self._subset is None:
             split = trainer.datamodule.split("validation")
-            generator = torch.Generator().manual_seed(self.seed)
+            generator = torch.Generator().manual_seed(self.options.seed)
             picked = torch.randperm(len(split), generator=generator)[: self.n_images].sort().values
             items = [split[int(i)] for i in picked]
             self._subset = torch.stack([item[0] for item in items]), torch.tensor([int(item[1]) for item in items])
@@ -122,9 +122,7 @@ class RobustValidation(Callback):
             for norm, metric in zip(self.norms, self.metrics):
                 if norm.key not in budgets:
                     raise TrainingError(f"robust validation at {norm}: the data config has no budget {norm.key!r}")
-                attack = AutoAttack(pl_module, norm, budgets[norm.key], version=self.version, seed=self.seed,
-                                    attacks=self.attacks, batch_size=self.batch_size, precision=self.precision,
-                                    n_iter=self.n_iter, capture="eager")  # a LightningModule may keep state
+                attack = AutoAttack(pl_module, norm, budgets[norm.key], self.options, batch_size=self.batch_size)
                 accuracies[metric] = attack.run(x, y).robust_accuracy
         seconds = time.perf_counter() - started
         if "val/acc" not in trainer.callback_metrics:

@@ -1,0 +1,106 @@
+"""The options of an AutoAttack run, declared once: `AttackOptions`.
+
+AutoAttack, an attack run's settings (and its summary.json and run identity), robust validation and the
+reference implementation all take one `AttackOptions`; the config and `rgb.benchmark` map onto its fields by name.
+A field's metadata says what it is to the rest of the suite, so a new option is its field here (and its key in
+conf/attack.yaml) and nothing else:
+  - `feeds`: the cascade input of `rgb.attacks.registry` it supplies (`only`: to these attacks, overriding the
+    option that feeds the same input to every attack; None leaves that option's value);
+  - `identity`: part of a run's identity (`ALWAYS`, or `WHEN_SET`: only when not its default, so directories of
+    earlier runs keep theirs); options that change float rounding only are not;
+  - `protocol`: a value other than its default is not the protocol's number (the run is not standard).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from rgb.attacks.registry import VERSIONS
+
+PRECISIONS = ("fp32", "bf16")
+INPUT_FORMATS = ("auto", "contiguous", "channels_last")
+CAPTURES = ("auto", "eager", "trace")
+ALWAYS, WHEN_SET = "always", "when set"
+
+
+def _option(default, **metadata):
+    return field(default=default, metadata=metadata)
+
+
+def _count(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _choice(value, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class AttackOptions:
+    """What AutoAttack is asked to run, validated once when made (ValueError, one line). See `rgb.attacks.AutoAttack`
+    for what each option does; `attacks=None` is the version's whole cascade."""
+
+    version: str = _option("standard", identity=ALWAYS)
+    seed: int = _option(0, identity=ALWAYS, feeds="generator")
+    attacks: tuple[str, ...] | None = _option(None, identity=ALWAYS)
+    precision: str = _option("fp32", identity=ALWAYS)
+    steps: int = _option(100, identity=WHEN_SET, protocol=True, feeds="n_iter")
+    fab_steps: int | None = _option(None, identity=WHEN_SET, protocol=True, feeds="n_iter", only=("fab", "fab-t"))
+    queries: int = _option(5000, identity=WHEN_SET, protocol=True, feeds="n_queries")
+    tail_rows: int = _option(0, identity=WHEN_SET, feeds="tail_rows")
+    input_format: str = _option("auto")
+    capture: str = _option("auto")
+
+    def __post_init__(self):
+        _choice(self.version, "version", tuple(VERSIONS))
+        order = VERSIONS[self.version].attacks
+        if self.attacks is not None:
+            attacks = tuple(str(a) for a in self.attacks)
+            if not attacks or any(a not in order for a in attacks):
+                raise ValueError(f"attacks of version {self.version!r} must be a non-empty subset of {order}, got "
+                                 f"{list(attacks)}")
+            object.__setattr__(self, "attacks", attacks)
+        object.__setattr__(self, "seed", int(self.seed))
+        _choice(self.precision, "precision", PRECISIONS)
+        _count(self.steps, "steps", 1)
+        if self.fab_steps is not None:
+            _count(self.fab_steps, "fab_steps", 1)
+        _count(self.queries, "queries", 1)
+        _count(self.tail_rows, "tail_rows", 0)
+        _choice(self.input_format, "input_format", INPUT_FORMATS)
+        _choice(self.capture, "capture", CAPTURES)
+        if self.capture == "trace" and self.precision != "fp32":
+            raise ValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def changed(self) -> dict[str, object]:
+        """The options that differ from their defaults, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    def identity(self, when: str) -> dict[str, object]:
+        """The options of a run's identity recorded `when` (ALWAYS, or WHEN_SET and not at their defaults)."""
+        changed = self.changed()
+        return {f.name: list(value) if isinstance(value := getattr(self, f.name), tuple) else value
+                for f in fields(self) if f.metadata.get("identity") == when and (when == ALWAYS or f.name in changed)}
+
+    def off_protocol(self) -> list[str]:
+        """The options set to other values than the protocol's (such a run's number is not the benchmark's)."""
+        return [f.name for f in fields(self) if f.metadata.get("protocol") and f.name in self.changed()]
+
+    def cascade_inputs(self, attack: str) -> dict[str, object]:
+        """The cascade inputs (`rgb.attacks.registry.CASCADE_INPUTS`) the options supply to `attack`: an option fed
+        to named attacks only overrides the one fed to all, unless it is None."""
+        inputs: dict[str, object] = {}
+        for specific in (False, True):
+            for f in fields(self):
+                feeds, only, value = f.metadata.get("feeds"), f.metadata.get("only"), getattr(self, f.name)
+                if feeds and (only is not None) == specific and value is not None and (only is None or attack in only):
+                    inputs[feeds] = value
+        return inputs
