@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from rgb.core.configs import config_dir, data_config_for, data_configs
+from rgb.core.errors import UserError, one_line
 from rgb.core.values import (
     INT,
     NON_NEGATIVE_INT,
@@ -83,18 +84,6 @@ def _asks_for_help(argv: list[str]) -> bool:
     return any(a in HELP_FLAGS for a in argv)
 
 
-# Exceptions that are the user's to fix (bad input, a refused result): shown as one line, never as a traceback.
-USER_ERRORS = (
-    ("rgb.core.machine", "DeviceError"), ("rgb.data.benchmark", "BenchmarkError"),
-    ("rgb.runs.settings", "AttackRunError"), ("rgb.attacks.common", "AttackError"),
-    ("rgb.models.factory", "WeightsMismatchError"), ("rgb.models.factory", "ModelLoadError"),
-    ("rgb.core.files", "CorruptFileError"), ("rgb.core.templates", "PromptError"),
-    ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.brittleness.perturb", "PerturbationError"),
-    ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
-    ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),
-    ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
-    ("rgb.models.api", "ApiError"), ("rgb.models.api", "CacheError"), ("rgb.serve", "ServeError"),
-)
 # OSErrors that are the user's machine, not a bug: shown as one line with what to do.
 OS_ERRORS = {
     errno.ENOSPC: "the disk is full: free space or point paths.output_dir elsewhere",
@@ -108,17 +97,6 @@ OS_ERRORS = {
 }
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """The user-error classes of USER_ERRORS whose modules are loaded: an exception of the others cannot have been
-    raised, so naming them never imports a module the command did not need (rgb.training's loads Lightning)."""
-    return (FileNotFoundError,
-            *(getattr(sys.modules[module], name) for module, name in USER_ERRORS if module in sys.modules))
-
-
-def _one_line(message: str) -> str:
-    return " ".join(str(message).split())
-
-
 def os_error_line(err: OSError) -> str | None:
     """One line for an OSError the user can act on (full disk, read-only or unwritable place), else None."""
     hint = OS_ERRORS.get(err.errno)
@@ -128,14 +106,14 @@ def os_error_line(err: OSError) -> str | None:
     return f"{err.strerror}{f': {where}' if where else ''} ({hint})"
 
 
-def _error_line(err: Exception, errors: tuple[type[BaseException], ...]) -> str | None:
+def _error_line(err: Exception) -> str | None:
     """The one line for an exception that is the user's to fix; None for a bug (it keeps its traceback)."""
-    if isinstance(err, errors):
-        return _one_line(err)
+    if isinstance(err, (UserError, FileNotFoundError)):
+        return one_line(err)
     if isinstance(err, OSError):
         return os_error_line(err)
     cause = _value_error_in(err)
-    return _one_line(cause) if cause is not None else None
+    return one_line(cause) if cause is not None else None
 
 
 def program(default: str) -> str:
@@ -364,10 +342,9 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             threads = configure_threads(cfg.get("threads", "auto"))
             return body(cfg, threads)
         except Exception as err:
-            errors = user_errors()
-            if not isinstance(err, (*errors, OSError, InterpolationResolutionError)):
+            if not isinstance(err, (UserError, OSError, InterpolationResolutionError)):
                 raise
-            line = _error_line(err, errors)
+            line = _error_line(err)
             if line is None:
                 raise
             log.error("%s: error: %s", program(name), line)
@@ -431,7 +408,7 @@ def _compose_error(config_name: str, argv: list[str]) -> str | None:
         check_values(config_name, cfg)
     except Exception as err:  # any composition failure is the user's config: shown, not raised
         cause = _value_error_in(err)
-        return _one_line(cause) if cause else f"config: {_one_line(err).split(' Config search path:')[0]}"
+        return one_line(cause) if cause else f"config: {one_line(err).split(' Config search path:')[0]}"
     return unwritable(run_dir)
 
 

@@ -136,4 +136,4 @@ def test_class_names_that_read_the_same_are_refused_in_one_line(names):
     assert "\n" not in str(refused.value) and repr(names[1]) in str(refused.value)
     with pytest.raises(ApiError) as refused:  # as train.py model=api_chat and every load of its model.json build it
         ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny"), ClientSettings(), names, "data")
-    assert cli._error_line(refused.value, cli.user_errors()) == str(refused.value)
+    assert cli._error_line(refused.value) == str(refused.value)

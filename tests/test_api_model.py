@@ -136,7 +136,7 @@ def test_train_py_shows_a_bad_model_value_in_one_line(overrides, message, tmp_pa
     cfg = compose_config("train", tmp_path, bench, "model=api_chat", *defaults, *overrides, f"run_dir={tmp_path / 'r'}")
     with pytest.raises(Exception) as refused:
         train(cfg)
-    line = cli._error_line(refused.value, cli.user_errors())  # what the entry point prints instead of a traceback
+    line = cli._error_line(refused.value)  # what the entry point prints instead of a traceback
     assert line is not None and message in line and "\n" not in line
 
 
@@ -384,7 +384,7 @@ def test_max_requests_below_one_sends_nothing(tmp_path, bench, server):
     before = server.requests.count()
     with pytest.raises(ConfigValueError) as refused:
         evaluate(tmp_path, bench, run, "max_requests=-1")
-    assert cli._error_line(refused.value, cli.user_errors()).startswith("invalid value: max_requests must be null")
+    assert cli._error_line(refused.value).startswith("invalid value: max_requests must be null")
     assert server.requests.count() == before and not (tmp_path / "outputs" / "api_cache").exists()
 
 

@@ -217,6 +217,57 @@ def test_os_errors_of_the_users_machine_are_one_line(code, words):
     assert cli.os_error_line(OSError(errno.EBADF, "Bad file descriptor")) is None  # a bug stays a traceback
 
 
+# ---------------------------------------------------------------- the one error contract: rgb.core.errors.UserError
+
+# The classes the commands once named in a table of strings (module, class): each is now a UserError.
+FORMER_USER_ERRORS = [
+    ("rgb.core.machine", "DeviceError"), ("rgb.data.benchmark", "BenchmarkError"),
+    ("rgb.runs.store", "AttackRunError"), ("rgb.attacks.common", "AttackError"),
+    ("rgb.models.factory", "WeightsMismatchError"), ("rgb.models.factory", "ModelLoadError"),
+    ("rgb.core.files", "CorruptFileError"), ("rgb.core.templates", "PromptError"),
+    ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.brittleness.perturb", "PerturbationError"),
+    ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
+    ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.core.jsonrecord", "RecordError"),
+    ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
+    ("rgb.models.api", "ApiError"), ("rgb.models.api", "CacheError"), ("rgb.serve", "ServeError"),
+]
+
+
+def _error_classes_of_rgb() -> list[tuple[str, str]]:
+    """(module, class) of every class named `...Error` defined in rgb/."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "rgb").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        tree = ast.parse(path.read_text())
+        found += [(module, node.name) for node in tree.body
+                  if isinstance(node, ast.ClassDef) and node.name.endswith("Error")]
+    return found
+
+
+def test_every_error_class_of_rgb_is_a_user_error():
+    """The commands catch UserError: an error class a user can cause that does not derive from it would be a
+    traceback (every error class rgb defines is one a user can cause)."""
+    import importlib
+
+    from rgb.core.errors import UserError
+
+    classes = _error_classes_of_rgb()
+    assert set(FORMER_USER_ERRORS) <= set(classes)
+    assert [f"{m}.{name}" for m, name in classes if not issubclass(getattr(importlib.import_module(m), name),
+                                                                    UserError)] == []
+
+
+def test_a_user_error_is_one_line_and_the_cli_prints_it_as_is():
+    from rgb.core.errors import UserError
+
+    err = UserError("a refused\n  value:\tsay what to do ")
+    assert str(err) == "a refused value: say what to do"
+    assert cli._error_line(err) == str(err) and cli._error_line(RuntimeError("a bug")) is None
+    assert isinstance(ConfigValueError("x"), ValueError)  # the built-in bases stay for the code that catches them
+
+
 # ---------------------------------------------------------------- 22: evaluate replaces its outputs whole
 
 

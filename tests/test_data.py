@@ -292,7 +292,7 @@ def test_training_fits_on_the_data_config_it_is_given(compose):
 
 def test_attack_and_evaluation_start_without_lightning_or_scikit_learn():
     """Lightning (about 1.5 s to import) is training's, and scikit-learn only builds the mini benchmark: the modules
-    attack.py and evaluate.py run, the data config they instantiate and rgb.cli's error table load neither (issue
+    attack.py and evaluate.py run, the data config they instantiate and rgb.cli load neither (issue
     24: start-up)."""
     import subprocess
     import sys
@@ -305,7 +305,6 @@ def test_attack_and_evaluation_start_without_lightning_or_scikit_learn():
             "register_resolvers()\n"
             "instantiate(compose_config('attack', 'data=mini').data)\n"
             "import rgb.cli\n"
-            "rgb.cli.user_errors()  # the one-line error table names classes of loaded modules only\n"
             "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'sklearn') if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

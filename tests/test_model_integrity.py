@@ -14,7 +14,7 @@ from torch import nn
 import rgb
 from rgb.attacks import AttackError
 from rgb.attacks.autoattack import AutoAttack
-from rgb.cli import user_errors
+from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.evaluation.records import RecordError, white_box_setting
@@ -83,14 +83,14 @@ def test_loading_a_benchmark_export_says_how_to_rebuild_it(tmp_path):
         load(tmp_path)
     message = str(err.value)
     assert "\n" not in message and str(tmp_path / "model.json") in message and "user_models.SmallCNN" in message
-    assert isinstance(err.value, user_errors())  # attack.py / evaluate.py print it as one line
+    assert isinstance(err.value, UserError)  # attack.py / evaluate.py print it as one line
 
 
 def test_unknown_family_is_a_one_line_user_error(tmp_path):
     write_export(small_cnn(), tmp_path, {"family": "keras"})
     with pytest.raises(ModelLoadError, match="unknown model family 'keras'") as err:
         load(tmp_path)
-    assert isinstance(err.value, user_errors())
+    assert isinstance(err.value, UserError)
 
 
 # -- 11: settings as users write them ----------------------------------------------------------------------
@@ -186,7 +186,7 @@ def test_truncated_embedded_clip_checkpoint_is_called_corrupt(tmp_path, mini_dir
     truncate(weights)
     with pytest.raises(CorruptFileError, match=f"embedded CLIP checkpoint {weights} is corrupt .*: delete") as err:
         ensure_embedded_clip(tmp_path, mini_dir)
-    assert "\n" not in str(err.value) and isinstance(err.value, user_errors())
+    assert "\n" not in str(err.value) and isinstance(err.value, UserError)
     with pytest.raises(CorruptFileError, match=f"CLIP weights file {weights} is corrupt") as err:
         load_clip(EMBEDDED_ARCH, weights=str(weights))
     assert "\n" not in str(err.value)

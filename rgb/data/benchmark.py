@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
+from rgb.core.errors import UserError
 from rgb.data.catalog import DATASET_SPLITS, DATASETS, MINI, SURROGATES, transfer_coverage
 from rgb.data.snapshot import is_mini_build
 
@@ -29,7 +30,7 @@ from rgb.data.snapshot import is_mini_build
 WORKER_PREFIX = "Caught "
 
 
-class BenchmarkError(RuntimeError):
+class BenchmarkError(UserError, RuntimeError):
     """A one-line, actionable problem with the benchmark data (missing, corrupt, misaligned).
 
     The message is always one line: a DataLoader worker re-raises it as `Caught BenchmarkError in DataLoader

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from rgb.core.classwise import class_wise_summary
+from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.core.threat import Norm
 from rgb.data import BenchmarkData
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 NORMS = tuple(n.key for n in (Norm.L1, Norm.L2, Norm.LINF))
 
 
-class EvaluationError(RuntimeError):
+class EvaluationError(UserError, RuntimeError):
     """Results that must not be scored (another model, dataset, split size or budget; partial without consent)."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from rgb.core.errors import UserError
 from rgb.core.values import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -48,7 +49,7 @@ DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
-class ApiError(RuntimeError):
+class ApiError(UserError, RuntimeError):
     """The endpoint refused for good (401, unknown model, image not supported) or kept failing: one line that
     names the endpoint and the model, never the key. Also class names no answer could tell apart."""
 
@@ -283,7 +284,7 @@ def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
 
 
 # ---------------------------------------------------------------------------------------------------- the cache
-class CacheError(RuntimeError):
+class CacheError(UserError, RuntimeError):
     """An answer cache with a damaged record that is not the torn last line of an interrupted write."""
 
 
