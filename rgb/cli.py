@@ -123,15 +123,13 @@ def program(default: str) -> str:
 
 # Values a user types that every command reads: numbers checked before anything runs (rgb.core.values).
 def _worst_k(value) -> bool:
-    def one(k) -> bool:
-        if isinstance(k, str) and k.endswith("%"):
-            try:
-                return 0 < float(k[:-1]) < 100
-            except ValueError:
-                return False
-        return (integer(k) and k >= 1) or (number(k) and 0 < k < 1)
+    from rgb.core.classwise import check_worst_k  # the owner of the worst@k rule (and numpy: not for --help)
 
-    return isinstance(value, list) and bool(value) and all(one(k) for k in value)
+    try:
+        check_worst_k(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _ints(rule: Rule) -> Rule:
