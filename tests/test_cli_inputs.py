@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import raises_one_line
 from rgb import cli
 from rgb.core.files import replaced_whole
 from rgb.core.values import ConfigValueError, path_name
@@ -114,9 +115,9 @@ def test_errors_name_the_program_as_it_was_invoked(monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", ["../../escape", "a/b", "..", "", "x" * 300])
 def test_run_names_that_are_not_one_directory_are_refused(name):
-    with pytest.raises(ConfigValueError) as err:
+    with raises_one_line(ConfigValueError) as err:
         path_name(name)
-    assert "\n" not in str(err.value) and "choose another run_name" in str(err.value)
+    assert "choose another run_name" in str(err.value)
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -268,6 +269,17 @@ def test_a_user_error_is_one_line_and_the_cli_prints_it_as_is():
     assert isinstance(ConfigValueError("x"), ValueError)  # the built-in bases stay for the code that catches them
 
 
+def test_raises_one_line_refuses_a_message_on_several_lines():
+    from rgb.core.errors import UserError
+
+    with pytest.raises(AssertionError, match="not one line"):
+        with raises_one_line(ValueError, match="a"):
+            raise ValueError("a\nb")
+    with raises_one_line(UserError, match="^a b$") as caught:
+        raise UserError("a\nb")
+    assert isinstance(caught.value, UserError)
+
+
 # ---------------------------------------------------------------- 22: evaluate replaces its outputs whole
 
 
@@ -325,9 +337,9 @@ def test_a_truncated_export_is_named_in_one_line(tmp_path, damaged):
     export_model(create_model("test_resnet", 10, pretrained=False), tmp_path, {"dataset": "digits"})
     path = tmp_path / damaged
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(ExportFileError) as err:
+    with raises_one_line(ExportFileError) as err:
         load_with_meta(tmp_path)
-    assert str(path) in str(err.value) and "\n" not in str(err.value) and "export the model again" in str(err.value)
+    assert str(path) in str(err.value) and "export the model again" in str(err.value)
 
 
 def test_an_empty_descriptions_list_is_one_line(tmp_path):
