@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from rgb.core.errors import UserError
 from rgb.data.benchmark import decode_image, to_tensor
 from rgb.models import load_with_meta
 
@@ -64,7 +65,7 @@ class ServerLog:
             return len(self.images)
 
 
-class ServeError(ValueError):
+class ServeError(UserError, ValueError):
     """A model or setting rgb-serve cannot serve (one line)."""
 
 

@@ -7,9 +7,12 @@ Also helper modules of their own: toy_models (benchmarks/, shared with the bench
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +35,16 @@ def resolved(cfg) -> dict:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+@contextmanager
+def raises_one_line(error: type[BaseException] | tuple[type[BaseException], ...], match: str | None = None
+                    ) -> Iterator[pytest.ExceptionInfo]:
+    """`pytest.raises(error, match=match)` for an error a user sees: its text must also be one line (the commands
+    print it as it is, rgb.core.errors.UserError)."""
+    with pytest.raises(error, match=match) as caught:
+        yield caught
+    assert "\n" not in str(caught.value), f"not one line: {str(caught.value)!r}"
 
 
 # -- the attack tests' surrogate: a small ViT trained by the real training code -------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import raises_one_line
 from rgb.commands import main as cli
 from rgb.core.files import replaced_whole
 from rgb.core.values import ConfigValueError, path_name
@@ -114,9 +115,9 @@ def test_errors_name_the_program_as_it_was_invoked(monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", ["../../escape", "a/b", "..", "", "x" * 300])
 def test_run_names_that_are_not_one_directory_are_refused(name):
-    with pytest.raises(ConfigValueError) as err:
+    with raises_one_line(ConfigValueError) as err:
         path_name(name)
-    assert "\n" not in str(err.value) and "choose another run_name" in str(err.value)
+    assert "choose another run_name" in str(err.value)
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -217,6 +218,68 @@ def test_os_errors_of_the_users_machine_are_one_line(code, words):
     assert cli.os_error_line(OSError(errno.EBADF, "Bad file descriptor")) is None  # a bug stays a traceback
 
 
+# ---------------------------------------------------------------- the one error contract: rgb.core.errors.UserError
+
+# The classes the commands once named in a table of strings (module, class): each is now a UserError.
+FORMER_USER_ERRORS = [
+    ("rgb.core.machine", "DeviceError"), ("rgb.data.benchmark", "BenchmarkError"),
+    ("rgb.runs.store", "AttackRunError"), ("rgb.attacks.common", "AttackError"),
+    ("rgb.models.factory", "WeightsMismatchError"), ("rgb.models.factory", "ModelLoadError"),
+    ("rgb.core.files", "CorruptFileError"), ("rgb.core.templates", "PromptError"),
+    ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.brittleness.perturb", "PerturbationError"),
+    ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
+    ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.core.jsonrecord", "RecordError"),
+    ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
+    ("rgb.models.api_client", "ApiError"), ("rgb.models.api_cache", "CacheError"), ("rgb.serve", "ServeError"),
+]
+
+
+def _error_classes_of_rgb() -> list[tuple[str, str]]:
+    """(module, class) of every class named `...Error` defined in rgb/."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "rgb").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        tree = ast.parse(path.read_text())
+        found += [(module, node.name) for node in tree.body
+                  if isinstance(node, ast.ClassDef) and node.name.endswith("Error")]
+    return found
+
+
+def test_every_error_class_of_rgb_is_a_user_error():
+    """The commands catch UserError: an error class a user can cause that does not derive from it would be a
+    traceback (every error class rgb defines is one a user can cause)."""
+    import importlib
+
+    from rgb.core.errors import UserError
+
+    classes = _error_classes_of_rgb()
+    assert {name for _, name in FORMER_USER_ERRORS} <= {name for _, name in classes}
+    assert [f"{m}.{name}" for m, name in FORMER_USER_ERRORS + classes
+            if not issubclass(getattr(importlib.import_module(m), name), UserError)] == []
+
+
+def test_a_user_error_is_one_line_and_the_cli_prints_it_as_is():
+    from rgb.core.errors import UserError
+
+    err = UserError("a refused\n  value:\tsay what to do ")
+    assert str(err) == "a refused value: say what to do"
+    assert cli._error_line(err) == str(err) and cli._error_line(RuntimeError("a bug")) is None
+    assert isinstance(ConfigValueError("x"), ValueError)  # the built-in bases stay for the code that catches them
+
+
+def test_raises_one_line_refuses_a_message_on_several_lines():
+    from rgb.core.errors import UserError
+
+    with pytest.raises(AssertionError, match="not one line"):
+        with raises_one_line(ValueError, match="a"):
+            raise ValueError("a\nb")
+    with raises_one_line(UserError, match="^a b$") as caught:
+        raise UserError("a\nb")
+    assert isinstance(caught.value, UserError)
+
+
 # ---------------------------------------------------------------- 22: evaluate replaces its outputs whole
 
 
@@ -271,9 +334,9 @@ def test_a_truncated_export_is_named_in_one_line(tmp_path, damaged):
     export_model(create_model("test_resnet", 10, pretrained=False), tmp_path, {"dataset": "digits"})
     path = tmp_path / damaged
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(ExportFileError) as err:
+    with raises_one_line(ExportFileError) as err:
         load_with_meta(tmp_path)
-    assert str(path) in str(err.value) and "\n" not in str(err.value) and "export the model again" in str(err.value)
+    assert str(path) in str(err.value) and "export the model again" in str(err.value)
 
 
 def test_an_empty_descriptions_list_is_one_line(tmp_path):

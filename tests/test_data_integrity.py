@@ -15,7 +15,8 @@ from rgb.data import BenchmarkError, ImageSplit, load_split
 from rgb.data.catalog import DATASETS, MINI, transfer_coverage
 from rgb.data.mini import DATASET, TEST_SIZE, main
 from rgb.commands.resolvers import register_resolvers
-from rgb.data.snapshot import is_mini_build, png_bytes, write_readme, write_split
+from rgb.data.layout import is_mini_build
+from rgb.data.snapshot import png_bytes, write_readme, write_split
 
 
 def copy_of_mini(mini_dir, folder):

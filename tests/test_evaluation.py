@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import datamodule, expectation, record, save_pool, white_box_settings, write_attack
-from rgb.core.classwise import class_wise_summary, per_class_accuracy, worst_k_count
+from rgb.core.classwise import check_worst_k, class_wise_summary, per_class_accuracy, worst_k_count
 from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, write_leaderboard
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, read_attack
 from rgb.evaluation.records import Accuracy, ClassWise, ProtocolScore, ScoresRecord
@@ -46,6 +46,21 @@ def test_class_wise_metrics_on_hand_made_predictions():
     with pytest.raises(ValueError, match="worst-k"):
         worst_k_count(0, 10)
     assert np.allclose(per_class_accuracy([1, 1], [1, 0], 2), [np.nan, 0.5], equal_nan=True)
+
+
+@pytest.mark.parametrize("k", ["100%", "200%", "0%", "nan%", "inf%", "ten%", "10", 1.0, 2.0, 0.0, True, 0, -1, None])
+def test_worst_k_has_one_rule_which_the_command_line_check_calls(k):
+    """worst@k's entries are read and checked in rgb.core.classwise alone: what the class-wise metrics refuse the
+    commands refuse before anything runs ("100%" included: worst@100% is the mean, not a worst-k)."""
+    from rgb import cli
+
+    with pytest.raises(ValueError, match="worst-k needs a class count >= 1 or a percentage below 100%"):
+        worst_k_count(k, 10)
+    with pytest.raises(ValueError):
+        check_worst_k([1, k])
+    assert not cli._worst_k([1, k])
+    assert cli._worst_k([1, "99.5%", 0.5, 20]) and check_worst_k([1, "99.5%", 0.5, 20]) == (1, "99.5%", 0.5, 20)
+    assert not cli._worst_k([]) and not cli._worst_k("10%") and not cli._worst_k(5)
 
 
 # -- scores --------------------------------------------------------------------------------------------------

@@ -260,7 +260,8 @@ def test_class_ticks_are_integers_and_model_names_get_their_own_rows():
 
 def test_black_box_from_transfer_splits_on_disk_and_sweep_are_plotted(tmp_path, mini_dir, tiny_run, monkeypatch):
     from rgb.data import BenchmarkData
-    from rgb.data.snapshot import readme_title, write_readme
+    from rgb.data.layout import readme_title
+    from rgb.data.snapshot import write_readme
     from rgb.evaluation import model_eval
 
     source = tmp_path / "mini"

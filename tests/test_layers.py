@@ -1,6 +1,8 @@
-"""The house's layers, read from the imports themselves: no package of rgb imports one above its own.
+"""The house's layers, read from the imports themselves: no package of rgb imports one above its own, and no
+module of rgb imports itself back through others at module level (an import cycle).
 
-The table is the one place the allowed arrows are written down; docs/design.md draws the same picture.
+The table is the one place the allowed arrows are written down, each one in use; docs/design.md draws the same
+picture.
 Also: no test module imports another test module (shared functions live in tests/helpers.py, shared fixtures in
 tests/conftest.py), and no benchmark imports from tests/.
 """
@@ -22,11 +24,11 @@ ALLOWED = {
     "attacks": {"core"},
     "zeroshot": {"core", "data", "models"},
     "brittleness": {"core"},
-    "runs": {"core", "data", "models", "attacks", "zeroshot"},
+    "runs": {"core", "data", "models", "attacks"},
     "training": {"core", "data", "models", "attacks", "zeroshot"},
-    "evaluation": {"core", "data", "models", "attacks", "zeroshot", "brittleness", "runs", "training"},
+    "evaluation": {"core", "data", "models", "zeroshot", "brittleness", "runs"},
     # the command layer: the console scripts' mains and each command's config half (and rgb.serve's server)
-    "commands": {"core", "data", "models", "attacks", "zeroshot", "brittleness", "runs", "training", "evaluation",
+    "commands": {"core", "data", "models", "attacks", "brittleness", "runs", "training", "evaluation",
                  "serve"},
 }
 ENTRY_POINTS = {"api", "serve"}
@@ -62,6 +64,19 @@ def _imported_packages(path: Path) -> set[tuple[str, int]]:
     return found
 
 
+def _package_arrows() -> dict[tuple[str, str], list[str]]:
+    """{(package, imported package): ["path:line", ...]} of every import of one rgb package by another."""
+    arrows = {}
+    for path in sorted(RGB.rglob("*.py")):
+        if path.parent == RGB and path.stem in ENTRY_POINTS | {"__init__"}:
+            continue
+        package = _package_of(path)
+        for imported, line in _imported_packages(path):
+            if imported != package:
+                arrows.setdefault((package, imported), []).append(f"{path.relative_to(RGB.parent)}:{line}")
+    return arrows
+
+
 def _violations() -> list[str]:
     bad = []
     for path in sorted(RGB.rglob("*.py")):
@@ -70,10 +85,9 @@ def _violations() -> list[str]:
         package = _package_of(path)
         if package not in ALLOWED:
             bad.append(f"{path.relative_to(RGB.parent)}: package {package!r} is not in the layer table")
-            continue
-        for imported, line in _imported_packages(path):
-            if imported != package and imported not in ALLOWED[package]:
-                bad.append(f"{path.relative_to(RGB.parent)}:{line} ({package}) imports rgb.{imported}")
+    for (package, imported), places in sorted(_package_arrows().items()):
+        if package in ALLOWED and imported not in ALLOWED[package]:
+            bad += [f"{place} ({package}) imports rgb.{imported}" for place in sorted(places)]
     return bad
 
 
@@ -93,6 +107,95 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_every_layer_is_a_package(package):
     assert (RGB / package / "__init__.py").is_file()
+
+
+def test_every_allowed_arrow_is_in_use():
+    """The table says what the layers do, not what they might: an arrow no import uses is left out."""
+    used = set(_package_arrows())
+    assert sorted((package, imported) for package, allowed in ALLOWED.items() for imported in allowed
+                  if (package, imported) not in used) == []
+
+
+# -- import cycles: no module of rgb imports itself back at module level -------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = ("rgb",) + path.relative_to(RGB).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_level_imports(tree: ast.Module):
+    """The imports that run when the module is imported: not those inside functions (deferred on purpose) nor
+    those under `if TYPE_CHECKING:`."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def _module_graph() -> dict[str, list[str]]:
+    """{rgb module: the rgb modules it imports at module level} (`from rgb.a import b` names module rgb.a.b when
+    there is one, else rgb.a; relative imports resolved)."""
+    modules = {_module_name(path): path for path in sorted(RGB.rglob("*.py"))}
+    graph = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets = set()
+        for node in _module_level_imports(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+                continue
+            base = node.module
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+            targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        graph[name] = sorted(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def _cycles() -> list[str]:
+    """Each module-level import cycle, as `a -> b -> a` (found by a depth-first walk)."""
+    graph, state, found = _module_graph(), {}, []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "on the path"
+        path.append(module)
+        for imported in graph[module]:
+            if state.get(imported) == "on the path":
+                found.append(" -> ".join(path[path.index(imported):] + [imported]))
+            elif imported not in state:
+                visit(imported, path)
+        path.pop()
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+    return found
+
+
+def test_no_module_level_import_cycle():
+    assert _cycles() == []
+
+
+def test_the_check_sees_an_import_cycle(tmp_path, monkeypatch):
+    """The checker itself: a cycle through a relative import is reported; an import deferred into a function
+    (or under TYPE_CHECKING) is not one."""
+    fake = tmp_path / "rgb"
+    (fake / "data").mkdir(parents=True)
+    (fake / "data" / "__init__.py").write_text("")
+    (fake / "data" / "a.py").write_text("from rgb.data.b import f\n")
+    (fake / "data" / "b.py").write_text("from typing import TYPE_CHECKING\nfrom . import c\n"
+                                        "if TYPE_CHECKING:\n    from rgb.data import d\n")
+    (fake / "data" / "c.py").write_text("import rgb.data.a\n\n\ndef g():\n    from rgb.data import d\n")
+    (fake / "data" / "d.py").write_text("from rgb.data.c import g\n")
+    monkeypatch.setattr(sys.modules[__name__], "RGB", fake)
+    assert _cycles() == ["rgb.data.a -> rgb.data.b -> rgb.data.c -> rgb.data.a"]
 
 
 # -- tests/ and benchmarks/: test modules import no test module; benchmarks import nothing of tests/ ----------

@@ -14,7 +14,7 @@ from torch import nn
 import rgb
 from rgb.attacks import AttackError
 from rgb.attacks.autoattack import AutoAttack
-from rgb.commands.main import user_errors
+from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.evaluation.records import RecordError, white_box_setting
@@ -23,7 +23,7 @@ from rgb.models.factory import ModelLoadError
 from rgb.models.io import ExportConflictError
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import MANIFEST, RunDirectory
-from helpers import datamodule
+from helpers import datamodule, raises_one_line
 from toy_models import separable_data
 from user_models import small_cnn
 
@@ -79,18 +79,18 @@ def test_embedded_clip_checkpoint_follows_the_umask(tmp_path, umask):
 def test_loading_a_benchmark_export_says_how_to_rebuild_it(tmp_path):
     meta = {"family": "python", "name": "user_models.SmallCNN", "run_name": "cnn", "dataset": "digits"}
     write_export(small_cnn(), tmp_path, meta)
-    with pytest.raises(ModelLoadError, match="export_factory_model") as err:
+    with raises_one_line(ModelLoadError, match="export_factory_model") as err:
         load(tmp_path)
     message = str(err.value)
-    assert "\n" not in message and str(tmp_path / "model.json") in message and "user_models.SmallCNN" in message
-    assert isinstance(err.value, user_errors())  # attack.py / evaluate.py print it as one line
+    assert str(tmp_path / "model.json") in message and "user_models.SmallCNN" in message
+    assert isinstance(err.value, UserError)  # attack.py / evaluate.py print it as one line
 
 
 def test_unknown_family_is_a_one_line_user_error(tmp_path):
     write_export(small_cnn(), tmp_path, {"family": "keras"})
     with pytest.raises(ModelLoadError, match="unknown model family 'keras'") as err:
         load(tmp_path)
-    assert isinstance(err.value, user_errors())
+    assert isinstance(err.value, UserError)
 
 
 # -- 11: settings as users write them ----------------------------------------------------------------------
@@ -184,12 +184,11 @@ def test_truncated_embedded_clip_checkpoint_is_called_corrupt(tmp_path, mini_dir
     clip = load_clip(EMBEDDED_ARCH)
     weights = save_checkpoint(clip.model, clip.preprocess, tmp_path, {**DEFAULTS, "templates": list(CAPTION_TEMPLATES)})
     truncate(weights)
-    with pytest.raises(CorruptFileError, match=f"embedded CLIP checkpoint {weights} is corrupt .*: delete") as err:
+    with raises_one_line(CorruptFileError, match=f"embedded CLIP checkpoint {weights} is corrupt .*: delete") as err:
         ensure_embedded_clip(tmp_path, mini_dir)
-    assert "\n" not in str(err.value) and isinstance(err.value, user_errors())
-    with pytest.raises(CorruptFileError, match=f"CLIP weights file {weights} is corrupt") as err:
+    assert isinstance(err.value, UserError)
+    with raises_one_line(CorruptFileError, match=f"CLIP weights file {weights} is corrupt") as err:
         load_clip(EMBEDDED_ARCH, weights=str(weights))
-    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("content", [b"not a checkpoint at all" * 4, "truncated"])
@@ -200,9 +199,9 @@ def test_corrupt_timm_weights_file_is_called_corrupt_without_torch_advice(tmp_pa
         truncate(path)
     else:
         path.write_bytes(content)
-    with pytest.raises(CorruptFileError, match=f"weights file {path} is corrupt") as err:
+    with raises_one_line(CorruptFileError, match=f"weights file {path} is corrupt") as err:
         create_model("test_resnet", 2, weights=str(path))
-    assert "weights_only" not in str(err.value) and "\n" not in str(err.value)
+    assert "weights_only" not in str(err.value)
 
 
 # -- 23: the model's classes against the dataset's -----------------------------------------------------------

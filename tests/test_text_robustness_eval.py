@@ -17,7 +17,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from helpers import REPO, compose_config
+from helpers import REPO, compose_config, raises_one_line
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.commands.evaluate import run_evaluation
 from rgb.evaluation.text_robustness import (
@@ -158,11 +158,9 @@ def test_pool_of_models_on_free_text_queries_and_user_edits(tiny_runs, mini_dir,
 
 
 def one_line_error(call) -> str:
-    with pytest.raises(EvaluationError) as caught:
+    with raises_one_line(EvaluationError) as caught:
         call()
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
+    return str(caught.value)
 
 
 QUERY_FILE = ["text_robustness_options.queries=QUERIES"]

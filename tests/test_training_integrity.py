@@ -29,7 +29,8 @@ from rgb.training import (
 )
 from rgb.commands.train import train
 
-from helpers import FAST, REPO, compose_config, resolved  # FAST: one set of fast-run overrides for the training tests
+# FAST: one set of fast-run overrides for the training tests
+from helpers import FAST, REPO, compose_config, raises_one_line, resolved
 
 SHORT = ["debug=limit", "trainer.max_epochs=1", *FAST]
 
@@ -46,12 +47,6 @@ def compose_train(run_dir, mini_dir, *overrides):
     return compose_config("train", f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides)
 
 
-def one_line(err) -> str:
-    message = str(err.value)
-    assert "\n" not in message
-    return message
-
-
 def snapshot(run_dir):
     return {name: file_sha256(run_dir / name) for name in ("model.safetensors", "model.json", "checkpoints/last.ckpt")}
 
@@ -62,9 +57,9 @@ def snapshot(run_dir):
 def test_resume_with_another_training_config_is_refused_and_changes_nothing(tmp_path, mini_dir):
     train(compose_train(tmp_path, mini_dir, *SHORT))
     before = snapshot(tmp_path)
-    with pytest.raises(TrainingError) as err:
+    with raises_one_line(TrainingError) as err:
         train(compose_train(tmp_path, mini_dir, *SHORT, "loss=trades", "optim.head_lr=0.5"))
-    message = one_line(err)
+    message = str(err.value)
     assert "loss.name 'ce' -> 'trades'" in message and "optim.head_lr 0.003996 -> 0.5" in message
     assert "loss.beta" in message and "another run_name" in message and str(tmp_path) in message
     assert snapshot(tmp_path) == before
@@ -92,9 +87,9 @@ def test_a_start_that_failed_before_training_does_not_bind_the_run_dir(tmp_path,
 def test_resume_from_a_checkpoint_of_another_config_is_refused(tmp_path, mini_dir):
     train(compose_train(tmp_path / "ce", mini_dir, *SHORT))
     foreign = tmp_path / "ce" / "checkpoints" / "last.ckpt"
-    with pytest.raises(TrainingError) as err:
+    with raises_one_line(TrainingError) as err:
         train(compose_train(tmp_path / "other", mini_dir, *SHORT, "optim.head_lr=0.5", f"ckpt_path={foreign}"))
-    assert "other hyper-parameters: optim.head_lr 0.003996 -> 0.5" in one_line(err)
+    assert "other hyper-parameters: optim.head_lr 0.003996 -> 0.5" in str(err.value)
     assert not (tmp_path / "other" / "model.json").exists()
 
 
@@ -110,13 +105,13 @@ def test_a_record_of_another_kind_or_unreadable_is_not_adopted(tmp_path):
     named: either way the directory is refused in one line and its record left as it was."""
     RunDirectory(tmp_path, {"n_images": 2, "batch_size": 2}).claim()
     attack_record = (tmp_path / "run.json").read_bytes()
-    with pytest.raises(TrainingError) as err:
+    with raises_one_line(TrainingError) as err:
         RunManifest(tmp_path).claim({"loss.name": "ce"})
-    assert "run.json is not a training run record; use another run_name" in one_line(err)
+    assert "run.json is not a training run record; use another run_name" in str(err.value)
     (tmp_path / "run.json").write_bytes(attack_record[:5])
-    with pytest.raises(TrainingError) as err:
+    with raises_one_line(TrainingError) as err:
         RunManifest(tmp_path).claim({"loss.name": "ce"})
-    assert f"unreadable {tmp_path / 'run.json'}" in one_line(err) and f"delete {tmp_path}" in one_line(err)
+    assert f"unreadable {tmp_path / 'run.json'}" in str(err.value) and f"delete {tmp_path}" in str(err.value)
     assert (tmp_path / "run.json").read_bytes() == attack_record[:5]
 
 
@@ -208,9 +203,9 @@ def test_second_run_on_a_locked_run_dir_refuses_naming_the_holder(tmp_path, mini
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(TrainingError) as err:
+        with raises_one_line(TrainingError) as err:
             train(compose_train(tmp_path, mini_dir, *SHORT))
-        assert f"pid {holder.pid} on host {socket.gethostname()}" in one_line(err)
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in str(err.value)
         assert not (tmp_path / "run.json").exists()
     finally:
         holder.kill()
@@ -256,9 +251,9 @@ def test_truncated_last_checkpoint_is_named_in_one_line(tmp_path, mini_dir):
     train(compose_train(tmp_path, mini_dir, *SHORT))
     last = tmp_path / "checkpoints" / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
-    with pytest.raises(TrainingError) as err:
+    with raises_one_line(TrainingError) as err:
         train(compose_train(tmp_path, mini_dir, *SHORT))
-    assert f"cannot read checkpoint {last}" in one_line(err) and "delete it" in one_line(err)
+    assert f"cannot read checkpoint {last}" in str(err.value) and "delete it" in str(err.value)
 
 
 # ---------------------------------------------------------------- 5. nonsense refused before anything starts
@@ -286,16 +281,16 @@ def test_truncated_last_checkpoint_is_named_in_one_line(tmp_path, mini_dir):
     ],
 )
 def test_nonsense_hyperparameters_are_refused_before_anything_starts(tmp_path, mini_dir, overrides, key):
-    with pytest.raises(TrainingConfigError) as err:
+    with raises_one_line(TrainingConfigError) as err:
         train(compose_train(tmp_path / "run", mini_dir, *FAST, *overrides))
-    assert key in one_line(err)
+    assert key in str(err.value)
     assert not (tmp_path / "run").exists()
 
 
 def test_every_problem_is_named_and_zero_backbone_lr_and_beta_are_allowed(tmp_path, mini_dir):
-    with pytest.raises(TrainingConfigError) as err:
+    with raises_one_line(TrainingConfigError) as err:
         validate_config(resolved(compose_train(tmp_path, mini_dir, "optim.head_lr=-1", "data.batch_size=0")))
-    assert "optim.head_lr" in one_line(err) and "data.batch_size" in one_line(err)
+    assert "optim.head_lr" in str(err.value) and "data.batch_size" in str(err.value)
     validate_config(resolved(compose_train(tmp_path, mini_dir, "optim.backbone_lr=0", "loss=trades", "loss.beta=0")))
 
 
@@ -338,9 +333,10 @@ def test_zeroshot_rerun_with_other_prompts_is_refused_and_keeps_the_export(tmp_p
     assert run["task"] == "train" and run["identity"]["prompts.ensemble"] == "mean" and len(run["starts"]) == 1
     assert meta["training"]["identity"] == run["identity"] and meta["training"]["starts"] == run["starts"]
     before = exported_files(tmp_path / "run")
-    with pytest.raises(TrainingError) as err:
+    with raises_one_line(TrainingError) as err:
         train(compose_train(tmp_path / "run", mini_dir, *ZEROSHOT, "prompts=cpe", *extra))
-    assert "was made by another training config" in one_line(err) and "prompts.ensemble 'mean' -> 'cpe'" in one_line(err)
+    message = str(err.value)
+    assert "was made by another training config" in message and "prompts.ensemble 'mean' -> 'cpe'" in message
     assert exported_files(tmp_path / "run") == before
     with caplog.at_level("INFO", logger="rgb.training.zeroshot"):  # the same config again: nothing to redo
         value = train(compose_train(tmp_path / "run", mini_dir, *ZEROSHOT, "prompts=mean", *extra))
@@ -382,9 +378,9 @@ def test_default_run_names_tell_the_zeroshot_ensembles_apart(tmp_path, mini_dir)
     (["run_name=../x"], "run_name must be one directory name"),
 ])
 def test_zeroshot_configs_are_validated_before_the_run_dir_is_claimed(tmp_path, mini_dir, overrides, message):
-    with pytest.raises(TrainingConfigError) as err:
+    with raises_one_line(TrainingConfigError) as err:
         train(compose_train(tmp_path / "run", mini_dir, *ZEROSHOT, *overrides))
-    assert message in one_line(err)
+    assert message in str(err.value)
     assert not (tmp_path / "run").exists()
 
 
@@ -395,9 +391,9 @@ def test_a_zeroshot_head_on_a_timm_model_is_a_training_error(tmp_path, mini_dir)
 
 
 def test_a_monitored_metric_that_is_never_logged_is_one_line(tmp_path, mini_dir):
-    with pytest.raises(TrainingConfigError) as err:
+    with raises_one_line(TrainingConfigError) as err:
         train(compose_train(tmp_path, mini_dir, *SHORT, "monitor.metric=val/acc_typo"))
-    assert "monitored metric 'val/acc_typo' was never logged" in one_line(err) and "'val/acc'" in one_line(err)
+    assert "monitored metric 'val/acc_typo' was never logged" in str(err.value) and "'val/acc'" in str(err.value)
     assert not (tmp_path / "model.json").exists()
 
 

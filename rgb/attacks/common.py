@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from rgb.core.errors import UserError
 from rgb.core.threat import Norm, parse_norm
 
 
@@ -47,7 +48,7 @@ class Attack(Protocol):
                  **params) -> AttackResult: ...
 
 
-class AttackError(RuntimeError):
+class AttackError(UserError, RuntimeError):
     """A returned adversarial image breaks the threat model (budget, [0,1] box, NaN, or the cascade rule), or the
     model's logits are not finite."""
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
+from rgb.core.errors import UserError
 from rgb.core.files import read_jsonl
 from rgb.core.templates import PromptError, check_templates, fill
 
@@ -43,7 +44,7 @@ LEXICAL, SYNTACTIC, SEMANTIC = "lexical", "syntactic", "semantic"
 USER_FILE_FIELDS = ("query", "type", "perturbed")
 
 
-class PerturbationError(ValueError):
+class PerturbationError(UserError, ValueError):
     """A one-line problem with the queries, the perturbation types or the user's perturbation file."""
 
 

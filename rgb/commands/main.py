@@ -24,6 +24,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from rgb.commands.resolvers import register_resolvers
 from rgb.core.configs import config_dir, data_config_for, data_configs
+from rgb.core.errors import UserError, one_line
 from rgb.core.values import (
     INT,
     NON_NEGATIVE_INT,
@@ -58,18 +59,6 @@ def _asks_for_help(argv: list[str]) -> bool:
     return any(a in HELP_FLAGS for a in argv)
 
 
-# Exceptions that are the user's to fix (bad input, a refused result): shown as one line, never as a traceback.
-USER_ERRORS = (
-    ("rgb.core.machine", "DeviceError"), ("rgb.data.benchmark", "BenchmarkError"),
-    ("rgb.runs.settings", "AttackRunError"), ("rgb.attacks.common", "AttackError"),
-    ("rgb.models.factory", "WeightsMismatchError"), ("rgb.models.factory", "ModelLoadError"),
-    ("rgb.core.files", "CorruptFileError"), ("rgb.core.templates", "PromptError"),
-    ("rgb.zeroshot.ensembles", "EnsembleError"), ("rgb.brittleness.perturb", "PerturbationError"),
-    ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
-    ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.evaluation.records", "RecordError"),
-    ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
-    ("rgb.models.api_client", "ApiError"), ("rgb.models.api_cache", "CacheError"), ("rgb.serve", "ServeError"),
-)
 # OSErrors that are the user's machine, not a bug: shown as one line with what to do.
 OS_ERRORS = {
     errno.ENOSPC: "the disk is full: free space or point paths.output_dir elsewhere",
@@ -83,17 +72,6 @@ OS_ERRORS = {
 }
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """The user-error classes of USER_ERRORS whose modules are loaded: an exception of the others cannot have been
-    raised, so naming them never imports a module the command did not need (rgb.training's loads Lightning)."""
-    return (FileNotFoundError,
-            *(getattr(sys.modules[module], name) for module, name in USER_ERRORS if module in sys.modules))
-
-
-def _one_line(message: str) -> str:
-    return " ".join(str(message).split())
-
-
 def os_error_line(err: OSError) -> str | None:
     """One line for an OSError the user can act on (full disk, read-only or unwritable place), else None."""
     hint = OS_ERRORS.get(err.errno)
@@ -103,14 +81,14 @@ def os_error_line(err: OSError) -> str | None:
     return f"{err.strerror}{f': {where}' if where else ''} ({hint})"
 
 
-def _error_line(err: Exception, errors: tuple[type[BaseException], ...]) -> str | None:
+def _error_line(err: Exception) -> str | None:
     """The one line for an exception that is the user's to fix; None for a bug (it keeps its traceback)."""
-    if isinstance(err, errors):
-        return _one_line(err)
+    if isinstance(err, (UserError, FileNotFoundError)):
+        return one_line(err)
     if isinstance(err, OSError):
         return os_error_line(err)
     cause = _value_error_in(err)
-    return _one_line(cause) if cause is not None else None
+    return one_line(cause) if cause is not None else None
 
 
 def program(default: str) -> str:
@@ -120,15 +98,13 @@ def program(default: str) -> str:
 
 # Values a user types that every command reads: numbers checked before anything runs (rgb.core.values).
 def _worst_k(value) -> bool:
-    def one(k) -> bool:
-        if isinstance(k, str) and k.endswith("%"):
-            try:
-                return 0 < float(k[:-1]) < 100
-            except ValueError:
-                return False
-        return (integer(k) and k >= 1) or (number(k) and 0 < k < 1)
+    from rgb.core.classwise import check_worst_k  # the owner of the worst@k rule (and numpy: not for --help)
 
-    return isinstance(value, list) and bool(value) and all(one(k) for k in value)
+    try:
+        check_worst_k(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _ints(rule: Rule) -> Rule:
@@ -339,10 +315,9 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             threads = configure_threads(cfg.get("threads", "auto"))
             return body(cfg, threads)
         except Exception as err:
-            errors = user_errors()
-            if not isinstance(err, (*errors, OSError, InterpolationResolutionError)):
+            if not isinstance(err, (UserError, OSError, InterpolationResolutionError)):
                 raise
-            line = _error_line(err, errors)
+            line = _error_line(err)
             if line is None:
                 raise
             log.error("%s: error: %s", program(name), line)
@@ -406,7 +381,7 @@ def _compose_error(config_name: str, argv: list[str]) -> str | None:
         check_values(config_name, cfg)
     except Exception as err:  # any composition failure is the user's config: shown, not raised
         cause = _value_error_in(err)
-        return _one_line(cause) if cause else f"config: {_one_line(err).split(' Config search path:')[0]}"
+        return one_line(cause) if cause else f"config: {one_line(err).split(' Config search path:')[0]}"
     return unwritable(run_dir)
 
 

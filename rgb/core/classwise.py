@@ -1,7 +1,8 @@
 """Class-wise metrics of per-image correctness (the CPE seed's worst@k, HM, GM; zeroshot-spec §3, docs/specs.md):
 the one definition that evaluate's scores and the zero-shot comparison report both use.
 
-worst@k rule: k counts classes (3) or is a share of them ("10%", 0.1; at least one class). When k exceeds the
+worst@k rule: k counts classes (3) or is a share of them ("10%", 0.1; at least one class). A share is below the
+whole ("100%" is refused: worst@100% would be the mean under another name). When k exceeds the
 classes present in the split, worst@k is None ("not a number"), not the mean over the classes there are: a capped
 worst@10 of a 5-class split is the mean class accuracy under another name, and averaged across datasets it would
 mix two definitions in one column. (The spec caps k at C; this deviation is stated in docs/design.md.)
@@ -41,26 +42,41 @@ def per_class_accuracy(labels, correct_flags, num_classes: int) -> np.ndarray:
         return np.where(counts > 0, hits / counts, np.nan)
 
 
+def worst_k_entry(k) -> int | float:
+    """One configured k read by the module's worst@k rule: a class count (an integer >= 1) or a share of the
+    classes (a number in (0, 1), or a percentage in (0%, 100%) such as "10%"); ValueError for anything else."""
+    share = k
+    if isinstance(k, str) and k.endswith("%"):
+        try:
+            share = float(k[:-1]) / 100
+        except ValueError:
+            share = None
+    if isinstance(share, float) and 0 < share < 1:
+        return share
+    if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
+        return k
+    raise ValueError(f"worst-k needs a class count >= 1 or a percentage below 100%, got {k!r}")
+
+
 def worst_k_count(k: int | float | str, num_classes: int) -> int | None:
     """k as a class count (3) or a percentage of the classes ("10%" or 0.1), at least 1; None when the split
     has fewer than k classes (the module's worst@k rule)."""
-    if isinstance(k, str) and k.endswith("%"):
-        k = float(k[:-1]) / 100
-    if isinstance(k, float) and 0 < k < 1:
+    k = worst_k_entry(k)
+    if isinstance(k, float):
         return max(1, math.ceil(k * num_classes))
-    if isinstance(k, str) or int(k) != k or int(k) < 1:
-        raise ValueError(f"worst-k needs a class count >= 1 or a percentage, got {k!r}")
-    return int(k) if int(k) <= num_classes else None
+    return k if k <= num_classes else None
 
 
 def check_worst_k(worst_k) -> tuple:
-    """The configured worst-k list, each entry checked (one line for a bad one)."""
-    worst_k = tuple(worst_k)
+    """The configured worst-k list, each entry checked (one line for a bad one): the one validation of worst_k,
+    which the commands' value check (rgb.cli) and the zero-shot report both call."""
+    if not isinstance(worst_k, (list, tuple)):
+        raise ValueError(f"worst_k must be a list of ks (e.g. [1, 5, 10]), got {worst_k!r}")
     if not worst_k:
         raise ValueError("worst_k is empty: give at least one k (e.g. [1, 5, 10])")
     for k in worst_k:
-        worst_k_count(k, 1)
-    return worst_k
+        worst_k_entry(k)
+    return tuple(worst_k)
 
 
 def class_wise_summary(labels, correct_flags, num_classes: int, worst_k=DEFAULT_WORST_K) -> ClassWise:
@@ -89,4 +105,4 @@ def class_wise_summary(labels, correct_flags, num_classes: int, worst_k=DEFAULT_
 
 
 __all__ = ["DEFAULT_WORST_K", "ClassWise", "check_worst_k", "class_wise_summary", "per_class_accuracy",
-           "worst_k_count"]
+           "worst_k_count", "worst_k_entry"]

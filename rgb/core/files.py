@@ -16,10 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from rgb.core.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class CorruptFileError(ValueError):
+class CorruptFileError(UserError, ValueError):
     """A file that is there but does not read whole (truncated, damaged, or not the format its name says)."""
 
 

@@ -9,8 +9,10 @@ import typing
 from dataclasses import MISSING, fields
 from typing import Any, ClassVar
 
+from rgb.core.errors import UserError
 
-class RecordError(ValueError):
+
+class RecordError(UserError, ValueError):
     """A scores record that cannot be read (another schema, a missing field)."""
 
 

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
+from rgb.core.errors import UserError
 
-class DeviceError(RuntimeError):
+
+class DeviceError(UserError, RuntimeError):
     """A one-line problem with the requested device or thread count."""
 
 

@@ -7,8 +7,10 @@ here, below them.
 
 from __future__ import annotations
 
+from rgb.core.errors import UserError
 
-class PromptError(ValueError):
+
+class PromptError(UserError, ValueError):
     """Templates, class names or descriptions that cannot make a head (one line)."""
 
 

@@ -12,13 +12,15 @@ import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from rgb.core.errors import UserError
+
 Rule = tuple[Callable[[object], bool], str]
 
 # The longest file name most filesystems take (ext4, xfs, btrfs: 255 bytes).
 NAME_MAX = 255
 
 
-class ConfigValueError(ValueError):
+class ConfigValueError(UserError, ValueError):
     """A config value that breaks its rule (or a name that would leave its output tree)."""
 
 

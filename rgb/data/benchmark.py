@@ -23,28 +23,8 @@ import torch
 from PIL import Image
 
 from rgb.data.catalog import DATASET_SPLITS, DATASETS, MINI, SURROGATES, transfer_coverage
-from rgb.data.snapshot import is_mini_build
-
-# The first line of the message a DataLoader worker re-raises an exception with (its traceback follows).
-WORKER_PREFIX = "Caught "
-
-
-class BenchmarkError(RuntimeError):
-    """A one-line, actionable problem with the benchmark data (missing, corrupt, misaligned).
-
-    The message is always one line: a DataLoader worker re-raises it as `Caught BenchmarkError in DataLoader
-    worker ...` + the worker's traceback, of which only the original message (the last line) is kept.
-    """
-
-    def __init__(self, message: str = ""):
-        super().__init__(one_line(str(message)))
-
-
-def one_line(message: str) -> str:
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].startswith(WORKER_PREFIX):
-        return lines[-1].split(f"{BenchmarkError.__name__}: ", 1)[-1]
-    return " ".join(lines)
+from rgb.data.errors import BenchmarkError
+from rgb.data.layout import is_mini_build
 
 
 def config_name(dataset: str, surrogate: str | None = None) -> str:

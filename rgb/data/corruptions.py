@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rgb.data.catalog import CORRUPTIONS
+from rgb.data.errors import BenchmarkError
 
 
 def apply_corruption(image: np.ndarray, name: str, severity: int, seed: int) -> np.ndarray:
@@ -16,8 +17,6 @@ def apply_corruption(image: np.ndarray, name: str, severity: int, seed: int) -> 
     try:
         from imagecorruptions import corrupt
     except ImportError as err:
-        from rgb.data.benchmark import BenchmarkError
-
         raise BenchmarkError(f"corruption {name!r} needs the corruption library: pip install "
                              f"'robustgenbench[corruptions]' (imagecorruptions-imaug; {err})") from None
 

@@ -14,8 +14,9 @@ import torch
 from PIL import Image
 
 from rgb.core.threat import ThreatModel
-from rgb.data.benchmark import BenchmarkError
-from rgb.data.snapshot import png_bytes, readme_title, write_readme, write_split
+from rgb.data.errors import BenchmarkError
+from rgb.data.layout import readme_title
+from rgb.data.snapshot import png_bytes, write_readme, write_split
 
 # Exported 8-bit images must satisfy the budget up to the float32 precision of the stored eps (relative).
 QUANTISED_TOLERANCE = 1e-6

@@ -25,8 +25,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from rgb.data.benchmark import BenchmarkError
 from rgb.data.catalog import CLEAN_SPLITS, CORRUPTIONS, DATASETS, MINI
+from rgb.data.errors import BenchmarkError
 from rgb.data.snapshot import build_staged, write_dataset
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")

@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from rgb.data.benchmark import BenchmarkError
 from rgb.data.catalog import MINI
-from rgb.data.snapshot import build_staged, is_mini_build, write_dataset, write_readme
+from rgb.data.errors import BenchmarkError
+from rgb.data.layout import is_mini_build
+from rgb.data.snapshot import build_staged, write_dataset, write_readme
 
 DATASET = MINI.name
 IMAGE_SIZE = 32

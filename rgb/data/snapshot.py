@@ -23,7 +23,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from rgb.core.files import atomic_output, atomic_write_bytes
-from rgb.data.catalog import CORRUPTION_SEVERITY, MINI
+from rgb.data.catalog import CORRUPTION_SEVERITY
 from rgb.data.corruptions import apply_corruption, corruption_of_row
 
 RANDOM_LINF = 30  # in 1/255 units, as the card's `random_linf_30`
@@ -83,16 +83,6 @@ def write_readme(root: Path, title: str) -> None:
     atomic_write_bytes(root / "README.md", "\n".join(lines).encode())
 
 
-def readme_title(root: Path) -> str | None:
-    """The title (first `# ` line) of a snapshot's README.md; kept when its config list is rewritten."""
-    readme = Path(root) / "README.md"
-    if readme.is_file():
-        for line in readme.read_text(errors="replace").splitlines():
-            if line.startswith("# "):
-                return line[2:]
-    return None
-
-
 def snapshot_shape(root: str | Path, dataset: str) -> tuple[int, int]:
     """(classes, image side) of config `dataset` in a local snapshot, from its test split (what `data=custom`
     fills in, so an imported dataset needs no numbers on the command line)."""
@@ -107,11 +97,6 @@ def snapshot_shape(root: str | Path, dataset: str) -> tuple[int, int]:
     if width != height:
         raise ValueError(f"{path}: images are {width}x{height}; the benchmark's are square")
     return len(features["label"].names), width
-
-
-def is_mini_build(root: Path) -> bool:
-    """Whether `root` was written by the mini benchmark builder (transfer splits added later included)."""
-    return readme_title(root) == MINI.title and (Path(root) / "data" / MINI.name).is_dir()
 
 
 def clean_columns(images: np.ndarray, labels: np.ndarray) -> dict[str, list]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
+from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, is_staging
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
@@ -35,7 +36,7 @@ from rgb.evaluation.records import (
 from rgb.evaluation.scores import BENCHMARK_DATASETS, SumScore, borda_scores, sum_score
 
 
-class LeaderboardError(ValueError):
+class LeaderboardError(UserError, ValueError):
     """A pool that cannot be ranked (no records, two records of one model on one dataset, a bad ranking key)."""
 
 

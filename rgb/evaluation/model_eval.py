@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from rgb.core.classwise import class_wise_summary
+from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.data import BenchmarkData
 from rgb.data.benchmark import BenchmarkError, decode_image, is_local, to_tensor
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 SCORED_NORMS = tuple(ATTACK_SETTING_NORMS[s].key for s in WHITE_BOX_SETTINGS if s in ATTACK_SETTING_NORMS)
 
 
-class EvaluationError(RuntimeError):
+class EvaluationError(UserError, RuntimeError):
     """Results that must not be scored (another model, dataset, split size or budget; partial without consent)."""
 
 

@@ -10,8 +10,10 @@ import os
 import threading
 from pathlib import Path
 
+from rgb.core.errors import UserError
 
-class CacheError(RuntimeError):
+
+class CacheError(UserError, RuntimeError):
     """An answer cache with a damaged record that is not the torn last line of an interrupted write."""
 
 

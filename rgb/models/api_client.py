@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from rgb.core.errors import UserError
 from rgb.core.values import POSITIVE_INT, ConfigValueError, optional, problems
 
 if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.api)
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
-class ApiError(RuntimeError):
+class ApiError(UserError, RuntimeError):
     """The endpoint refused for good (401, unknown model, image not supported) or kept failing: one line that
     names the endpoint and the model, never the key. Also class names no answer could tell apart."""
 

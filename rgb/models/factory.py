@@ -11,6 +11,7 @@ import timm
 import torch
 from torch import nn
 
+from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError, corrupt_file_named
 from rgb.models.hub import HF_HUB, hub_files, source_record, split_source
 
@@ -18,11 +19,11 @@ from rgb.models.hub import HF_HUB, hub_files, source_record, split_source
 HUB_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 
 
-class WeightsMismatchError(ValueError):
+class WeightsMismatchError(UserError, ValueError):
     """Pretrained weights whose keys or shapes do not fit the model (never loaded silently)."""
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError, ValueError):
     """An export record that names no family this rgb can rebuild (unknown, or an in-memory `python` module)."""
 
 

@@ -13,13 +13,14 @@ import json
 import os
 from pathlib import Path
 
+from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError, tensor_file_problem
 
 HF_HUB = "hf-hub"
 LOCAL_DIR = "local-dir"
 
 
-class HubModelMissingError(FileNotFoundError):
+class HubModelMissingError(UserError, FileNotFoundError):
     """A hub model whose files are not in the local Hugging Face cache (offline, or the hub unreachable)."""
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import rgb
+from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
 from rgb.models.factory import ModelLoadError
 from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
@@ -31,7 +32,7 @@ def library_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "timm": timm.__version__, "rgb": rgb.__version__}
 
 
-class ExportConflictError(FileExistsError):
+class ExportConflictError(UserError, FileExistsError):
     """An export directory that already holds other weights (and the results made for them)."""
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rgb.core.errors import UserError
 from rgb.core.files import corrupt_file_named
 from rgb.models.factory import Normalize, WeightsMismatchError, weights_must_fit
 from rgb.models.hub import HF_HUB, LOCAL_DIR, hub_file, hub_files, source_record, split_revision, split_source
@@ -33,7 +34,7 @@ INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear", "random": "bicub
 HUB_FILES = ("open_clip_config.json", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
-class OpenCLIPWeightsError(FileNotFoundError):
+class OpenCLIPWeightsError(UserError, FileNotFoundError):
     """Pretrained CLIP weights that are not on this machine (offline) or not at the given path."""
 
 

@@ -23,13 +23,14 @@ import torch
 
 from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import VERSIONS, is_standard
+from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, stable_id
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import path_name
 from rgb.models import META_FILE, WEIGHTS_FILE, export_paths
 
 
-class AttackRunError(RuntimeError):
+class AttackRunError(UserError, RuntimeError):
     """A one-line problem with an attack run: bad settings, a directory made for another run, missing shards."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 
 from rgb.core import parse_norm
+from rgb.core.errors import UserError
 from rgb.core.values import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -35,7 +36,7 @@ from rgb.training.optim import SCHEDULERS
 ZEROSHOT = "zeroshot"
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """A one-line problem with a training run (its run dir, its checkpoints); the entry points print it as is."""
 
 

@@ -26,8 +26,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from rgb.core.errors import UserError
 
-class EnsembleError(ValueError):
+
+class EnsembleError(UserError, ValueError):
     """Prompt ensemble inputs that cannot give a head (one line)."""
 
 
