@@ -15,8 +15,8 @@ from rgb.runs.store import RunSummary
     ({"attacks": ["square", "pgd"]}, "attacks of version 'standard' must be a non-empty subset"),
     ({"attacks": []}, "must be a non-empty subset"),
     ({"precision": "fp16"}, "precision must be one of"),
-    ({"steps": 0}, "steps must be >= 1, got 0"),
-    ({"tail_rows": -1}, "tail_rows must be >= 0, got -1"),
+    ({"steps": 0}, "steps must be an integer >= 1, got 0"),
+    ({"tail_rows": -1}, "tail_rows must be an integer >= 0, got -1"), ({"seed": "3"}, "seed must be an integer"),
     ({"input_format": "nhwc"}, "input_format must be one of"),
     ({"capture": "script"}, "capture must be one of"),
     ({"capture": "trace", "precision": "bf16"}, "capture='trace' needs precision='fp32'"),
@@ -60,5 +60,5 @@ def test_fab_steps_reach_fab_only_and_default_to_steps():
     assert tuned.cascade_inputs("apgd-t")["n_iter"] == 50
     assert AttackOptions(steps=50).cascade_inputs("fab-t")["n_iter"] == 50
     assert tuned.identity(WHEN_SET) == {"steps": 50, "fab_steps": 20} and tuned.off_protocol() == ["steps", "fab_steps"]
-    with pytest.raises(ValueError, match="fab_steps must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="fab_steps must be null or an integer >= 1, got 0"):
         AttackOptions(fab_steps=0)

@@ -4,6 +4,8 @@ AutoAttack, an attack run's settings (and its summary.json and run identity), ro
 reference implementation all take one `AttackOptions`; the config and `rgb.benchmark` map onto its fields by name.
 A field's metadata says what it is to the rest of the suite, so a new option is its field here (and its key in
 conf/attack.yaml) and nothing else:
+  - `rule`: the value it must have (`rgb.core.values`), checked when the options are made and by the commands
+    before anything runs;
   - `feeds`: the cascade input of `rgb.attacks.registry` it supplies (`only`: to these attacks, overriding the
     option that feeds the same input to every attack; None leaves that option's value);
   - `identity`: part of a run's identity (`ALWAYS`, or `WHEN_SET`: only when not its default, so directories of
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from rgb.attacks.registry import VERSIONS
+from rgb.core.values import INT, NON_NEGATIVE_INT, POSITIVE_INT, Rule, optional, problems
 
 PRECISIONS = ("fp32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
@@ -27,16 +30,8 @@ def _option(default, **metadata):
     return field(default=default, metadata=metadata)
 
 
-def _count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _choice(value, name: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return str(value)
+def _one_of(choices) -> Rule:
+    return (lambda v: isinstance(v, str) and v in choices, f"one of {tuple(choices)}")
 
 
 @dataclass(frozen=True)
@@ -44,19 +39,22 @@ class AttackOptions:
     """What AutoAttack is asked to run, validated once when made (ValueError, one line). See `rgb.attacks.AutoAttack`
     for what each option does; `attacks=None` is the version's whole cascade."""
 
-    version: str = _option("standard", identity=ALWAYS)
-    seed: int = _option(0, identity=ALWAYS, feeds="generator")
+    version: str = _option("standard", rule=_one_of(VERSIONS), identity=ALWAYS)
+    seed: int = _option(0, rule=INT, identity=ALWAYS, feeds="generator")
     attacks: tuple[str, ...] | None = _option(None, identity=ALWAYS)
-    precision: str = _option("fp32", identity=ALWAYS)
-    steps: int = _option(100, identity=WHEN_SET, protocol=True, feeds="n_iter")
-    fab_steps: int | None = _option(None, identity=WHEN_SET, protocol=True, feeds="n_iter", only=("fab", "fab-t"))
-    queries: int = _option(5000, identity=WHEN_SET, protocol=True, feeds="n_queries")
-    tail_rows: int = _option(0, identity=WHEN_SET, feeds="tail_rows")
-    input_format: str = _option("auto")
-    capture: str = _option("auto")
+    precision: str = _option("fp32", rule=_one_of(PRECISIONS), identity=ALWAYS)
+    steps: int = _option(100, rule=POSITIVE_INT, identity=WHEN_SET, protocol=True, feeds="n_iter")
+    fab_steps: int | None = _option(None, rule=optional(POSITIVE_INT), identity=WHEN_SET, protocol=True,
+                                    feeds="n_iter", only=("fab", "fab-t"))
+    queries: int = _option(5000, rule=POSITIVE_INT, identity=WHEN_SET, protocol=True, feeds="n_queries")
+    tail_rows: int = _option(0, rule=NON_NEGATIVE_INT, identity=WHEN_SET, feeds="tail_rows")
+    input_format: str = _option("auto", rule=_one_of(INPUT_FORMATS))
+    capture: str = _option("auto", rule=_one_of(CAPTURES))
 
     def __post_init__(self):
-        _choice(self.version, "version", tuple(VERSIONS))
+        found = problems({name: getattr(self, name) for name in self.rules()}, self.rules())
+        if found:
+            raise ValueError("; ".join(found))
         order = VERSIONS[self.version].attacks
         if self.attacks is not None:
             attacks = tuple(str(a) for a in self.attacks)
@@ -64,17 +62,13 @@ class AttackOptions:
                 raise ValueError(f"attacks of version {self.version!r} must be a non-empty subset of {order}, got "
                                  f"{list(attacks)}")
             object.__setattr__(self, "attacks", attacks)
-        object.__setattr__(self, "seed", int(self.seed))
-        _choice(self.precision, "precision", PRECISIONS)
-        _count(self.steps, "steps", 1)
-        if self.fab_steps is not None:
-            _count(self.fab_steps, "fab_steps", 1)
-        _count(self.queries, "queries", 1)
-        _count(self.tail_rows, "tail_rows", 0)
-        _choice(self.input_format, "input_format", INPUT_FORMATS)
-        _choice(self.capture, "capture", CAPTURES)
         if self.capture == "trace" and self.precision != "fp32":
             raise ValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
+
+    @classmethod
+    def rules(cls) -> dict[str, Rule]:
+        """{option: its rule}: what __post_init__ checks, and what the commands check before anything runs."""
+        return {f.name: f.metadata["rule"] for f in fields(cls) if "rule" in f.metadata}
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

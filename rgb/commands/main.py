@@ -116,8 +116,9 @@ DATA_RULES: dict[str, Rule] = {
     "data.budgets.*": POSITIVE, "data.transfer_budgets.*": POSITIVE, "data.image_size": POSITIVE_INT,
     "data.batch_size": POSITIVE_INT, "data.eval_batch_size": POSITIVE_INT, "data.num_workers": NON_NEGATIVE_INT,
 }
+# (attack.py's options are checked by the rules AttackOptions declares: `_rules`)
 ATTACK_RULES: dict[str, Rule] = {
-    **DATA_RULES, "seed": INT, "batch_size": POSITIVE_INT, "tail_rows": NON_NEGATIVE_INT,
+    **DATA_RULES, "batch_size": POSITIVE_INT,
     "shard.index": optional(NON_NEGATIVE_INT), "shard.count": optional(POSITIVE_INT),
     "shard.devices": (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1"),
 }
@@ -147,9 +148,19 @@ def _values(cfg: DictConfig, rules: dict[str, Rule]) -> dict:
     return flat
 
 
+def _rules(config_name: str) -> dict[str, Rule]:
+    """The command's value rules: VALUE_RULES, and for the attack commands AttackOptions' own."""
+    rules = VALUE_RULES.get(config_name, {})
+    if rules is ATTACK_RULES:
+        from rgb.attacks.options import AttackOptions  # torch: not for --help
+
+        rules = {**rules, **AttackOptions.rules()}
+    return rules
+
+
 def check_values(config_name: str, cfg: DictConfig) -> None:
     """ConfigValueError naming every value of the command's config that breaks its rule (VALUE_RULES)."""
-    rules = VALUE_RULES.get(config_name, {})
+    rules = _rules(config_name)
     found = problems(_values(cfg, rules), rules)
     if found:
         raise ConfigValueError("invalid value: " + "; ".join(found))

@@ -69,7 +69,7 @@ def worst_k_count(k: int | float | str, num_classes: int) -> int | None:
 
 def check_worst_k(worst_k) -> tuple:
     """The configured worst-k list, each entry checked (one line for a bad one): the one validation of worst_k,
-    which the commands' value check (rgb.cli) and the zero-shot report both call."""
+    which the commands' value check (rgb.commands.main) and the zero-shot report both call."""
     if not isinstance(worst_k, (list, tuple)):
         raise ValueError(f"worst_k must be a list of ks (e.g. [1, 5, 10]), got {worst_k!r}")
     if not worst_k:
