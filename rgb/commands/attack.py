@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.attacks.options import AttackOptions
 from rgb.data.benchmark_data import BenchmarkData
 from rgb.runs.settings import AttackSettings, Budget, white_box_budgets
-from rgb.runs.store import AttackRunError, RunSummary, run_name_for
+from rgb.runs.store import AttackRunError, RunSummary, first_images_dir, run_name_for
 
 
 def data_factory(data: DictConfig) -> Callable[[], BenchmarkData]:
@@ -31,9 +31,11 @@ def attack_settings(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets:
         options = AttackOptions(**{name: cfg[name] for name in AttackOptions.names() if name in cfg})
     except ValueError as err:
         raise AttackRunError(str(err)) from err
+    max_images = cfg.get("max_images")
+    output_dir = str(cfg.output_dir) if max_images is None else first_images_dir(str(cfg.output_dir), max_images)
     return AttackSettings.create(
-        str(cfg.run), data, budgets, batch_size=int(cfg.batch_size),
-        output_dir=str(cfg.output_dir), surrogate=surrogate, run_name=cfg.get("run_name") or None,
+        str(cfg.run), data, budgets, batch_size=int(cfg.batch_size), max_images=max_images,
+        output_dir=output_dir, surrogate=surrogate, run_name=cfg.get("run_name") or None,
         options=options, device=str(cfg.device), compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
         shard_index=cfg.shard.index, shard_count=cfg.shard.count, devices=cfg.shard.devices,
         merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial), export_dir=str(cfg.export_dir),

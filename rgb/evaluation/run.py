@@ -26,7 +26,7 @@ from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_mod
 from rgb.evaluation.records import RecordError, ScoresRecord
 from rgb.models import export_paths, load_with_meta
 from rgb.models.io import origin_line
-from rgb.runs.store import train_reference
+from rgb.runs.store import attack_dir_read, train_reference
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def evaluate(request: EvalRequest) -> tuple[ScoresRecord | None, dict]:
                               f"{meta['family']!r}")
     out_dir = request.model.output_dir
     options = EvalOptions(
-        attack_dir=request.attack_dir, out_dir=out_dir,
+        attack_dir=attack_dir_read(request.attack_dir, request.max_images), out_dir=out_dir,
         transfer=request.transfer or request.protocol == "black_box",
         severity_sweep=request.severity_sweep, allow_partial=request.allow_partial or request.max_requests is not None,
         max_images=request.max_images, worst_k=request.worst_k,

@@ -366,5 +366,8 @@ def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dic
         summaries[budget.name] = merge(target, settings, budget, run, count)
         log.info("%s", summaries[budget.name].line())
         log.info("%s", summaries[budget.name].stages())
+        if settings.max_images is not None:
+            log.warning("%s: PARTIAL, the first %d of %d test images (max_images): a first look, never the "
+                        "benchmark's number", budget.name, summaries[budget.name].n, len(target.split))
     return summaries
 

@@ -81,6 +81,14 @@ def first_images_dir(attack_dir: str | Path, n_images: int) -> Path:
     return Path(str(attack_dir)) / f"first-{n_images}"
 
 
+def attack_dir_read(attack_dir: str | Path, max_images: int | None) -> Path:
+    """The attack outputs an evaluation of the first `max_images` images reads: their own run (`first-<n>`, from
+    attack.py max_images=N or rgb.benchmark n_examples=N) when there is one, else the whole split's, whose first
+    rows are the same images."""
+    first = None if max_images is None else first_images_dir(attack_dir, max_images)
+    return first if first is not None and first.is_dir() else Path(str(attack_dir))
+
+
 def sweep_dir_for(root: str | Path, dataset: str, label: str) -> Path:
     """attack.py's sweep dir of a `runs=` multirun (its logs, .submitit): `<root>/attack/<dataset>/multirun/<label>`,
     `label` the train sweep's name."""
