@@ -147,6 +147,25 @@ def test_two_shards_merge_to_the_single_shard_result_and_merge_names_a_missing_s
     assert merged_again["linf"]["n_robust"] == reference[1]["n_robust"]
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_each_norm_is_merged_and_reported_when_its_batches_are_done(surrogate, small_bench, tmp_path, caplog, devices):
+    """attack.py reports a norm as soon as it is done, not after the last norm: its summary.json is written before
+    the next norm's first batch (one process, and a pool whose parent draws the bars)."""
+    with caplog.at_level(logging.INFO):
+        summaries = attack(overrides(surrogate, small_bench, tmp_path, "norms=[linf,l2]", "data.budgets.l2=1.0",
+                                     f"shard.devices={devices}"), threads=devices)
+    assert list(summaries) == ["linf", "l2"]
+    linf_summary = (tmp_path / "linf" / "summary.json").stat().st_mtime_ns
+    l2_batches = [p.stat().st_mtime_ns for p in batch_files(tmp_path, "l2")]
+    if devices == 1:
+        assert linf_summary < min(l2_batches)
+    else:  # workers take the next task when done: l2's batches start while linf's last ones finish
+        assert linf_summary < max(l2_batches)
+    lines = [r.getMessage() for r in caplog.records]
+    assert [i for i, m in enumerate(lines) if m.startswith("linf eps=")][0] < \
+        [i for i, m in enumerate(lines) if m.startswith("l2 eps=")][0]
+
+
 def test_max_images_attacks_the_first_images_in_a_run_of_their_own(surrogate, small_bench, reference, tmp_path,
                                                                    caplog):
     """attack.py max_images=N: a first look, in `first-N` beside (never mixed with) a whole-split run, logged PARTIAL;
