@@ -51,6 +51,11 @@ def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummar
     datamodule = data()  # cheap: reads nothing until a split is asked for
     budgets = white_box_budgets(list(cfg.norms), datamodule.budgets, datamodule.transfer_budgets)
     settings = attack_settings(cfg, data, budgets, surrogate=run_name_for(cfg.run), threads=threads)
+    if cfg.get("dry_run"):
+        from rgb.runs.cost import estimate
+
+        estimate(settings)
+        return {}
     summaries = execute(settings)
     tracking = cfg.get("wandb") or {}
     if tracking.get("enabled") and summaries:  # the shard that merges logs the run

@@ -37,6 +37,7 @@ class AttackRunError(UserError, RuntimeError):
 LOCK_DIR = "locks"  # one flock file per batch: which process is attacking it
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.json"
+COST_ESTIMATE_FILE = "cost_estimate.json"  # attack.py dry_run=true: beside the run's budget dirs
 RESULT_COLUMNS = (
     "image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust", "fooled_by", "perturbation_norm",
     "forward_rows", "backward_rows",
