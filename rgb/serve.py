@@ -289,15 +289,12 @@ class ModelServer:
         self.requests = ServerLog()
         self._model_lock = threading.Lock()
         self.socket = socket.create_server((host, port), backlog=2048)
+        self.server_address: tuple[str, int] = self.socket.getsockname()[:2]  # still known once it is closed
         # log_config=None: the caller's logging stays as it is; no access log (one line per request)
         config = uvicorn.Config(build_app(self), log_config=None, access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=5)
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
-
-    @property
-    def server_address(self) -> tuple[str, int]:
-        return self.socket.getsockname()[:2]
 
     @property
     def base_url(self) -> str:
