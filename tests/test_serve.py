@@ -391,3 +391,9 @@ def test_python_m_rgb_serve_is_the_rgb_serve_command(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "error: no model given: pass run=" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_listening_socket_is_tcp_so_answers_go_out_without_nagle(server):
+    """asyncio sets TCP_NODELAY only on connections accepted from a socket whose proto is IPPROTO_TCP; with
+    socket.create_server's proto 0 every answer waited ~40 ms for the client's delayed ACK."""
+    assert server.socket.proto == socket.IPPROTO_TCP
