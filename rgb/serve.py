@@ -202,15 +202,15 @@ def _image_part(value: Any, param: str) -> ImagePart:
     detail = value.get("detail", "auto")
     if detail not in ("auto", "low", "high"):
         raise ErrorReply(400, f"Invalid '{param}.detail': expected 'auto', 'low' or 'high'", "invalid_value",
-                           f"{param}.detail")
+                         f"{param}.detail")
     url = value["url"]
     if url.startswith(("http://", "https://")):
         raise ErrorReply(400, "rgb-serve fetches no image URLs: send the image as a base64 data URL",
-                           "image_url_not_supported", f"{param}.url")
+                         "image_url_not_supported", f"{param}.url")
     found = DATA_URL.fullmatch(url)
     if not found or found["mime"] not in IMAGE_FORMATS:
         raise ErrorReply(400, "image not supported: send a PNG, JPEG or WebP image as a base64 data URL",
-                           "image_not_supported", f"{param}.url")
+                         "image_not_supported", f"{param}.url")
     try:
         data = base64.b64decode(found["data"], validate=True)
         with Image.open(io.BytesIO(data)) as image:
@@ -231,7 +231,7 @@ def read_prompt(request: ChatRequest) -> Prompt:
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(parts, list | None):
             raise ErrorReply(400, f"Invalid 'messages[{m}].content': expected a string or an array of parts",
-                               "invalid_type", f"messages[{m}].content")
+                             "invalid_type", f"messages[{m}].content")
         for p, part in enumerate(parts or []):
             param = f"messages[{m}].content[{p}]"
             kind = part.get("type") if isinstance(part, dict) else None
@@ -241,8 +241,8 @@ def read_prompt(request: ChatRequest) -> Prompt:
                 images.append(_image_part(part.get("image_url"), f"{param}.image_url"))
                 tokens += image_tokens(images[-1].width, images[-1].height, images[-1].detail)
             else:
-                raise ErrorReply(400, f"Invalid '{param}': expected a text part "
-                                        f"({{'type': 'text', 'text': ...}}) or an image_url part", "invalid_type", param)
+                raise ErrorReply(400, f"Invalid '{param}': expected a text part ({{'type': 'text', 'text': ...}}) "
+                                      "or an image_url part", "invalid_type", param)
         images_by_message.append(images)
     for images in reversed(images_by_message):
         if images:
@@ -412,14 +412,14 @@ async def _read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ErrorReply(413, f"the body ({declared} bytes) is over the limit of {MAX_BODY_BYTES} bytes",
-                           "request_too_large", headers={"Connection": "close"})
+                         "request_too_large", headers={"Connection": "close"})
     body = bytearray()
     try:
         async for chunk in request.stream():
             body += chunk
             if len(body) > MAX_BODY_BYTES:
                 raise ErrorReply(413, f"the body is over the limit of {MAX_BODY_BYTES} bytes",
-                                   "request_too_large", headers={"Connection": "close"})
+                                 "request_too_large", headers={"Connection": "close"})
     except ClientDisconnect:  # gone before its body was whole: the answer reaches no one, and nothing is logged
         raise ErrorReply(400, "the client left before sending the whole body", "incomplete_body") from None
     return bytes(body)
@@ -437,13 +437,13 @@ def build_app(server: ModelServer) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         return ErrorReply(err.status_code, f"{err.detail}: {request.method} {request.url.path}",
-                            "not_found" if err.status_code == 404 else None).response()
+                          "not_found" if err.status_code == 404 else None).response()
 
     @app.exception_handler(Exception)
     async def server_error(_request: Request, err: Exception) -> JSONResponse:
         log.exception("rgb-serve failed on a request")
         return ErrorReply(500, f"the server failed: {type(err).__name__}", "server_error",
-                            kind="server_error").response()
+                          kind="server_error").response()
 
     def authorize(request: Request) -> None:
         if server.api_key and request.headers.get("authorization") != f"Bearer {server.api_key}":
@@ -470,7 +470,7 @@ def build_app(server: ModelServer) -> FastAPI:
         chat = parse_request(await _read_body(request))
         if chat.model != server.served_name:
             raise ErrorReply(404, f"The model '{chat.model}' does not exist (served: {server.served_name!r})",
-                               "model_not_found", "model")
+                             "model_not_found", "model")
         prompt = read_prompt(chat)
         async with _turn(server, turns):
             completion = await _complete(server, chat, prompt)
@@ -489,7 +489,7 @@ async def _turn(server: ModelServer, turns: asyncio.Semaphore):
     with counts.lock:
         if counts.active + counts.waiting >= limits.max_concurrency + limits.max_queue:
             raise ErrorReply(429, "rgb-serve is at its concurrency limit, retry later", "rate_limit_exceeded",
-                               kind="requests", headers={"Retry-After": "1"})
+                             kind="requests", headers={"Retry-After": "1"})
         counts.waiting += 1
     try:
         await turns.acquire()
@@ -516,7 +516,7 @@ async def _complete(server: ModelServer, chat: ChatRequest, prompt: Prompt) -> d
             server.requests.faults[fault] = server.requests.faults.get(fault, 0) + 1
     if fault == "rate_limit":
         raise ErrorReply(429, "rate limit reached", "rate_limit_exceeded", kind="requests",
-                           headers={"Retry-After": f"{server.faults.retry_after_s:g}"})
+                         headers={"Retry-After": f"{server.faults.retry_after_s:g}"})
     if fault == "error":
         raise ErrorReply(500, "injected server error", "server_error", kind="server_error")
     if fault == "slow":
