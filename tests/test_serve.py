@@ -22,7 +22,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, raises_one_line
+from helpers import REPO, compose_config, raises_one_line
 from rgb.serve import Limits, ModelServer, ServeError, image_tokens, text_tokens
 
 NAME = "tiny"
@@ -397,3 +397,13 @@ def test_the_listening_socket_is_tcp_so_answers_go_out_without_nagle(server):
     """asyncio sets TCP_NODELAY only on connections accepted from a socket whose proto is IPPROTO_TCP; with
     socket.create_server's proto 0 every answer waited ~40 ms for the client's delayed ACK."""
     assert server.socket.proto == socket.IPPROTO_TCP
+
+
+def test_without_the_serve_extra_the_command_names_the_pip_line(monkeypatch, tmp_path):
+    """FastAPI or uvicorn missing (a base install): one line with the extra to install, before any model loads."""
+    import rgb.commands.serve as serve_command
+
+    monkeypatch.setattr(serve_command, "find_spec", lambda name: None if name == "uvicorn" else object())
+    cfg = compose_config("serve", f"run={tmp_path / 'no-run'}", f"paths.root_dir={tmp_path}")
+    with raises_one_line(serve_command.ServeExtraMissing, r"pip install 'robustgenbench\[serve\]'"):
+        serve_command.serve_from_config(cfg)
