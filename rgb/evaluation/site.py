@@ -122,7 +122,8 @@ def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: st
     colours = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
     n = max(len(series), 1)
     bar, gap, height, left, top = 14, 16, 160, 36, 24
-    width = left + len(groups) * (n * bar + gap) + 10
+    step = max(n * bar + gap, 48)  # a group wide enough for its label
+    width = left + len(groups) * step + 10
     legend_h = 16 * n
     parts = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width}" '
              f'height="{top + height + 40 + legend_h}" role="img" aria-label="{escape(title)}">',
@@ -132,7 +133,7 @@ def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: st
         parts.append(f'<line x1="{left}" x2="{width}" y1="{y}" y2="{y}" class="grid"/>'
                      f'<text x="2" y="{y + 4}" class="tick">{tick:g}</text>')
     for g, group in enumerate(groups):
-        x0 = left + g * (n * bar + gap)
+        x0 = left + g * step
         for s, (name, cells) in enumerate(series.items()):
             cell = cells[g]
             if cell.value is None:
@@ -159,7 +160,11 @@ def scatter_svg(points: Sequence[tuple[str, Cell, Cell]], x_label: str, y_label:
              f'<line x1="{left}" x2="{left + width}" y1="{top + height}" y2="{top + height}" class="axis"/>',
              f'<line x1="{left}" x2="{left}" y1="{top}" y2="{top + height}" class="axis"/>',
              f'<text x="{left + width / 2}" y="{top + height + 30}" class="tick">{escape(x_label)}</text>',
-             f'<text x="2" y="{top - 4}" class="tick">{escape(y_label)} (max {y_max:g})</text>']
+             f'<text x="{left + 4}" y="{top + 10}" class="tick">{escape(y_label)} (max {y_max:g})</text>']
+    for tick in (0, 0.5, 1):
+        parts.append(f'<text x="{left + width * tick - 6:.0f}" y="{top + height + 14}" class="tick">{tick:g}</text>'
+                     f'<text x="{left - 30}" y="{top + height * (1 - tick) + 4:.0f}" class="tick">'
+                     f'{y_max * tick:g}</text>')
     for label, x, y in points:
         if x.value is None or y.value is None:
             continue
@@ -252,6 +257,8 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
             if index is None or record.dataset not in board.datasets:
                 continue
             score = board.rows[index].per_dataset[record.dataset]
+            if score is None:  # nothing scored under this protocol (no transfer evaluation)
+                continue
             cells = [(s, setting_cell(board, index, record.dataset, s),
                       score.settings.get(s) if score else None) for s in board.settings]
             tables.append({"protocol": board.protocol, "cells": cells,
