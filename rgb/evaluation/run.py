@@ -100,7 +100,7 @@ def evaluate_pool(request: PoolRequest) -> None:
                                       None if request.datasets is None else list(request.datasets), request.rank_by)
             write_seed_spread(spread, staging)
             if request.site:
-                site = write_pool_site(board, records, runs, staging / SITE_DIR, request)
+                site = write_pool_site(board, records, runs, staging / SITE_DIR)
     except (LeaderboardError, RecordError) as err:
         raise EvaluationError(str(err)) from err
     log.info("%s", to_markdown(board).rstrip("\n"))
@@ -108,11 +108,12 @@ def evaluate_pool(request: PoolRequest) -> None:
         log.info("%s", seed_spread_markdown(spread).rstrip("\n"))
     log.info("leaderboard written to %s", request.leaderboard_dir)
     if request.site:
-        log.info("site written to %s (open it in a browser)", request.leaderboard_dir / site.relative_to(staging))
+        index = (request.leaderboard_dir / site.relative_to(staging)).resolve()
+        log.info("leaderboard site written to %s (open %s in a browser; it needs no server)", index.parent,
+                 index.as_uri())
 
 
-def write_pool_site(board: Leaderboard, records: dict[Path, ScoresRecord], runs: dict, out: Path,
-                    request: PoolRequest) -> Path:
+def write_pool_site(board: Leaderboard, records: dict[Path, ScoresRecord], runs: dict, out: Path) -> Path:
     """The site of a pool: `board` (what leaderboard.json holds) and the board of the other protocol, built from
     the same records; each record with its train run, model.json and attack dir when the pool evaluated it."""
     other = next(p for p in PROTOCOLS if p != board.protocol)
