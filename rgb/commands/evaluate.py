@@ -54,7 +54,8 @@ def pool_request(cfg: DictConfig) -> PoolRequest:
     datasets = cfg.get("leaderboard_datasets")
     return PoolRequest(tuple(entries), str(cfg.protocol), Path(str(cfg.leaderboard_dir)),
                        None if datasets is None else tuple(str(d) for d in datasets), str(cfg.get("rank_by", "borda")),
-                       bool(cfg.get("site", False)))
+                       bool(cfg.get("site", False)),
+                       str(cfg.wandb.project) if cfg.wandb.enabled else None)
 
 
 def run_evaluation(cfg: DictConfig) -> float | None:

@@ -305,13 +305,13 @@ def to_markdown(board: Leaderboard) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_csv(board: Leaderboard) -> str:
-    buffer = io.StringIO()
+def table_rows(board: Leaderboard) -> tuple[list[str], list[dict]]:
+    """leaderboard.csv's columns and rows (one per model; accuracies as numbers, None where missing), also the
+    W&B table of the pool."""
     columns = ["rank", "model", "borda", "sum", "partial_sum", "covered", "max"]
     columns += [f"{d}/{s}" for d in board.datasets for s in board.settings]
     columns += ["missing", "partial", "status", "protocol_differences"]
-    writer = csv.DictWriter(buffer, fieldnames=columns)
-    writer.writeheader()
+    rows = []
     for r in board.rows:
         row = {"rank": r.rank, "model": r.model, "borda": r.borda, "sum": r.sum.score,
                "partial_sum": r.sum.partial_sum, "covered": r.sum.covered, "max": r.sum.max,
@@ -320,7 +320,16 @@ def to_csv(board: Leaderboard) -> str:
         for d in board.datasets:
             settings = r.per_dataset[d].settings if r.per_dataset[d] else {}
             row.update({f"{d}/{s}": (settings[s].value if settings.get(s) else None) for s in board.settings})
-        writer.writerow(row)
+        rows.append(row)
+    return columns, rows
+
+
+def to_csv(board: Leaderboard) -> str:
+    buffer = io.StringIO()
+    columns, rows = table_rows(board)
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
     return buffer.getvalue()
 
 
@@ -406,4 +415,4 @@ def write_seed_spread(spread: dict | None, out_dir: Path) -> None:
 
 
 __all__ = ["Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard", "find_records",
-           "seed_spread", "seed_spread_markdown", "to_markdown", "write_leaderboard", "write_seed_spread"]
+           "seed_spread", "seed_spread_markdown", "table_rows", "to_markdown", "write_leaderboard", "write_seed_spread"]

@@ -76,6 +76,7 @@ class PoolRequest:
     datasets: tuple[str, ...] | None  # None: the card's six
     rank_by: str
     site: bool = False  # also the static site (rgb.evaluation.site) in <leaderboard_dir>/site
+    wandb_project: str | None = None  # the leaderboard's table and files to W&B; None: nothing logged
 
 
 def evaluate_pool(request: PoolRequest) -> None:
@@ -107,6 +108,10 @@ def evaluate_pool(request: PoolRequest) -> None:
     if spread is not None:
         log.info("%s", seed_spread_markdown(spread).rstrip("\n"))
     log.info("leaderboard written to %s", request.leaderboard_dir)
+    if request.wandb_project is not None:
+        from rgb.evaluation.wandb_report import log_leaderboard
+
+        log_leaderboard(board, request.leaderboard_dir, request.wandb_project)
     if request.site:
         index = (request.leaderboard_dir / site.relative_to(staging)).resolve()
         log.info("leaderboard site written to %s (open %s in a browser; it needs no server)", index.parent,

@@ -11,7 +11,6 @@ tooltips and the same `data-json` paths. Templates and assets are package data (
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import jinja2
 
-from rgb.core.files import atomic_write_bytes
+from rgb.core.files import atomic_write_bytes, safe_name
 from rgb.evaluation.leaderboard import Leaderboard, LeaderboardRow
 from rgb.evaluation.records import SCORES_FILE, ScoresRecord
 from rgb.runs.store import train_reference
@@ -50,11 +49,6 @@ class SiteEntry:
 
 def setting_label(setting: str) -> str:
     return SETTING_LABELS.get(setting, setting)
-
-
-def slug(name: str) -> str:
-    """A file name for a model's page: its name with anything but letters, digits, `.`, `_` and `-` replaced."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
 
 
 def _text(value) -> str:
@@ -181,7 +175,7 @@ def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> dict:
 
     def row_view(index: int, row: LeaderboardRow) -> dict:
         columns = model_columns(entries[row.model]) if row.model in entries else {}
-        return {"row": row, "rank": row.rank or MISSING, "page": f"models/{slug(row.model)}.html",
+        return {"row": row, "rank": row.rank or MISSING, "page": f"models/{safe_name(row.model)}.html",
                 "columns": columns, "sum": sum_cell(board, index), "borda": borda_cell(board, index),
                 "cells": [(d, s, setting_cell(board, index, d, s)) for d in board.datasets for s in settings]}
 
@@ -233,7 +227,7 @@ def _copy(source: Path, target: Path) -> str | None:
 def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderboard], out: Path) -> dict:
     """A model's page: its columns, provenance, per dataset its settings (board numbers), class-wise metrics,
     plots and files (copied into `models/<slug>/<dataset>/`)."""
-    folder = out / "models" / slug(name)
+    folder = out / "models" / safe_name(name)
     datasets = []
     for entry in sorted(entries, key=lambda e: e.record.dataset):
         record = entry.record
@@ -307,7 +301,7 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
     (out / "models").mkdir(exist_ok=True)
     for name, model_entries in sorted(by_model.items()):
         view = model_view(name, model_entries, boards, out)
-        atomic_write_bytes(out / "models" / f"{slug(name)}.html", env.get_template("model.html.j2").render(
+        atomic_write_bytes(out / "models" / f"{safe_name(name)}.html", env.get_template("model.html.j2").render(
             model=view, missing=MISSING, label=setting_label).encode())
     return index
 
