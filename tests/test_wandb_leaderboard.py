@@ -7,9 +7,9 @@ import json
 import logging
 
 import pytest
-from helpers import record, save_pool
+from helpers import compose_config, record, save_pool
 
-from rgb.evaluation.run import PoolRequest, evaluate_pool
+from rgb.commands.evaluate import run_evaluation
 from rgb.evaluation.wandb_report import SKIPPED, log_evaluation
 
 
@@ -30,12 +30,15 @@ def _logged(folder) -> bytes:
 
 
 def test_the_pool_leaderboard_as_a_table_and_an_artifact(tmp_path, offline, caplog):
+    """evaluate.py pool=[...] site=true wandb.enabled=true, through its config half."""
     records = [record("ce", "d1", [0.9, 0.8, 0.0, 0.1, 0.0]), record("trades", "d1", [0.8, 0.7, 0.3, 0.4, 0.3])]
     save_pool(records, tmp_path / "eval")
     out = tmp_path / "leaderboard"
+    cfg = compose_config("evaluate", f"pool=[{tmp_path / 'eval'}]", "leaderboard_datasets=[d1]", "site=true",
+                         f"leaderboard_dir={out}", "wandb.enabled=true", "wandb.project=rgb-tests")
     with caplog.at_level(logging.INFO):
-        evaluate_pool(PoolRequest((tmp_path / "eval",), "white_box", out, ("d1",), "borda", site=True,
-                                  wandb_project="rgb-tests"))
+        run_evaluation(cfg)
+    assert f"open {(out / 'site' / 'index.html').resolve().as_uri()} in a browser" in caplog.text
     logged = _logged(out / "wandb")
     board = json.loads((out / "leaderboard.json").read_text())
     assert [row["model"] for row in board["rows"]] == ["trades", "ce"]
