@@ -74,6 +74,9 @@ class LeaderboardRow(JsonRecord):
 
 
 OTHER_PROTOCOL = "other protocol"
+# The headings of the groups below the ranked entries, in leaderboard.md and on the site alike.
+INCOMPLETE_HEADING = "Incomplete entries: ranked apart, below every complete entry"
+OTHER_PROTOCOL_HEADING = "Under another protocol: shown, never in the Sum or Borda of card entries"
 
 
 # Ranking keys within a group (smaller sorts first); ties fall back to the other score, then the name.
@@ -265,7 +268,7 @@ def to_markdown(board: Leaderboard) -> str:
                   + (f"; Borda among the complete entries over the {board.borda_pairs} (dataset, setting) pairs."
                      if board.complete_rows else ".")]
     if board.incomplete_rows:
-        lines += ["", "## Incomplete entries: ranked apart, below every complete entry", ""]
+        lines += ["", f"## {INCOMPLETE_HEADING}", ""]
         lines += ranking(board.incomplete_rows)
         lines += ["", "A setting missing, or scored over part of its split (PARTIAL): no Sum, no Borda with the "
                       "complete entries. A partial Sum shows its total / settings measured; Borda among these "
@@ -274,7 +277,7 @@ def to_markdown(board: Leaderboard) -> str:
                          if board.borda_excluded_pairs else "") + "."]
     if board.other_protocol_rows:
         other_header = ["model", "protocol (what differs from the card)", f"sum (not a Sum /{max_sum})"]
-        lines += ["", "## Under another protocol: shown, never in the Sum or Borda of card entries", ""]
+        lines += ["", f"## {OTHER_PROTOCOL_HEADING}", ""]
         lines += markdown_table(other_header + [f"{d} (/{n_settings})" for d in board.datasets],
                                 [[r.model, r.protocol_label(), r.sum.describe()]
                                  + [dataset_cell(r.per_dataset[d]) for d in board.datasets]

@@ -20,16 +20,16 @@ from pathlib import Path
 import jinja2
 
 from rgb.core.files import atomic_write_bytes, safe_name
-from rgb.evaluation.leaderboard import Leaderboard, LeaderboardRow
-from rgb.evaluation.records import SCORES_FILE, ScoresRecord
+from rgb.evaluation.leaderboard import INCOMPLETE_HEADING, OTHER_PROTOCOL_HEADING, Leaderboard, LeaderboardRow
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, SCORES_FILE, ScoresRecord
 from rgb.runs.store import train_reference
 
 TEMPLATES = Path(__file__).with_name("site_templates")
 ASSETS = ("site.css", "site.js")
 SITE_DIR = "site"
-# The column titles of the settings; a setting not named here (a black-box transfer split) shows its own name.
-SETTING_LABELS = {"test": "clean", "common": "common", "autoattack_l1": "L1", "autoattack_l2": "L2",
-                  "autoattack_linf": "Linf"}
+# The column titles of the settings: the clean split, the attack settings by their norm; any other setting (common,
+# a black-box transfer split) shows its own name.
+SETTING_LABELS = {"test": "clean", **{setting: norm.value for setting, norm in ATTACK_SETTING_NORMS.items()}}
 # What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
 REPORT_FOLDERS = {"zeroshot_report": "zero-shot report", "text_robustness": "text robustness"}
 MISSING = "—"
@@ -179,12 +179,10 @@ def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> dict:
                 "columns": columns, "sum": sum_cell(board, index), "borda": borda_cell(board, index),
                 "cells": [(d, s, setting_cell(board, index, d, s)) for d in board.datasets for s in settings]}
 
-    rows = [row_view(i, row) for i, row in enumerate(board.rows)]
-    groups = [("Ranked: complete, the card's protocol", [r for r in rows if r["row"].complete]),
-              ("Incomplete entries: ranked apart, below every complete entry",
-               [r for r in rows if not r["row"].complete and r["row"].card_protocol]),
-              ("Under another protocol: shown, never in the Sum or Borda of card entries",
-               [r for r in rows if not r["row"].card_protocol])]
+    rows = {row.model: row_view(i, row) for i, row in enumerate(board.rows)}
+    groups = [(heading, [rows[r.model] for r in members]) for heading, members in (
+        ("Ranked: complete, the card's protocol", board.complete_rows), (INCOMPLETE_HEADING, board.incomplete_rows),
+        (OTHER_PROTOCOL_HEADING, board.other_protocol_rows)) if members]
     index = {r.model: i for i, r in enumerate(board.rows)}
     plots = []
     for dataset in board.datasets:
@@ -192,14 +190,14 @@ def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> dict:
         if any(c.value is not None for cells in series.values() for c in cells):
             plots.append(bars_svg([setting_label(s) for s in settings], series,
                                   f"{dataset}: accuracy per setting ({board.protocol})"))
-    sums = [(f"{r.model}", _clean_mean(board, index[r.model]), sum_cell(board, index[r.model]))
+    sums = [(r.model, _clean_mean(board, index[r.model]), sum_cell(board, index[r.model]))
             for r in board.rows]
     if any(x.value is not None for _, x, _ in sums):
         plots.append(scatter_svg(sums, "clean accuracy (mean over datasets)", "Sum", board.rows[0].sum.max,
                                  f"Sum vs clean accuracy ({board.protocol})"))
-    return {"board": board, "groups": [g for g in groups if g[1]], "plots": plots,
+    return {"board": board, "groups": groups, "plots": plots,
             "settings": [(s, setting_label(s)) for s in settings], "max_sum": len(settings) * len(board.datasets),
-            "has_numbers": any(c.value is not None for r in rows for _, _, c in r["cells"]),
+            "has_numbers": any(c.value is not None for r in rows.values() for _, _, c in r["cells"]),
             "not_applicable": sorted(board.not_applicable.items())}
 
 
