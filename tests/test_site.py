@@ -121,6 +121,8 @@ def test_every_number_of_the_site_is_leaderboard_json(site, tiny_run):
     for heading in ("Incomplete entries: ranked apart", "Under another protocol", "PARTIAL", "incomplete"):
         assert heading in index
     assert "No record of this pool is scored under black_box" in index
+    scatter = index[index.index("Sum vs clean accuracy"):].split("</svg>")[0]  # complete entries only
+    assert "<title>tiny-ce:" in scatter and not any(f"<title>{m}:" in scatter for m in ("half", "skim", "big-eps"))
     model_page = (site / "site" / "models" / "tiny-ce.html").read_text()  # provenance of the model the pool trained
     assert str(tiny_run.resolve()) in model_page and "Class-wise metrics" in model_page
     assert "linf/summary.json" in model_page and (site / "site" / "models" / "tiny-ce" / "digits" / "scores.json").is_file()

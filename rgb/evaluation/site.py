@@ -190,11 +190,12 @@ def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> dict:
         if any(c.value is not None for cells in series.values() for c in cells):
             plots.append(bars_svg([setting_label(s) for s in settings], series,
                                   f"{dataset}: accuracy per setting ({board.protocol})"))
+    # complete card entries only: a partial Sum drawn beside a complete one would look comparable (issue 33)
     sums = [(r.model, _clean_mean(board, index[r.model]), sum_cell(board, index[r.model]))
-            for r in board.rows]
+            for r in board.complete_rows]
     if any(x.value is not None for _, x, _ in sums):
         plots.append(scatter_svg(sums, "clean accuracy (mean over datasets)", "Sum", board.rows[0].sum.max,
-                                 f"Sum vs clean accuracy ({board.protocol})"))
+                                 f"Sum vs clean accuracy ({board.protocol}; complete entries)"))
     return {"board": board, "groups": groups, "plots": plots,
             "settings": [(s, setting_label(s)) for s in settings], "max_sum": len(settings) * len(board.datasets),
             "has_numbers": any(c.value is not None for r in rows.values() for _, _, c in r["cells"]),
