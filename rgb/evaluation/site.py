@@ -112,7 +112,8 @@ def _svg_attrs(cell: Cell) -> str:
 
 
 def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: str) -> str:
-    """Grouped vertical bars (accuracies in [0, 1]), one colour per series, each bar's value in its <title>."""
+    """Grouped vertical bars (accuracies in [0, 1]), one colour per series, each bar's value in its <title>; a
+    setting without a number is a cross in its series' colour."""
     colours = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
     n = max(len(series), 1)
     bar, gap, height, left, top = 14, 16, 160, 36, 24
@@ -130,9 +131,12 @@ def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: st
         x0 = left + g * step
         for s, (name, cells) in enumerate(series.items()):
             cell = cells[g]
-            if cell.value is None:
+            if cell.value is None:  # marked, so that a missing setting never reads as an accuracy of 0
+                parts.append(f'<text x="{x0 + s * bar + 2}" y="{top + height - 4}" class="tick missing" '
+                             f'fill="{colours[s % len(colours)]}">&#215;<title>{escape(name)}, {escape(group)}: '
+                             f'{escape(cell.text or MISSING)}</title></text>')
                 continue
-            h = height * cell.value
+            h = max(height * cell.value, 1.5)  # an accuracy of 0 still shows as a (flat) bar
             parts.append(f'<rect x="{x0 + s * bar}" y="{top + height - h:.2f}" width="{bar - 2}" height="{h:.2f}" '
                          f'fill="{colours[s % len(colours)]}"{_svg_attrs(cell)}><title>{escape(name)}, '
                          f'{escape(group)}: {escape(cell.text)}</title></rect>')
