@@ -80,7 +80,7 @@ def test_a_record_without_its_answer_is_one_line_naming_the_file_and_line(tmp_pa
     (dict(base_url="http://"), "model.base_url must be an http(s) URL"),
     (dict(api_model=""), "model.api_model must be the endpoint's model name"),
     (dict(api_model="  "), "model.api_model must be the endpoint's model name"),
-    (dict(max_tokens=0), "model.max_tokens must be an integer >= 1, got 0"),
+    (dict(max_tokens=0), "model.max_tokens must be null or an integer >= 1, got 0"),
     (dict(temperature=-1.0), "model.temperature must be a finite number >= 0"),
 ])
 def test_bad_api_settings_are_one_line_naming_the_key(settings, message):
@@ -329,8 +329,9 @@ def test_refusals_are_one_line_naming_endpoint_and_model_never_the_key(tmp_path,
                               CLASS_NAMES, DATASET)
         with pytest.raises(ApiError, match="404.*does not exist"):
             other.answer([image], AnswerCache(tmp_path / "b.jsonl"))
-    dead = classifier(running.base_url, max_retries=2, backoff_s=0.01, timeout_s=1)  # the server is gone now
-    with pytest.raises(ApiError, match="gave up after 3 attempts, last: connection error"):
+    # the server is gone now: nothing answers, so one quick second try and one line, whatever max_retries says
+    dead = classifier(running.base_url, max_retries=6, backoff_s=0.01, timeout_s=1)
+    with raises_one_line(ApiError, match=r"gave up after 2 attempts, last: cannot connect \(.*refused"):
         dead.answer([image], AnswerCache(tmp_path / "c.jsonl"))
 
 
@@ -478,3 +479,21 @@ def test_rgb_serve_command_answers_on_localhost(tmp_path, bench, served_run):
         guard.cancel()
         os.killpg(child.pid, signal.SIGTERM)
         child.wait(timeout=30)
+
+
+def test_the_reasoning_preset_sends_no_temperature_nor_max_tokens(tmp_path, bench):
+    """model=api_reasoning: max_completion_tokens and reasoning_effort in every request, recorded in model.json."""
+    import json
+
+    from rgb.models import load
+
+    run = tmp_path / "outputs" / "train" / DATASET / "reasoning"
+    train(compose_config("train", tmp_path, bench, "model=api_reasoning", "model.base_url=http://127.0.0.1:9/v1",
+                         "model.api_model=o-tiny", "model.name=reasoning", f"run_dir={run}"))
+    api = json.loads((run / "model.json").read_text())["api"]
+    assert api["request"] == {"max_completion_tokens": 2048, "reasoning_effort": "low"}
+    assert api["temperature"] is None and api["max_tokens"] is None
+    model = load(run)
+    body = model._body(stored_images(bench)[0])
+    assert "temperature" not in body and "max_tokens" not in body and body["reasoning_effort"] == "low"
+    assert model.client_settings.retry_max_tokens == 8192

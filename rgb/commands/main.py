@@ -290,11 +290,18 @@ def _expand_runs(argv: list[str]) -> list[str]:
             f"sweep_dir=${{paths.output_dir}}/attack/${{data.dataset}}/multirun/{label}"]
 
 
+# Libraries that log every request at INFO (the api family's HTTP client); `hydra.verbose=httpx` shows them.
+QUIET_LOGGERS = ("httpx", "httpcore", "openai")
+
+
 def _log_to_files(cfg: DictConfig) -> None:
     """A command's log file (Hydra's <job>.log) holds all it said: warnings, Lightning's lines (Lightning keeps
     them to itself when it was imported before Hydra set up logging, as in a SLURM job) and, file only so that
     the console stays short, the composed config."""
     logging.captureWarnings(True)
+    for name in QUIET_LOGGERS:  # one line per HTTP request (2,000 for the mini benchmark), unless asked for
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
     for name in ("lightning.pytorch", "lightning.fabric"):
         logger = logging.getLogger(name)
         if not logger.propagate:

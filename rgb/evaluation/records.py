@@ -288,6 +288,7 @@ class RequestCounts(JsonRecord):
     backoff_s: float
     negations: int = 0
     alternatives: int = 0
+    truncated: int = 0  # answers cut by the token limit before naming a class (counted in unanswered)
 
 
 @dataclass(frozen=True)

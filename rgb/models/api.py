@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from tqdm import tqdm
 
@@ -48,17 +48,27 @@ def _text(v) -> bool:
     return isinstance(v, str) and bool(v.strip())
 
 
+# The request fields rgb writes itself (the image and prompt, the model): `model.request` may not set them.
+OWN_FIELDS = frozenset({"model", "messages"})
+
+
 # The rules of the model config's values (rgb.core.values), checked when the settings are made: by train.py
 # model=api_chat and by every load of a model.json, so a bad value is one line wherever it comes from.
 API_RULES: dict[str, Rule] = {
     "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None,
                        "an http(s) URL ending in /v1"),
     "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
-    "model.prompt": (lambda v: isinstance(v, str), "a text"),
-    "model.temperature": NON_NEGATIVE, "model.max_tokens": POSITIVE_INT,
+    "model.prompt": (lambda v: v is None or isinstance(v, str), "a text"),
+    "model.system_prompt": (lambda v: v is None or isinstance(v, str), "null or a text"),
+    "model.temperature": optional(NON_NEGATIVE), "model.max_tokens": optional(POSITIVE_INT),
+    "model.request": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)
+                      and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
 }
 CLIENT_RULES: dict[str, Rule] = {
     "model.api_key_env": (_text, "the name of an environment variable"),
+    "model.headers": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                                            for k, x in v.items()), "a mapping of header: text"),
+    "model.retry_max_tokens": optional(POSITIVE_INT),
     "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
     "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
     "model.backoff_s": NON_NEGATIVE, "model.backoff_max_s": NON_NEGATIVE,
@@ -75,14 +85,19 @@ def _check(settings, rules: dict[str, Rule]) -> None:
 class ApiSettings:
     """What identifies the model's answers (model.json `api`): a change of any of these is another model. The
     answer parser is not among them: it maps the cached answer texts, and the version that scored them is
-    recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed)."""
+    recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed).
+    `temperature=None` and `max_tokens=None` are not sent; `request` is merged into every request as it is (e.g.
+    `max_completion_tokens`, `reasoning_effort`, `extra_body` fields such as `top_k`); `system_prompt` is sent as
+    a system message. The last two enter the identity only when set, so earlier answer caches keep theirs."""
 
     base_url: str
     api_model: str
-    prompt: str = DEFAULT_PROMPT
-    temperature: float = 0.0
-    max_tokens: int = 16
+    prompt: str | None = DEFAULT_PROMPT  # None: DEFAULT_PROMPT
+    temperature: float | None = 0.0  # None: not sent (reasoning models refuse it)
+    max_tokens: int | None = 16
     image_encoding: str = IMAGE_ENCODING
+    system_prompt: str | None = None
+    request: dict = field(default_factory=dict)
 
     def __post_init__(self):
         _check(self, API_RULES)
@@ -90,10 +105,24 @@ class ApiSettings:
             raise ConfigValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored "
                                    f"pixels")
         object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        object.__setattr__(self, "prompt", DEFAULT_PROMPT if self.prompt is None else self.prompt)
+        object.__setattr__(self, "request", dict(self.request))
 
     @property
     def decoding(self) -> dict:
-        return {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        """The sampling fields of every request, as rgb writes them (`request` may add or override fields)."""
+        sent = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        return {k: v for k, v in sent.items() if v is not None}
+
+    def identity_extras(self) -> dict:
+        """What identifies the answers beyond the legacy identity: only what is set."""
+        return {k: v for k, v in (("system_prompt", self.system_prompt), ("request", self.request)) if v}
+
+    def record(self) -> dict:
+        """model.json's `api`: the legacy fields, and the extras only when set (earlier run dirs keep their
+        identity)."""
+        legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("system_prompt", "request")}
+        return {**legacy, **self.identity_extras()}
 
 
 @dataclass(frozen=True)
@@ -101,6 +130,8 @@ class ClientSettings:
     """How politely to ask (model.json `client`): none of it changes an answer, so none of it is in the cache key."""
 
     api_key_env: str = "OPENAI_API_KEY"
+    headers: dict = field(default_factory=dict)  # sent with every request (secrets: name them in api_key_env)
+    retry_max_tokens: int | None = None  # an answer cut by the token limit is asked once more with this limit
     max_concurrency: int = 4
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
@@ -114,10 +145,11 @@ class ClientSettings:
 
 
 def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
-    """Both settings from one flat mapping (the model config, or model.json's two sections merged)."""
+    """Both settings from one flat mapping (the model config, or model.json's two sections merged); a null is
+    the value given (`max_tokens: null` sends no limit), an absent key the default."""
     names = {f.name for f in fields(ApiSettings)}, {f.name for f in fields(ClientSettings)}
-    return (ApiSettings(**{k: v for k, v in config.items() if k in names[0] and v is not None}),
-            ClientSettings(**{k: v for k, v in config.items() if k in names[1] and v is not None}))
+    return (ApiSettings(**{k: v for k, v in config.items() if k in names[0]}),
+            ClientSettings(**{k: v for k, v in config.items() if k in names[1]}))
 
 
 @dataclass(frozen=True)
@@ -147,7 +179,8 @@ class ApiClassifier:
         self.endpoint = Endpoint(settings.base_url, settings.api_model, client, sleep)
         self._sleep = sleep
         identity = {"base_url": settings.base_url, "api_model": settings.api_model, "prompt": self.prompt,
-                    "decoding": settings.decoding, "image_encoding": settings.image_encoding}
+                    "decoding": settings.decoding, "image_encoding": settings.image_encoding,
+                    **settings.identity_extras()}
         self._identity = json.dumps(identity, sort_keys=True)
         self.identity_sha256 = hashlib.sha256(self._identity.encode()).hexdigest()
 
@@ -156,7 +189,7 @@ class ApiClassifier:
         return hashlib.sha256(hashlib.sha256(image).digest() + self._identity.encode()).hexdigest()
 
     def describe(self) -> dict:
-        return {"api": asdict(self.settings), "client": asdict(self.client_settings),
+        return {"api": self.settings.record(), "client": asdict(self.client_settings),
                 "class_names": self.class_names, "num_classes": len(self.class_names), "dataset": self.dataset,
                 "api_model": self.settings.api_model}
 
@@ -166,8 +199,22 @@ class ApiClassifier:
             raise ApiError("an image of the split is not PNG: it is sent as stored or not at all (no re-encoding)")
         url = "data:image/png;base64," + base64.b64encode(image).decode("ascii")
         content = [{"type": "text", "text": self.prompt}, {"type": "image_url", "image_url": {"url": url}}]
-        return {"model": self.settings.api_model, "messages": [{"role": "user", "content": content}],
-                **self.settings.decoding}
+        system = [{"role": "system", "content": self.settings.system_prompt}] if self.settings.system_prompt else []
+        return {"model": self.settings.api_model, "messages": [*system, {"role": "user", "content": content}],
+                **self.settings.decoding, **self.settings.request}
+
+    def _cut(self, reply: dict) -> bool:
+        """An answer the token limit cut before it named a class: an error to count and ask again, never an
+        abstention to cache."""
+        return reply.get("finish_reason") == "length" and self._parse(reply).pred is None
+
+    def _retry_body(self, body: dict) -> dict | None:
+        """The request once more with `retry_max_tokens` as its limit (in the field the request uses)."""
+        limit = self.client_settings.retry_max_tokens
+        if limit is None:
+            return None
+        field_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        return {**body, field_name: limit}
 
     def _parse(self, record: dict) -> Parsed:
         return self.parser.parse(record["answer"])
@@ -203,13 +250,27 @@ class ApiClassifier:
             bar.update(cached)
             abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
 
-            def one(k: str) -> None:
-                reply = self.endpoint.ask(http, limiter, self._body(images[first_image[k]]), stats, lock)
-                cache.add({"key": k, **reply})
+            def ask(body: dict) -> dict:
+                reply = self.endpoint.ask(http, limiter, body, stats, lock)
                 with lock:
                     stats.requests += 1
                     stats.prompt_tokens += reply["usage"]["prompt_tokens"]
                     stats.completion_tokens += reply["usage"]["completion_tokens"]
+                return reply
+
+            def one(k: str) -> None:
+                body = self._body(images[first_image[k]])
+                reply = ask(body)
+                retry = self._retry_body(body) if self._cut(reply) else None
+                if retry is not None:
+                    reply = {**ask(retry), "max_tokens_retried": self.client_settings.retry_max_tokens}
+                if self._cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
+                    with lock:
+                        stats.truncated += uses[k]
+                        bar.update(uses[k])
+                    return
+                cache.add({"key": k, **reply})
+                with lock:
                     abstained[0] += uses[k] if self._parse(reply).pred is None else 0
                     bar.update(uses[k])
                     bar.set_postfix(sent=stats.requests, cached=cached, retried=stats.retries,

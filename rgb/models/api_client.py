@@ -78,7 +78,8 @@ class RequestStats:
     abstained: int = 0     # answers that name no class (counted wrong), of which:
     negations: int = 0     #   a class named but denied ("not 3")
     alternatives: int = 0  #   a class offered as one of several ("3 or 8")
-    unanswered: int = 0    # not asked: max_requests reached
+    unanswered: int = 0    # not asked (max_requests reached) or cut by the token limit (below)
+    truncated: int = 0     # answers cut by the token limit before naming a class: not cached, asked again next run
     prompt_tokens: int = 0
     completion_tokens: int = 0
     backoff_s: float = 0.0
@@ -107,8 +108,13 @@ class RequestBudget:
 
 
 
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds (a number or an HTTP date)."""
+def _retry_after(headers) -> float | None:
+    """The server's wait in seconds: retry-after-ms (OpenAI's), else Retry-After (a number or an HTTP date)."""
+    try:
+        return max(0.0, float(headers["retry-after-ms"]) / 1000)
+    except (KeyError, TypeError, ValueError):
+        pass
+    value = headers.get("retry-after")
     if not value:
         return None
     try:
@@ -126,9 +132,19 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 class _Transient(Exception):
+    """A failure worth another try; `attempts`: at most this many tries in all for its kind (None: max_retries)."""
+
+    attempts: int | None = None
+
     def __init__(self, reason: str, retry_after: float | None = None):
         super().__init__(reason)
         self.retry_after = retry_after
+
+
+class _Unreachable(_Transient):
+    """Nothing answers at the address (refused, unknown host): one quick second try, then one line, in seconds."""
+
+    attempts = 2
 
 
 def _error_message(response) -> str:
@@ -156,27 +172,32 @@ class Endpoint:
     def post_once(self, http, body: dict, key: str | None) -> dict:
         import httpx
 
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {**self.client_settings.headers, **({"Authorization": f"Bearer {key}"} if key else {})}
         try:
             response = http.post(f"{self.base_url}/chat/completions", json=body, headers=headers,
                                  timeout=self.client_settings.timeout_s)
         except httpx.TimeoutException:
             raise _Transient(f"timeout after {self.client_settings.timeout_s:g} s") from None
+        except httpx.ConnectError as err:
+            raise _Unreachable(f"cannot connect ({_one_line(err) or type(err).__name__})") from None
         except httpx.TransportError as err:
             raise _Transient(f"connection error ({type(err).__name__})") from None
         if response.status_code in RETRY_STATUS:
-            raise _Transient(f"HTTP {response.status_code}", _retry_after(response.headers.get("retry-after")))
+            raise _Transient(f"HTTP {response.status_code}", _retry_after(response.headers))
         if response.status_code != 200:
             hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(response.status_code, "")
             raise self.refused(f"HTTP {response.status_code}: {_error_message(response)}{hint}", key)
         try:
             reply = response.json()
-            text = reply["choices"][0]["message"]["content"]
+            choice = reply["choices"][0]
+            text = choice["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise _Transient("malformed response (no choices[0].message.content)") from None
         usage = reply.get("usage") or {}
-        return {"answer": text if isinstance(text, str) else json.dumps(text),
-                "usage": {k: int(usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")}}
+        # content is null when a reasoning model spent its whole token limit thinking: an empty, cut answer
+        return {"answer": "" if text is None else text if isinstance(text, str) else json.dumps(text),
+                "usage": {k: int(usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")},
+                "finish_reason": choice.get("finish_reason"), "served_model": reply.get("model")}
 
     def ask(self, http, limiter: RateLimiter, body: dict, stats: RequestStats, lock) -> dict:
         """One answer, retried with exponential backoff and jitter (or the server's Retry-After)."""
@@ -188,8 +209,9 @@ class Endpoint:
                 reply = self.post_once(http, body, key)
             except _Transient as err:
                 limiter.settle(event, 0)
-                if attempt == attempts - 1:
-                    raise self.refused(f"gave up after {attempts} attempts, last: {err}", key) from None
+                allowed = attempts if err.attempts is None else min(attempts, err.attempts)
+                if attempt >= allowed - 1:
+                    raise self.refused(f"gave up after {attempt + 1} attempts, last: {err}", key) from None
                 backoff = min(self.client_settings.backoff_max_s, self.client_settings.backoff_s * 2 ** attempt)
                 delay = err.retry_after if err.retry_after is not None else backoff * (0.5 + random.random() / 2)
                 with lock:

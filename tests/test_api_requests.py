@@ -1,0 +1,125 @@
+"""What the `api` family sends and records, against a local FastAPI endpoint whose answers are built with the
+official `openai` SDK's response types: request fields passed through, a system prompt, headers, no token limit
+when there is none, the finish reason and the served model recorded, an answer cut by the token limit never cached
+as an abstention, and OpenAI's retry-after-ms honoured."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+openai_types = pytest.importorskip("openai.types.chat")
+
+from helpers import raises_one_line  # noqa: E402
+from rgb.core.values import ConfigValueError  # noqa: E402
+from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
+from rgb.models.api_cache import AnswerCache  # noqa: E402
+
+CLASSES = ["cat", "dog", "three"]
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))  # sent as stored: the endpoint never decodes it here
+
+
+def completion(content: str | None, finish_reason: str = "stop", served: str = "served-2026-01-01") -> dict:
+    """A chat completion as the openai SDK defines it."""
+    return openai_types.ChatCompletion(
+        id="chatcmpl-1", object="chat.completion", created=int(time.time()), model=served,
+        choices=[{"index": 0, "finish_reason": finish_reason,
+                  "message": {"role": "assistant", "content": content}}],
+        usage={"prompt_tokens": 20, "completion_tokens": 3, "total_tokens": 23},
+    ).model_dump(mode="json", exclude_unset=True)
+
+
+class Endpoint:
+    """A FastAPI app on 127.0.0.1 that records each request and answers from `replies` (a list of
+    (status, headers, body) consumed in order, the last one repeated)."""
+
+    def __init__(self, replies):
+        self.replies, self.seen = list(replies), []
+        app = fastapi.FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: fastapi.Request):
+            self.seen.append({"body": await request.json(), "headers": dict(request.headers)})
+            status, headers, body = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+            return fastapi.responses.JSONResponse(body, status_code=status, headers=headers)
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+def classifier(base_url: str, api: dict | None = None, **client) -> ApiClassifier:
+    return ApiClassifier(ApiSettings(base_url, "vlm", **(api or {})), ClientSettings(**client), CLASSES, "toy")
+
+
+def test_request_fields_system_prompt_and_headers_reach_the_endpoint(tmp_path):
+    request = {"max_completion_tokens": 64, "reasoning_effort": "low", "top_k": 1}
+    with Endpoint([(200, {}, completion("dog"))]) as endpoint:
+        model = classifier(endpoint.base_url, {"max_tokens": None, "system_prompt": "Be brief.", "request": request},
+                           headers={"X-Team": "robustness"})
+        answers, stats = model.answer([PNG], AnswerCache(tmp_path / "c.jsonl"))
+    body, headers = endpoint.seen[0]["body"], endpoint.seen[0]["headers"]
+    assert answers[0].pred == 1 and stats.requests == 1
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert body["messages"][1]["role"] == "user" and "max_tokens" not in body  # null: no limit sent
+    assert {k: body[k] for k in request} == request and headers["x-team"] == "robustness"
+    assert model.describe()["api"]["request"] == request and model.describe()["api"]["max_tokens"] is None
+
+
+def test_unset_extras_keep_the_identity_and_set_ones_change_it():
+    plain = classifier("http://127.0.0.1:1/v1")
+    assert "request" not in plain.describe()["api"] and "system_prompt" not in plain.describe()["api"]
+    assert plain.identity_sha256 != classifier("http://127.0.0.1:1/v1", {"request": {"seed": 1}}).identity_sha256
+    assert plain.identity_sha256 != classifier("http://127.0.0.1:1/v1", {"system_prompt": "x"}).identity_sha256
+    with raises_one_line(ConfigValueError, match="model.request must be a mapping of request fields other than"):
+        classifier("http://127.0.0.1:1/v1", {"request": {"messages": []}})
+
+
+def test_the_finish_reason_and_the_served_model_are_cached(tmp_path):
+    with Endpoint([(200, {}, completion("three", served="vlm-2026-11-30"))]) as endpoint:
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        classifier(endpoint.base_url).answer([PNG], cache)
+    record = next(iter(cache.answers.values()))
+    assert record["finish_reason"] == "stop" and record["served_model"] == "vlm-2026-11-30"
+
+
+def test_an_answer_cut_by_the_token_limit_is_asked_again_never_cached_as_an_abstention(tmp_path):
+    cut = (200, {}, completion(None, finish_reason="length"))  # a reasoning model that spent its limit thinking
+    with Endpoint([cut]) as endpoint:
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
+                                    retry_max_tokens=256).answer([PNG], cache)
+        sent = [seen["body"]["max_completion_tokens"] for seen in endpoint.seen]
+    assert answers == [None] and stats.truncated == 1 and stats.unanswered == 1 and stats.abstained == 0
+    assert sent == [8, 256] and len(cache.answers) == 0  # asked once more with the user's limit, nothing cached
+    with Endpoint([cut, (200, {}, completion("cat"))]) as endpoint:  # the next run asks it again
+        answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
+                                    retry_max_tokens=256).answer([PNG], cache)
+    assert answers[0].pred == 0 and stats.truncated == 0
+    assert next(iter(cache.answers.values()))["max_tokens_retried"] == 256
+
+
+def test_retry_after_ms_is_the_wait(tmp_path):
+    busy = (429, {"retry-after-ms": "70", "retry-after": "30"}, {"error": {"message": "slow down"}})
+    with Endpoint([busy, (200, {}, completion("cat"))]) as endpoint:
+        answers, stats = classifier(endpoint.base_url, backoff_s=5).answer([PNG], AnswerCache(tmp_path / "c.jsonl"))
+    assert answers[0].pred == 0 and stats.retries == 1 and stats.backoff_s == pytest.approx(0.07)
