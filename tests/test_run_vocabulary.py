@@ -12,7 +12,7 @@ from rgb.attacks import VERSIONS
 from rgb.attacks.autoattack import FooledBy
 from rgb.core.values import ConfigValueError
 from rgb.data import BenchmarkData
-from rgb.runs.settings import AttackSettings, white_box_budgets
+from rgb.runs.request import AttackRequest, white_box_budgets
 from rgb.runs.store import (
     REFERENCE_CASCADE,
     AttackRunError,
@@ -86,7 +86,7 @@ def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path)
     module = data()
     budgets = white_box_budgets(["linf", "L2"], module.budgets, module.transfer_budgets)
     assert [b.name for b in budgets] == ["linf", "l2"] and budgets[0].export_split == "linf_4"
-    settings = AttackSettings.create(run, data, budgets, batch_size=50, output_dir=tmp_path / "out", surrogate="m",
+    settings = AttackRequest.create(run, data, budgets, batch_size=50, output_dir=tmp_path / "out", surrogate="m",
                                      devices=2, threads=2)
     again = pickle.loads(pickle.dumps(settings))  # it travels to spawned workers, which build their own data module
     assert again.data().budgets == module.budgets and again.processes == 2 and again.run_name == "vit"
@@ -94,9 +94,9 @@ def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path)
     for bad, message in [(dict(batch_size=0), "batch_size must be >= 1"), (dict(impl="theirs"), "impl must be one of"),
                          (dict(shard_index=2, shard_count=2), r"shard.index must be in \[0, shard.count\)")]:
         with pytest.raises(AttackRunError, match=message):
-            AttackSettings.create(run, data, budgets, **{"batch_size": 50, "output_dir": tmp_path, "surrogate": "m",
+            AttackRequest.create(run, data, budgets, **{"batch_size": 50, "output_dir": tmp_path, "surrogate": "m",
                                                           **bad})
     with pytest.raises(AttackRunError, match="does not exist"):
-        AttackSettings.create(tmp_path / "absent", data, budgets, batch_size=50, output_dir=tmp_path, surrogate="m")
+        AttackRequest.create(tmp_path / "absent", data, budgets, batch_size=50, output_dir=tmp_path, surrogate="m")
     with pytest.raises(AttackRunError, match="norms must be distinct names"):
         white_box_budgets(["linf", "Linf"], module.budgets, module.transfer_budgets)
