@@ -96,6 +96,7 @@ def is_worker(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate, small_bench, reference, tmp_path):
     out = tmp_path / "killed"
     command = [sys.executable, str(REPO / "attack.py"), *overrides(surrogate, small_bench, out)]

@@ -304,6 +304,7 @@ def test_threat_model_checks_are_errors(batch):
         check_threat_model(x, moved, "L1", 1.0, unchanged=torch.tensor([True, False, False, False]))
 
 
+@pytest.mark.slow
 def test_threat_model_check_holds_under_python_O():
     script = ("import torch\nfrom rgb.attacks import AttackError, check_threat_model\nx = torch.full((2, 3, 4, 4), 0.5)\n"
               "try:\n    check_threat_model(x, x + 0.3, 'Linf', 0.1)\nexcept AttackError:\n    print('refused')\n")

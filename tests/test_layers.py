@@ -264,3 +264,48 @@ def test_hydra_only_at_the_edges():
     """No library module (attacks, models, the attack runner, rgb.benchmark, ...) imports Hydra or OmegaConf."""
     found = {str(p.relative_to(RGB.parent)): _config_imports(p) for p in sorted(RGB.rglob("*.py"))}
     assert {name: lines for name, lines in found.items() if lines and not name.startswith(CONFIG_PACKAGE)} == {}
+
+
+# -- tests that start processes are marked slow (RGB_FAST=1 skips them) --------------------------------------
+
+# What starts a process, as names in code: a subprocess, a multiprocessing context or process, the interpreter.
+PROCESS_NAMES = {"subprocess", "Popen", "multiprocessing"}
+PROCESS_ATTRIBUTES = {"Popen", "get_context", "Process", "executable"}
+
+
+def _starts_process(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in PROCESS_NAMES
+               or isinstance(n, ast.Attribute) and n.attr in PROCESS_ATTRIBUTES for n in ast.walk(node))
+
+
+def _unmarked_process_tests(path: Path) -> list[str]:
+    """Test functions of `path` that start a process, themselves or through a function or fixture of the same
+    module, without the slow mark (their own or the module's `pytestmark`)."""
+    source = path.read_text()
+    tree = ast.parse(source, filename=str(path))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    starting = {name for name, node in functions.items() if _starts_process(node)}
+    while True:  # through the module's own helpers and fixtures, by name (calls and fixture arguments)
+        more = {name for name, node in functions.items() if name not in starting
+                and ({n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                     | {a.arg for a in node.args.args}) & starting}
+        if not more:
+            break
+        starting |= more
+    module_slow = any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+                      and "slow" in ast.get_source_segment(source, node) for node in tree.body)
+    return [f"{path.name}:{node.lineno} {name}" for name, node in functions.items()
+            if name.startswith("test_") and name in starting and not module_slow
+            and not any("mark.slow" in ast.get_source_segment(source, d) for d in node.decorator_list)]
+
+
+def test_tests_that_start_processes_are_marked_slow():
+    assert [found for path in sorted(TESTS.glob("test_*.py")) for found in _unmarked_process_tests(path)] == []
+
+
+def test_the_check_sees_an_unmarked_test_that_starts_a_process(tmp_path):
+    path = tmp_path / "test_x.py"
+    path.write_text("import subprocess\nimport pytest\n\n\ndef started():\n    return subprocess.run(['true'])\n\n\n"
+                    "@pytest.fixture\ndef server():\n    return started()\n\n\ndef test_a(server):\n    pass\n\n\n"
+                    "@pytest.mark.slow\ndef test_b():\n    started()\n\n\ndef test_c():\n    pass\n")
+    assert _unmarked_process_tests(path) == ["test_x.py:14 test_a"]

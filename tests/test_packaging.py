@@ -24,6 +24,7 @@ def wheel(tmp_path_factory) -> Path:
     return found
 
 
+@pytest.mark.slow
 def test_wheel_carries_the_configs_built_from_conf(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for config in REPO.joinpath("conf").rglob("*.yaml"):

@@ -154,6 +154,7 @@ def test_64_simultaneous_requests_are_all_answered(server):
     assert replies == [200] * 64
 
 
+@pytest.mark.slow
 def test_python_m_rgb_serve_is_the_rgb_serve_command(tmp_path):
     """`python -m rgb.serve` runs rgb-serve's main: without run= it says so in one line and fails."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
