@@ -127,14 +127,10 @@ def test_run_names_that_are_not_one_directory_are_refused(name):
     (["model=api_chat", "model.base_url=http://127.0.0.1:1/v1", "model.api_model=Qwen/Qwen2-VL"],
      "api-Qwen--Qwen2-VL"),
 ])
-def test_default_run_names_of_hub_and_api_models_are_one_directory(overrides, expected, tmp_path):
+def test_default_run_names_of_hub_and_api_models_are_one_directory(overrides, expected, tmp_path, compose):
     """Hub names (`hf-hub:ORG/NAME`) and served model names (`ORG/NAME`) hold '/': the default run name spells
     them as one directory name instead of being refused (or nesting folders)."""
-    from hydra import compose, initialize_config_dir
-
-    cli.register_resolvers()
-    with initialize_config_dir(config_dir=cli.CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, f"paths.output_dir={tmp_path}"])
+    cfg = compose("train", *overrides, f"paths.output_dir={tmp_path}")
     assert str(cfg.run_name).startswith(expected) and path_name(cfg.run_name) == cfg.run_name
 
 

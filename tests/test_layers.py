@@ -198,7 +198,7 @@ def test_the_check_sees_an_import_cycle(tmp_path, monkeypatch):
     assert _cycles() == ["rgb.data.a -> rgb.data.b -> rgb.data.c -> rgb.data.a"]
 
 
-# -- tests/ and benchmarks/: test modules import no test module; benchmarks import nothing of tests/ ----------
+# -- tests/ and benchmarks/: test modules import no test module and no benchmark; benchmarks nothing of tests/ ---
 
 TESTS = Path(__file__).resolve().parent
 BENCHMARKS = TESTS.parent / "benchmarks"
@@ -216,13 +216,17 @@ def _top_level_imports(path: Path) -> set[tuple[str, int]]:
 
 
 def _cross_imports(tests: Path, benchmarks: Path) -> list[str]:
-    """A file of tests/ importing a test module (`test_*`) or conftest (shared fixtures come from conftest by
-    name, shared functions from helpers), and a file of benchmarks/ importing any module of tests/."""
+    """A file of tests/ importing a test module (`test_*`), conftest (shared fixtures come from conftest by
+    name, shared functions from helpers) or a benchmark script (what both use is in rgb; a script is tested as
+    a user runs it), and a file of benchmarks/ importing any module of tests/."""
     bad = []
+    of_benchmarks = {p.stem for p in benchmarks.glob("*.py")}
     for path in sorted(tests.glob("*.py")):
         for module, line in sorted(_top_level_imports(path), key=lambda found: found[1]):
             if module.startswith("test_") or module == "conftest":
                 bad.append(f"{path.parent.name}/{path.name}:{line} imports {module}")
+            elif module in of_benchmarks:
+                bad.append(f"{path.parent.name}/{path.name}:{line} imports {module} of benchmarks/")
     of_tests = {p.stem for p in tests.glob("*.py")}
     for path in sorted(benchmarks.glob("*.py")):
         for module, line in sorted(_top_level_imports(path), key=lambda found: found[1]):
@@ -243,11 +247,12 @@ def test_the_check_sees_a_test_importing_a_test_and_a_benchmark_importing_tests(
     benchmarks.mkdir()
     (tests / "helpers.py").write_text("X = 1\n")
     (tests / "test_a.py").write_text("import os\n\n\ndef test_x():\n    from test_b import y\n")
-    (tests / "test_b.py").write_text("from helpers import X\nfrom conftest import REPO\ny = X\n")
+    (tests / "test_b.py").write_text("from helpers import X\nfrom conftest import REPO\ny = X\n\n\n"
+                                     "def test_y():\n    from bench import main\n")
     (benchmarks / "bench.py").write_text("import json\nfrom helpers import X\n")
     assert _cross_imports(tests, benchmarks) == [
         "tests/test_a.py:5 imports test_b", "tests/test_b.py:2 imports conftest",
-        "benchmarks/bench.py:2 imports helpers of tests/"]
+        "tests/test_b.py:7 imports bench of benchmarks/", "benchmarks/bench.py:2 imports helpers of tests/"]
 
 
 def _config_imports(path: Path) -> list[int]:

@@ -46,16 +46,10 @@ def test_the_dirs_inside_the_outputs_have_one_layout():
     assert partial_dir(output_dir_for("out", "eval", "digits", "vit")) == Path("out/eval/digits/vit/partial")
 
 
-def test_the_configs_spell_output_dirs_through_the_store(tmp_path):
+def test_the_configs_spell_output_dirs_through_the_store(tmp_path, compose):
     """attack.yaml's and evaluate.yaml's output paths are the store's layout (the `${rgb.output_dir:...}` resolver)."""
-    from hydra import compose, initialize_config_dir
-
-    from rgb.commands.main import CONFIG_DIR, register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        attack = compose("attack", overrides=[f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}"])
-        evaluate = compose("evaluate", overrides=[f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}"])
+    attack = compose("attack", f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}")
+    evaluate = compose("evaluate", f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}")
     assert Path(attack.output_dir) == output_dir_for(tmp_path, "attack", "digits", "demo")
     assert Path(evaluate.attack_dir) == Path(attack.output_dir)
     assert Path(evaluate.output_dir) == output_dir_for(tmp_path, "eval", "digits", "demo")
