@@ -40,7 +40,8 @@ mini: $(VENV)/.installed
 # Then a zero-shot CLIP (the embedded one, trained on the mini benchmark on first use) with CPE prompts: attacked at
 # Linf only, since many of its images resist and L2 + L1 take tens of minutes on a CPU (its row shows them
 # missing; `python attack.py run=$(ZEROSHOT_RUN)` completes them), the ensembles side by side, its text-side
-# brittleness, and a leaderboard with both models.
+# brittleness, and a leaderboard with both models, and its static site (its path is the last line printed:
+# outputs/leaderboard/site/index.html).
 demo: $(VENV)/.installed mini
 	$(OFFLINE) $(PY) train.py run_name=demo
 	$(OFFLINE) $(PY) attack.py run=$(DEMO_RUN)
@@ -51,7 +52,7 @@ demo: $(VENV)/.installed mini
 	$(OFFLINE) $(PY) evaluate.py run=$(ZEROSHOT_RUN) zeroshot_report=true
 	$(OFFLINE) $(PY) evaluate.py run=$(ZEROSHOT_RUN) text_robustness=true \
 		'text_robustness_options.types=[keyboard_typo,char_swap,punctuation,keywords_only,word_shuffle,template_synonym]'
-	$(OFFLINE) $(PY) evaluate.py 'pool=[outputs/eval/digits]' 'leaderboard_datasets=[digits]'
+	$(OFFLINE) $(PY) evaluate.py 'pool=[outputs/eval/digits]' 'leaderboard_datasets=[digits]' site=true
 
 # The test suite (slow tests included; RGB_FAST=1 skips them).
 test: $(VENV)/.installed-dev

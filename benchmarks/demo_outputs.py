@@ -7,7 +7,8 @@ weights are the same bytes before and after.
     python benchmarks/demo_outputs.py compare /tmp/before.json /tmp/after.json
 
 Each file is hashed as written, except that in JSON files the values that differ between two runs of the same code
-are masked first: wall times, start stamps, the host name and the checkout's absolute path. Which keys were masked
+are masked first: wall times (and the reports' `timings_s`), start stamps, the host name and the checkout's
+absolute path (also in YAML, markdown and CSV files). Which keys were masked
 is recorded with each file, so a masked difference is never hidden. Logs, Hydra's copies of the config, Lightning
 checkpoints (they record absolute paths and loop state), locks and per-batch partial files are left out.
 """
@@ -21,7 +22,8 @@ import sys
 from pathlib import Path
 
 # Keys whose values change from one run of the same code to the next.
-VOLATILE_KEYS = {"attack_seconds", "started", "host", "seconds", "wall_seconds", "elapsed_seconds"}
+VOLATILE_KEYS = {"attack_seconds", "started", "host", "seconds", "wall_seconds", "elapsed_seconds", "timings_s"}
+TEXT_SUFFIXES = {".yaml", ".md", ".csv", ".txt"}  # the checkout's path masked as in JSON
 LEFT_OUT_DIRS = {".hydra", "logs", "locks", "wandb", "checkpoints"}
 LEFT_OUT_SUFFIXES = {".log", ".lock", ".ckpt", ".pt"}
 
@@ -54,6 +56,9 @@ def file_entry(path: Path, root: str) -> dict:
         content = _masked(json.loads(raw), root, masked)
         entry["masked_sha256"] = hashlib.sha256(json.dumps(content, indent=1).encode()).hexdigest()
         entry["masked"] = sorted(masked)
+    elif path.suffix in TEXT_SUFFIXES and root.encode() in raw:
+        entry["masked_sha256"] = hashlib.sha256(raw.replace(root.encode(), b"<checkout>")).hexdigest()
+        entry["masked"] = ["(path)"]
     return entry
 
 

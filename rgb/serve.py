@@ -1,36 +1,75 @@
 """`rgb-serve run=DIR port=8000`: any rgb model (timm, openclip zero-shot, factory) behind an OpenAI-compatible
-`POST /v1/chat/completions` that answers with a class name, so a local model and an API model are compared on
+endpoint (FastAPI on uvicorn) that answers with a class name, so a local model and an API model are compared on
 identical terms (an `api` run pointed at it scores what evaluate.py scores of the model directly).
 
-The image is read from the request's PNG data URL and decoded exactly as the benchmark loader decodes a split.
+What a client of OpenAI's chat-completions API gets here, and where it differs:
+- `POST /v1/chat/completions` classifies the first image of the last message that has one; the image is a
+  PNG, JPEG or WebP data URL, decoded exactly as the benchmark loader decodes a split. http(s) image URLs are
+  refused with a 400 (`image_url_not_supported`): the server fetches nothing from the network.
+- The answer is the model's prediction (argmax of its logits). A request with `temperature` > 0 samples each of
+  its `n` choices from softmax(logits / temperature) instead, from a generator seeded by the request's `seed`
+  (the same seed: the same choices). A missing temperature is 0 here, not OpenAI's 1: the served model is a
+  classifier whose answer is its prediction. So `n` without a temperature gives n identical choices, as OpenAI
+  does at temperature 0.
+- `logprobs=true`: the answer's logprob is the log-softmax over the classes of the model's logits at the chosen
+  class (the class name is one "token"); `top_logprobs=k` lists the k most likely class names.
+- `stream=true`: server-sent events, one `chat.completion.chunk` per role, content and finish of each choice,
+  a last chunk with the usage when `stream_options.include_usage`, then `data: [DONE]`.
+- `usage` is counted from the request, tokenizer-free, so it approximates OpenAI's counts: a text is
+  ceil(characters / 4) tokens (OpenAI's rule of thumb); an image is OpenAI's GPT-4o tile rule on its real size
+  (85 tokens with `detail: low`, else 85 + 170 per 512-pixel tile after fitting it into 2048x2048 and its
+  shorter side into 768, never upscaling). The completion is the answers' text by the same rule.
+  `max_tokens`/`max_completion_tokens` below an answer's count cut it (`finish_reason: length`).
+- Every malformed request is answered with OpenAI's error shape
+  (`{"error": {"message", "type", "param", "code"}}`): 400 for a body that is not a JSON object or breaks the
+  request's schema, 404 `model_not_found` for another model name, 401 without the key, 413 over MAX_BODY_BYTES.
+- At most `limits.max_concurrency` requests are worked on at once; up to `limits.max_queue` more wait their turn
+  (first come, first served); beyond that a request gets 429 `rate_limit_exceeded` with Retry-After: 1.
+
 For the tests it can misbehave on purpose (`faults`: 429 with Retry-After, 500, slow answers, malformed answers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
+import io
 import json
 import logging
+import math
 import re
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from PIL import Image, UnidentifiedImageError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from rgb.core.errors import UserError
 from rgb.data.benchmark import decode_image, to_tensor
 from rgb.models import load_with_meta
 
 log = logging.getLogger(__name__)
-DATA_URL_PREFIX = "data:image/png;base64,"
-# A body declared longer is refused (413) unread: a benchmark image is a few hundred KiB as a data URL, and a
-# declared length is never allocated before it is checked.
+# A body declared longer is refused (413) unread: a benchmark image is a few hundred KiB as a data URL.
 MAX_BODY_BYTES = 32 * 2**20
+IMAGE_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP"}
+DATA_URL = re.compile(r"data:(?P<mime>[\w/+.-]+);base64,(?P<data>.*)", re.DOTALL)
+MALFORMED_ANSWER = "I cannot tell from this image."
+SHUTDOWN_WAIT_S = 30
 
 
 @dataclass(frozen=True)
@@ -52,12 +91,28 @@ class Faults:
         return None
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Requests worked on at once, and how many more may wait for a turn (beyond both: 429)."""
+
+    max_concurrency: int = 8
+    max_queue: int = 1024
+
+    def __post_init__(self):
+        if self.max_concurrency < 1 or self.max_queue < 0:
+            raise ServeError(f"limits: max_concurrency must be >= 1 and max_queue >= 0, not "
+                             f"{self.max_concurrency} and {self.max_queue}")
+
+
 @dataclass
 class ServerLog:
-    """What the server was asked (sha256 of each image, in order) and which faults it served."""
+    """What the server was asked (sha256 of each image, in order), which faults it served, and the requests
+    being worked on (`active`) or waiting (`waiting`) right now."""
 
     images: list[str] = field(default_factory=list)
     faults: dict[str, int] = field(default_factory=dict)
+    active: int = 0
+    waiting: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self) -> int:
@@ -69,35 +124,222 @@ class ServeError(UserError, ValueError):
     """A model or setting rgb-serve cannot serve (one line)."""
 
 
-class ModelServer(ThreadingHTTPServer):
-    daemon_threads = True
-    # The listen backlog (socketserver's default is 5): connections beyond it are dropped or reset, so a client with
-    # more requests in flight than that (max_concurrency=64) would see failures instead of queued requests.
-    request_queue_size = 1024
+class ErrorReply(Exception):
+    """Raised to end a request with an answer in OpenAI's error shape: what the HTTP client did wrong (or, for
+    faults, what the server pretends). Not a UserError: it is answered to the client, never shown by a command."""
+
+    def __init__(self, status: int, message: str, code: str | None, param: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.kind = status, message, code, param, kind
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": error}, self.status, headers=self.headers)
+
+
+# The request's schema: only what rgb-serve reads is checked; any other field OpenAI knows is accepted and ignored.
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Any = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(1, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0, le=2)
+    seed: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+def text_tokens(text: str) -> int:
+    """Tokens of a text, tokenizer-free: ceil(characters / 4), OpenAI's rule of thumb for English."""
+    return math.ceil(len(text) / 4)
+
+
+def image_tokens(width: int, height: int, detail: str = "auto") -> int:
+    """OpenAI's published GPT-4o image cost: 85 with detail low, else 85 + 170 per 512-px tile of the image
+    fitted into 2048x2048, then its shorter side into 768 (downscaling only)."""
+    if detail == "low":
+        return 85
+    scale = min(1.0, 2048 / max(width, height), 768 / min(width, height))
+    return 85 + 170 * math.ceil(width * scale / 512) * math.ceil(height * scale / 512)
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    data: bytes
+    width: int
+    height: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a chat request gives the classifier: the image it classifies and the tokens of all its parts."""
+
+    image: bytes
+    prompt_tokens: int
+
+
+def _image_part(value: Any, param: str) -> ImagePart:
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str):
+        raise ErrorReply(400, f"Invalid '{param}': expected an object with a string 'url'", "invalid_type", param)
+    detail = value.get("detail", "auto")
+    if detail not in ("auto", "low", "high"):
+        raise ErrorReply(400, f"Invalid '{param}.detail': expected 'auto', 'low' or 'high'", "invalid_value",
+                         f"{param}.detail")
+    url = value["url"]
+    if url.startswith(("http://", "https://")):
+        raise ErrorReply(400, "rgb-serve fetches no image URLs: send the image as a base64 data URL",
+                         "image_url_not_supported", f"{param}.url")
+    found = DATA_URL.fullmatch(url)
+    if not found or found["mime"] not in IMAGE_FORMATS:
+        raise ErrorReply(400, "image not supported: send a PNG, JPEG or WebP image as a base64 data URL",
+                         "image_not_supported", f"{param}.url")
+    try:
+        data = base64.b64decode(found["data"], validate=True)
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format not in IMAGE_FORMATS.values():
+                raise UnidentifiedImageError(image.format)
+            width, height = image.size
+    except (binascii.Error, ValueError, OSError) as err:  # UnidentifiedImageError is an OSError
+        raise ErrorReply(400, f"image not supported: the data URL holds no PNG, JPEG or WebP image "
+                                f"({type(err).__name__})", "image_not_supported", f"{param}.url") from None
+    return ImagePart(data, width, height, detail)
+
+
+def read_prompt(request: ChatRequest) -> Prompt:
+    """The image to classify (the first of the last message that has one) and the request's prompt tokens."""
+    tokens, images_by_message = 0, []
+    for m, message in enumerate(request.messages):
+        content, images = message.content, []
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(parts, list | None):
+            raise ErrorReply(400, f"Invalid 'messages[{m}].content': expected a string or an array of parts",
+                             "invalid_type", f"messages[{m}].content")
+        for p, part in enumerate(parts or []):
+            param = f"messages[{m}].content[{p}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                tokens += text_tokens(part["text"])
+            elif kind == "image_url":
+                images.append(_image_part(part.get("image_url"), f"{param}.image_url"))
+                tokens += image_tokens(images[-1].width, images[-1].height, images[-1].detail)
+            else:
+                raise ErrorReply(400, f"Invalid '{param}': expected a text part ({{'type': 'text', 'text': ...}}) "
+                                      "or an image_url part", "invalid_type", param)
+        images_by_message.append(images)
+    for images in reversed(images_by_message):
+        if images:
+            return Prompt(images[0].data, tokens)
+    raise ErrorReply(400, "the request has no image: rgb-serve classifies the image of the last message that has "
+                            "one (an image_url part)", "image_missing", "messages")
+
+
+def _param_of(location: tuple) -> str | None:
+    """pydantic's error location as OpenAI names a parameter: ('messages', 0, 'role') -> 'messages[0].role'."""
+    param = ""
+    for item in location:
+        param += f"[{item}]" if isinstance(item, int) else f".{item}" if param else str(item)
+    return param or None
+
+
+def parse_request(raw: bytes) -> ChatRequest:
+    try:
+        request = ChatRequest.model_validate_json(raw)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        param = _param_of(tuple(first["loc"]))
+        if first["type"] == "json_invalid":
+            raise ErrorReply(400, "the body is not valid JSON", "invalid_json") from None
+        if param is None:
+            raise ErrorReply(400, "the body must be a JSON object", "invalid_request_body") from None
+        code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
+        raise ErrorReply(400, f"Invalid '{param}': {first['msg']}", code, param) from None
+    if request.top_logprobs is not None and not request.logprobs:
+        raise ErrorReply(400, "top_logprobs needs logprobs=true", "invalid_value", "top_logprobs")
+    return request
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on host:port, made with proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on
+    connections accepted from such a socket (socket.create_server's proto 0 left Nagle on, and every answer
+    waited ~40 ms for the client's delayed ACK)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+class ModelServer:
+    """The model behind the endpoint, on a socket bound at construction (so `base_url` is known at once);
+    `serve_forever` runs uvicorn until `shutdown` (from another thread, or Ctrl-C in the main one)."""
 
     def __init__(self, model, class_names: list[str], image_size: int, served_name: str, host: str = "127.0.0.1",
-                 port: int = 0, faults: Faults | None = None, api_key: str | None = None, device: str = "cpu"):
-        super().__init__((host, port), _Handler)
+                 port: int = 0, faults: Faults | None = None, api_key: str | None = None, device: str = "cpu",
+                 limits: Limits | None = None):
         self.model, self.class_names, self.image_size = model.to(device).eval(), class_names, image_size
         self.served_name, self.faults, self.api_key, self.device = served_name, faults or Faults(), api_key, device
+        self.limits = limits or Limits()
         self.requests = ServerLog()
         self._model_lock = threading.Lock()
+        self.socket = _listening_socket(host, port)
+        self.server_address: tuple[str, int] = self.socket.getsockname()[:2]  # still known once it is closed
+        # log_config=None: the caller's logging stays as it is; no access log (one line per request)
+        config = uvicorn.Config(build_app(self), log_config=None, access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=5)
+        self._uvicorn = uvicorn.Server(config)
+        self._stopped = threading.Event()
 
     @property
     def base_url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = self.server_address
         return f"http://{host}:{port}/v1"
 
-    def classify(self, png: bytes) -> str:
-        """The class name the model predicts for a stored image, decoded as rgb.data.ImageSplit decodes it."""
-        x = to_tensor(decode_image({"bytes": png}, self.image_size))[None].to(self.device)
+    def serve_forever(self) -> None:
+        try:
+            self._uvicorn.run(sockets=[self.socket])
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop serve_forever (requests in flight get up to 5 s) and wait for it to return."""
+        self._uvicorn.should_exit = True
+        self._stopped.wait(SHUTDOWN_WAIT_S)
+
+    def server_close(self) -> None:
+        self.socket.close()
+
+    def logits(self, image: bytes) -> torch.Tensor:
+        """The model's class scores for a stored image, decoded as rgb.data.ImageSplit decodes it."""
+        x = to_tensor(decode_image({"bytes": image}, self.image_size))[None].to(self.device)
         with self._model_lock, torch.inference_mode():
-            return self.class_names[int(self.model(x).argmax(1))]
+            return self.model(x)[0].float().cpu()
+
+    def classify(self, image: bytes) -> str:
+        return self.class_names[int(self.logits(image).argmax())]
 
 
 def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_name: str | None = None,
                 faults: Faults | None = None, api_key: str | None = None, device: str = "cpu",
-                image_size: int | None = None) -> ModelServer:
+                image_size: int | None = None, limits: Limits | None = None) -> ModelServer:
     """A server for the model of a run dir (not started: call serve_forever, e.g. in a thread)."""
     model, meta = load_with_meta(run)
     if not isinstance(model, torch.nn.Module):
@@ -107,117 +349,187 @@ def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_
         raise ServeError(f"{run}/model.json names no image_size or class_names: pass image_size= (and export the "
                          f"model with its class names)")
     return ModelServer(model, list(meta["class_names"]), int(size), served_name or Path(run).name, host, port,
-                       faults, api_key, device)
+                       faults, api_key, device, limits)
 
 
-def _url_of(part) -> str:
-    """The URL of a content part's `image_url`: `{"url": ...}`, or the URL itself (the older OpenAI form)."""
-    image_url = part.get("image_url") if isinstance(part, dict) else None
-    if isinstance(image_url, dict):
-        image_url = image_url.get("url")
-    return image_url if isinstance(image_url, str) else ""
+def _logprob_entry(name: str, logprob: float) -> dict:
+    return {"token": name, "logprob": logprob, "bytes": list(name.encode())}
 
 
-def _png_of(body: dict) -> bytes | None:
-    """The PNG bytes of the (first) image_url of the last user message, or None (also for parts of no known form)."""
-    messages = body.get("messages")
-    for message in reversed(messages if isinstance(messages, list) else []):
-        content = message.get("content") if isinstance(message, dict) else None
-        for part in content if isinstance(content, list) else []:
-            url = _url_of(part)
-            if url.startswith(DATA_URL_PREFIX):
-                try:
-                    return base64.b64decode(url[len(DATA_URL_PREFIX):], validate=True)
-                except (binascii.Error, ValueError):
-                    return None
-    return None
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: ModelServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):  # noqa: A002 (the base class's name): requests are logged at debug
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def _send(self, status: int, payload: dict | bytes, headers: dict | None = None) -> None:
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, status: int, message: str, code: str, headers: dict | None = None) -> None:
-        self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": code}}, headers)
-
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        if self.path.rstrip("/") == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": self.server.served_name, "object": "model"}]})
+def _choices(server: ModelServer, request: ChatRequest, logits: torch.Tensor | None) -> list[dict]:
+    """The n choices: the argmax, or samples at the request's temperature; None logits: the malformed fault."""
+    n, limit = request.n or 1, request.max_completion_tokens or request.max_tokens
+    if logits is None:
+        picked, logprobs = [None] * n, None
+    else:
+        logprobs = torch.log_softmax(logits.double(), 0)
+        if request.temperature:
+            generator = torch.Generator().manual_seed(request.seed if request.seed is not None else
+                                                      int(torch.randint(2**62, (1,))))
+            probs = torch.softmax(logits.double() / request.temperature, 0)
+            picked = torch.multinomial(probs, n, replacement=True, generator=generator).tolist()
         else:
-            self._error(404, f"no route {self.path}", "not_found")
+            picked = [int(logits.argmax())] * n
+    choices = []
+    for index, label in enumerate(picked):
+        content = MALFORMED_ANSWER if label is None else server.class_names[label]
+        finish = "stop"
+        if limit is not None and text_tokens(content) > limit:
+            content, finish = content[:4 * limit], "length"
+        choice = {"index": index, "message": {"role": "assistant", "content": content, "refusal": None},
+                  "logprobs": None, "finish_reason": finish}
+        if request.logprobs and label is not None:
+            entry = _logprob_entry(content, float(logprobs[label]))
+            top = logprobs.topk(min(request.top_logprobs or 0, len(logprobs)))
+            entry["top_logprobs"] = [_logprob_entry(server.class_names[int(i)], float(v))
+                                     for v, i in zip(top.values, top.indices)]
+            choice["logprobs"] = {"content": [entry], "refusal": None}
+        choices.append(choice)
+    return choices
 
-    def _read_body(self) -> bytes | None:
-        """The request body; None once a malformed length (400) or one over MAX_BODY_BYTES (413) was answered.
-        Such a body is left unread, so that answer closes the connection."""
-        declared = self.headers.get("Content-Length", "0").strip()
-        if not re.fullmatch(r"[0-9]+", declared):
-            self._error(400, f"malformed Content-Length {declared[:40]!r}", "invalid_content_length",
-                        {"Connection": "close"})
-            return None
-        if int(declared) > MAX_BODY_BYTES:
-            self._error(413, f"the body ({declared} bytes) is over the limit of {MAX_BODY_BYTES} bytes",
-                        "request_too_large", {"Connection": "close"})
-            return None
-        return self.rfile.read(int(declared))
 
-    def do_POST(self):  # noqa: N802
-        raw = self._read_body()
-        if raw is None:
-            return None
-        if self.path.rstrip("/") != "/v1/chat/completions":
-            return self._error(404, f"no route {self.path}", "not_found")
-        server = self.server
-        if server.api_key and self.headers.get("Authorization") != f"Bearer {server.api_key}":
-            return self._error(401, "invalid API key", "invalid_api_key")
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return self._error(400, "the body is not JSON", "invalid_json")
-        if not isinstance(body, dict):
-            return self._error(400, "the body must be a JSON object", "invalid_request_body")
-        if body.get("model") != server.served_name:
-            return self._error(404, f"the model {body.get('model')!r} does not exist (served: "
-                                    f"{server.served_name!r})", "model_not_found")
-        png = _png_of(body)
-        if png is None:
-            return self._error(400, "image not supported: send one PNG as a data:image/png;base64 URL",
-                               "image_not_supported")
-        with server.requests.lock:
-            server.requests.images.append(hashlib.sha256(png).hexdigest())
-            number = len(server.requests.images)
-            fault = server.faults.pick(number)
-            if fault:
-                server.requests.faults[fault] = server.requests.faults.get(fault, 0) + 1
-        if fault == "rate_limit":
-            return self._error(429, "rate limit reached", "rate_limit_exceeded",
-                               {"Retry-After": f"{server.faults.retry_after_s:g}"})
-        if fault == "error":
-            return self._error(500, "injected server error", "server_error")
-        if fault == "slow":
-            time.sleep(server.faults.slow_s)
-        try:
-            answer = "I cannot tell from this image." if fault == "malformed" else server.classify(png)
-        except Exception as err:  # PIL's errors for bytes that are no image: the client's problem, said as 400
-            return self._error(400, f"image not supported: {type(err).__name__}", "image_not_supported")
-        self._send(200, {
-            "id": f"chatcmpl-{number}", "object": "chat.completion", "created": int(time.time()),
-            "model": server.served_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": len(raw) // 4, "completion_tokens": 1, "total_tokens": len(raw) // 4 + 1},
-        })
+def _chunks(completion: dict, include_usage: bool) -> Iterator[str]:
+    """A completion as OpenAI streams it: server-sent `chat.completion.chunk` events, then `[DONE]`."""
+    head = {key: completion[key] for key in ("id", "created", "model", "system_fingerprint")}
+    head["object"] = "chat.completion.chunk"
+
+    def event(choices: list, **extra) -> str:
+        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+    for choice in completion["choices"]:
+        index, message = choice["index"], choice["message"]
+        yield event([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None}])
+        yield event([{"index": index, "delta": {"content": message["content"]}, "logprobs": choice["logprobs"],
+                      "finish_reason": None}])
+        yield event([{"index": index, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}])
+    if include_usage:
+        yield event([], usage=completion["usage"])
+    yield "data: [DONE]\n\n"
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ErrorReply(413, f"the body ({declared} bytes) is over the limit of {MAX_BODY_BYTES} bytes",
+                         "request_too_large", headers={"Connection": "close"})
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise ErrorReply(413, f"the body is over the limit of {MAX_BODY_BYTES} bytes",
+                                 "request_too_large", headers={"Connection": "close"})
+    except ClientDisconnect:  # gone before its body was whole: the answer reaches no one, and nothing is logged
+        raise ErrorReply(400, "the client left before sending the whole body", "incomplete_body") from None
+    return bytes(body)
+
+
+def build_app(server: ModelServer) -> FastAPI:
+    """The OpenAI-shaped routes of `server`: /v1/models (and /v1/models/{id}), /v1/chat/completions."""
+    app = FastAPI(title="rgb-serve", docs_url=None, redoc_url=None, openapi_url=None)
+    turns = asyncio.Semaphore(server.limits.max_concurrency)
+
+    @app.exception_handler(ErrorReply)
+    async def error_reply(_request: Request, err: ErrorReply) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return ErrorReply(err.status_code, f"{err.detail}: {request.method} {request.url.path}",
+                          "not_found" if err.status_code == 404 else None).response()
+
+    @app.exception_handler(Exception)
+    async def server_error(_request: Request, err: Exception) -> JSONResponse:
+        log.exception("rgb-serve failed on a request")
+        return ErrorReply(500, f"the server failed: {type(err).__name__}", "server_error",
+                          kind="server_error").response()
+
+    def authorize(request: Request) -> None:
+        if server.api_key and request.headers.get("authorization") != f"Bearer {server.api_key}":
+            raise ErrorReply(401, "invalid API key", "invalid_api_key")
+
+    def model_entry() -> dict:
+        return {"id": server.served_name, "object": "model", "created": 0, "owned_by": "rgb"}
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict:
+        authorize(request)
+        return {"object": "list", "data": [model_entry()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str, request: Request) -> dict:
+        authorize(request)
+        if model_id != server.served_name:
+            raise ErrorReply(404, f"The model '{model_id}' does not exist", "model_not_found", "model")
+        return model_entry()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        authorize(request)
+        chat = parse_request(await _read_body(request))
+        if chat.model != server.served_name:
+            raise ErrorReply(404, f"The model '{chat.model}' does not exist (served: {server.served_name!r})",
+                             "model_not_found", "model")
+        prompt = read_prompt(chat)
+        async with _turn(server, turns):
+            completion = await _complete(server, chat, prompt)
+        if chat.stream:
+            include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+            return StreamingResponse(_chunks(completion, include_usage), media_type="text/event-stream")
+        return completion
+
+    return app
+
+
+@contextlib.asynccontextmanager
+async def _turn(server: ModelServer, turns: asyncio.Semaphore):
+    """Hold one of the server's max_concurrency turns, waiting in line if the queue has room (else 429)."""
+    counts, limits = server.requests, server.limits
+    with counts.lock:
+        if counts.active + counts.waiting >= limits.max_concurrency + limits.max_queue:
+            raise ErrorReply(429, "rgb-serve is at its concurrency limit, retry later", "rate_limit_exceeded",
+                             kind="requests", headers={"Retry-After": "1"})
+        counts.waiting += 1
+    try:
+        await turns.acquire()
+    finally:
+        with counts.lock:
+            counts.waiting -= 1
+    with counts.lock:
+        counts.active += 1
+    try:
+        yield
+    finally:
+        with counts.lock:
+            counts.active -= 1
+        turns.release()
+
+
+async def _complete(server: ModelServer, chat: ChatRequest, prompt: Prompt) -> dict:
+    """The chat.completion for a parsed request (faults applied)."""
+    with server.requests.lock:
+        server.requests.images.append(hashlib.sha256(prompt.image).hexdigest())
+        number = len(server.requests.images)
+        fault = server.faults.pick(number)
+        if fault:
+            server.requests.faults[fault] = server.requests.faults.get(fault, 0) + 1
+    if fault == "rate_limit":
+        raise ErrorReply(429, "rate limit reached", "rate_limit_exceeded", kind="requests",
+                         headers={"Retry-After": f"{server.faults.retry_after_s:g}"})
+    if fault == "error":
+        raise ErrorReply(500, "injected server error", "server_error", kind="server_error")
+    if fault == "slow":
+        await asyncio.sleep(server.faults.slow_s)
+    logits = None if fault == "malformed" else await run_in_threadpool(server.logits, prompt.image)
+    choices = _choices(server, chat, logits)
+    completion_tokens = sum(text_tokens(choice["message"]["content"]) for choice in choices)
+    return {
+        "id": f"chatcmpl-{number}", "object": "chat.completion", "created": int(time.time()),
+        "model": server.served_name, "system_fingerprint": f"rgb-{server.served_name}", "choices": choices,
+        "usage": {"prompt_tokens": prompt.prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt.prompt_tokens + completion_tokens},
+    }
 
 
 if __name__ == "__main__":  # `python -m rgb.serve`: the rgb-serve command

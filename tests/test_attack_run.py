@@ -148,6 +148,43 @@ def test_two_shards_merge_to_the_single_shard_result_and_merge_names_a_missing_s
     assert merged_again["linf"]["n_robust"] == reference[1]["n_robust"]
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_each_norm_is_merged_and_reported_when_its_batches_are_done(surrogate, small_bench, tmp_path, caplog, devices):
+    """attack.py reports a norm as soon as it is done, not after the last norm: its summary.json is written before
+    the next norm's first batch (one process, and a pool whose parent draws the bars)."""
+    with caplog.at_level(logging.INFO):
+        summaries = attack(overrides(surrogate, small_bench, tmp_path, "norms=[linf,l2]", "data.budgets.l2=1.0",
+                                     f"shard.devices={devices}"), threads=devices)
+    assert list(summaries) == ["linf", "l2"]
+    linf_summary = (tmp_path / "linf" / "summary.json").stat().st_mtime_ns
+    l2_batches = [p.stat().st_mtime_ns for p in batch_files(tmp_path, "l2")]
+    if devices == 1:
+        assert linf_summary < min(l2_batches)
+    else:  # workers take the next task when done: l2's batches start while linf's last ones finish
+        assert linf_summary < max(l2_batches)
+    lines = [r.getMessage() for r in caplog.records]
+    assert [i for i, m in enumerate(lines) if m.startswith("linf eps=")][0] < \
+        [i for i, m in enumerate(lines) if m.startswith("l2 eps=")][0]
+
+
+def test_max_images_attacks_the_first_images_in_a_run_of_their_own(surrogate, small_bench, reference, tmp_path,
+                                                                   caplog):
+    """attack.py max_images=N: a first look, in `first-N` beside (never mixed with) a whole-split run, logged PARTIAL;
+    an evaluation of the first N reads it, and the whole run's when there is none."""
+    from rgb.runs.store import attack_dir_read, first_images_dir
+
+    with caplog.at_level(logging.WARNING):
+        summary = attack(overrides(surrogate, small_bench, tmp_path, "max_images=8"))["linf"]
+    first = first_images_dir(tmp_path, 8)
+    assert summary["n"] == 8 and not (tmp_path / "linf").exists()
+    assert results(first)["image_id"].tolist() == list(range(8))
+    full = results(reference[0])
+    assert results(first).head(BATCH).equals(full.head(BATCH))  # the same first batch, the same draws
+    assert "linf: PARTIAL, the first 8 of 24 test images" in caplog.text
+    assert attack_dir_read(tmp_path, 8) == first and attack_dir_read(tmp_path, None) == tmp_path
+    assert attack_dir_read(reference[0], 8) == reference[0]
+
+
 @pytest.mark.parametrize(
     "change, field",
     [("seed=1", "seed 0 -> 1"), ("data.budgets.linf=0.03", "eps"), ("batch_size=4", "batch_size"),

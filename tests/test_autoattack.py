@@ -108,7 +108,7 @@ def test_mode_restored_and_bad_inputs_refused(trained_mlp, batch):
         AutoAttack(trained_mlp, "L2", 0.0)
     with pytest.raises(ValueError, match="version must be one of"):
         AutoAttack(trained_mlp, "L2", 0.5, version="strongest")
-    with pytest.raises(ValueError, match="tail_rows must be >= 0"):
+    with pytest.raises(ValueError, match="tail_rows must be an integer >= 0"):
         AutoAttack(trained_mlp, "L2", 0.5, tail_rows=-1)
 
 
@@ -223,7 +223,7 @@ def test_versions_are_built_from_the_attack_table():
     with pytest.raises(ValueError, match="unknown attack"):
         Step("no-such-attack")
     with pytest.raises(ValueError, match="unknown cascade inputs"):
-        AttackEntry(ATTACKS["square"].attack, frozenset({"temperature"}))
+        AttackEntry(ATTACKS["square"].attack, frozenset({"temperature"}), ATTACKS["square"].worst_rows)
     with pytest.raises(TypeError):
         ATTACKS["apgd-ce"].params["loss"] = "dlr"  # table rows are shared and read-only
 

@@ -165,6 +165,7 @@ def test_benchmark_refuses_a_name_that_leaves_the_output_dir(tmp_path):
     ("attack", "shard.count=two", "shard.count must be null or an integer >= 1"),
     ("attack", "tail_rows=-5", "tail_rows must be an integer >= 0"),
     ("attack", "fab_steps=0", "fab_steps must be null or an integer >= 1"),
+    ("attack", "max_images=0", "max_images must be null or an integer >= 1"),
     ("attack", "capture=script", "capture must be one of"),
     ("attack", "data.budgets.linf=abc", "data.budgets.linf must be a finite number > 0, got 'abc'"),
     ("attack", "data.budgets.l2=-1", "data.budgets.l2 must be a finite number > 0"),

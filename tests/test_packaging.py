@@ -36,6 +36,18 @@ def test_wheel_carries_the_configs_built_from_conf(wheel):
 
 
 @pytest.mark.slow
+def test_wheel_carries_the_site_templates_and_the_licence(wheel):
+    """evaluate.py site=true renders templates shipped as package data; the MIT licence is in the metadata."""
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    for asset in REPO.joinpath("rgb/evaluation/site_templates").iterdir():
+        assert f"rgb/evaluation/site_templates/{asset.name}" in names, asset.name
+    metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License: MIT" in metadata or "License-Expression: MIT" in metadata
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
+
+
+@pytest.mark.slow
 def test_console_scripts_of_a_non_editable_install(wheel, tmp_path):
     """A fresh venv gets the wheel (no deps); the dependencies come from this environment's site-packages, added
     as a plain path so that the editable install of the checkout stays invisible."""

@@ -211,6 +211,18 @@ class AutoAttack:
                     caught.append(message)
         return params
 
+    def worst_case_rows(self, n_classes: int) -> tuple[int, int]:
+        """The (forward, backward) rows this AutoAttack spends on an image no attack fools, the clean pass and each
+        attack's verification forward included: the cost model of docs/performance.md, from each attack's
+        `worst_rows` (rgb.attacks.registry) at this norm, options and class count."""
+        forward, backward = 1, 0
+        for name, params in self._step_params(n_classes, []).items():
+            entry = ATTACKS[name]
+            inputs = {k: v for k, v in self.options.cascade_inputs(name).items() if k in entry.inputs}
+            rows = entry.worst_rows({**inputs, **params}, n_classes)
+            forward, backward = forward + rows[0] + 1, backward + rows[1]
+        return forward, backward
+
     def _run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> AutoAttackResult:
         caught: list[str] = []
         clean_logits = self._logits(x, batch_size)

@@ -8,14 +8,14 @@ at one norm). Adding an attack or a version is one module and one entry here; no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from rgb.attacks.apgd import apgd, apgd_targeted
 from rgb.attacks.common import Attack
 from rgb.attacks.fab import fab_targeted, fab_untargeted
-from rgb.attacks.malt import apgd_malt
+from rgb.attacks.malt import N_CANDIDATES, apgd_malt
 from rgb.attacks.square import square
 from rgb.core.threat import Norm
 
@@ -36,10 +36,13 @@ class AttackEntry:
     """One row of the attack table. `params`: fixed keyword arguments; `inputs`: the cascade inputs it takes;
     `min_classes`: fewer classes is an error; `black_box`: a success where white-box attacks failed hints at
     gradient masking (AutoAttack warns); `position`: the names of the levels of its progress positions, outermost
-    first (`rgb.attacks.common.Progress`), so a stage reads `apgd-t target 3/9 step 59/100`."""
+    first (`rgb.attacks.common.Progress`), so a stage reads `apgd-t target 3/9 step 59/100`; `worst_rows(params,
+    n_classes)`: the (forward, backward) rows it spends on an image it never fools, from its parameters (the cost
+    model of docs/performance.md; `AutoAttack.worst_case_rows`)."""
 
     attack: Attack
     inputs: frozenset[str]
+    worst_rows: Callable[[Mapping, int], tuple[int, int]]
     params: Mapping = field(default_factory=dict)
     min_classes: int = 2
     black_box: bool = False
@@ -52,16 +55,49 @@ class AttackEntry:
             raise ValueError(f"unknown cascade inputs {sorted(unknown)}; known: {sorted(CASCADE_INPUTS)}")
 
 
+def _apgd_rows(params: Mapping, n_classes: int) -> tuple[int, int]:
+    """APGD: a gradient at the start of each eps stage (three under L1's 'largereps') and at each step, per restart
+    (or target) and EoT pass."""
+    runs = params.get("n_restarts", 1) * params.get("n_targets", 1) * params.get("eot_iter", 1)
+    rows = runs * (params.get("n_iter", 100) + (3 if params.get("eps_schedule") == "largereps" else 1))
+    return rows, rows
+
+
+def _malt_rows(params: Mapping, n_classes: int) -> tuple[int, int]:
+    """APGD-T over the MALT targets: APGD's, after one forward and a gradient per candidate class to rank them."""
+    forward, backward = _apgd_rows(params, n_classes)
+    return forward + 1, backward + min(params.get("n_candidates", N_CANDIDATES), n_classes - 1)
+
+
+def _fab_targeted_rows(params: Mapping, n_classes: int) -> tuple[int, int]:
+    """FAB-T: per target a start forward, and per step one gradient of the target's gap and one forward of the
+    candidate."""
+    targets, steps = params.get("n_targets", 9), params.get("n_iter", 100)
+    return targets * (2 * steps + 1), targets * steps
+
+
+def _fab_rows(params: Mapping, n_classes: int) -> tuple[int, int]:
+    """Untargeted FAB: as FAB-T per restart, with the gradients of every class's gap (a backward row each)."""
+    restarts, steps = params.get("n_restarts", 5), params.get("n_iter", 100)
+    return restarts * (2 * steps + 1), restarts * steps * n_classes
+
+
+def _square_rows(params: Mapping, n_classes: int) -> tuple[int, int]:
+    """Square: the initial stripes and one forward per query."""
+    return params.get("n_queries", 5000) + 1, 0
+
+
 _BY_TARGET = ("target", "step")
 ATTACKS: Mapping[str, AttackEntry] = MappingProxyType({
-    "apgd-ce": AttackEntry(apgd, _GRADIENT_INPUTS, {"loss": "ce"}),
-    "apgd-dlr": AttackEntry(apgd, _GRADIENT_INPUTS, {"loss": "dlr"}, min_classes=3),
-    "apgd-t": AttackEntry(apgd_targeted, _TARGETED_INPUTS, min_classes=4, position=_BY_TARGET),
-    "apgd-t-malt": AttackEntry(apgd_malt, _TARGETED_INPUTS, min_classes=4, position=_BY_TARGET),
-    "fab-t": AttackEntry(fab_targeted, frozenset({"clean_logits", "n_iter", "tail_rows"}), min_classes=4,
-                         position=_BY_TARGET),
-    "fab": AttackEntry(fab_untargeted, _GRADIENT_INPUTS, position=("restart", "step")),
-    "square": AttackEntry(square, frozenset({"generator", "n_queries"}), black_box=True, position=("query",)),
+    "apgd-ce": AttackEntry(apgd, _GRADIENT_INPUTS, _apgd_rows, {"loss": "ce"}),
+    "apgd-dlr": AttackEntry(apgd, _GRADIENT_INPUTS, _apgd_rows, {"loss": "dlr"}, min_classes=3),
+    "apgd-t": AttackEntry(apgd_targeted, _TARGETED_INPUTS, _apgd_rows, min_classes=4, position=_BY_TARGET),
+    "apgd-t-malt": AttackEntry(apgd_malt, _TARGETED_INPUTS, _malt_rows, min_classes=4, position=_BY_TARGET),
+    "fab-t": AttackEntry(fab_targeted, frozenset({"clean_logits", "n_iter", "tail_rows"}), _fab_targeted_rows,
+                         min_classes=4, position=_BY_TARGET),
+    "fab": AttackEntry(fab_untargeted, _GRADIENT_INPUTS, _fab_rows, position=("restart", "step")),
+    "square": AttackEntry(square, frozenset({"generator", "n_queries"}), _square_rows, black_box=True,
+                          position=("query",)),
 })
 
 

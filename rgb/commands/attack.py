@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.attacks.options import AttackOptions
 from rgb.data.benchmark_data import BenchmarkData
 from rgb.runs.request import AttackRequest, Budget, white_box_budgets
-from rgb.runs.store import AttackRunError, RunSummary, run_name_for
+from rgb.runs.store import AttackRunError, RunSummary, first_images_dir, run_name_for
 
 
 def data_factory(data: DictConfig) -> Callable[[], BenchmarkData]:
@@ -31,9 +31,11 @@ def attack_request(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets: 
         options = AttackOptions(**{name: cfg[name] for name in AttackOptions.names() if name in cfg})
     except ValueError as err:
         raise AttackRunError(str(err)) from err
+    max_images = cfg.get("max_images")
+    output_dir = str(cfg.output_dir) if max_images is None else first_images_dir(str(cfg.output_dir), max_images)
     return AttackRequest.create(
-        str(cfg.run), data, budgets, batch_size=int(cfg.batch_size),
-        output_dir=str(cfg.output_dir), surrogate=surrogate, run_name=cfg.get("run_name") or None,
+        str(cfg.run), data, budgets, batch_size=int(cfg.batch_size), max_images=max_images,
+        output_dir=output_dir, surrogate=surrogate, run_name=cfg.get("run_name") or None,
         options=options, device=str(cfg.device), compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
         shard_index=cfg.shard.index, shard_count=cfg.shard.count, devices=cfg.shard.devices,
         merge_only=bool(cfg.merge_only), export=bool(cfg.export_adversarial), export_dir=str(cfg.export_dir),
@@ -49,6 +51,11 @@ def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummar
     datamodule = data()  # cheap: reads nothing until a split is asked for
     budgets = white_box_budgets(list(cfg.norms), datamodule.budgets, datamodule.transfer_budgets)
     request = attack_request(cfg, data, budgets, surrogate=run_name_for(cfg.run), threads=threads)
+    if cfg.get("dry_run"):
+        from rgb.runs.cost import estimate
+
+        estimate(request)
+        return {}
     summaries = execute(request)
     tracking = cfg.get("wandb") or {}
     if tracking.get("enabled") and summaries:  # the shard that merges logs the run

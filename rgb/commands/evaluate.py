@@ -53,7 +53,9 @@ def pool_request(cfg: DictConfig) -> PoolRequest:
         entries += [eval_request(member(cfg, run)) for run in runs] if runs else [Path(str(entry))]
     datasets = cfg.get("leaderboard_datasets")
     return PoolRequest(tuple(entries), str(cfg.protocol), Path(str(cfg.leaderboard_dir)),
-                       None if datasets is None else tuple(str(d) for d in datasets), str(cfg.get("rank_by", "borda")))
+                       None if datasets is None else tuple(str(d) for d in datasets), str(cfg.get("rank_by", "borda")),
+                       bool(cfg.get("site", False)),
+                       str(cfg.wandb.project) if cfg.wandb.enabled else None)
 
 
 def run_evaluation(cfg: DictConfig) -> float | None:

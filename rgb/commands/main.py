@@ -118,7 +118,7 @@ DATA_RULES: dict[str, Rule] = {
 }
 # (attack.py's options are checked by the rules AttackOptions declares: `_rules`)
 ATTACK_RULES: dict[str, Rule] = {
-    **DATA_RULES, "batch_size": POSITIVE_INT,
+    **DATA_RULES, "batch_size": POSITIVE_INT, "max_images": optional(POSITIVE_INT),
     "shard.index": optional(NON_NEGATIVE_INT), "shard.count": optional(POSITIVE_INT),
     "shard.devices": (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1"),
 }
@@ -126,7 +126,7 @@ VALUE_RULES: dict[str, dict[str, Rule]] = {
     "attack": ATTACK_RULES,
     "transfer": ATTACK_RULES,
     "evaluate": {
-        **DATA_RULES, "batch_size": POSITIVE_INT, "max_images": optional(POSITIVE_INT),
+        **DATA_RULES, "batch_size": POSITIVE_INT, "max_images": optional(POSITIVE_INT), "max_images": optional(POSITIVE_INT),
         "worst_k": (_worst_k, "a non-empty list of class counts >= 1 or percentages ('10%')"),
         "text_robustness_options.ks": _ints(POSITIVE_INT), "text_robustness_options.seeds": _ints(INT),
         "text_robustness_options.p": (lambda v: number(v) and 0 < v < 1, "a number in (0, 1)"),

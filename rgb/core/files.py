@@ -125,6 +125,12 @@ def read_cached_tensors(path: Path, what: str) -> dict | None:
         return None
 
 
+def safe_name(name: str) -> str:
+    """`name` with anything but letters, digits, `.`, `_` and `-` replaced by `_`: a file name on any system and
+    a W&B artifact name."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+
+
 def stable_id(path: Path) -> str:
     """A run id from a directory (W&B runs): a requeued, resumed or repeated job continues the same run."""
     return hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]

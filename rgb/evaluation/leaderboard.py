@@ -74,6 +74,9 @@ class LeaderboardRow(JsonRecord):
 
 
 OTHER_PROTOCOL = "other protocol"
+# The headings of the groups below the ranked entries, in leaderboard.md and on the site alike.
+INCOMPLETE_HEADING = "Incomplete entries: ranked apart, below every complete entry"
+OTHER_PROTOCOL_HEADING = "Under another protocol: shown, never in the Sum or Borda of card entries"
 
 
 # Ranking keys within a group (smaller sorts first); ties fall back to the other score, then the name.
@@ -265,7 +268,7 @@ def to_markdown(board: Leaderboard) -> str:
                   + (f"; Borda among the complete entries over the {board.borda_pairs} (dataset, setting) pairs."
                      if board.complete_rows else ".")]
     if board.incomplete_rows:
-        lines += ["", "## Incomplete entries: ranked apart, below every complete entry", ""]
+        lines += ["", f"## {INCOMPLETE_HEADING}", ""]
         lines += ranking(board.incomplete_rows)
         lines += ["", "A setting missing, or scored over part of its split (PARTIAL): no Sum, no Borda with the "
                       "complete entries. A partial Sum shows its total / settings measured; Borda among these "
@@ -274,7 +277,7 @@ def to_markdown(board: Leaderboard) -> str:
                          if board.borda_excluded_pairs else "") + "."]
     if board.other_protocol_rows:
         other_header = ["model", "protocol (what differs from the card)", f"sum (not a Sum /{max_sum})"]
-        lines += ["", "## Under another protocol: shown, never in the Sum or Borda of card entries", ""]
+        lines += ["", f"## {OTHER_PROTOCOL_HEADING}", ""]
         lines += markdown_table(other_header + [f"{d} (/{n_settings})" for d in board.datasets],
                                 [[r.model, r.protocol_label(), r.sum.describe()]
                                  + [dataset_cell(r.per_dataset[d]) for d in board.datasets]
@@ -305,13 +308,13 @@ def to_markdown(board: Leaderboard) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_csv(board: Leaderboard) -> str:
-    buffer = io.StringIO()
+def table_rows(board: Leaderboard) -> tuple[list[str], list[dict]]:
+    """leaderboard.csv's columns and rows (one per model; accuracies as numbers, None where missing), also the
+    W&B table of the pool."""
     columns = ["rank", "model", "borda", "sum", "partial_sum", "covered", "max"]
     columns += [f"{d}/{s}" for d in board.datasets for s in board.settings]
     columns += ["missing", "partial", "status", "protocol_differences"]
-    writer = csv.DictWriter(buffer, fieldnames=columns)
-    writer.writeheader()
+    rows = []
     for r in board.rows:
         row = {"rank": r.rank, "model": r.model, "borda": r.borda, "sum": r.sum.score,
                "partial_sum": r.sum.partial_sum, "covered": r.sum.covered, "max": r.sum.max,
@@ -320,7 +323,16 @@ def to_csv(board: Leaderboard) -> str:
         for d in board.datasets:
             settings = r.per_dataset[d].settings if r.per_dataset[d] else {}
             row.update({f"{d}/{s}": (settings[s].value if settings.get(s) else None) for s in board.settings})
-        writer.writerow(row)
+        rows.append(row)
+    return columns, rows
+
+
+def to_csv(board: Leaderboard) -> str:
+    buffer = io.StringIO()
+    columns, rows = table_rows(board)
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
     return buffer.getvalue()
 
 
@@ -406,4 +418,4 @@ def write_seed_spread(spread: dict | None, out_dir: Path) -> None:
 
 
 __all__ = ["Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard", "find_records",
-           "seed_spread", "seed_spread_markdown", "to_markdown", "write_leaderboard", "write_seed_spread"]
+           "seed_spread", "seed_spread_markdown", "table_rows", "to_markdown", "write_leaderboard", "write_seed_spread"]

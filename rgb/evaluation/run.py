@@ -15,7 +15,9 @@ from rgb.core.classwise import DEFAULT_WORST_K
 from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
 from rgb.evaluation.leaderboard import (
+    Leaderboard,
     LeaderboardError,
+    build_leaderboard,
     find_records,
     seed_spread,
     seed_spread_markdown,
@@ -24,10 +26,11 @@ from rgb.evaluation.leaderboard import (
     write_seed_spread,
 )
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, request_plan
-from rgb.evaluation.records import RecordError, ScoresRecord
+from rgb.evaluation.records import PROTOCOLS, RecordError, ScoresRecord
+from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
 from rgb.models import InMemoryModel, export_paths, load_with_meta
 from rgb.models.io import origin_line
-from rgb.runs.store import train_reference
+from rgb.runs.store import attack_dir_read, train_reference
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +77,14 @@ class PoolRequest:
     leaderboard_dir: Path
     datasets: tuple[str, ...] | None  # None: the card's six
     rank_by: str
+    site: bool = False  # also the static site (rgb.evaluation.site) in <leaderboard_dir>/site
+    wandb_project: str | None = None  # the leaderboard's table and files to W&B; None: nothing logged
 
 
 def evaluate_pool(request: PoolRequest) -> None:
     """The pool's models evaluated, then the leaderboard, and mean +- std over seeds when the trained models of the
-    pool differ in their seed only."""
-    sources, trained = [], []
+    pool differ in their seed only; with `site`, the static site of both protocols' boards."""
+    sources, trained, runs = [], [], {}
     for entry in request.entries:
         if isinstance(entry, Path):
             sources.append(entry)
@@ -89,6 +94,7 @@ def evaluate_pool(request: PoolRequest) -> None:
             continue
         sources.append(entry.model.output_dir)
         trained.append((record, meta))
+        runs[(record.folder(entry.model.output_dir) / record.file_name).resolve()] = (entry, meta)
     spread = seed_spread([record for record, _ in trained], [meta for _, meta in trained], request.protocol)
     try:
         records = find_records(sources)
@@ -96,12 +102,34 @@ def evaluate_pool(request: PoolRequest) -> None:
             board = write_leaderboard(records, staging, request.protocol,
                                       None if request.datasets is None else list(request.datasets), request.rank_by)
             write_seed_spread(spread, staging)
+            if request.site:
+                site = write_pool_site(board, records, runs, staging / SITE_DIR)
     except (LeaderboardError, RecordError) as err:
         raise EvaluationError(str(err)) from err
     log.info("%s", to_markdown(board).rstrip("\n"))
     if spread is not None:
         log.info("%s", seed_spread_markdown(spread).rstrip("\n"))
     log.info("leaderboard written to %s", request.leaderboard_dir)
+    if request.wandb_project is not None:
+        from rgb.evaluation.wandb_report import log_leaderboard
+
+        log_leaderboard(board, request.leaderboard_dir, request.wandb_project)
+    if request.site:
+        index = (request.leaderboard_dir / site.relative_to(staging)).resolve()
+        log.info("leaderboard site written to %s (open %s in a browser; it needs no server)", index.parent,
+                 index.as_uri())
+
+
+def write_pool_site(board: Leaderboard, records: dict[Path, ScoresRecord], runs: dict, out: Path) -> Path:
+    """The site of a pool: `board` (what leaderboard.json holds) and the board of the other protocol, built from
+    the same records; each record with its train run, model.json and attack dir when the pool evaluated it."""
+    other = next(p for p in PROTOCOLS if p != board.protocol)
+    boards = [board, build_leaderboard(records, other, board.datasets, board.rank_by)]
+    entries = []
+    for file, record in records.items():
+        entry, meta = runs.get(file.resolve(), (None, None))
+        entries.append(SiteEntry(file, record, entry and entry.model.run, meta, entry and entry.attack_dir))
+    return write_site(sorted(boards, key=lambda b: list(PROTOCOLS).index(b.protocol)), entries, out)
 
 
 def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[ScoresRecord | None, dict]:
@@ -122,7 +150,7 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
                               f"{meta['family']!r}")
     out_dir = request.model.output_dir
     options = EvalOptions(
-        attack_dir=request.attack_dir, out_dir=out_dir,
+        attack_dir=attack_dir_read(request.attack_dir, request.max_images), out_dir=out_dir,
         transfer=request.transfer or request.protocol == "black_box",
         severity_sweep=request.severity_sweep, allow_partial=request.allow_partial or request.max_requests is not None,
         max_images=request.max_images, worst_k=request.worst_k,

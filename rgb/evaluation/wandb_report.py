@@ -1,17 +1,30 @@
-"""Send an evaluation to Weights & Biases: every number of the scores record, a settings table and the plots.
+"""Send an evaluation to Weights & Biases: every number of the scores record, a settings table, the plots and
+scores.json as an artifact; and a pool's leaderboard: its table and its files (the site too) as an artifact.
 
 Works offline (WANDB_MODE=offline writes real run files to sync later); the run id derives from the output
-directory, so re-evaluating the same model updates the same W&B run.
+directory, so re-evaluating the same model (or re-ranking the same pool) updates the same W&B run.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import wandb
 
-from rgb.core.files import stable_id
+from rgb.core.files import safe_name, stable_id
+from rgb.evaluation.leaderboard import Leaderboard, table_rows
 from rgb.evaluation.records import ScoresRecord
+
+log = logging.getLogger(__name__)
+
+# What the W&B reports leave out, said once per run that logs artifacts. No train run logs its export as an
+# artifact, so there is none to `use_artifact` (W&B refuses use_artifact offline anyway): the scores artifact's
+# metadata names the weights' sha256 and the train run (its dir and W&B id) instead.
+SKIPPED = ("W&B skipped: model weights are not uploaded (the scores artifact's metadata names their sha256 and the "
+           "train run), attack results stay on disk (their summaries are in the attack runs)")
+LEADERBOARD_FILES = ("leaderboard.md", "leaderboard.csv", "leaderboard.json", "leaderboard.png", "seeds.md",
+                     "seeds.json")
 
 
 def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: str = "evaluate",
@@ -30,6 +43,38 @@ def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: 
         for plot in record.plots:
             logged[f"plots/{Path(plot).stem}"] = wandb.Image(str(out_dir / plot))
         run.log(logged)
+        scores = wandb.Artifact(f"scores-{safe_name(record.model.run_name or '?')}-{safe_name(record.dataset)}",
+                                type="scores", metadata={"weights_sha256": record.model.weights_sha256,
+                                                         "train": train, "partial": record.partial})
+        scores.add_file(str(out_dir / record.file_name))
+        run.log_artifact(scores)
+        log.info("%s", SKIPPED)
+        return Path(run.dir).parent
+    finally:
+        run.finish()
+
+
+def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str) -> Path:
+    """Log a pool's leaderboard: its rows as a W&B table (leaderboard.csv's columns and numbers), the Sum and
+    Borda of each model in the summary, and its files (and site/, when written) as a `leaderboard` artifact."""
+    run = wandb.init(project=project, name=f"leaderboard:{board.protocol}", job_type="leaderboard",
+                     dir=str(leaderboard_dir), id=stable_id(leaderboard_dir), resume="allow",
+                     config={"protocol": board.protocol, "datasets": board.datasets, "rank_by": board.rank_by})
+    try:
+        columns, rows = table_rows(board)
+        run.log({"leaderboard": wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])})
+        run.summary.update({f"{row.model}/{key}": value for row in board.rows
+                            for key, value in (("partial_sum", row.sum.partial_sum), ("borda", row.borda))})
+        files = wandb.Artifact(f"leaderboard-{board.protocol}", type="leaderboard",
+                               metadata={"datasets": board.datasets, "rank_by": board.rank_by})
+        for name in LEADERBOARD_FILES:
+            if (leaderboard_dir / name).is_file():
+                files.add_file(str(leaderboard_dir / name))
+        for folder in ("model_info", "site"):
+            if (leaderboard_dir / folder).is_dir():
+                files.add_dir(str(leaderboard_dir / folder), name=folder)
+        run.log_artifact(files)
+        log.info("%s", SKIPPED)
         return Path(run.dir).parent
     finally:
         run.finish()

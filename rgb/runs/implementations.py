@@ -24,6 +24,12 @@ class OursImplementation:
     name = "ours"
 
     @staticmethod
+    def fooled_steps(options) -> int:
+        """APGD-CE steps a falling image is counted with in the dry run's cost model (rgb.runs.cost): ours drops it
+        within 5 steps of its success, taken to come within the first 10."""
+        return min(10, options.steps)
+
+    @staticmethod
     def version() -> str:
         return rgb.__version__
 
@@ -80,6 +86,11 @@ class _Log(logging.Handler):
 
 class ReferenceImplementation:
     name = "reference"
+
+    @staticmethod
+    def fooled_steps(options) -> int:
+        """The reference iterates a fooled image to the end of the attack that fooled it (docs/performance.md)."""
+        return options.steps
 
     @staticmethod
     def version() -> str:

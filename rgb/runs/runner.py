@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Subset, default_collate
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rgb.attacks.autoattack import FooledBy, within_budget
 from rgb.attacks.options import ALWAYS, WHEN_SET
@@ -134,10 +135,13 @@ def batch_record(result, x, y, image_id, budget: Budget, seconds: float, keep_im
 class Bars:
     """One progress bar per budget of this shard: images are counted as they leave a batch (fooled, misclassified
     or finished robust), so the bar and its ETA move within a batch; the postfix shows the robust share of the
-    finished batches and what each worker is doing (`apgd-t target 3/9 step 59/100`)."""
+    finished batches and what each worker is doing (`apgd-t target 3/9 step 59/100`). When a budget's last batch of
+    this shard is done its bar closes (showing the real elapsed time) and `on_done(budget)` runs."""
 
-    def __init__(self, request: AttackRequest, runs: list[RunDirectory], index: int, count: int):
+    def __init__(self, request: AttackRequest, runs: list[RunDirectory], index: int, count: int,
+                 on_done: Callable[[int], None] = lambda budget: None):
         self.bars, self.robust, self.finished, self.stages = [], [], [], []
+        self.on_done = on_done
         for position, (budget, run) in enumerate(zip(request.budgets, runs)):
             mine, done, n = run.shard_starts(index, count), run.batch_files(), run.identity["n_images"]
             sizes = {s: min(request.batch_size, n - s) for s in mine}
@@ -161,6 +165,9 @@ class Bars:
         self.finished[budget] += n
         self.stages[budget].pop(worker, None)
         self._show(budget)
+        if self.finished[budget] == self.bars[budget].total:
+            self.bars[budget].close()
+            self.on_done(budget)
 
     def _show(self, budget: int) -> None:
         robust, finished, stages = self.robust[budget], self.finished[budget], self.stages[budget]
@@ -330,33 +337,50 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
     for run in runs.values():
         run.claim(create=not request.merge_only)
     index, count = request.shard_index, request.shard_count
-    if not request.merge_only:
-        ordered = list(runs.values())  # stale temp files of a killed process go when its batch is claimed
-        tasks = [(b, start) for b, run in enumerate(ordered) for start in unfinished(run, index, count)]
-        workers = min(request.processes, len(tasks)) if pool else 1
-        bars = Bars(request, ordered, index, count)
-        try:
-            on_cpu = request.device.startswith("cpu")
-            if pool and (workers > 1 or not on_cpu):
+    summaries: dict[str, RunSummary] = {}
 
-                def own_share(queue, shared, check) -> None:  # on the CPU: worker 0, with the model it holds
-                    take_tasks(target, request, ordered, queue, request.device, shared, 0, check)
-
-                attack_in_workers(request, tasks, workers, bars, _attack_tasks, own_share if on_cpu else None,
-                                  target if on_cpu else None)
-            else:
-                attack_shard(target, request, ordered, bars)
-        finally:
-            bars.close()
-    summaries = {}
-    for budget in request.budgets:
+    def report(b: int) -> None:
+        """Merge budget `b` once every shard's batches are there, and log its lines at once (not after the others)."""
+        budget = request.budgets[b]
         run = runs[budget.name]
         missing = run.missing_batches()
         if missing and not request.merge_only:
             log.info("%s: this shard is done; merge waits for %s", budget.name, run.describe_missing(missing, count))
-            continue
-        summaries[budget.name] = merge(target, request, budget, run, count)
-        log.info("%s", summaries[budget.name].line())
-        log.info("%s", summaries[budget.name].stages())
-    return summaries
+            return
+        summary = summaries[budget.name] = merge(target, request, budget, run, count)
+        log.info("%s", summary.line())
+        log.info("%s", summary.stages())
+        if request.max_images is not None:
+            log.warning("%s: PARTIAL, the first %d of %d test images (max_images): a first look, never the "
+                        "benchmark's number", budget.name, summary.n, len(target.split))
+
+    reported: set[int] = set()
+    if not request.merge_only:
+        ordered = list(runs.values())  # stale temp files of a killed process go when its batch is claimed
+        tasks = [(b, start) for b, run in enumerate(ordered) for start in unfinished(run, index, count)]
+        workers = min(request.processes, len(tasks)) if pool else 1
+
+        def done(b: int) -> None:
+            reported.add(b)
+            report(b)
+
+        bars = Bars(request, ordered, index, count, done)
+        try:
+            with logging_redirect_tqdm():  # a budget's lines while the other bars are drawn
+                on_cpu = request.device.startswith("cpu")
+                if pool and (workers > 1 or not on_cpu):
+
+                    def own_share(queue, shared, check) -> None:  # on the CPU: worker 0, with the model it holds
+                        take_tasks(target, request, ordered, queue, request.device, shared, 0, check)
+
+                    attack_in_workers(request, tasks, workers, bars, _attack_tasks, own_share if on_cpu else None,
+                                      target if on_cpu else None)
+                else:
+                    attack_shard(target, request, ordered, bars)
+        finally:
+            bars.close()
+    for b in range(len(request.budgets)):  # budgets done before this run started (resumed, merge_only)
+        if b not in reported:
+            report(b)
+    return {b.name: summaries[b.name] for b in request.budgets if b.name in summaries}
 

@@ -37,6 +37,7 @@ class AttackRunError(UserError, RuntimeError):
 LOCK_DIR = "locks"  # one flock file per batch: which process is attacking it
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.json"
+COST_ESTIMATE_FILE = "cost_estimate.json"  # attack.py dry_run=true: beside the run's budget dirs
 RESULT_COLUMNS = (
     "image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust", "fooled_by", "perturbation_norm",
     "forward_rows", "backward_rows",
@@ -79,6 +80,14 @@ def first_images_dir(attack_dir: str | Path, n_images: int) -> Path:
     """The attack outputs of a model's first `n_images` test images (rgb.benchmark `n_examples`):
     `<attack dir>/first-<n>`, never mixed with (nor refused by) a whole-split run."""
     return Path(str(attack_dir)) / f"first-{n_images}"
+
+
+def attack_dir_read(attack_dir: str | Path, max_images: int | None) -> Path:
+    """The attack outputs an evaluation of the first `max_images` images reads: their own run (`first-<n>`, from
+    attack.py max_images=N or rgb.benchmark n_examples=N) when there is one, else the whole split's, whose first
+    rows are the same images."""
+    first = None if max_images is None else first_images_dir(attack_dir, max_images)
+    return first if first is not None and first.is_dir() else Path(str(attack_dir))
 
 
 def sweep_dir_for(root: str | Path, dataset: str, label: str) -> Path:

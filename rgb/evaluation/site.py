@@ -1,0 +1,312 @@
+"""The leaderboard as a static site (`evaluate.py pool=[...] site=true`): `site/index.html` beside leaderboard.md,
+one page per model, every script and stylesheet inside the folder, readable from file:// and without JavaScript.
+
+One owner for the numbers: the site is drawn from the in-memory `Leaderboard` rows that leaderboard.json is written
+from (never recomputed). Every number it shows carries `data-json="<protocol>:<path>"`, the place of that number in
+the board's JSON (leaderboard.json for the pool's protocol, `site/data/leaderboard.<protocol>.json` for both), so a
+test can check the site against the JSON number by number. Plots are inline SVG whose marks carry `<title>`
+tooltips and the same `data-json` paths. Templates and assets are package data (rgb/evaluation/site_templates).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+import jinja2
+
+from rgb.core.files import atomic_write_bytes, safe_name
+from rgb.evaluation.leaderboard import INCOMPLETE_HEADING, OTHER_PROTOCOL_HEADING, Leaderboard, LeaderboardRow
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, SCORES_FILE, ScoresRecord
+from rgb.runs.store import train_reference
+
+TEMPLATES = Path(__file__).with_name("site_templates")
+ASSETS = ("site.css", "site.js")
+SITE_DIR = "site"
+# The column titles of the settings: the clean split, the attack settings by their norm; any other setting (common,
+# a black-box transfer split) shows its own name.
+SETTING_LABELS = {"test": "clean", **{setting: norm.value for setting, norm in ATTACK_SETTING_NORMS.items()}}
+# What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
+REPORT_FOLDERS = {"zeroshot_report": "zero-shot report", "text_robustness": "text robustness"}
+MISSING = "—"
+
+
+@dataclass(frozen=True)
+class SiteEntry:
+    """One scored (model, dataset) of the pool: its scores.json and record and, for a model the pool evaluated
+    from its train run, the run (its model.json as `meta`) and the attack dir (the attack runs' summary.json)."""
+
+    file: Path
+    record: ScoresRecord
+    run: Path | None = None
+    meta: dict | None = None
+    attack_dir: Path | None = None
+
+
+def setting_label(setting: str) -> str:
+    return SETTING_LABELS.get(setting, setting)
+
+
+def _text(value) -> str:
+    """A recipe field as the records hold it (the loss is a dict in model.json: its name), or the missing mark."""
+    if isinstance(value, dict):
+        value = value.get("name", json.dumps(value, sort_keys=True))
+    return MISSING if value is None or value == "" else str(value)
+
+
+def _pretraining(meta: dict | None) -> str:
+    """The pretrained weights the run started from, as its training identity records them."""
+    identity = ((meta or {}).get("training") or {}).get("identity") or {}
+    parts = [f"{k.removeprefix('model.')}={v}" for k, v in sorted(identity.items())
+             if k in ("model.pretrained", "model.weights", "model.pretrained_tag") and v not in (None, "")]
+    return ", ".join(parts) or MISSING
+
+
+def model_columns(entries: Sequence[SiteEntry]) -> dict[str, str]:
+    """The descriptive columns of a model (its first record, completed by the run's model.json when known)."""
+    record = entries[0].record
+    meta = next((e.meta for e in entries if e.meta), None) or {}
+    return {"architecture": _text(record.model.name), "family": _text(record.model.family),
+            "parameters": _text(meta.get("num_parameters")), "pretraining": _pretraining(meta),
+            "loss": _text(record.model.loss), "strategy": _text(record.model.strategy),
+            "epochs": _text(meta.get("epochs")), "weights_sha256": record.model.weights_sha256,
+            "rgb": _text(record.versions.get("rgb"))}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A number on the site: what it shows, its value and its place in the board's JSON."""
+
+    text: str
+    value: float | None
+    path: str  # "<protocol>:rows/<i>/..." or "" for a cell without a number
+
+
+def setting_cell(board: Leaderboard, index: int, dataset: str, setting: str) -> Cell:
+    score = board.rows[index].per_dataset[dataset]
+    accuracy = score.settings.get(setting) if score else None
+    if accuracy is None:
+        return Cell("missing", None, "")
+    path = f"{board.protocol}:rows/{index}/per_dataset/{dataset}/settings/{setting}/accuracy"
+    return Cell(f"{accuracy.value:.4f}" + (" PARTIAL" if accuracy.partial else ""), accuracy.value, path)
+
+
+def sum_cell(board: Leaderboard, index: int) -> Cell:
+    row = board.rows[index]
+    return Cell(row.sum.describe(), row.sum.partial_sum, f"{board.protocol}:rows/{index}/sum/partial_sum")
+
+
+def borda_cell(board: Leaderboard, index: int) -> Cell:
+    row = board.rows[index]
+    if not row.card_protocol:
+        return Cell(MISSING, None, "")
+    return Cell(f"{row.borda:.1f}".removesuffix(".0"), row.borda, f"{board.protocol}:rows/{index}/borda")
+
+
+def _svg_attrs(cell: Cell) -> str:
+    return f' data-json="{escape(cell.path)}" data-value="{cell.value!r}"'
+
+
+def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: str) -> str:
+    """Grouped vertical bars (accuracies in [0, 1]), one colour per series, each bar's value in its <title>; a
+    setting without a number is a cross in its series' colour."""
+    colours = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
+    n = max(len(series), 1)
+    bar, gap, height, left, top = 14, 16, 160, 36, 24
+    step = max(n * bar + gap, 48)  # a group wide enough for its label
+    width = left + len(groups) * step + 10
+    legend_h = 16 * n
+    parts = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+             f'height="{top + height + 40 + legend_h}" role="img" aria-label="{escape(title)}">',
+             f'<text x="4" y="14" class="plot-title">{escape(title)}</text>']
+    for tick in (0, 0.5, 1):
+        y = top + height * (1 - tick)
+        parts.append(f'<line x1="{left}" x2="{width}" y1="{y}" y2="{y}" class="grid"/>'
+                     f'<text x="2" y="{y + 4}" class="tick">{tick:g}</text>')
+    for g, group in enumerate(groups):
+        x0 = left + g * step
+        for s, (name, cells) in enumerate(series.items()):
+            cell = cells[g]
+            if cell.value is None:  # marked, so that a missing setting never reads as an accuracy of 0
+                parts.append(f'<text x="{x0 + s * bar + 2}" y="{top + height - 4}" class="tick missing" '
+                             f'fill="{colours[s % len(colours)]}">&#215;<title>{escape(name)}, {escape(group)}: '
+                             f'{escape(cell.text or MISSING)}</title></text>')
+                continue
+            h = max(height * cell.value, 1.5)  # an accuracy of 0 still shows as a (flat) bar
+            parts.append(f'<rect x="{x0 + s * bar}" y="{top + height - h:.2f}" width="{bar - 2}" height="{h:.2f}" '
+                         f'fill="{colours[s % len(colours)]}"{_svg_attrs(cell)}><title>{escape(name)}, '
+                         f'{escape(group)}: {escape(cell.text)}</title></rect>')
+        parts.append(f'<text x="{x0}" y="{top + height + 14}" class="tick">{escape(group)}</text>')
+    for s, name in enumerate(series):
+        y = top + height + 30 + 16 * s
+        parts.append(f'<rect x="{left}" y="{y - 10}" width="10" height="10" fill="{colours[s % len(colours)]}"/>'
+                     f'<text x="{left + 14}" y="{y}" class="tick">{escape(name)}</text>')
+    return "".join(parts) + "</svg>"
+
+
+def scatter_svg(points: Sequence[tuple[str, Cell, Cell]], x_label: str, y_label: str, y_max: float,
+                title: str) -> str:
+    """One point per (label, x in [0, 1], y in [0, y_max]); the point's label and both numbers in its <title>."""
+    width, height, left, top = 360, 220, 44, 24
+    parts = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width + left + 10}" '
+             f'height="{top + height + 36}" role="img" aria-label="{escape(title)}">',
+             f'<text x="4" y="14" class="plot-title">{escape(title)}</text>',
+             f'<line x1="{left}" x2="{left + width}" y1="{top + height}" y2="{top + height}" class="axis"/>',
+             f'<line x1="{left}" x2="{left}" y1="{top}" y2="{top + height}" class="axis"/>',
+             f'<text x="{left + width / 2}" y="{top + height + 30}" class="tick">{escape(x_label)}</text>',
+             f'<text x="{left + 4}" y="{top + 10}" class="tick">{escape(y_label)} (max {y_max:g})</text>']
+    for tick in (0, 0.5, 1):
+        parts.append(f'<text x="{left + width * tick - 6:.0f}" y="{top + height + 14}" class="tick">{tick:g}</text>'
+                     f'<text x="{left - 30}" y="{top + height * (1 - tick) + 4:.0f}" class="tick">'
+                     f'{y_max * tick:g}</text>')
+    for label, x, y in points:
+        if x.value is None or y.value is None:
+            continue
+        cx, cy = left + width * x.value, top + height * (1 - y.value / y_max)
+        parts.append(f'<circle cx="{cx:.2f}" cy="{cy:.2f}" r="5" class="point"{_svg_attrs(y)}>'
+                     f'<title>{escape(label)}: {escape(x_label)} {escape(x.text)}, {escape(y_label)} '
+                     f'{escape(y.text)}</title></circle>')
+    return "".join(parts) + "</svg>"
+
+
+def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> dict:
+    """What a board's templates show: its groups (as leaderboard.md groups them), each row's cells and plots."""
+    settings = board.settings
+
+    def row_view(index: int, row: LeaderboardRow) -> dict:
+        columns = model_columns(entries[row.model]) if row.model in entries else {}
+        return {"row": row, "rank": row.rank or MISSING, "page": f"models/{safe_name(row.model)}.html",
+                "columns": columns, "sum": sum_cell(board, index), "borda": borda_cell(board, index),
+                "cells": [(d, s, setting_cell(board, index, d, s)) for d in board.datasets for s in settings]}
+
+    rows = {row.model: row_view(i, row) for i, row in enumerate(board.rows)}
+    groups = [(heading, [rows[r.model] for r in members]) for heading, members in (
+        ("Ranked: complete, the card's protocol", board.complete_rows), (INCOMPLETE_HEADING, board.incomplete_rows),
+        (OTHER_PROTOCOL_HEADING, board.other_protocol_rows)) if members]
+    index = {r.model: i for i, r in enumerate(board.rows)}
+    plots = []
+    for dataset in board.datasets:
+        series = {r.model: [setting_cell(board, index[r.model], dataset, s) for s in settings] for r in board.rows}
+        if any(c.value is not None for cells in series.values() for c in cells):
+            plots.append(bars_svg([setting_label(s) for s in settings], series,
+                                  f"{dataset}: accuracy per setting ({board.protocol})"))
+    # complete card entries only: a partial Sum drawn beside a complete one would look comparable (issue 33)
+    sums = [(r.model, _clean_mean(board, index[r.model]), sum_cell(board, index[r.model]))
+            for r in board.complete_rows]
+    if any(x.value is not None for _, x, _ in sums):
+        plots.append(scatter_svg(sums, "clean accuracy (mean over datasets)", "Sum", board.rows[0].sum.max,
+                                 f"Sum vs clean accuracy ({board.protocol}; complete entries)"))
+    return {"board": board, "groups": groups, "plots": plots,
+            "settings": [(s, setting_label(s)) for s in settings], "max_sum": len(settings) * len(board.datasets),
+            "has_numbers": any(c.value is not None for r in rows.values() for _, _, c in r["cells"]),
+            "not_applicable": sorted(board.not_applicable.items())}
+
+
+def _clean_mean(board: Leaderboard, index: int) -> Cell:
+    """The clean accuracy a Sum is plotted against: the board's one clean number when the pool has one dataset,
+    else the mean of the row's clean numbers (shown as computed here, the inputs being the board's)."""
+    cells = [setting_cell(board, index, d, "test") for d in board.datasets]
+    values = [c.value for c in cells if c.value is not None]
+    if len(board.datasets) == 1:
+        return cells[0]
+    return Cell(f"{sum(values) / len(values):.4f}", sum(values) / len(values), "") if values else Cell("", None, "")
+
+
+def _copy(source: Path, target: Path) -> str | None:
+    """Copy one file into a model's folder of the site (`<site>/models/<slug>/...`); its path relative to the
+    model pages (`<site>/models/`), or None when absent."""
+    if not source.is_file():
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    models = next(p for p in target.parents if p.name == "models")
+    return target.relative_to(models).as_posix()
+
+
+def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderboard], out: Path) -> dict:
+    """A model's page: its columns, provenance, per dataset its settings (board numbers), class-wise metrics,
+    plots and files (copied into `models/<slug>/<dataset>/`)."""
+    folder = out / "models" / safe_name(name)
+    datasets = []
+    for entry in sorted(entries, key=lambda e: e.record.dataset):
+        record = entry.record
+        files_dir = folder / record.dataset
+        files = {SCORES_FILE: _copy(entry.file, files_dir / SCORES_FILE)}
+        if entry.attack_dir is not None:
+            for summary in sorted(entry.attack_dir.glob("*/summary.json")):
+                files[f"{summary.parent.name}/summary.json"] = _copy(
+                    summary, files_dir / f"summary.{summary.parent.name}.json")
+        images = [p for p in (_copy(entry.file.parent / plot, files_dir / plot) for plot in record.plots) if p]
+        reports = []
+        for sub, title in REPORT_FOLDERS.items():
+            found = sorted((entry.file.parent / sub).glob("*")) if (entry.file.parent / sub).is_dir() else []
+            copied = {p.name: _copy(p, files_dir / sub / p.name) for p in found if p.suffix in (".md", ".png", ".csv")}
+            if copied:
+                reports.append({"title": title, "files": copied,
+                                "text": "\n\n".join(p.read_text() for p in found if p.suffix == ".md")})
+        tables = []
+        for board in boards:
+            index = next((i for i, r in enumerate(board.rows) if r.model == name), None)
+            if index is None or record.dataset not in board.datasets:
+                continue
+            score = board.rows[index].per_dataset[record.dataset]
+            if score is None:  # nothing scored under this protocol (no transfer evaluation)
+                continue
+            cells = [(s, setting_cell(board, index, record.dataset, s),
+                      score.settings.get(s) if score else None) for s in board.settings]
+            tables.append({"protocol": board.protocol, "cells": cells,
+                           "plot": bars_svg([setting_label(s) for s, _, _ in cells], {name: [c for _, c, _ in cells]},
+                                            f"{record.dataset}: {board.protocol}")})
+        datasets.append({"record": record, "files": files, "images": images, "reports": reports,
+                         "tables": tables, "class_wise": record.class_wise, "entry": entry})
+    meta = next((e.meta for e in entries if e.meta), None)
+    run = next((e for e in entries if e.run is not None), None)
+    provenance = {"train run": None, "W&B id of the train run": None}
+    if run is not None:
+        reference = train_reference(run.run, run.record.model.weights_sha256)
+        provenance = {"train run": reference["run_dir"], "W&B id of the train run": reference["wandb_id"]}
+    record = entries[0].record
+    provenance.update({"sweep": (meta or {}).get("sweep"), "weights sha256": record.model.weights_sha256,
+                       "data source": record.source, "seed": (meta or {}).get("seed"),
+                       "versions": ", ".join(f"{k} {v}" for k, v in sorted(record.versions.items())) or None})
+    config = {k: v for k, v in (meta or {}).items() if k not in ("training", "class_names", "zeroshot")}
+    return {"name": name, "columns": model_columns(entries), "datasets": datasets,
+            "provenance": {k: _text(v) for k, v in provenance.items()},
+            "config": json.dumps(config or record.model.to_json(), indent=2, sort_keys=True, default=str)}
+
+
+def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out: Path) -> Path:
+    """Write the site into `out` (index.html, models/, data/, assets); returns index.html's path."""
+    by_model: dict[str, list[SiteEntry]] = {}
+    for entry in entries:
+        by_model.setdefault(entry.record.model.run_name or "?", []).append(entry)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for asset in ASSETS:
+        shutil.copyfile(TEMPLATES / asset, out / asset)
+    (out / "data").mkdir(exist_ok=True)
+    for board in boards:
+        atomic_write_bytes(out / "data" / f"leaderboard.{board.protocol}.json",
+                           (json.dumps(board.to_json(), indent=2) + "\n").encode())
+    views = [board_view(board, by_model) for board in boards]
+    filters = {key: sorted({model_columns(e)[key] for e in by_model.values()}) for key in ("family", "loss", "strategy")}
+    datasets = sorted({d for board in boards for d in board.datasets})
+    settings = list(dict.fromkeys((s, setting_label(s)) for board in boards for s in board.settings))
+    index = out / "index.html"
+    atomic_write_bytes(index, env.get_template("index.html.j2").render(
+        boards=views, filters=filters, datasets=datasets, settings=settings, missing=MISSING,
+        label=setting_label).encode())
+    (out / "models").mkdir(exist_ok=True)
+    for name, model_entries in sorted(by_model.items()):
+        view = model_view(name, model_entries, boards, out)
+        atomic_write_bytes(out / "models" / f"{safe_name(name)}.html", env.get_template("model.html.j2").render(
+            model=view, missing=MISSING, label=setting_label).encode())
+    return index
+
+
+__all__ = ["SITE_DIR", "SiteEntry", "write_site"]

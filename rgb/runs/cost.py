@@ -1,0 +1,148 @@
+"""What an attack run will cost before it runs (attack.py dry_run=true): model evaluations from the cost model of
+docs/performance.md (each attack's worst case, `AutoAttack.worst_case_rows`), and time from this model's forward
+and backward throughput measured on this machine at the run's batch size.
+
+How many images stay robust is what the run finds out, so the estimate is a table over robust shares: a robust image
+costs the cascade's worst case; a correctly classified image that falls is counted as falling to APGD-CE, after the
+steps the implementation spends on it (`fooled_steps`: ours drops it within a few steps, the reference runs APGD-CE to
+its end); the clean pass is one forward. A prediction, not a measurement: the attacks' batches
+shrink as images fall, which makes the per-row speed at small batches (measured too) the better guide for the tail.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import default_collate
+
+from rgb.attacks.autoattack import AutoAttack
+from rgb.runs.implementations import attack_implementation
+from rgb.runs.runner import Target
+from rgb.runs.request import AttackRequest
+from rgb.runs.store import COST_ESTIMATE_FILE
+
+log = logging.getLogger(__name__)
+
+ROBUST_SHARES = (0.0, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Seconds per image row through the model, as the attacks call it: a forward alone, and a backward (the
+    input gradient) on top of its forward."""
+
+    batch_size: int
+    forward_s: float
+    backward_s: float
+
+
+def measure_throughput(model: torch.nn.Module, x: torch.Tensor, device: str, repeats: int = 3) -> Throughput:
+    """The model's speed on the batch `x` (one warm-up call each, then the mean of `repeats`)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    x = x.to(device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def forward_backward() -> None:
+        inputs = x.detach().requires_grad_(True)
+        torch.autograd.grad(model(inputs).float().logsumexp(1).sum(), inputs)
+
+    seconds = []
+    for call in (forward, forward_backward):
+        call()
+        sync()
+        began = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        sync()
+        seconds.append((time.perf_counter() - began) / (repeats * len(x)))
+    return Throughput(len(x), seconds[0], max(seconds[1] - seconds[0], 0.0))
+
+
+@dataclass(frozen=True)
+class BudgetCost:
+    """One budget's rows per image by kind, and the run's rows and seconds at each robust share."""
+
+    budget: str
+    n_images: int
+    robust_rows: tuple[int, int]
+    fooled_rows: tuple[int, int]
+    rows: dict[str, tuple[float, float]]  # robust share (as text) -> (forward rows, backward rows) of the run
+    seconds: dict[str, float]
+
+
+def budget_cost(n_images: int, robust_rows: tuple[int, int], fooled_rows: tuple[int, int], speed: Throughput,
+                workers: int, name: str) -> BudgetCost:
+    """Rows and seconds of `n_images` at each robust share, every image correctly classified (an upper bound:
+    a misclassified image costs one forward), `workers` attacking side by side."""
+    rows, seconds = {}, {}
+    for share in ROBUST_SHARES:
+        forward = n_images * (share * robust_rows[0] + (1 - share) * fooled_rows[0])
+        backward = n_images * (share * robust_rows[1] + (1 - share) * fooled_rows[1])
+        rows[f"{share:g}"] = (forward, backward)
+        seconds[f"{share:g}"] = (forward * speed.forward_s + backward * speed.backward_s) / workers
+    return BudgetCost(name, n_images, robust_rows, fooled_rows, rows, seconds)
+
+
+def estimate(request: AttackRequest) -> dict:
+    """The cost of the requested run on this machine, logged as a table and written to <output_dir>/cost_estimate.json
+    (nothing is attacked, no run directory is claimed)."""
+    target = Target.open(request, request.device)
+    n_images = target.n_images(request)
+    x, _, _ = default_collate([target.split[i] for i in range(min(request.batch_size, n_images))])
+    speed = measure_throughput(target.model, x, request.device)
+    with torch.no_grad():
+        n_classes = int(target.model(x[:1].to(request.device)).shape[1])
+    # GPUs attack side by side; CPU workers share the cores this process measured with
+    workers = request.processes if request.device.startswith("cuda") else 1
+    implementation = attack_implementation(request.impl)
+    costs = []
+    for budget in request.budgets:
+        cascade = AutoAttack(target.model, budget.threat.norm.value, budget.threat.eps, request.options)
+        robust = cascade.worst_case_rows(n_classes)
+        steps = implementation.fooled_steps(request.options)
+        fooled = (steps + 3, steps + 1)  # the clean pass, APGD-CE's start and steps, its verification forward
+        costs.append(budget_cost(n_images, robust, fooled, speed, workers, budget.name))
+    record = {"run": str(request.run), "impl": request.impl, "version": request.options.version,
+              "device": request.device, "workers": workers, "threads": request.threads, "n_classes": n_classes,
+              "throughput": asdict(speed), "fooled_steps": implementation.fooled_steps(request.options),
+              "budgets": [asdict(c) for c in costs]}
+    path = Path(request.output_dir) / COST_ESTIMATE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    log.info("%s", cost_table(record))
+    log.info("estimate written to %s (a prediction: attack.py without dry_run measures it)", path)
+    return record
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+def cost_table(record: dict) -> str:
+    """The estimate as a table: one row per budget, one column per robust share, and the total."""
+    shares = [f"{s:g}" for s in ROBUST_SHARES]
+    speed = record["throughput"]
+    lines = [f"dry run of {record['run']} ({record['impl']}, {record['version']}, {record['n_classes']} classes) "
+             f"on {record['device']}: {1 / speed['forward_s']:.1f} forward, "
+             f"{1 / max(speed['forward_s'] + speed['backward_s'], 1e-12):.1f} forward+backward images/s at batch "
+             f"{speed['batch_size']}, {record['workers']} worker(s)",
+             "| budget | images | worst case fwd + bwd rows per image | " + " | ".join(f"{float(s):.0%} robust"
+                                                                              for s in shares) + " |",
+             "|---|---:|---:|" + "---:|" * len(shares)]
+    totals = dict.fromkeys(shares, 0.0)
+    for cost in record["budgets"]:
+        lines.append(f"| {cost['budget']} | {cost['n_images']} | {cost['robust_rows'][0]} + {cost['robust_rows'][1]} | "
+                     + " | ".join(_duration(cost["seconds"][s]) for s in shares) + " |")
+        for s in shares:
+            totals[s] += cost["seconds"][s]
+    lines.append("| all | | | " + " | ".join(_duration(totals[s]) for s in shares) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""The cost model: each attack's declared worst case equals the rows it spends on images it never fools, and
+attack.py dry_run=true estimates a run from it without attacking anything."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import compose_config
+from rgb.attacks import AutoAttack
+from rgb.attacks.options import AttackOptions
+from rgb.commands.attack import attack_from_config
+from rgb.runs.cost import ROBUST_SHARES, Throughput, budget_cost
+from rgb.runs.store import COST_ESTIMATE_FILE
+
+N_CLASSES = 10
+
+
+class Linear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(3 * 8 * 8, N_CLASSES)
+
+    def forward(self, x):
+        return self.layer(x.flatten(1))
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+@pytest.mark.parametrize("version", ["standard", "plus", "fast", "rand"])
+def test_worst_case_rows_are_what_a_never_fooled_image_costs(norm, version):
+    """At an eps far too small to fool anything every image costs the worst case: the model's count must be exact
+    (few steps and queries, so that the cascade runs in a second)."""
+    torch.manual_seed(0)
+    model = Linear().eval()
+    x = torch.rand(4, 3, 8, 8)
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    attack = AutoAttack(model, norm, 1e-6, AttackOptions(version=version, steps=6, queries=30, capture="eager"),
+                        device="cpu", batch_size=4)
+    result = attack.run(x, y)
+    assert bool(result.robust.all())
+    assert set(result.forward_rows.tolist()) == {attack.worst_case_rows(N_CLASSES)[0]}
+    assert set(result.backward_rows.tolist()) == {attack.worst_case_rows(N_CLASSES)[1]}
+
+
+def test_the_protocol_worst_case_matches_the_documented_one():
+    """docs/performance.md: a robust image costs ~7.8k forward and 1,910 backward rows at Linf/L2 (standard)."""
+    attack = AutoAttack(Linear(), "Linf", 4 / 255)
+    assert attack.worst_case_rows(N_CLASSES) == (7825, 1910)
+
+
+def test_budget_cost_scales_with_the_robust_share():
+    speed = Throughput(batch_size=8, forward_s=0.01, backward_s=0.02)
+    cost = budget_cost(100, (1000, 500), (13, 11), speed, workers=2, name="linf")
+    assert cost.rows["0"] == (1300, 1100) and cost.rows["1"] == (100_000, 50_000)
+    assert cost.seconds["1"] == pytest.approx((100_000 * 0.01 + 50_000 * 0.02) / 2)
+    assert list(cost.seconds) == [f"{s:g}" for s in ROBUST_SHARES]
+    assert all(a < b for a, b in zip(list(cost.seconds.values()), list(cost.seconds.values())[1:]))
+
+
+def test_dry_run_estimates_without_attacking(surrogate, mini_dir, tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        summaries = attack_from_config(compose_config(
+            "attack", f"run={surrogate}", f"paths.mini_dir={mini_dir}", f"output_dir={tmp_path}", "dry_run=true",
+            "norms=[linf,l1]", "progress=false"))
+    assert summaries == {}
+    assert not (tmp_path / "linf").exists() and not (tmp_path / "l1").exists()  # nothing claimed
+    record = json.loads((tmp_path / COST_ESTIMATE_FILE).read_text())
+    assert [b["budget"] for b in record["budgets"]] == ["linf", "l1"] and record["n_classes"] == N_CLASSES
+    assert record["budgets"][0]["robust_rows"] == [7825, 1910]
+    assert record["throughput"]["forward_s"] > 0 and record["throughput"]["backward_s"] >= 0
+    assert "| linf | 200 |" in caplog.text and "100% robust" in caplog.text

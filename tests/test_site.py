@@ -1,0 +1,186 @@
+"""The leaderboard site (evaluate.py pool=[...] site=true): every number it shows is leaderboard.json's, and a real
+headless Chromium (Debian's `chromium`, driven through Playwright's protocol client; no browser download) sorts,
+filters, follows every link and logs no console error.
+
+The pool is demo-like: a model the pool evaluates from its train run (the conftest's tiny_run, its attack runs
+written as attack.py writes them), plus scores.json files of a complete, an incomplete, a PARTIAL and an
+other-protocol entry.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import pytest
+from helpers import card_protocol, datamodule, record, save_pool, white_box_settings, write_attack
+
+from rgb.evaluation.records import Accuracy, ProtocolScore
+from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate_pool
+
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, mini_dir, tiny_run, clean_pred) -> Path:
+    """The leaderboard dir of a demo-like pool written with site=true."""
+    root = tmp_path_factory.mktemp("pool")
+    dm = datamodule(mini_dir)
+    for norm, robust in (("l1", np.arange(200) % 3 == 0), ("l2", np.arange(200) % 2 == 0), ("linf", np.zeros(200))):
+        write_attack(root / "attack", norm, tiny_run, dm, robust, clean_pred)
+    trained = EvalRequest(
+        model=RunOutputs(tiny_run, "tiny-ce", root / "eval" / "digits" / "tiny-ce"), attack_dir=root / "attack",
+        data=lambda: datamodule(mini_dir), protocol="white_box", transfer=False, severity_sweep=False,
+        allow_partial=False, max_images=None, worst_k=(1, 5), device="cpu", batch_size=128,
+        api_cache_dir=root / "api_cache", max_requests=None, dry_run=False, wandb_project=None)
+    protocol = card_protocol("digits", image_size=32)
+
+    def entry(name, values, loss, **fields):
+        made = record(name, "digits", values, protocol=fields.pop("protocol", protocol), **fields)
+        return replace(made, model=replace(made.model, loss=loss))
+
+    partial = entry("skim", [0.5] * 5, "ce")
+    partial = replace(partial, white_box=ProtocolScore("white_box", {
+        **partial.white_box.settings, "autoattack_linf": Accuracy(10, 20, partial=True)}), max_images=20)
+    others = [entry("trades", [0.8, 0.7, 0.3, 0.4, 0.3], "trades"), entry("half", [0.6, 0.5, None, 0.2, None], "ce"),
+              partial, entry("big-eps", [0.7, 0.6, 0.5, 0.4, 0.3], "ce",
+                             protocol=card_protocol("digits", image_size=32, l2=1.0))]
+    save_pool(others, root / "files")
+    skim_file = root / "files" / "digits" / "skim" / "scores.json"
+    skim_file.rename(skim_file.with_name("scores.partial.json"))
+    out = root / "leaderboard"
+    evaluate_pool(PoolRequest((trained, root / "files", skim_file.with_name("scores.partial.json")), "white_box",
+                              out, ("digits",), "borda", site=True))
+    return out
+
+
+class _Collect(HTMLParser):
+    """Every element's tag and attributes, and the text of each numeric table cell."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements, self.cells, self._cell = [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.elements.append((tag, attrs))
+        if tag == "td" and "num" in (attrs.get("class") or ""):
+            self._cell = [attrs, ""]
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell[1] += data
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._cell is not None:
+            self.cells.append((self._cell[0], self._cell[1].strip()))
+            self._cell = None
+
+
+def _parse(page: Path) -> _Collect:
+    parser = _Collect()
+    parser.feed(page.read_text())
+    return parser
+
+
+def _at(document, path: str):
+    for key in path.split("/"):
+        document = document[int(key)] if isinstance(document, list) else document[key]
+    return document
+
+
+def test_every_number_of_the_site_is_leaderboard_json(site, tiny_run):
+    boards = {"white_box": json.loads((site / "leaderboard.json").read_text())}
+    assert json.loads((site / "site" / "data" / "leaderboard.white_box.json").read_text()) == boards["white_box"]
+    boards["black_box"] = json.loads((site / "site" / "data" / "leaderboard.black_box.json").read_text())
+    pages = [site / "site" / "index.html", *sorted((site / "site" / "models").glob("*.html"))]
+    assert len(pages) == 1 + 5  # one page per model
+    checked = 0
+    for page in pages:
+        parsed = _parse(page)
+        for attrs, text in parsed.cells:  # a numeric cell shows a number of the board, or says it has none
+            assert attrs.get("data-json") or text in ("missing", "—"), (page.name, attrs, text)
+        for tag, attrs in parsed.elements:
+            if attrs.get("data-json"):
+                protocol, path = attrs["data-json"].split(":", 1)
+                assert float(attrs["data-value"]) == _at(boards[protocol], path), (page.name, path)
+                checked += 1
+        for attrs, text in parsed.cells:
+            if attrs.get("data-json", "").endswith("/accuracy"):
+                assert text.split()[0] == f"{float(attrs['data-value']):.4f}"
+    assert checked > 50
+    index = (site / "site" / "index.html").read_text()
+    rows = {row["model"]: row for row in boards["white_box"]["rows"]}
+    assert rows["tiny-ce"]["status"] == "complete" and rows["half"]["status"] == "incomplete"
+    assert rows["skim"]["status"] == "PARTIAL" and rows["big-eps"]["status"] == "other protocol"
+    for heading in ("Incomplete entries: ranked apart", "Under another protocol", "PARTIAL", "incomplete"):
+        assert heading in index
+    assert "No record of this pool is scored under black_box" in index
+    scatter = index[index.index("Sum vs clean accuracy"):].split("</svg>")[0]  # complete entries only
+    assert "<title>tiny-ce:" in scatter and not any(f"<title>{m}:" in scatter for m in ("half", "skim", "big-eps"))
+    model_page = (site / "site" / "models" / "tiny-ce.html").read_text()  # provenance of the model the pool trained
+    assert str(tiny_run.resolve()) in model_page and "Class-wise metrics" in model_page
+    assert "linf/summary.json" in model_page and (site / "site" / "models" / "tiny-ce" / "digits" / "scores.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_the_site_in_headless_chromium(site, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the dev extra) is not installed")
+    index = site / "site" / "index.html"
+    errors = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(10_000)
+            page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(index.as_uri())
+
+            ranked = page.locator("section#white_box table.sortable").first
+            header = ranked.locator("thead th", has_text="digits clean")
+            column = [t.strip() for t in ranked.locator("thead th").all_inner_texts()].index("digits clean")
+
+            def clean_column() -> list[float]:
+                return [float(v) for v in ranked.locator(f"tbody tr td:nth-child({column + 1})").evaluate_all(
+                    "cells => cells.map(c => c.dataset.value)")]
+
+            header.click()
+            assert clean_column() == sorted(clean_column()) and len(clean_column()) == 2
+            header.click()
+            assert clean_column() == sorted(clean_column(), reverse=True)
+            assert header.get_attribute("aria-sort") == "descending"
+
+            page.select_option("select[data-filter-row=loss]", "trades")
+            visible = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
+            assert visible == ["trades"]
+            page.select_option("select[data-filter-row=loss]", "")
+            page.select_option("select[data-filter-column=setting]", "autoattack_linf")
+            shown = [t.strip() for t in ranked.locator("thead th:visible").all_inner_texts()]
+            assert "digits Linf" in shown and "digits clean" not in shown
+            page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
+
+            pages = [index, *sorted((site / "site" / "models").glob("*.html"))]
+            for html in pages:
+                page.goto(html.as_uri())
+                targets = page.locator("a[href], img[src], link[href], script[src]").evaluate_all(
+                    "els => els.map(e => e.href || e.src)")
+                for target in targets:
+                    if target.startswith("data:"):
+                        continue
+                    url = urlparse(target)
+                    assert url.scheme == "file" and Path(unquote(url.path)).is_file(), (html.name, target)
+                assert page.locator("svg.plot").count() > 0, html.name
+            page.goto(pages[1].as_uri())
+            page.locator("svg.plot rect[data-json]").first.hover()
+            page.screenshot(path=str(tmp_path / "model.png"), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert (tmp_path / "index.png").stat().st_size > 10_000 and (tmp_path / "model.png").stat().st_size > 10_000

@@ -1,0 +1,65 @@
+"""W&B artifacts in offline mode, read back from the run files W&B writes: a pool's leaderboard (its table and
+its files, the site too) and an evaluation's scores.json, whose metadata names the weights and the train run."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from helpers import compose_config, record, save_pool
+
+from rgb.commands.evaluate import run_evaluation
+from rgb.evaluation.wandb_report import SKIPPED, log_evaluation
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    import wandb
+
+    yield
+    wandb.teardown()  # the service may still be writing the record file after finish() under load
+
+
+def _logged(folder) -> bytes:
+    import wandb
+
+    wandb.teardown()
+    return b"".join(f.read_bytes() for f in folder.rglob("*.wandb"))
+
+
+def test_the_pool_leaderboard_as_a_table_and_an_artifact(tmp_path, offline, caplog):
+    """evaluate.py pool=[...] site=true wandb.enabled=true, through its config half."""
+    records = [record("ce", "d1", [0.9, 0.8, 0.0, 0.1, 0.0]), record("trades", "d1", [0.8, 0.7, 0.3, 0.4, 0.3])]
+    save_pool(records, tmp_path / "eval")
+    out = tmp_path / "leaderboard"
+    cfg = compose_config("evaluate", f"pool=[{tmp_path / 'eval'}]", "leaderboard_datasets=[d1]", "site=true",
+                         f"leaderboard_dir={out}", "wandb.enabled=true", "wandb.project=rgb-tests")
+    with caplog.at_level(logging.INFO):
+        run_evaluation(cfg)
+    assert f"open {(out / 'site' / 'index.html').resolve().as_uri()} in a browser" in caplog.text
+    logged = _logged(out / "wandb")
+    board = json.loads((out / "leaderboard.json").read_text())
+    assert [row["model"] for row in board["rows"]] == ["trades", "ce"]
+    for key in (b"leaderboard-white_box", b"leaderboard.json", b"leaderboard.csv", b"site/index.html",
+                b"site/models/trades.html", b"trades/borda"):
+        assert key in logged, key
+    # the table: W&B writes it as a JSON file of the run's media, columns and rows as leaderboard.csv's
+    (table_file,) = (out / "wandb").rglob("leaderboard_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"][:2] == ["rank", "model"] and table["data"][0][1] == "trades"
+    assert table["data"][0][table["columns"].index("d1/autoattack_linf")] == board["rows"][0]["per_dataset"]["d1"][
+        "settings"]["autoattack_linf"]["accuracy"]
+    assert caplog.text.count(SKIPPED) == 1
+
+
+def test_an_evaluation_logs_its_scores_json_as_an_artifact(tmp_path, offline):
+    scored = record("ce", "d1", [0.9, 0.8, 0.0, 0.1, 0.0])
+    save_pool([scored], tmp_path / "eval")
+    folder = tmp_path / "eval" / "d1" / "ce"
+    train = {"run_dir": "/runs/ce", "wandb_id": "train-id-123", "weights_sha256": "0"}
+    run_dir = log_evaluation(scored, folder, project="rgb-tests", train=train)
+    logged = _logged(run_dir)
+    for key in (b"scores-ce-d1", b"scores.json", b"train-id-123", b"/runs/ce"):
+        assert key in logged, key
