@@ -271,6 +271,33 @@ def test_hydra_only_at_the_edges():
     assert {name: lines for name, lines in found.items() if lines and not name.startswith(CONFIG_PACKAGE)} == {}
 
 
+
+def _config_calls(path: Path) -> list[int]:
+    """Lines that compose or instantiate a config (`OmegaConf.merge`, `instantiate(`, however imported): the
+    commands' job, so a library function takes the typed value the command built."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            called = node.func
+            name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", "")
+            owner = getattr(called.value, "id", "") if isinstance(called, ast.Attribute) else ""
+            if name == "instantiate" or (owner == "OmegaConf" and name == "merge"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_config_composed_or_instantiated_below_the_commands():
+    found = {str(p.relative_to(RGB.parent)): _config_calls(p) for p in sorted(RGB.rglob("*.py"))}
+    assert {name: lines for name, lines in found.items() if lines and not name.startswith(CONFIG_PACKAGE)} == {}
+    assert any(found[name] for name in found if name.startswith(CONFIG_PACKAGE))  # the check sees the commands' own
+
+
+def test_the_check_sees_a_config_composed_or_instantiated(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import hydra\nfrom omegaconf import OmegaConf\n\nc = OmegaConf.merge({}, {})\n"
+                    "m = hydra.utils.instantiate(c)\nOmegaConf.create({})\n")
+    assert _config_calls(path) == [4, 5]
+
 # -- tests that start processes are marked slow (RGB_FAST=1 skips them) --------------------------------------
 
 # What starts a process, as names in code: a subprocess, a multiprocessing context or process, the interpreter.
