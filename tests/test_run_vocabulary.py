@@ -1,5 +1,5 @@
 """The run store's vocabulary, written once: output paths, the standardness rule, the `fooled_by` code, and
-the attack-run settings built from plain values (no config) as rgb.benchmark builds them."""
+the attack-run request built from plain values (no config) as rgb.benchmark builds it."""
 
 import functools
 import pickle
