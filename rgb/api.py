@@ -122,6 +122,8 @@ def benchmark(
         except AttackRunError as err:
             raise EvaluationError(str(err)) from err
         execute(attack, model=given)
+    # attack_dir is this call's own run dir (first-<n> with n_examples), as before: never a whole-split run's first
+    # rows, which evaluate.py max_images=N would fall back to (rgb.runs.store.attack_dir_read)
     scoring = EvalRequest(
         RunOutputs(run_dir, name, output_dir_for(output_dir, "eval", datamodule.dataset, name)), attack_dir,
         lambda: datamodule, device=run_device, batch_size=datamodule.eval_batch_size,
