@@ -30,6 +30,7 @@ from hydra import compose, initialize_config_dir
 
 from rgb.commands.resolvers import register_resolvers
 from rgb.core import atomic_write_json
+from rgb.data.export import noise_transfer_splits
 from rgb.evaluation.api_eval import split_images
 from rgb.evaluation.records import ScoresRecord
 from rgb.commands.evaluate import run_evaluation
@@ -50,31 +51,6 @@ SURROGATE = [
 def config(name: str, work: Path, *overrides: str):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose(name, overrides=[f"paths.root_dir={work}", f"paths.mini_dir={work / 'mini'}", *overrides])
-
-
-def noise_transfer_splits(root: Path, clean_split, modified: list[bool], surrogate: str, seed: int = 0) -> None:
-    """The 7 transfer splits of config `<dataset>-<surrogate>` in the snapshot `root`, made cheaply: a random
-    perturbation within each budget (8-bit, rgb.data.export) where `modified`, the clean test PNG elsewhere (as
-    the card copies the images its surrogate gets wrong). For request counting and throughput, where what
-    matters is which images are distinct, not how adversarial they are."""
-    import torch
-
-    from rgb.core.threat import ThreatModel
-    from rgb.data.catalog import TRANSFER_SPLITS, split_budget
-    from rgb.data.export import export_adversarial_split, quantise_within_budget
-
-    x = torch.stack([clean_split[i][0] for i in range(len(clean_split))])
-    generator = torch.Generator().manual_seed(seed)
-    dataset = clean_split.rows.info.config_name
-    for split in TRANSFER_SPLITS:
-        norm, eps = split_budget(split, x[0].numel())
-        noise = torch.randn(x.shape, generator=generator)
-        size = {"linf": noise.abs().amax(dim=(1, 2, 3)), "l2": noise.flatten(1).norm(dim=1),
-                "l1": noise.flatten(1).abs().sum(dim=1)}[norm]
-        adversarial = quantise_within_budget(x, (x + 0.9 * eps * noise / size.view(-1, 1, 1, 1)).clamp(0, 1), norm, eps)
-        export_adversarial_split(clean_split, dataset=dataset, image_size=x.shape[-1], root=root, surrogate=surrogate,
-                                 threat=ThreatModel(norm, eps), split_name=split, adversarial=adversarial,
-                                 modified=modified)
 
 
 def prepare(work: Path) -> tuple[Path, Path]:

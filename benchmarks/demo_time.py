@@ -9,7 +9,7 @@ The checkout's files (tracked and untracked, not ignored: what a clone plus your
 temporary folder with no data/ and no outputs/, so the mini benchmark and the embedded CLIP are built as on a
 fresh clone. The steps are the commands `make -n demo` prints with the venv taken as installed (--install first
 runs and times `make install` into a new venv of the copy and records its size), each run and timed in turn; --busy K starts K pure-Python busy loops beside them. --steps N stops after N steps
-(to check the script itself quickly).
+(to check the script itself quickly; the JSON lists the steps it would run as `planned`).
 """
 
 from __future__ import annotations
@@ -82,11 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("RGB_THREADS", None)
     if args.torch_index:
         env["TORCH_INDEX"] = args.torch_index
-    steps = demo_steps(copy, venv)[: args.steps]
+    planned = demo_steps(copy, venv)
+    steps = planned[: args.steps]
     record = {"what": "make demo, step by step, on a fresh copy (issue 24)", "command": " ".join(sys.argv),
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                           "available_cpus": available_cpus(), "python": platform.python_version()},
-              "busy": args.busy, "load_before": os.getloadavg(), "steps": []}
+              "busy": args.busy, "load_before": os.getloadavg(), "planned": planned, "steps": []}
     began = time.perf_counter()
     with busy_loops(args.busy):
         if args.install:  # `make install` into a new venv of the copy: pip's downloads or its local wheel cache

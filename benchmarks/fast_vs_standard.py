@@ -7,7 +7,7 @@ evaluations per attack; first the noise floor: the standard version with two see
     python benchmarks/fast_vs_standard.py --runs outputs/train/digits/<run> ... --n 64 \
         --out benchmarks/results/fast_vs_standard_mini_cpu.json
 
-Toy models (default) are built here in seconds: small MLP / CNN classifiers of benchmarks/toy_models' separable 3x8x8
+Toy models (default) are built here in seconds: small MLP / CNN classifiers of rgb.models.toy's separable 3x8x8
 data, trained with plain CE, PGD-AT and TRADES (rgb.training.losses, inner APGD at Linf). `--runs` takes train run
 dirs instead (train.py's output, rgb.models.load_with_meta) and attacks the first --n images of the test split of
 the benchmark each was trained on (`--source` overrides the recorded one) at the data config's budgets for its
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from toy_models import separable_data, train_mlp
+from rgb.models.toy import separable_data, train_mlp
 
 from rgb.attacks import AutoAttack
 from rgb.core.files import atomic_write_json

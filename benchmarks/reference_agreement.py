@@ -16,83 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import platform
-import re
 import sys
-import time
 from importlib import metadata
 
 import torch
 
 from attack_speed import load_images
-from rgb.attacks.autoattack import AutoAttack
-from rgb.core.threat import Norm, parse_norm
+from rgb.core.threat import Norm
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
 from rgb.models import create_model, library_versions, load_with_meta
-
-_AFTER = re.compile(r"robust accuracy after (\S+): ([0-9.]+)%")
-
-
-class _AccuracyLog(logging.Handler):
-    """Collects the reference's 'robust accuracy after X: Y%' lines as {attack: accuracy}."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.after: dict[str, float] = {}
-
-    def emit(self, record):
-        match = _AFTER.search(record.getMessage())
-        if match:
-            self.after[match.group(1).lower()] = float(match.group(2)) / 100
-
-
-def run_reference(model, x, y, norm: str, eps: float, seed: int, batch_size: int, device: str,
-                  version: str = "standard") -> dict:
-    from pyautoattack import AutoAttack as ReferenceAutoAttack
-
-    log = _AccuracyLog()
-    logger = logging.getLogger("auto-attack")
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(log)
-    try:
-        attack = ReferenceAutoAttack(model, norm=parse_norm(norm).value, eps=eps, version=version, seed=seed,
-                                     device=device)
-        start = time.perf_counter()
-        x_adv, _ = attack.run_standard_evaluation(x, y, batch_size=batch_size)
-        seconds = time.perf_counter() - start
-    finally:
-        logger.removeHandler(log)
-    robust = predictions(model, x_adv, batch_size, device) == y
-    delta = (x_adv - x).flatten(1)
-    max_norm = {"l1": delta.abs().sum(1), "l2": delta.norm(dim=1), "linf": delta.abs().amax(1)}[norm].max()
-    return {"robust": robust, "accuracy_after": log.after, "seconds": seconds, "max_perturbation_norm": float(max_norm)}
-
-
-def run_ours(model, x, y, norm: str, eps: float, seed: int, batch_size: int, device: str,
-             version: str = "standard") -> dict:
-    start = time.perf_counter()
-    result = AutoAttack(model, norm, eps, version=version, seed=seed, device=device).run(x, y, batch_size=batch_size)
-    seconds = time.perf_counter() - start
-    return {
-        "robust": result.robust, "accuracy_after": result.accuracy_after, "seconds": seconds,
-        "max_perturbation_norm": float(result.perturbation_norm.max()),
-        "forward_rows_per_image": float(result.forward_rows.mean()),
-        "backward_rows_per_image": float(result.backward_rows.mean()),
-    }
-
-
-@torch.inference_mode()
-def predictions(model, x, batch_size: int, device: str) -> torch.Tensor:
-    return torch.cat([model(x[i: i + batch_size].to(device)).argmax(1).cpu() for i in range(0, len(x), batch_size)])
-
-
-def compare(ours: torch.Tensor, reference: torch.Tensor) -> dict:
-    return {
-        "both_robust": int((ours & reference).sum()), "both_fooled": int((~ours & ~reference).sum()),
-        "only_ours_robust": int((ours & ~reference).sum()), "only_reference_robust": int((~ours & reference).sum()),
-    }
-
+from rgb.runs.agreement import compare, run_ours, run_reference
 
 def summarise(records: list[dict]) -> dict:
     summary = {}

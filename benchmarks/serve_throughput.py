@@ -2,7 +2,7 @@
 async (`AsyncOpenAI`, gathered), at 1 and 8 requests in flight, plain and streamed.
 
 The server runs in its own process (spawned, 127.0.0.1, a free port), so the client's and the server's Python do
-not share a GIL. It serves the benchmarks' tiny MLP (toy_models.train_mlp, 10 classes, 8x8 images): the forward
+not share a GIL. It serves the benchmarks' tiny MLP (rgb.models.toy.train_mlp, 10 classes, 8x8 images): the forward
 costs microseconds, so the numbers are what the HTTP layer, JSON, the data-URL decode and the SDK cost per request,
 the ceiling rgb-serve puts on any model. Writes JSON (default benchmarks/results/serve_throughput_cpu.json) with
 the machine's load before and after.
@@ -25,7 +25,7 @@ from pathlib import Path
 import openai
 from PIL import Image
 
-from toy_models import separable_data, train_mlp
+from rgb.models.toy import separable_data, train_mlp
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "toy_mlp"
@@ -127,7 +127,7 @@ def main() -> None:
         server.kill()
         server.join(10)
     result = {
-        "benchmark": "serve_throughput", "served": f"{NAME} (benchmarks/toy_models.train_mlp) via rgb-serve, "
+        "benchmark": "serve_throughput", "served": f"{NAME} (rgb.models.toy.train_mlp) via rgb-serve, "
                                                     f"FastAPI on uvicorn, max_concurrency 8",
         "client": f"openai {openai.__version__}", "runs": rows,
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "load_avg_before": load_before,

@@ -6,8 +6,11 @@
 
 `my_model` is any `nn.Module` mapping [0,1] images (N,3,H,W) to logits. Its weights are exported next to the
 results (so the run store ties every result to them), the white-box attacks go through the same resumable run
-store as attack.py, and the record is the one evaluate.py writes. Re-running the call resumes; a changed model
-is a new set of weights and is refused under the old name before anything is written.
+store as attack.py, and the record is the one evaluate.py writes: the call builds the requests attack.py and
+evaluate.py build (rgb.runs.AttackRequest, rgb.evaluation.EvalRequest) and runs them through the same functions,
+except that the model is the one given (rgb.models.InMemoryModel; its class may not be rebuildable from its
+export), never loaded back. Re-running the call resumes; a changed model is a new set of weights and is refused
+under the old name before anything is written.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from rgb.core.configs import data_configs
 from rgb.core.machine import configure_threads, resolve_device
 from rgb.core.values import path_name
 from rgb.data.benchmark_data import BenchmarkData
-from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
+from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, RecordError, white_box_setting
-from rgb.models import export_meta, write_export
+from rgb.evaluation.run import EvalRequest, RunOutputs, evaluate
+from rgb.models import InMemoryModel, export_meta, write_export
 from rgb.models.checks import check_model_fits
 from rgb.models.user_factory import IN_MEMORY_FAMILY
-from rgb.runs.runner import InMemoryModel, execute
-from rgb.runs.settings import AttackSettings, white_box_budgets
+from rgb.runs.runner import execute
+from rgb.runs.request import AttackRequest, white_box_budgets
 from rgb.runs.store import AttackRunError, first_images_dir, output_dir_for
 
 SETTINGS = ("test", "common", "l1", "l2", "linf")
@@ -102,24 +106,26 @@ def benchmark(
     run_device = resolve_device(device)
     model = model.to(run_device).eval()
     check_model_fits(model, meta, test, datamodule.image_size, run_device, EvaluationError, name)  # before any write
-    weights = write_export(model, run_dir, meta, replace=False)
+    write_export(model, run_dir, meta, replace=False)
+    given = InMemoryModel(model, meta)
     attack_dir = output_dir_for(output_dir, "attack", datamodule.dataset, name)
     if n_examples is not None:
         attack_dir = first_images_dir(attack_dir, n_examples)
     if norms:
         try:  # an in-memory model is attacked in this process (on the CPU with forked workers, one per thread, as
             # attack.py does: threads of one process spin-wait for each other on a shared machine)
-            attack = AttackSettings.create(
+            attack = AttackRequest.create(
                 run_dir, lambda: datamodule, white_box_budgets(norms, datamodule.budgets, datamodule.transfer_budgets),
                 batch_size=datamodule.eval_batch_size, output_dir=attack_dir, surrogate=name, run_name=name,
                 options=options, device=device, progress=progress, threads=torch.get_num_threads(),
                 devices="auto" if run_device.startswith("cpu") else 1, max_images=n_examples)
         except AttackRunError as err:
             raise EvaluationError(str(err)) from err
-        execute(attack, model=InMemoryModel(model, meta))
-    options = EvalOptions(
-        attack_dir=attack_dir, out_dir=output_dir_for(output_dir, "eval", datamodule.dataset, name),
-        device=run_device, batch_size=datamodule.eval_batch_size, allow_partial=n_examples is not None,
-        max_images=n_examples,
-    )
-    return evaluate_model(model, meta, weights, datamodule, options)
+        execute(attack, model=given)
+    # attack_dir is this call's own run dir (first-<n> with n_examples), as before: never a whole-split run's first
+    # rows, which evaluate.py max_images=N would fall back to (rgb.runs.store.attack_dir_read)
+    scoring = EvalRequest(
+        RunOutputs(run_dir, name, output_dir_for(output_dir, "eval", datamodule.dataset, name)), attack_dir,
+        lambda: datamodule, device=run_device, batch_size=datamodule.eval_batch_size,
+        allow_partial=n_examples is not None, max_images=n_examples)
+    return evaluate(scoring, model=given)[0]

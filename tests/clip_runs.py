@@ -3,8 +3,7 @@ training tests and the robust CLIP fine-tuning tests."""
 
 from helpers import compose_config
 
-TINY_CLIP = ["model=openclip_mini", "model.random_init=true", "data.eval_batch_size=128",
-             "callbacks.progress_bar.refresh_rate=0"]
+TINY_CLIP = ["model=openclip_mini", "model.random_init=true", "data.eval_batch_size=128"]
 
 
 def compose_train(tmp_path, mini_dir, *overrides):

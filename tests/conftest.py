@@ -41,7 +41,8 @@ def mini_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def compose():
-    """`compose(name, *overrides, return_hydra_config=False)`: conf/<name>.yaml through Hydra's compose API."""
+    """`compose(name, *overrides, return_hydra_config=False)`: conf/<name>.yaml with the tests' defaults
+    (helpers.TEST_DEFAULTS) and `overrides`, through Hydra's compose API (helpers.compose_config)."""
     return helpers.compose_config
 
 
@@ -60,7 +61,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def trained_mlp():
-    from toy_models import train_mlp
+    from rgb.models.toy import train_mlp
 
     return train_mlp()
 
@@ -68,7 +69,7 @@ def trained_mlp():
 @pytest.fixture(scope="session")
 def toy(trained_mlp):
     """The trained toy MLP with 32 held-out images it classifies (almost) perfectly."""
-    from toy_models import separable_data
+    from rgb.models.toy import separable_data
 
     return trained_mlp, *separable_data(32, seed=1)
 

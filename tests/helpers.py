@@ -1,8 +1,9 @@
 """Plain functions and constants that several test modules share. Fixtures that several modules share are in
 conftest.py; no test module imports another (tests/test_layers.py checks it).
 
-Also helper modules of their own: toy_models (benchmarks/, shared with the benchmarks), user_models (named by
-`factory` model.json files), clip_runs, hub_cache.
+Also helper modules of their own: user_models (named by `factory` model.json files), clip_runs, hub_cache. What
+tests share with benchmarks/ is in rgb (rgb.models.toy, rgb.runs.agreement, rgb.data.export.noise_transfer_splits):
+no test imports a benchmark script.
 """
 
 from __future__ import annotations
@@ -18,16 +19,26 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 
-# Overrides that keep a training test quick: small batches, no progress bar.
-FAST = ["data.batch_size=16", "data.eval_batch_size=32", "callbacks.progress_bar.refresh_rate=0"]
+NO_PROGRESS_BAR = "callbacks.progress_bar.refresh_rate=0"
+# What every composed test config sets, per config name, before the test's own overrides (which win): training on
+# the CPU whatever the machine, no progress output.
+TEST_DEFAULTS = {
+    "train": ("trainer.accelerator=cpu", NO_PROGRESS_BAR),
+    "attack": ("progress=false",),
+    "transfer": ("progress=false",),
+}
+# Overrides that keep a training test quick: small batches, no progress bar (also for train.py in a subprocess).
+FAST = ["data.batch_size=16", "data.eval_batch_size=32", NO_PROGRESS_BAR]
 
 
 def compose_config(name: str, *overrides: str, return_hydra_config: bool = False):
-    """conf/<name>.yaml with `overrides`, through Hydra's compose API (the conftest `compose` fixture)."""
+    """conf/<name>.yaml with the test defaults of `name` (TEST_DEFAULTS), then `overrides`, through Hydra's compose
+    API: the one way tests compose a config (the conftest `compose` fixture is this function)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+        return compose(name, overrides=[*TEST_DEFAULTS.get(name, ()), *overrides],
+                       return_hydra_config=return_hydra_config)
 
 
 def resolved(cfg) -> dict:
@@ -53,8 +64,7 @@ def raises_one_line(error: type[BaseException] | tuple[type[BaseException], ...]
 SURROGATE_OVERRIDES = [
     "model.name=vit_tiny_patch16_224", "+model.img_size=32", "+model.patch_size=16", "+model.embed_dim=64",
     "+model.depth=1", "+model.num_heads=1", "+model.global_pool=avg", "+model.class_token=false",
-    "optim.backbone_lr=3e-3", "optim.head_lr=3e-3", "trainer.max_epochs=4", "trainer.accelerator=cpu",
-    "callbacks.progress_bar.refresh_rate=0",
+    "optim.backbone_lr=3e-3", "optim.head_lr=3e-3", "trainer.max_epochs=4",
 ]
 
 

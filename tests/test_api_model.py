@@ -38,7 +38,7 @@ from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError, partial_dir
 from rgb.serve import Faults, make_server
 from rgb.commands.train import train
-from api_throughput import noise_transfer_splits
+from rgb.data.export import noise_transfer_splits
 
 N_IMAGES = 24
 SURROGATE = "noise"

@@ -26,7 +26,7 @@ from rgb.data import load_split
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.export import quantise_within_budget
 from rgb.commands.attack import attack_from_config
-from rgb.runs.settings import shard_position
+from rgb.runs.request import shard_position
 from rgb.runs.store import AttackRunError
 from rgb.models import create_model, export_model
 
@@ -96,6 +96,7 @@ def is_worker(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_continues_and_equals_an_uninterrupted_run(surrogate, small_bench, reference, tmp_path):
     out = tmp_path / "killed"
     command = [sys.executable, str(REPO / "attack.py"), *overrides(surrogate, small_bench, out)]
@@ -439,7 +440,7 @@ def test_two_attack_processes_on_one_run_share_its_batches(surrogate, small_benc
 
 
 def test_default_devices_on_the_cpu_are_one_worker_per_usable_core():
-    from rgb.runs.settings import process_count
+    from rgb.runs.request import process_count
 
     assert process_count("auto", "cpu", threads=3) == 3 and process_count("auto", "cpu", threads=1) == 1
     assert process_count(2, "cpu", threads=8) == 2

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from toy_models import separable_data
+from rgb.models.toy import separable_data
 
 from rgb.attacks import (
     EvalCounter,

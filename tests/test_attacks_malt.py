@@ -10,7 +10,7 @@ from torch import nn
 from rgb.attacks import VERSIONS, AutoAttack, is_standard, lp_norm
 from rgb.attacks.malt import apgd_malt, malt_scores, malt_targets
 from rgb.core.threat import Norm
-from toy_models import separable_data
+from rgb.models.toy import separable_data
 
 MIXED_EPS = {"Linf": 0.07, "L2": 0.8, "L1": 6.0}
 

@@ -14,7 +14,7 @@ from rgb.attacks.autoattack import AutoAttack, check_threat_model, within_budget
 from rgb.attacks.model_calls import attack_model
 from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import AttackEntry, Step
-from toy_models import separable_data
+from rgb.models.toy import separable_data
 
 MIXED_EPS = {"Linf": 0.07, "L2": 0.8, "L1": 6.0}
 LARGE_EPS = {"Linf": 0.15, "L2": 2.0, "L1": 20.0}
@@ -156,7 +156,7 @@ def test_reference_checks_warn_or_refuse(trained_mlp, batch):
 
 
 def test_few_classes_cap_targets_and_three_classes_refused():
-    from toy_models import train_mlp
+    from rgb.models.toy import train_mlp
 
     five = train_mlp(n_classes=5, steps=100)
     x, y = separable_data(16, seed=2, n_classes=5)
@@ -304,6 +304,7 @@ def test_threat_model_checks_are_errors(batch):
         check_threat_model(x, moved, "L1", 1.0, unchanged=torch.tensor([True, False, False, False]))
 
 
+@pytest.mark.slow
 def test_threat_model_check_holds_under_python_O():
     script = ("import torch\nfrom rgb.attacks import AttackError, check_threat_model\nx = torch.full((2, 3, 4, 4), 0.5)\n"
               "try:\n    check_threat_model(x, x + 0.3, 'Linf', 0.1)\nexcept AttackError:\n    print('refused')\n")

@@ -87,6 +87,7 @@ def test_a_recorded_source_with_spaces_is_quoted_for_hydra(tmp_path):
     assert cli._infer_from_run([f"run={run}"])[2] == "data.source='/my data/it\\'s'"
 
 
+@pytest.mark.slow
 def test_attack_cfg_job_resolve_shows_the_recorded_source(recorded_run):
     """`attack.py run=X --cfg job --resolve` failed with "unrecognized arguments: data=mini"."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "RGB_THREADS": "1"}
@@ -126,14 +127,10 @@ def test_run_names_that_are_not_one_directory_are_refused(name):
     (["model=api_chat", "model.base_url=http://127.0.0.1:1/v1", "model.api_model=Qwen/Qwen2-VL"],
      "api-Qwen--Qwen2-VL"),
 ])
-def test_default_run_names_of_hub_and_api_models_are_one_directory(overrides, expected, tmp_path):
+def test_default_run_names_of_hub_and_api_models_are_one_directory(overrides, expected, tmp_path, compose):
     """Hub names (`hf-hub:ORG/NAME`) and served model names (`ORG/NAME`) hold '/': the default run name spells
     them as one directory name instead of being refused (or nesting folders)."""
-    from hydra import compose, initialize_config_dir
-
-    cli.register_resolvers()
-    with initialize_config_dir(config_dir=cli.CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, f"paths.output_dir={tmp_path}"])
+    cfg = compose("train", *overrides, f"paths.output_dir={tmp_path}")
     assert str(cfg.run_name).startswith(expected) and path_name(cfg.run_name) == cfg.run_name
 
 
@@ -353,6 +350,7 @@ def test_an_empty_descriptions_list_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("env, expected", [({}, "3000"), ({"GOMP_SPINCOUNT": "77"}, "77"),
                                            ({"OMP_WAIT_POLICY": "PASSIVE"}, None)])
+@pytest.mark.slow
 def test_entry_points_shorten_openmp_spinning_before_torch_loads(env, expected):
     """libgomp reads GOMP_SPINCOUNT once, when torch loads it: the entry points set it first (a user's own
     setting, or OMP_WAIT_POLICY, wins)."""
@@ -383,6 +381,7 @@ print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 20)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.slow
 def test_kept_memory_serves_the_next_step_without_page_faults():
     """An attack's step, a small CNN's forward and backward to the input: under glibc's defaults each step's
     4 MiB activations come from memory handed back to the kernel (1,800-3,300 page faults a step seen here);

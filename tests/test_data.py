@@ -129,6 +129,7 @@ def test_missing_directory_unknown_dataset_and_missing_split(mini_dir, tmp_path)
         load_split(str(mini_dir), DATASET, "l1_75")
 
 
+@pytest.mark.slow
 def test_hub_id_offline_says_how_to_use_a_local_snapshot(tmp_path):
     code = (
         "from rgb.data import load_split\n"
@@ -248,6 +249,7 @@ def test_datamodule_loaders_cover_whole_splits_in_order(mini_dir):
         wrong.setup("fit")
 
 
+@pytest.mark.slow
 def test_corruptions_are_an_optional_extra(monkeypatch):
     """Issue 24: the corruption library (OpenCV, scikit-image, numba) is an extra: a command that needs it names
     the extra in one line, and the modules of training, attacking and scoring import without it."""
@@ -290,6 +292,7 @@ def test_training_fits_on_the_data_config_it_is_given(compose):
     assert resumable("data._target_")
 
 
+@pytest.mark.slow
 def test_attack_and_evaluation_start_without_lightning_or_scikit_learn():
     """Lightning (about 1.5 s to import) is training's, and scikit-learn only builds the mini benchmark: the modules
     attack.py and evaluate.py run, the data config they instantiate and rgb.commands.main load neither (issue

@@ -71,6 +71,7 @@ def test_factory_model_through_attack_and_evaluate_with_both_implementations(fac
     ("attack.py", ["run=RUN", "impl=other"], "impl must be one of"),
     ("attack.py", ["run=RUN", "threads=0"], "threads must be a positive integer"),
 ])
+@pytest.mark.slow
 def test_user_errors_are_one_line(script, args, message, factory_run, mini_dir, tmp_path):
     args = [a.replace("RUN", str(factory_run)) for a in args]
     if args:

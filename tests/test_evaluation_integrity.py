@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers import datamodule, expectation, record, save_pool, write_attack
+from helpers import compose_config, datamodule, expectation, record, save_pool, write_attack
 from rgb.attacks.registry import VERSIONS
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS
 from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, to_markdown
@@ -219,8 +219,8 @@ def test_worst_k_defaults_to_1_5_10():
 
 def test_pool_mode_reports_through_logging(tmp_path, caplog):
     save_pool([record("m", "d", [0.5] * 5)], tmp_path / "eval")
-    cfg = OmegaConf.create({"pool": [str(tmp_path / "eval")], "leaderboard_dir": str(tmp_path / "board"),
-                            "protocol": "white_box", "rank_by": "borda", "leaderboard_datasets": ["d"]})
+    cfg = compose_config("evaluate", f"pool=[{tmp_path / 'eval'}]", f"leaderboard_dir={tmp_path / 'board'}",
+                         "protocol=white_box", "rank_by=borda", "leaderboard_datasets=[d]")
     with caplog.at_level(logging.INFO, logger="rgb.evaluation"):
         assert run_evaluation(cfg) is None
     assert "| 1 | m | 0 | 2.50 | 2.50 |" in caplog.text and "leaderboard written to" in caplog.text

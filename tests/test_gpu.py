@@ -5,7 +5,7 @@ import torch
 
 from rgb.attacks import apgd
 from rgb.attacks.autoattack import AutoAttack, within_budget
-from toy_models import separable_data
+from rgb.models.toy import separable_data
 
 pytestmark = pytest.mark.gpu
 

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     done = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(tmp_path), "--cpu"], cwd=REPO,
                           env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
@@ -32,6 +35,7 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     assert (tmp_path / "gpu_check.log").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_gpu_check_refuses_clearly_without_arguments_or_gpu(tmp_path):
     usage = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=REPO, capture_output=True, text=True)
     assert usage.returncode == 2 and "usage:" in usage.stderr

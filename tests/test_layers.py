@@ -198,7 +198,7 @@ def test_the_check_sees_an_import_cycle(tmp_path, monkeypatch):
     assert _cycles() == ["rgb.data.a -> rgb.data.b -> rgb.data.c -> rgb.data.a"]
 
 
-# -- tests/ and benchmarks/: test modules import no test module; benchmarks import nothing of tests/ ----------
+# -- tests/ and benchmarks/: test modules import no test module and no benchmark; benchmarks nothing of tests/ ---
 
 TESTS = Path(__file__).resolve().parent
 BENCHMARKS = TESTS.parent / "benchmarks"
@@ -216,13 +216,17 @@ def _top_level_imports(path: Path) -> set[tuple[str, int]]:
 
 
 def _cross_imports(tests: Path, benchmarks: Path) -> list[str]:
-    """A file of tests/ importing a test module (`test_*`) or conftest (shared fixtures come from conftest by
-    name, shared functions from helpers), and a file of benchmarks/ importing any module of tests/."""
+    """A file of tests/ importing a test module (`test_*`), conftest (shared fixtures come from conftest by
+    name, shared functions from helpers) or a benchmark script (what both use is in rgb; a script is tested as
+    a user runs it), and a file of benchmarks/ importing any module of tests/."""
     bad = []
+    of_benchmarks = {p.stem for p in benchmarks.glob("*.py")}
     for path in sorted(tests.glob("*.py")):
         for module, line in sorted(_top_level_imports(path), key=lambda found: found[1]):
             if module.startswith("test_") or module == "conftest":
                 bad.append(f"{path.parent.name}/{path.name}:{line} imports {module}")
+            elif module in of_benchmarks:
+                bad.append(f"{path.parent.name}/{path.name}:{line} imports {module} of benchmarks/")
     of_tests = {p.stem for p in tests.glob("*.py")}
     for path in sorted(benchmarks.glob("*.py")):
         for module, line in sorted(_top_level_imports(path), key=lambda found: found[1]):
@@ -243,11 +247,12 @@ def test_the_check_sees_a_test_importing_a_test_and_a_benchmark_importing_tests(
     benchmarks.mkdir()
     (tests / "helpers.py").write_text("X = 1\n")
     (tests / "test_a.py").write_text("import os\n\n\ndef test_x():\n    from test_b import y\n")
-    (tests / "test_b.py").write_text("from helpers import X\nfrom conftest import REPO\ny = X\n")
+    (tests / "test_b.py").write_text("from helpers import X\nfrom conftest import REPO\ny = X\n\n\n"
+                                     "def test_y():\n    from bench import main\n")
     (benchmarks / "bench.py").write_text("import json\nfrom helpers import X\n")
     assert _cross_imports(tests, benchmarks) == [
         "tests/test_a.py:5 imports test_b", "tests/test_b.py:2 imports conftest",
-        "benchmarks/bench.py:2 imports helpers of tests/"]
+        "tests/test_b.py:7 imports bench of benchmarks/", "benchmarks/bench.py:2 imports helpers of tests/"]
 
 
 def _config_imports(path: Path) -> list[int]:
@@ -264,3 +269,75 @@ def test_hydra_only_at_the_edges():
     """No library module (attacks, models, the attack runner, rgb.benchmark, ...) imports Hydra or OmegaConf."""
     found = {str(p.relative_to(RGB.parent)): _config_imports(p) for p in sorted(RGB.rglob("*.py"))}
     assert {name: lines for name, lines in found.items() if lines and not name.startswith(CONFIG_PACKAGE)} == {}
+
+
+
+def _config_calls(path: Path) -> list[int]:
+    """Lines that compose or instantiate a config (`OmegaConf.merge`, `instantiate(`, however imported): the
+    commands' job, so a library function takes the typed value the command built."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            called = node.func
+            name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", "")
+            owner = getattr(called.value, "id", "") if isinstance(called, ast.Attribute) else ""
+            if name == "instantiate" or (owner == "OmegaConf" and name == "merge"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_config_composed_or_instantiated_below_the_commands():
+    found = {str(p.relative_to(RGB.parent)): _config_calls(p) for p in sorted(RGB.rglob("*.py"))}
+    assert {name: lines for name, lines in found.items() if lines and not name.startswith(CONFIG_PACKAGE)} == {}
+    assert any(found[name] for name in found if name.startswith(CONFIG_PACKAGE))  # the check sees the commands' own
+
+
+def test_the_check_sees_a_config_composed_or_instantiated(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import hydra\nfrom omegaconf import OmegaConf\n\nc = OmegaConf.merge({}, {})\n"
+                    "m = hydra.utils.instantiate(c)\nOmegaConf.create({})\n")
+    assert _config_calls(path) == [4, 5]
+
+# -- tests that start processes are marked slow (RGB_FAST=1 skips them) --------------------------------------
+
+# What starts a process, as names in code: a subprocess, a multiprocessing context or process, the interpreter.
+PROCESS_NAMES = {"subprocess", "Popen", "multiprocessing"}
+PROCESS_ATTRIBUTES = {"Popen", "get_context", "Process", "executable"}
+
+
+def _starts_process(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in PROCESS_NAMES
+               or isinstance(n, ast.Attribute) and n.attr in PROCESS_ATTRIBUTES for n in ast.walk(node))
+
+
+def _unmarked_process_tests(path: Path) -> list[str]:
+    """Test functions of `path` that start a process, themselves or through a function or fixture of the same
+    module, without the slow mark (their own or the module's `pytestmark`)."""
+    source = path.read_text()
+    tree = ast.parse(source, filename=str(path))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    starting = {name for name, node in functions.items() if _starts_process(node)}
+    while True:  # through the module's own helpers and fixtures, by name (calls and fixture arguments)
+        more = {name for name, node in functions.items() if name not in starting
+                and ({n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                     | {a.arg for a in node.args.args}) & starting}
+        if not more:
+            break
+        starting |= more
+    module_slow = any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+                      and "slow" in ast.get_source_segment(source, node) for node in tree.body)
+    return [f"{path.name}:{node.lineno} {name}" for name, node in functions.items()
+            if name.startswith("test_") and name in starting and not module_slow
+            and not any("mark.slow" in ast.get_source_segment(source, d) for d in node.decorator_list)]
+
+
+def test_tests_that_start_processes_are_marked_slow():
+    assert [found for path in sorted(TESTS.glob("test_*.py")) for found in _unmarked_process_tests(path)] == []
+
+
+def test_the_check_sees_an_unmarked_test_that_starts_a_process(tmp_path):
+    path = tmp_path / "test_x.py"
+    path.write_text("import subprocess\nimport pytest\n\n\ndef started():\n    return subprocess.run(['true'])\n\n\n"
+                    "@pytest.fixture\ndef server():\n    return started()\n\n\ndef test_a(server):\n    pass\n\n\n"
+                    "@pytest.mark.slow\ndef test_b():\n    started()\n\n\ndef test_c():\n    pass\n")
+    assert _unmarked_process_tests(path) == ["test_x.py:14 test_a"]

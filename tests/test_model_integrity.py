@@ -24,7 +24,7 @@ from rgb.models.io import ExportConflictError
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import MANIFEST, RunDirectory
 from helpers import datamodule, raises_one_line
-from toy_models import separable_data
+from rgb.models.toy import separable_data
 from user_models import small_cnn
 
 
@@ -232,7 +232,7 @@ def test_attack_refuses_a_model_with_other_logit_counts_or_infinite_logits(mini_
         kwargs = {"num_classes": model.head.out_features}
         export_factory_model(model, run, "user_models:small_cnn", kwargs, meta={"dataset": "digits"})
         cfg = compose("attack", f"run={run}", f"paths.mini_dir={mini_dir}", f"output_dir={tmp_path / 'out'}",
-                      "norms=[linf]", "progress=false")
+                      "norms=[linf]")
         with pytest.raises(AttackRunError, match=message):
             attack_from_config(cfg)
     assert not (tmp_path / "out").exists()

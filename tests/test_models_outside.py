@@ -166,6 +166,7 @@ def test_timm_hub_weights_that_do_not_fit_are_a_mismatch(hub):
         create_model("hf-hub:someorg/broken", 7)
 
 
+@pytest.mark.slow
 def test_hub_model_trains_exports_reloads_without_the_hub_and_is_attacked(hub, tmp_path, mini_dir):
     """The whole path of a model pushed with timm: train.py fine-tunes it from the cache (offline), exports it;
     the export loads with the cache gone and is attacked."""

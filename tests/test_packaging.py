@@ -24,6 +24,7 @@ def wheel(tmp_path_factory) -> Path:
     return found
 
 
+@pytest.mark.slow
 def test_wheel_carries_the_configs_built_from_conf(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for config in REPO.joinpath("conf").rglob("*.yaml"):
@@ -34,6 +35,7 @@ def test_wheel_carries_the_configs_built_from_conf(wheel):
     assert "rgb/commands/main.py" in names and not any(n.startswith("tests/") for n in names)
 
 
+@pytest.mark.slow
 def test_wheel_carries_the_site_templates_and_the_licence(wheel):
     """evaluate.py site=true renders templates shipped as package data; the MIT licence is in the metadata."""
     archive = zipfile.ZipFile(wheel)

@@ -10,10 +10,10 @@ the `plus` version identical counts after every one of its six attacks at all th
 
 import pytest
 import torch
-from toy_models import separable_data, train_mlp
+from rgb.models.toy import separable_data, train_mlp
 
 pytest.importorskip("pyautoattack")
-from reference_agreement import compare, run_ours, run_reference  # noqa: E402  (benchmarks/, on pythonpath)
+from rgb.runs.agreement import compare, run_ours, run_reference  # noqa: E402
 
 BUDGETS = {"linf": 0.07, "l2": 0.8, "l1": 6.0}
 

@@ -1,5 +1,5 @@
 """The run store's vocabulary, written once: output paths, the standardness rule, the `fooled_by` code, and
-the attack-run settings built from plain values (no config) as rgb.benchmark builds them."""
+the attack-run request built from plain values (no config) as rgb.benchmark builds it."""
 
 import functools
 import pickle
@@ -12,7 +12,7 @@ from rgb.attacks import VERSIONS
 from rgb.attacks.autoattack import FooledBy
 from rgb.core.values import ConfigValueError
 from rgb.data import BenchmarkData
-from rgb.runs.settings import AttackSettings, white_box_budgets
+from rgb.runs.request import AttackRequest, white_box_budgets
 from rgb.runs.store import (
     REFERENCE_CASCADE,
     AttackRunError,
@@ -46,16 +46,10 @@ def test_the_dirs_inside_the_outputs_have_one_layout():
     assert partial_dir(output_dir_for("out", "eval", "digits", "vit")) == Path("out/eval/digits/vit/partial")
 
 
-def test_the_configs_spell_output_dirs_through_the_store(tmp_path):
+def test_the_configs_spell_output_dirs_through_the_store(tmp_path, compose):
     """attack.yaml's and evaluate.yaml's output paths are the store's layout (the `${rgb.output_dir:...}` resolver)."""
-    from hydra import compose, initialize_config_dir
-
-    from rgb.commands.main import CONFIG_DIR, register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        attack = compose("attack", overrides=[f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}"])
-        evaluate = compose("evaluate", overrides=[f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}"])
+    attack = compose("attack", f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}")
+    evaluate = compose("evaluate", f"run={tmp_path / 'demo'}", f"paths.output_dir={tmp_path}")
     assert Path(attack.output_dir) == output_dir_for(tmp_path, "attack", "digits", "demo")
     assert Path(evaluate.attack_dir) == Path(attack.output_dir)
     assert Path(evaluate.output_dir) == output_dir_for(tmp_path, "eval", "digits", "demo")
@@ -86,7 +80,7 @@ def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path)
     module = data()
     budgets = white_box_budgets(["linf", "L2"], module.budgets, module.transfer_budgets)
     assert [b.name for b in budgets] == ["linf", "l2"] and budgets[0].export_split == "linf_4"
-    settings = AttackSettings.create(run, data, budgets, batch_size=50, output_dir=tmp_path / "out", surrogate="m",
+    settings = AttackRequest.create(run, data, budgets, batch_size=50, output_dir=tmp_path / "out", surrogate="m",
                                      devices=2, threads=2)
     again = pickle.loads(pickle.dumps(settings))  # it travels to spawned workers, which build their own data module
     assert again.data().budgets == module.budgets and again.processes == 2 and again.run_name == "vit"
@@ -94,9 +88,9 @@ def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path)
     for bad, message in [(dict(batch_size=0), "batch_size must be >= 1"), (dict(impl="theirs"), "impl must be one of"),
                          (dict(shard_index=2, shard_count=2), r"shard.index must be in \[0, shard.count\)")]:
         with pytest.raises(AttackRunError, match=message):
-            AttackSettings.create(run, data, budgets, **{"batch_size": 50, "output_dir": tmp_path, "surrogate": "m",
+            AttackRequest.create(run, data, budgets, **{"batch_size": 50, "output_dir": tmp_path, "surrogate": "m",
                                                           **bad})
     with pytest.raises(AttackRunError, match="does not exist"):
-        AttackSettings.create(tmp_path / "absent", data, budgets, batch_size=50, output_dir=tmp_path, surrogate="m")
+        AttackRequest.create(tmp_path / "absent", data, budgets, batch_size=50, output_dir=tmp_path, surrogate="m")
     with pytest.raises(AttackRunError, match="norms must be distinct names"):
         white_box_budgets(["linf", "Linf"], module.budgets, module.transfer_budgets)

@@ -231,6 +231,7 @@ def test_load_queries_keeps_order_and_class_names(tmp_path):
     assert [(q.text, q.class_name) for q in load_queries(path)] == [("b seven", "seven"), ("a cat", None)]
 
 
+@pytest.mark.slow
 def test_the_command_line_prints_one_line(tiny_runs, mini_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
     shown = subprocess.run([sys.executable, str(REPO / "evaluate.py"), f"run={tiny_runs[0]}", "text_robustness=true",

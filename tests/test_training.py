@@ -267,7 +267,7 @@ def mini_test_loader(mini_dir):
 
 @pytest.mark.slow
 def test_default_ce_run_reaches_90_percent_clean_test_accuracy(tmp_path, mini_dir):
-    train(compose_train(tmp_path, mini_dir, "callbacks.progress_bar.refresh_rate=0"))
+    train(compose_train(tmp_path, mini_dir))
     accuracy = split_accuracy(load(tmp_path), mini_test_loader(mini_dir))
     print(f"default CE run: clean test accuracy {accuracy:.3f}")
     assert accuracy >= 0.9
@@ -275,7 +275,7 @@ def test_default_ce_run_reaches_90_percent_clean_test_accuracy(tmp_path, mini_di
 
 @pytest.mark.slow
 def test_trades_is_robust_to_its_inner_attack(tmp_path, mini_dir):
-    train(compose_train(tmp_path, mini_dir, "loss=trades", "callbacks.progress_bar.refresh_rate=0"))
+    train(compose_train(tmp_path, mini_dir, "loss=trades"))
     model, loader = load(tmp_path), mini_test_loader(mini_dir)
     clean = split_accuracy(model, loader)
     robust = split_accuracy(model, loader, attack=InnerAttack())

@@ -199,6 +199,7 @@ with locked(Path(sys.argv[1])):
 """
 
 
+@pytest.mark.slow
 def test_second_run_on_a_locked_run_dir_refuses_naming_the_holder(tmp_path, mini_dir):
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -352,6 +353,7 @@ def test_zeroshot_weights_without_a_run_record_are_not_replaced(tmp_path, mini_d
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == b"weights of an earlier rgb"
 
 
+@pytest.mark.slow
 def test_zeroshot_run_dir_is_locked_like_a_training_run(tmp_path, mini_dir):
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

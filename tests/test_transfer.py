@@ -35,7 +35,7 @@ def made(mini_dir, surrogate, tmp_path_factory):
     bench = head_of_test_split(mini_dir, tmp_path_factory.mktemp("transfer") / "bench", N_IMAGES)
     out = tmp_path_factory.mktemp("transfer_runs")
     items = [f"run={surrogate}", f"paths.mini_dir={bench}", f"output_dir={out}", "attacks=[apgd-ce]",
-             f"batch_size={N_IMAGES}", "progress=false"]
+             f"batch_size={N_IMAGES}"]
     cfg = compose_transfer([*items, f"splits=[{','.join(FAST_SPLITS)}]"])
     return bench, surrogate, out, items, make_transfer_splits(cfg)
 

@@ -30,8 +30,7 @@ def zero_shot_run(root: Path, mini_dir: Path) -> Path:
     """train.py model=openclip_mini strategy=zeroshot prompts=cpe run_name=zs_cpe, the tower untrained."""
     run = root / "outputs" / "train" / "digits" / RUN_NAME  # hydra.run.dir of train.py, set here without Hydra
     train(compose_config("train", root, mini_dir, "model=openclip_mini", "model.random_init=true", "strategy=zeroshot",
-                         "prompts=cpe", f"run_name={RUN_NAME}", f"run_dir={run}", "threads=1",
-                         "callbacks.progress_bar.refresh_rate=0"))
+                         "prompts=cpe", f"run_name={RUN_NAME}", f"run_dir={run}", "threads=1"))
     return run
 
 
@@ -76,7 +75,7 @@ def test_zero_shot_run_is_attacked_in_three_norms_and_scored_in_five_settings(tm
     untrained model gets right falls to the first attack (at the mini's own budgets it resists: ~6 min a norm)."""
     run = zero_shot_run(tmp_path, mini_dir)
     summaries = attack_from_config(compose_config("attack", tmp_path, mini_dir, f"run={run}", "threads=1",
-                                                  "progress=false", *WIDE_BUDGETS))
+                                                  *WIDE_BUDGETS))
     assert sorted(summaries) == ["l1", "l2", "linf"]
     for summary in summaries.values():
         assert summary.standard and summary.n == 200 and summary.robust_accuracy <= summary.clean_accuracy

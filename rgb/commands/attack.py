@@ -1,5 +1,5 @@
 """attack.py's config half (and what rgb-transfer's shares with it): the composed config becomes the typed values
-the library takes (`AttackSettings.create`, a data-module factory, budgets), so no module below rgb/commands/ sees a
+the library takes (`AttackRequest.create`, a data-module factory, budgets), so no module below rgb/commands/ sees a
 DictConfig. Imported inside the commands (it pulls in torch), never by `--help`.
 """
 
@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.attacks.options import AttackOptions
 from rgb.data.benchmark_data import BenchmarkData
-from rgb.runs.settings import AttackSettings, Budget, white_box_budgets
+from rgb.runs.request import AttackRequest, Budget, white_box_budgets
 from rgb.runs.store import AttackRunError, RunSummary, first_images_dir, run_name_for
 
 
@@ -22,9 +22,9 @@ def data_factory(data: DictConfig) -> Callable[[], BenchmarkData]:
     return instantiate(data, _partial_=True, _convert_="all")
 
 
-def attack_settings(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets: tuple[Budget, ...], surrogate: str,
-                    threads: int = 1) -> AttackSettings:
-    """conf/attack.yaml (or conf/transfer.yaml) mapped onto the run's settings."""
+def attack_request(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets: tuple[Budget, ...], surrogate: str,
+                   threads: int = 1) -> AttackRequest:
+    """conf/attack.yaml (or conf/transfer.yaml) mapped onto the attack run's request."""
     if cfg.get("run") is None or OmegaConf.is_missing(cfg, "run"):
         raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
     try:  # every option by its name; a config without one keeps its default
@@ -33,7 +33,7 @@ def attack_settings(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets:
         raise AttackRunError(str(err)) from err
     max_images = cfg.get("max_images")
     output_dir = str(cfg.output_dir) if max_images is None else first_images_dir(str(cfg.output_dir), max_images)
-    return AttackSettings.create(
+    return AttackRequest.create(
         str(cfg.run), data, budgets, batch_size=int(cfg.batch_size), max_images=max_images,
         output_dir=output_dir, surrogate=surrogate, run_name=cfg.get("run_name") or None,
         options=options, device=str(cfg.device), compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
@@ -50,16 +50,16 @@ def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummar
     data = data_factory(cfg.data)
     datamodule = data()  # cheap: reads nothing until a split is asked for
     budgets = white_box_budgets(list(cfg.norms), datamodule.budgets, datamodule.transfer_budgets)
-    settings = attack_settings(cfg, data, budgets, surrogate=run_name_for(cfg.run), threads=threads)
+    request = attack_request(cfg, data, budgets, surrogate=run_name_for(cfg.run), threads=threads)
     if cfg.get("dry_run"):
         from rgb.runs.cost import estimate
 
-        estimate(settings)
+        estimate(request)
         return {}
-    summaries = execute(settings)
+    summaries = execute(request)
     tracking = cfg.get("wandb") or {}
     if tracking.get("enabled") and summaries:  # the shard that merges logs the run
         from rgb.runs.wandb_report import log_attack
 
-        log_attack(summaries, settings.output_dir, str(tracking.get("project", "robustgenbench")))
+        log_attack(summaries, request.output_dir, str(tracking.get("project", "robustgenbench")))
     return summaries

@@ -1,12 +1,12 @@
-"""rgb-transfer's config half: the surrogate's attack settings at the requested transfer budgets (built as
+"""rgb-transfer's config half: the surrogate's attack request at the requested transfer budgets (built as
 attack.py's are), written into the snapshot."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rgb.commands.attack import attack_settings, data_factory
-from rgb.runs.settings import transfer_budgets
+from rgb.commands.attack import attack_request, data_factory
+from rgb.runs.request import transfer_budgets
 from rgb.runs.store import RunSummary
 
 
@@ -18,5 +18,5 @@ def transfer_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSumm
     datamodule = data()
     splits = None if cfg.splits is None else [str(s) for s in cfg.splits]
     budgets = transfer_budgets(splits, datamodule.transfer_budgets)
-    settings = attack_settings(cfg, data, budgets, surrogate=str(cfg.surrogate), threads=threads)
-    return make_transfer_splits(settings, datamodule.source)
+    request = attack_request(cfg, data, budgets, surrogate=str(cfg.surrogate), threads=threads)
+    return make_transfer_splits(request, datamodule.source)

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from rgb.core.threat import ThreatModel
+from rgb.data.catalog import TRANSFER_SPLITS, split_budget
 from rgb.data.errors import BenchmarkError
 from rgb.data.layout import readme_title
 from rgb.data.snapshot import png_bytes, write_readme, write_split
@@ -85,3 +86,21 @@ def export_adversarial_split(split, *, dataset: str, image_size: int, root: Path
     write_readme(root, readme_title(root) or f"{dataset} adversarial images from {surrogate}")
     return path
 
+
+def noise_transfer_splits(root: Path, clean_split, modified: list[bool], surrogate: str, seed: int = 0) -> None:
+    """The 7 transfer splits of config `<dataset>-<surrogate>` in the snapshot `root`, made cheaply: a random
+    perturbation within each budget (8-bit, quantise_within_budget) where `modified`, the clean test PNG elsewhere (as
+    the card copies the images its surrogate gets wrong). For request counting and throughput, where what
+    matters is which images are distinct, not how adversarial they are."""
+    x = torch.stack([clean_split[i][0] for i in range(len(clean_split))])
+    generator = torch.Generator().manual_seed(seed)
+    dataset = clean_split.rows.info.config_name
+    for split in TRANSFER_SPLITS:
+        norm, eps = split_budget(split, x[0].numel())
+        noise = torch.randn(x.shape, generator=generator)
+        size = {"linf": noise.abs().amax(dim=(1, 2, 3)), "l2": noise.flatten(1).norm(dim=1),
+                "l1": noise.flatten(1).abs().sum(dim=1)}[norm]
+        adversarial = quantise_within_budget(x, (x + 0.9 * eps * noise / size.view(-1, 1, 1, 1)).clamp(0, 1), norm, eps)
+        export_adversarial_split(clean_split, dataset=dataset, image_size=x.shape[-1], root=root, surrogate=surrogate,
+                                 threat=ThreatModel(norm, eps), split_name=split, adversarial=adversarial,
+                                 modified=modified)

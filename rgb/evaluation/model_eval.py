@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from rgb.core.classwise import class_wise_summary
+from rgb.core.classwise import DEFAULT_WORST_K, class_wise_summary
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.data import BenchmarkData
@@ -64,7 +64,7 @@ class EvalOptions:
     severity_sweep: bool = False
     allow_partial: bool = False
     max_images: int | None = None
-    worst_k: tuple = (1, 5, 10)
+    worst_k: tuple = DEFAULT_WORST_K
     device: str = "cpu"
     batch_size: int = 256
     api_cache_dir: Path | None = None  # API models: where their answer caches live (one file per model identity)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rgb.core.classwise import DEFAULT_WORST_K
 from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
 from rgb.evaluation.leaderboard import (
@@ -27,7 +28,7 @@ from rgb.evaluation.leaderboard import (
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, request_plan
 from rgb.evaluation.records import PROTOCOLS, RecordError, ScoresRecord
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
-from rgb.models import export_paths, load_with_meta
+from rgb.models import InMemoryModel, export_paths, load_with_meta
 from rgb.models.io import origin_line
 from rgb.runs.store import attack_dir_read, train_reference
 
@@ -46,23 +47,24 @@ class RunOutputs:
 
 @dataclass(frozen=True)
 class EvalRequest:
-    """evaluate.py run=DIR: one model scored from its attack runs and clean predictions."""
+    """evaluate.py run=DIR (or rgb.benchmark): one model scored from its attack runs and clean predictions. The
+    defaults are what rgb.benchmark asks for; evaluate.py sets every field from its config."""
 
     model: RunOutputs
     attack_dir: Path
     data: Callable[[], object]  # the data config's module (rgb.data.BenchmarkData), built when the scoring needs it
-    protocol: str  # black_box also scores the black-box protocol (as transfer)
-    transfer: bool
-    severity_sweep: bool
-    allow_partial: bool
-    max_images: int | None
-    worst_k: tuple
     device: str  # as configured: auto is resolved here
     batch_size: int
-    api_cache_dir: Path
-    max_requests: int | None
-    dry_run: bool
-    wandb_project: str | None  # None: nothing logged to W&B
+    protocol: str = "white_box"  # black_box also scores the black-box protocol (as transfer)
+    transfer: bool = False
+    severity_sweep: bool = False
+    allow_partial: bool = False
+    max_images: int | None = None
+    worst_k: tuple = DEFAULT_WORST_K
+    api_cache_dir: Path | None = None  # None: no answer cache (a tensor model sends no requests)
+    max_requests: int | None = None
+    dry_run: bool = False
+    wandb_project: str | None = None  # None: nothing logged to W&B
 
 
 @dataclass(frozen=True)
@@ -130,13 +132,14 @@ def write_pool_site(board: Leaderboard, records: dict[Path, ScoresRecord], runs:
     return write_site(sorted(boards, key=lambda b: list(PROTOCOLS).index(b.protocol)), entries, out)
 
 
-def evaluate(request: EvalRequest) -> tuple[ScoresRecord | None, dict]:
+def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[ScoresRecord | None, dict]:
     """Evaluate the requested model (its scores record, None for a dry run, and model.json), named as its run
-    record says."""
+    record says. `model`: an in-memory model whose export `request.model.run` holds (rgb.benchmark), scored as
+    it is rather than loaded back (as rgb.runs.runner.execute attacks it)."""
     if request.max_images is not None and not request.allow_partial:
         raise EvaluationError("max_images scores part of each split: add allow_partial=true to accept that")
     run = request.model.run
-    model, meta = load_with_meta(run)
+    model, meta = load_with_meta(run) if model is None else (model.module, dict(model.meta))
     meta["run_name"] = request.model.run_name  # rgb.runs.store.run_name_for: a sweep job's unique name
     origin = origin_line(meta)
     if origin:

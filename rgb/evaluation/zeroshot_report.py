@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256
-from rgb.core.classwise import check_worst_k
+from rgb.core.classwise import DEFAULT_WORST_K, check_worst_k
 from rgb.core.configs import describe_data_config
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
@@ -68,7 +68,7 @@ class ZeroShotReportOptions:
     unlabelled_split: str | None  # None: the split the run's prompts config named
     cache_dir: Path | None
     device: str = "cpu"
-    worst_k: tuple = (1, 5, 10)
+    worst_k: tuple = DEFAULT_WORST_K
     cmm_units: str | None = None
     mad_t: float | None = None
     zpe_pretraining_features: Path | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import safetensors.torch
@@ -34,6 +35,15 @@ def library_versions() -> dict[str, str]:
 
 class ExportConflictError(UserError, FileExistsError):
     """An export directory that already holds other weights (and the results made for them)."""
+
+
+@dataclass(frozen=True)
+class InMemoryModel:
+    """A model handed over in Python (rgb.benchmark) with the record of its exported weights: attacked and scored
+    as it is (its class may not be rebuildable from the record), the export tying its results to those weights."""
+
+    module: nn.Module
+    meta: dict
 
 
 def write_export(model: nn.Module, out_dir: str | Path, record: dict, *, replace: bool = True) -> Path:

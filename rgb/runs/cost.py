@@ -23,7 +23,7 @@ from torch.utils.data import default_collate
 from rgb.attacks.autoattack import AutoAttack
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.runner import Target
-from rgb.runs.settings import AttackSettings
+from rgb.runs.request import AttackRequest
 from rgb.runs.store import COST_ESTIMATE_FILE
 
 log = logging.getLogger(__name__)
@@ -91,30 +91,30 @@ def budget_cost(n_images: int, robust_rows: tuple[int, int], fooled_rows: tuple[
     return BudgetCost(name, n_images, robust_rows, fooled_rows, rows, seconds)
 
 
-def estimate(settings: AttackSettings) -> dict:
-    """The cost of `settings`' run on this machine, logged as a table and written to <output_dir>/cost_estimate.json
+def estimate(request: AttackRequest) -> dict:
+    """The cost of the requested run on this machine, logged as a table and written to <output_dir>/cost_estimate.json
     (nothing is attacked, no run directory is claimed)."""
-    target = Target.open(settings, settings.device)
-    n_images = target.n_images(settings)
-    x, _, _ = default_collate([target.split[i] for i in range(min(settings.batch_size, n_images))])
-    speed = measure_throughput(target.model, x, settings.device)
+    target = Target.open(request, request.device)
+    n_images = target.n_images(request)
+    x, _, _ = default_collate([target.split[i] for i in range(min(request.batch_size, n_images))])
+    speed = measure_throughput(target.model, x, request.device)
     with torch.no_grad():
-        n_classes = int(target.model(x[:1].to(settings.device)).shape[1])
+        n_classes = int(target.model(x[:1].to(request.device)).shape[1])
     # GPUs attack side by side; CPU workers share the cores this process measured with
-    workers = settings.processes if settings.device.startswith("cuda") else 1
-    implementation = attack_implementation(settings.impl)
+    workers = request.processes if request.device.startswith("cuda") else 1
+    implementation = attack_implementation(request.impl)
     costs = []
-    for budget in settings.budgets:
-        cascade = AutoAttack(target.model, budget.threat.norm.value, budget.threat.eps, settings.options)
+    for budget in request.budgets:
+        cascade = AutoAttack(target.model, budget.threat.norm.value, budget.threat.eps, request.options)
         robust = cascade.worst_case_rows(n_classes)
-        steps = implementation.fooled_steps(settings.options)
+        steps = implementation.fooled_steps(request.options)
         fooled = (steps + 3, steps + 1)  # the clean pass, APGD-CE's start and steps, its verification forward
         costs.append(budget_cost(n_images, robust, fooled, speed, workers, budget.name))
-    record = {"run": str(settings.run), "impl": settings.impl, "version": settings.options.version,
-              "device": settings.device, "workers": workers, "threads": settings.threads, "n_classes": n_classes,
-              "throughput": asdict(speed), "fooled_steps": implementation.fooled_steps(settings.options),
+    record = {"run": str(request.run), "impl": request.impl, "version": request.options.version,
+              "device": request.device, "workers": workers, "threads": request.threads, "n_classes": n_classes,
+              "throughput": asdict(speed), "fooled_steps": implementation.fooled_steps(request.options),
               "budgets": [asdict(c) for c in costs]}
-    path = Path(settings.output_dir) / COST_ESTIMATE_FILE
+    path = Path(request.output_dir) / COST_ESTIMATE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     log.info("%s", cost_table(record))

@@ -33,20 +33,20 @@ class OursImplementation:
     def version() -> str:
         return rgb.__version__
 
-    def check(self, model, threat: ThreatModel, settings) -> None:
+    def check(self, model, threat: ThreatModel, request) -> None:
         """Fail on a bad budget before any directory is written (the options were checked when made)."""
         try:
-            AutoAttack(model, threat.norm.value, threat.eps, settings.options)
+            AutoAttack(model, threat.norm.value, threat.eps, request.options)
         except ValueError as err:
             raise AttackRunError(f"{threat.name}: {err}") from err
 
-    def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress, on_leave=None
+    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None
             ) -> AutoAttackResult:
         """`progress(name, *position)` hears the stages and steps, `on_leave(n)` the images that finished."""
         # A fresh instance per batch: no RNG state carries over between batches.
-        attack = AutoAttack(model, threat.norm.value, threat.eps, settings.options, device=device, progress=progress,
+        attack = AutoAttack(model, threat.norm.value, threat.eps, request.options, device=device, progress=progress,
                             on_leave=on_leave)
-        return attack.run(x, y, batch_size=settings.batch_size)
+        return attack.run(x, y, batch_size=request.batch_size)
 
 
 class RowCounter(nn.Module):
@@ -100,9 +100,9 @@ class ReferenceImplementation:
             raise AttackRunError(f"impl=reference needs the reference AutoAttack: pip install "
                                  f"'robustgenbench[reference]' (package {REFERENCE_PACKAGE})") from None
 
-    def check(self, model, threat: ThreatModel, settings) -> None:
+    def check(self, model, threat: ThreatModel, request) -> None:
         self.version()
-        options = settings.options
+        options = request.options
         if options.precision != "fp32":
             raise AttackRunError("impl=reference runs in fp32 only (precision=fp32)")
         if options.tail_rows:
@@ -113,7 +113,7 @@ class ReferenceImplementation:
             raise AttackRunError(f"impl=reference runs the protocol's step and query counts: leave "
                                  f"{', '.join(options.off_protocol())} at the default")
 
-    def run(self, model, x, y, threat: ThreatModel, settings, device: str, progress, on_leave=None
+    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None
             ) -> AutoAttackResult:
         from pyautoattack import AutoAttack as ReferenceAutoAttack
 
@@ -123,11 +123,11 @@ class ReferenceImplementation:
         logger.addHandler(log)
         try:
             progress(REFERENCE_CASCADE)
-            options = settings.options
+            options = request.options
             kwargs = {} if options.attacks is None else {"attacks": list(options.attacks)}
             attack = ReferenceAutoAttack(counter, norm=threat.norm.value, eps=threat.eps, version=options.version,
                                          seed=options.seed, device=device, **kwargs)
-            x_adv, _ = attack.run_standard_evaluation(x.to(device), y.to(device), batch_size=settings.batch_size)
+            x_adv, _ = attack.run_standard_evaluation(x.to(device), y.to(device), batch_size=request.batch_size)
         finally:
             logger.removeHandler(log)
         x_adv = x_adv.detach().cpu().float()

@@ -16,7 +16,7 @@ import torch
 
 from rgb.attacks.common import AttackError
 from rgb.core.machine import configure_threads, die_with_parent, keep_freed_memory
-from rgb.runs.settings import AttackSettings
+from rgb.runs.request import AttackRequest
 from rgb.runs.store import AttackRunError
 
 log = logging.getLogger(__name__)
@@ -46,32 +46,32 @@ def next_tasks(tasks, check: Callable[[], None]):
         yield task
 
 
-def worker_threads(settings: AttackSettings, device: str, workers: int) -> int:
+def worker_threads(request: AttackRequest, device: str, workers: int) -> int:
     """A worker's torch threads: on the CPU its share (one each by default: single-threaded processes cannot
     spin-wait on each other the way OpenMP threads of processes sharing cores do); on a GPU the run's."""
-    return settings.threads if device.startswith("cuda") else max(1, settings.threads // workers)
+    return request.threads if device.startswith("cuda") else max(1, request.threads // workers)
 
 
-def _worker(rank: int, workers: int, settings: AttackSettings, tasks, events, job: Callable, inherited=None) -> None:
-    """Worker `rank` of `workers`: `job(rank, device, settings, tasks, bars, inherited)` on GPU `rank` or on the CPU
+def _worker(rank: int, workers: int, request: AttackRequest, tasks, events, job: Callable, inherited=None) -> None:
+    """Worker `rank` of `workers`: `job(rank, device, request, tasks, bars, inherited)` on GPU `rank` or on the CPU
     with its share of the threads, its progress and its end reported to the parent."""
     die_with_parent()
     keep_freed_memory()  # a forked worker may have it already (attack.py's parent sets it; rgb.benchmark's does not)
     try:
-        device = f"cuda:{rank}" if settings.device.startswith("cuda") else settings.device
-        configure_threads(worker_threads(settings, device, workers))
-        job(rank, device, settings, tasks, _Events(events), inherited)
+        device = f"cuda:{rank}" if request.device.startswith("cuda") else request.device
+        configure_threads(worker_threads(request, device, workers))
+        job(rank, device, request, tasks, _Events(events), inherited)
         events.put(("exit", (rank,)))
     except Exception as err:  # the parent names it and stops the other workers
         user = isinstance(err, (AttackRunError, AttackError))
         events.put(("error", (rank, f"{type(err).__name__}: {err}", None if user else traceback.format_exc())))
 
 
-def worker_start_method(settings: AttackSettings, workers: int) -> str:
+def worker_start_method(request: AttackRequest, workers: int) -> str:
     """`fork` for single-threaded CPU workers on Linux: the child has the parent's model and split at once, where a
     spawned one re-imports torch and reloads both (seconds each, on every core). `spawn` for GPUs (CUDA is not
     fork-safe) and for multi-threaded CPU workers (a forked child must not enter OpenMP regions the parent ran)."""
-    single = not settings.device.startswith("cuda") and worker_threads(settings, settings.device, workers) == 1
+    single = not request.device.startswith("cuda") and worker_threads(request, request.device, workers) == 1
     return "fork" if single and sys.platform.startswith("linux") else "spawn"
 
 
@@ -127,7 +127,7 @@ def _pump(events, processes: dict, bars: _SharedBars, stopping: threading.Event)
             getattr(bars, method)(*args)
 
 
-def attack_in_workers(settings: AttackSettings, tasks: list[tuple[int, int]], workers: int, bars, job: Callable,
+def attack_in_workers(request: AttackRequest, tasks: list[tuple[int, int]], workers: int, bars, job: Callable,
                       own_share: Callable | None = None, inherited=None) -> None:
     """Attack `tasks` (budget number, batch start) in `workers` processes that each take the next task when done (a
     batch of robust images costs 100x one that falls at once, so a fixed split would leave cores idle); the results
@@ -135,13 +135,13 @@ def attack_in_workers(settings: AttackSettings, tasks: list[tuple[int, int]], wo
     imports it). With `own_share(tasks, bars, check)` (the CPU) this process is worker 0 with the model it already
     holds, so batches start at once; the others are forked from it with `inherited` (its model) where they may be
     (worker_start_method), else spawned. This process draws the bars."""
-    method = worker_start_method(settings, workers)
+    method = worker_start_method(request, workers)
     context = torch.multiprocessing.get_context(method)
     queue, events = context.Queue(), context.Queue()
     for task in [*tasks, *[None] * workers]:
         queue.put(task)
     inherited = inherited if method == "fork" else None
-    processes = {rank: context.Process(target=_worker, args=(rank, workers, settings, queue, events, job, inherited),
+    processes = {rank: context.Process(target=_worker, args=(rank, workers, request, queue, events, job, inherited),
                                        name=f"rgb-attack-{rank}")
                  for rank in range(int(own_share is not None), workers)}
     for process in processes.values():
@@ -153,7 +153,7 @@ def attack_in_workers(settings: AttackSettings, tasks: list[tuple[int, int]], wo
     try:
         if own_share is not None:  # this process's own threads come back after its share (rgb.benchmark's caller)
             threads = torch.get_num_threads()
-            configure_threads(worker_threads(settings, settings.device, workers))
+            configure_threads(worker_threads(request, request.device, workers))
             try:
                 own_share(queue, shared, shared.check)
             finally:

@@ -27,23 +27,15 @@ from rgb.core.files import file_sha256
 from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split, quantise_within_budget
 from rgb.data.fingerprint import split_sha256
-from rgb.models import (apply_speed_options, export_paths, family_of_record, library_versions, load_with_meta,
-                        model_name)
+from rgb.models import (InMemoryModel, apply_speed_options, export_paths, family_of_record, library_versions,
+                        load_with_meta, model_name)
 from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method
-from rgb.runs.settings import AttackSettings, Budget
+from rgb.runs.request import AttackRequest, Budget
 from rgb.runs.store import RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir, standard_run
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class InMemoryModel:
-    """A model handed over in Python (rgb.benchmark) with the record of its exported weights."""
-
-    module: torch.nn.Module
-    meta: dict
 
 
 @dataclass
@@ -58,55 +50,55 @@ class Target:
     split_sha256: str
 
     @classmethod
-    def open(cls, settings: AttackSettings, device: str, model: InMemoryModel | None = None) -> Target:
-        """The model of `settings.run`; or an in-memory model (the Python API) whose weights `settings.run`
+    def open(cls, request: AttackRequest, device: str, model: InMemoryModel | None = None) -> Target:
+        """The model of `request.run`; or an in-memory model (the Python API) whose weights `request.run`
         holds, so results are tied to the exact weights attacked."""
         if model is None:
             try:
-                model, meta = load_with_meta(settings.run)
+                model, meta = load_with_meta(request.run)
             except FileNotFoundError as err:
                 raise AttackRunError(str(err)) from err
         else:
             model, meta = model.module, model.meta
         if not isinstance(model, torch.nn.Module):  # e.g. family `api`: answers, but no gradients to attack
-            raise AttackRunError(f"{settings.run} holds a model of family {meta.get('family')!r}, which cannot be "
-                                 f"white-box attacked: score it with evaluate.py run={settings.run} protocol=black_box")
-        weights, _ = export_paths(settings.run)
-        datamodule = settings.data()
+            raise AttackRunError(f"{request.run} holds a model of family {meta.get('family')!r}, which cannot be "
+                                 f"white-box attacked: score it with evaluate.py run={request.run} protocol=black_box")
+        weights, _ = export_paths(request.run)
+        datamodule = request.data()
         if meta.get("dataset") != datamodule.dataset:
             trained, given = describe_data_config(meta.get("dataset")), describe_data_config(datamodule.dataset)
             raise AttackRunError(
-                f"{settings.run} was trained on dataset {meta.get('dataset')!r} ({trained}) but the data config is "
+                f"{request.run} was trained on dataset {meta.get('dataset')!r} ({trained}) but the data config is "
                 f"{given} (dataset {datamodule.dataset!r}): pass {trained} or leave data= out"
             )
         split = datamodule.split("test")
         model = model.to(device).eval()
-        check_model_fits(model, meta, split, datamodule.image_size, device, AttackRunError, str(settings.run))
+        check_model_fits(model, meta, split, datamodule.image_size, device, AttackRunError, str(request.run))
         if device.startswith("cuda"):  # TF32 perturbs the numerics of an attack (spec §6.3 item 10): off, recorded
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        model = apply_speed_options(model, channels_last=settings.channels_last,
-                                    compile=settings.compile, dynamic=True)
+        model = apply_speed_options(model, channels_last=request.channels_last,
+                                    compile=request.compile, dynamic=True)
         return cls(model, meta, file_sha256(weights), datamodule, split, split_sha256(split))
 
-    def identity(self, settings: AttackSettings, budget: Budget) -> dict:
+    def identity(self, request: AttackRequest, budget: Budget) -> dict:
         """What the results of one budget depend on; a run directory only ever holds one identity."""
         identity = {
             "weights_sha256": self.weights_sha256, "dataset": self.datamodule.dataset, "split": "test",
-            "split_sha256": self.split_sha256, "n_images": self.n_images(settings), "norm": budget.threat.norm.key,
-            "eps": budget.threat.eps, **settings.options.identity(ALWAYS),
-            "batch_size": settings.batch_size, "export_adversarial": settings.export,
+            "split_sha256": self.split_sha256, "n_images": self.n_images(request), "norm": budget.threat.norm.key,
+            "eps": budget.threat.eps, **request.options.identity(ALWAYS),
+            "batch_size": request.batch_size, "export_adversarial": request.export,
         }
-        if settings.impl != "ours":  # added only when set, so directories of earlier runs keep their identity
-            identity["impl"] = settings.impl
-        identity.update(settings.options.identity(WHEN_SET))  # e.g. tail_rows: APGD-T draws other random starts
-        if settings.max_images is not None:
-            identity["max_images"] = settings.max_images
+        if request.impl != "ours":  # added only when set, so directories of earlier runs keep their identity
+            identity["impl"] = request.impl
+        identity.update(request.options.identity(WHEN_SET))  # e.g. tail_rows: APGD-T draws other random starts
+        if request.max_images is not None:
+            identity["max_images"] = request.max_images
         return identity
 
-    def n_images(self, settings: AttackSettings) -> int:
+    def n_images(self, request: AttackRequest) -> int:
         """The images attacked: the whole test split, or its first `max_images`."""
-        return len(self.split) if settings.max_images is None else min(settings.max_images, len(self.split))
+        return len(self.split) if request.max_images is None else min(request.max_images, len(self.split))
 
 
 def batch_record(result, x, y, image_id, budget: Budget, seconds: float, keep_images: bool) -> dict:
@@ -146,18 +138,18 @@ class Bars:
     finished batches and what each worker is doing (`apgd-t target 3/9 step 59/100`). When a budget's last batch of
     this shard is done its bar closes (showing the real elapsed time) and `on_done(budget)` runs."""
 
-    def __init__(self, settings: AttackSettings, runs: list[RunDirectory], index: int, count: int,
+    def __init__(self, request: AttackRequest, runs: list[RunDirectory], index: int, count: int,
                  on_done: Callable[[int], None] = lambda budget: None):
         self.bars, self.robust, self.finished, self.stages = [], [], [], []
         self.on_done = on_done
-        for position, (budget, run) in enumerate(zip(settings.budgets, runs)):
+        for position, (budget, run) in enumerate(zip(request.budgets, runs)):
             mine, done, n = run.shard_starts(index, count), run.batch_files(), run.identity["n_images"]
-            sizes = {s: min(settings.batch_size, n - s) for s in mine}
+            sizes = {s: min(request.batch_size, n - s) for s in mine}
             self.robust.append(sum(int(run.load(done[s], s)["robust"].sum()) for s in mine if s in done))
             self.finished.append(sum(sizes[s] for s in mine if s in done))
             self.stages.append({})
             self.bars.append(tqdm(total=sum(sizes.values()), initial=self.finished[-1], unit="img",
-                                  position=position, disable=not settings.progress, dynamic_ncols=True,
+                                  position=position, disable=not request.progress, dynamic_ncols=True,
                                   desc=f"{budget.name} eps={budget.threat.eps:.4g} shard {index}/{count}"))
             self._show(position)
 
@@ -188,13 +180,13 @@ class Bars:
             bar.close()
 
 
-def load_batch(target: Target, settings: AttackSettings, run: RunDirectory, start: int):
+def load_batch(target: Target, request: AttackRequest, run: RunDirectory, start: int):
     """(x, y, image_id) of the batch at `start`."""
-    n = min(settings.batch_size, run.identity["n_images"] - start)
+    n = min(request.batch_size, run.identity["n_images"] - start)
     return default_collate([target.split[i] for i in range(start, start + n)])
 
 
-def attack_batch(target: Target, settings: AttackSettings, b: int, run: RunDirectory, index: int, count: int,
+def attack_batch(target: Target, request: AttackRequest, b: int, run: RunDirectory, index: int, count: int,
                  start: int, load: Callable[[], tuple], device: str, bars, worker: int = 0, wait: bool = False) -> bool:
     """Attack the batch at `start` of budget number `b` (`load()`: its x, y, image_id) and save it (shard `index`
     of `count`), under the batch's claim (RunDirectory.claim_batch): two processes on one run never attack the same
@@ -210,25 +202,25 @@ def attack_batch(target: Target, settings: AttackSettings, b: int, run: RunDirec
             bars.left(b, len(record["robust"]))
         else:
             x, y, image_id = load()
-            budget = settings.budgets[b]
+            budget = request.budgets[b]
             began = time.perf_counter()
-            result = attack_implementation(settings.impl).run(
-                target.model, x, y, budget.threat, settings, device,
+            result = attack_implementation(request.impl).run(
+                target.model, x, y, budget.threat, request, device,
                 progress=lambda name, *position: bars.stage(b, worker, describe_stage(name, position)),
                 on_leave=lambda n: bars.left(b, n))
             seconds = time.perf_counter() - began
-            record = batch_record(result, x, y, image_id, budget, seconds, settings.export)
+            record = batch_record(result, x, y, image_id, budget, seconds, request.export)
             run.save(index, count, start, record)
         bars.batch_done(b, worker, len(record["robust"]), int(record["robust"].sum()))
     return True
 
 
-def attack_held(target: Target, settings: AttackSettings, runs: list[RunDirectory], held: list[tuple[int, int]],
+def attack_held(target: Target, request: AttackRequest, runs: list[RunDirectory], held: list[tuple[int, int]],
                 device: str, bars, worker: int = 0) -> None:
     """The (budget, batch start) tasks other processes held: waited for, then counted or attacked here."""
     for b, start in held:
-        attack_batch(target, settings, b, runs[b], settings.shard_index, settings.shard_count, start,
-                     lambda b=b, start=start: load_batch(target, settings, runs[b], start), device, bars, worker,
+        attack_batch(target, request, b, runs[b], request.shard_index, request.shard_count, start,
+                     lambda b=b, start=start: load_batch(target, request, runs[b], start), device, bars, worker,
                      wait=True)
 
 
@@ -237,42 +229,42 @@ def unfinished(run: RunDirectory, index: int, count: int) -> list[int]:
     return [s for s in run.shard_starts(index, count) if s not in done]
 
 
-def attack_shard(target: Target, settings: AttackSettings, runs: list[RunDirectory], bars: Bars) -> None:
+def attack_shard(target: Target, request: AttackRequest, runs: list[RunDirectory], bars: Bars) -> None:
     """Attack the unfinished batches of this shard of every budget in this process, saving each batch as soon as
     it is done; batches another process holds are left to the end, then waited for."""
-    index, count = settings.shard_index, settings.shard_count
+    index, count = request.shard_index, request.shard_count
     held = []  # batches another process is attacking: waited for once the rest is done
     for b, run in enumerate(runs):
         todo = unfinished(run, index, count)
         n = run.identity["n_images"]
-        indices = [i for s in todo for i in range(s, min(s + settings.batch_size, n))]
-        loader = DataLoader(Subset(target.split, indices), batch_size=settings.batch_size, shuffle=False,
+        indices = [i for s in todo for i in range(s, min(s + request.batch_size, n))]
+        loader = DataLoader(Subset(target.split, indices), batch_size=request.batch_size, shuffle=False,
                             num_workers=target.datamodule.num_workers)
         for start, batch in zip(todo, loader):
-            if not attack_batch(target, settings, b, run, index, count, start, lambda batch=batch: batch,
-                                settings.device, bars):
+            if not attack_batch(target, request, b, run, index, count, start, lambda batch=batch: batch,
+                                request.device, bars):
                 held.append((b, start))
-    attack_held(target, settings, runs, held, settings.device, bars)
+    attack_held(target, request, runs, held, request.device, bars)
 
 
-def take_tasks(target: Target, settings: AttackSettings, runs: list[RunDirectory], tasks, device: str, bars,
+def take_tasks(target: Target, request: AttackRequest, runs: list[RunDirectory], tasks, device: str, bars,
                rank: int, check: Callable[[], None] = lambda: None) -> None:
     """Attack (budget, batch start) tasks from the queue `tasks` until a None, then the ones another process held."""
     held = []
     for b, start in next_tasks(tasks, check):
-        if not attack_batch(target, settings, b, runs[b], settings.shard_index, settings.shard_count, start,
-                            lambda b=b, start=start: load_batch(target, settings, runs[b], start), device, bars, rank):
+        if not attack_batch(target, request, b, runs[b], request.shard_index, request.shard_count, start,
+                            lambda b=b, start=start: load_batch(target, request, runs[b], start), device, bars, rank):
             held.append((b, start))
-    attack_held(target, settings, runs, held, device, bars, rank)
+    attack_held(target, request, runs, held, device, bars, rank)
 
 
-def _attack_tasks(rank: int, device: str, settings: AttackSettings, tasks, bars, target: Target | None) -> None:
+def _attack_tasks(rank: int, device: str, request: AttackRequest, tasks, bars, target: Target | None) -> None:
     """A pool worker's job (rgb.runs.pool): a forked worker is handed the parent's `target`; a spawned one opens it."""
-    target = target if target is not None else Target.open(settings, device)
-    take_tasks(target, settings, list(run_directories(settings, target).values()), tasks, device, bars, rank)
+    target = target if target is not None else Target.open(request, device)
+    take_tasks(target, request, list(run_directories(request, target).values()), tasks, device, bars, rank)
 
 
-def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDirectory, shard_count: int
+def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirectory, shard_count: int
           ) -> RunSummary:
     """Concatenate every batch into results.parquet + summary.json; refuses (naming them) while any is missing."""
     records = run.load_all(shard_count)
@@ -282,7 +274,7 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
     attacks = json.loads(attacks.pop())
     warnings = sorted({w for r in records if "warnings" in r for w in json.loads(bytes(r["warnings"].tolist()))})
     columns = {name: torch.cat([r[name] for r in records]) for name in RESULT_COLUMNS}
-    if not torch.equal(columns["label"], target.split.labels[: target.n_images(settings)]):
+    if not torch.equal(columns["label"], target.split.labels[: target.n_images(request)]):
         raise AttackRunError(f"{run.directory}: stored labels differ from the test split")
     results_sha256 = run.write_results(columns)
 
@@ -290,18 +282,18 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
     accuracy_after = {name: float(FooledBy.correct_after(fooled_by, k).float().mean())
                       for k, name in enumerate(["clean", *attacks])}
     meta = target.meta
-    implementation = attack_implementation(settings.impl)
-    options = settings.options
+    implementation = attack_implementation(request.impl)
+    options = request.options
     summary = RunSummary.recording(
-        options, run=str(settings.run), run_name=settings.run_name, weights_sha256=target.weights_sha256,
+        options, run=str(request.run), run_name=request.run_name, weights_sha256=target.weights_sha256,
         model_family=family_of_record(meta).name, model_name=model_name(meta),
         loss=meta.get("loss"), strategy=meta.get("strategy"),
         dataset=target.datamodule.dataset, source=str(target.datamodule.source), split="test",
         split_sha256=target.split_sha256, n=n, norm=budget.threat.norm.key, eps=budget.threat.eps,
-        impl=settings.impl, impl_version=implementation.version(),
+        impl=request.impl, impl_version=implementation.version(),
         standard=standard_run(options.version, attacks, options.precision) and not options.off_protocol(),
-        attacks=attacks, tf32=False, compile=settings.compile,
-        channels_last=settings.channels_last, batch_size=settings.batch_size, threads=settings.threads,
+        attacks=attacks, tf32=False, compile=request.compile,
+        channels_last=request.channels_last, batch_size=request.batch_size, threads=request.threads,
         clean_accuracy=accuracy_after["clean"], n_clean_correct=int(columns["clean_correct"].sum()),
         robust_accuracy=float(columns["robust"].float().mean()), n_robust=int(columns["robust"].sum()),
         accuracy_after=accuracy_after,
@@ -312,10 +304,10 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
         versions={**library_versions(), "python": platform.python_version()},
         complete=True, warnings=warnings,
     )
-    if settings.export:
+    if request.export:
         summary.export = str(export_adversarial_split(
             target.split, dataset=target.datamodule.dataset, image_size=target.datamodule.image_size,
-            root=settings.export_dir, surrogate=settings.surrogate, threat=budget.threat,
+            root=request.export_dir, surrogate=request.surrogate, threat=budget.threat,
             split_name=budget.export_split, adversarial=torch.cat([r["adversarial"] for r in records]),
             modified=torch.cat([r["modified"] for r in records]).tolist(),
         ))
@@ -323,72 +315,72 @@ def merge(target: Target, settings: AttackSettings, budget: Budget, run: RunDire
     return summary
 
 
-def run_directories(settings: AttackSettings, target: Target) -> dict[str, RunDirectory]:
-    return {b.name: RunDirectory(budget_dir(settings.output_dir, b.name), target.identity(settings, b))
-            for b in settings.budgets}
+def run_directories(request: AttackRequest, target: Target) -> dict[str, RunDirectory]:
+    return {b.name: RunDirectory(budget_dir(request.output_dir, b.name), target.identity(request, b))
+            for b in request.budgets}
 
 
-def execute(settings: AttackSettings, model: InMemoryModel | None = None) -> dict[str, RunSummary]:
+def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[str, RunSummary]:
     """Attack this node's shard of every budget (unless merge_only), then merge every budget whose batches are all
-    there. Returns the merged summaries by budget name and logs one line per budget. With `settings.processes`
+    there. Returns the merged summaries by budget name and logs one line per budget. With `request.processes`
     > 1 the batches go to that many workers (at most one per unfinished batch; a GPU each, or on the CPU their
-    share of the threads; forked where single-threaded on the CPU, else spawned). `model`: an in-memory model whose weights `settings.run` holds (rgb.benchmark),
+    share of the threads; forked where single-threaded on the CPU, else spawned). `model`: an in-memory model whose weights `request.run` holds (rgb.benchmark),
     attacked in this process, and on the CPU also in workers forked with it (a spawned worker could not get it)."""
-    pool = (settings.processes > 1 and not settings.merge_only
-            and (model is None or worker_start_method(settings, settings.processes) == "fork"))
-    target = Target.open(settings, "cpu" if pool else settings.device, model)
-    runs = run_directories(settings, target)
-    if not settings.merge_only:
-        implementation = attack_implementation(settings.impl)
-        for budget in settings.budgets:
-            implementation.check(target.model, budget.threat, settings)
+    pool = (request.processes > 1 and not request.merge_only
+            and (model is None or worker_start_method(request, request.processes) == "fork"))
+    target = Target.open(request, "cpu" if pool else request.device, model)
+    runs = run_directories(request, target)
+    if not request.merge_only:
+        implementation = attack_implementation(request.impl)
+        for budget in request.budgets:
+            implementation.check(target.model, budget.threat, request)
     for run in runs.values():
-        run.claim(create=not settings.merge_only)
-    index, count = settings.shard_index, settings.shard_count
+        run.claim(create=not request.merge_only)
+    index, count = request.shard_index, request.shard_count
     summaries: dict[str, RunSummary] = {}
 
     def report(b: int) -> None:
         """Merge budget `b` once every shard's batches are there, and log its lines at once (not after the others)."""
-        budget = settings.budgets[b]
+        budget = request.budgets[b]
         run = runs[budget.name]
         missing = run.missing_batches()
-        if missing and not settings.merge_only:
+        if missing and not request.merge_only:
             log.info("%s: this shard is done; merge waits for %s", budget.name, run.describe_missing(missing, count))
             return
-        summary = summaries[budget.name] = merge(target, settings, budget, run, count)
+        summary = summaries[budget.name] = merge(target, request, budget, run, count)
         log.info("%s", summary.line())
         log.info("%s", summary.stages())
-        if settings.max_images is not None:
+        if request.max_images is not None:
             log.warning("%s: PARTIAL, the first %d of %d test images (max_images): a first look, never the "
                         "benchmark's number", budget.name, summary.n, len(target.split))
 
     reported: set[int] = set()
-    if not settings.merge_only:
+    if not request.merge_only:
         ordered = list(runs.values())  # stale temp files of a killed process go when its batch is claimed
         tasks = [(b, start) for b, run in enumerate(ordered) for start in unfinished(run, index, count)]
-        workers = min(settings.processes, len(tasks)) if pool else 1
+        workers = min(request.processes, len(tasks)) if pool else 1
 
         def done(b: int) -> None:
             reported.add(b)
             report(b)
 
-        bars = Bars(settings, ordered, index, count, done)
+        bars = Bars(request, ordered, index, count, done)
         try:
             with logging_redirect_tqdm():  # a budget's lines while the other bars are drawn
-                on_cpu = settings.device.startswith("cpu")
+                on_cpu = request.device.startswith("cpu")
                 if pool and (workers > 1 or not on_cpu):
 
                     def own_share(queue, shared, check) -> None:  # on the CPU: worker 0, with the model it holds
-                        take_tasks(target, settings, ordered, queue, settings.device, shared, 0, check)
+                        take_tasks(target, request, ordered, queue, request.device, shared, 0, check)
 
-                    attack_in_workers(settings, tasks, workers, bars, _attack_tasks, own_share if on_cpu else None,
+                    attack_in_workers(request, tasks, workers, bars, _attack_tasks, own_share if on_cpu else None,
                                       target if on_cpu else None)
                 else:
-                    attack_shard(target, settings, ordered, bars)
+                    attack_shard(target, request, ordered, bars)
         finally:
             bars.close()
-    for b in range(len(settings.budgets)):  # budgets done before this run started (resumed, merge_only)
+    for b in range(len(request.budgets)):  # budgets done before this run started (resumed, merge_only)
         if b not in reported:
             report(b)
-    return {b.name: summaries[b.name] for b in settings.budgets if b.name in summaries}
+    return {b.name: summaries[b.name] for b in request.budgets if b.name in summaries}
 

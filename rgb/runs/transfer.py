@@ -14,15 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from rgb.runs.runner import execute
-from rgb.runs.settings import AttackSettings
+from rgb.runs.request import AttackRequest
 from rgb.runs.store import AttackRunError, RunSummary
 
 
-def make_transfer_splits(settings: AttackSettings, source: str | Path) -> dict[str, RunSummary]:
-    """Attack the surrogate `settings.run` at each of its budgets and write the splits into the local benchmark
+def make_transfer_splits(request: AttackRequest, source: str | Path) -> dict[str, RunSummary]:
+    """Attack the surrogate `request.run` at each of its budgets and write the splits into the local benchmark
     snapshot `source` (the data module's)."""
     if not Path(str(source)).is_dir():
         raise AttackRunError(f"data.source={source} is not a local benchmark directory to write into")
-    if not settings.export:
+    if not request.export:
         raise AttackRunError("transfer splits are the exported adversarial images: export_adversarial must stay true")
-    return execute(settings)
+    return execute(request)

@@ -31,8 +31,9 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class AttackSettings:
-    """Everything a run needs, validated, picklable (it travels to spawned per-GPU processes)."""
+class AttackRequest:
+    """One attack run (attack.py, rgb-transfer, rgb.benchmark): everything it needs, validated, picklable (it travels
+    to spawned per-GPU processes)."""
 
     run: Path
     run_name: str
@@ -64,8 +65,8 @@ class AttackSettings:
                shard_index: int | None = None, shard_count: int | None = None, devices: int | str = "auto",
                merge_only: bool = False, export: bool = False, export_dir: str | Path | None = None,
                progress: bool = True, impl: str = "ours", threads: int = 1, max_images: int | None = None
-               ) -> AttackSettings:
-        """Validated settings from plain values and the (already validated) attack options (attack.py's config is
+               ) -> AttackRequest:
+        """The validated request from plain values and the (already validated) attack options (attack.py's config is
         mapped onto these by rgb.commands.attack; rgb.benchmark passes them directly). `data` builds the data module in
         whichever process attacks."""
         if run is None:

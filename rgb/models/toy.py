@@ -1,8 +1,7 @@
-"""Tiny models and data of the attack tests and benchmarks/fast_vs_standard.py (CPU, seconds).
-
-Here, not under tests/, so that a benchmark never imports from tests/; the tests import it through pytest's
-`pythonpath` (pyproject.toml).
-"""
+"""A toy classification problem for exercising attacks in seconds on a CPU: 3x8x8 images in [0,1] that separate
+by class, and a small MLP fitted to them (the attack tests, tests/test_reference_agreement.py and the benchmarks
+fast_vs_standard and serve_throughput). In the library so that tests and benchmarks share it without importing
+each other."""
 
 import torch
 from torch import nn
