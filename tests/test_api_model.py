@@ -81,7 +81,7 @@ def test_a_record_without_its_answer_is_one_line_naming_the_file_and_line(tmp_pa
     (dict(api_model=""), "model.api_model must be the endpoint's model name"),
     (dict(api_model="  "), "model.api_model must be the endpoint's model name"),
     (dict(max_tokens=0), "model.max_tokens must be null or an integer >= 1, got 0"),
-    (dict(temperature=-1.0), "model.temperature must be a finite number >= 0"),
+    (dict(temperature=-1.0), "model.temperature must be null or a finite number >= 0"),
 ])
 def test_bad_api_settings_are_one_line_naming_the_key(settings, message):
     with raises_one_line(ConfigValueError) as refused:
