@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rgb.data.catalog import DATASETS, TRANSFER_BUDGETS, transfer_coverage  # noqa: E402
-from rgb.data.snapshot import write_dataset, write_readme, write_split  # noqa: E402
+from rgb.data.snapshot import clean_columns, png_bytes, write_dataset, write_readme, write_split  # noqa: E402
 
 IMAGE_SIZE = 224
 # Each mode: the card dataset whose shape is rebuilt, its data config, the backbones (timm names, random init),
@@ -96,8 +96,6 @@ def sign_noise_split(args: tuple) -> str:
         row[rng.permutation(values)[moved[norm]:]] = 0
     adversarial = np.clip(images.astype(np.int64) + delta.reshape(images.shape), 0, 255).astype(np.uint8)
     n = len(labels)
-    from rgb.data.snapshot import png_bytes
-
     columns = {"image": [png_bytes(a) for a in adversarial], "label": labels.tolist(), "image_id": list(range(n)),
                "perturbation": ["transfer_autoattack"] * n, "surrogate": [surrogate] * n, "norm": [norm] * n,
                "epsilon": [float(eps)] * n, "is_modified": [True] * n}
@@ -105,30 +103,39 @@ def sign_noise_split(args: tuple) -> str:
     return f"{surrogate}/{split}"
 
 
+def clean_split(args: tuple) -> str:
+    """A clean split (train or validation) of the snapshot, written by the snapshot writer in a worker process."""
+    root, dataset, class_names, split, n, seed = args
+    labels = split_labels(n, len(class_names))
+    write_split(Path(root) / "data" / dataset / f"{split}.parquet", class_names,
+                clean_columns(class_images(labels, len(class_names), seed), labels))
+    return split
+
+
 def build_snapshot(root: Path, dataset: str, workers: int) -> dict:
-    """The card's shape of `dataset` at 224x224 under `root`, written by rgb's own snapshot writer."""
+    """The card's shape of `dataset` at 224x224 under `root`, written by rgb's own snapshot writer: `test` with
+    its `common` and `random_linf_30` here, train, validation and the transfer splits in `workers` processes."""
     info = DATASETS[dataset]
     began = time.perf_counter()
     class_names = [f"class_{c:03d}" for c in range(info.num_classes)]
     sizes = {"train": info.train_size, "validation": info.validation_size, "test": info.test_size}
-    splits = {}
-    for seed, (split, n) in enumerate(sizes.items()):
-        labels = split_labels(n, info.num_classes)
-        splits[split] = (class_images(labels, info.num_classes, seed), labels)
-    write_dataset(root, dataset, class_names, splits, f"{info.title}-shaped rehearsal snapshot (synthetic)")
-    clean_seconds = time.perf_counter() - began
-    test_images, test_labels = splits["test"]
-    jobs = [(str(root), dataset, class_names, surrogate, split, test_images, test_labels)
-            for surrogate, covered in transfer_coverage(dataset).items() for split in covered]
+    title = f"{info.title}-shaped rehearsal snapshot (synthetic)"
+    test_labels = split_labels(info.test_size, info.num_classes)
+    test_images = class_images(test_labels, info.num_classes, seed=2)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        written = list(pool.map(sign_noise_split, jobs))
-    write_readme(root, f"{info.title}-shaped rehearsal snapshot (synthetic)")
+        clean = [pool.submit(clean_split, (str(root), dataset, class_names, split, sizes[split], seed))
+                 for seed, split in enumerate(("train", "validation"))]
+        transfer = [pool.submit(sign_noise_split, (str(root), dataset, class_names, surrogate, split, test_images,
+                                                   test_labels))
+                    for surrogate, covered in transfer_coverage(dataset).items() for split in covered]
+        write_dataset(root, dataset, class_names, {"test": (test_images, test_labels)}, title)
+        written = [job.result() for job in clean + transfer][2:]
+    write_readme(root, title)
     files = [p for p in root.rglob("*.parquet")]
     images = sum(sizes.values()) + 2 * info.test_size + len(written) * info.test_size
     return {"dataset": dataset, "classes": info.num_classes, "image_size": IMAGE_SIZE, "splits": sizes,
-            "transfer_splits": written, "images_written": images,
-            "bytes": sum(p.stat().st_size for p in files), "clean_and_common_seconds": round(clean_seconds, 1),
-            "seconds": round(time.perf_counter() - began, 1)}
+            "transfer_splits": written, "images_written": images, "workers": workers,
+            "bytes": sum(p.stat().st_size for p in files), "seconds": round(time.perf_counter() - began, 1)}
 
 
 def decode_throughput(root: Path, dataset: str, split: str, surrogate: str | None = None) -> dict:
@@ -156,7 +163,7 @@ def command(stage: str, args: list[str], log: Path, timeout: int) -> dict:
     """Run one of the suite's commands as a user does; its output goes to `log`."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1"}
-    began = time.perf_counter()
+    began, offset = time.perf_counter(), log.stat().st_size if log.is_file() else 0
     with open(log, "a") as out:
         out.write(f"\n===== {stage}: {' '.join(args)}\n")
         out.flush()
@@ -167,15 +174,17 @@ def command(stage: str, args: list[str], log: Path, timeout: int) -> dict:
         except subprocess.TimeoutExpired:
             code, error = None, f"timed out after {timeout}s"
     entry = {"stage": stage, "returncode": code, "wall_seconds": round(time.perf_counter() - began, 1),
-             "children_peak_rss_mib": children_peak_rss_mib(), "peak_gpu_mib": peak_gpu_mib(log)}
+             "peak_rss_mib": stage_peak(log, offset, "PEAK_RSS_MIB"), "peak_gpu_mib": stage_peak(log, offset, "GPU_PEAK_MIB"),
+             "children_peak_rss_mib_so_far": children_peak_rss_mib()}
     if error:
         entry["error"] = error
     return entry
 
 
 def run_entry_point(script: str, args: list[str]) -> None:
-    """`python SCRIPT ARGS` in this process, then its peak CUDA memory as a GPU_PEAK_MIB line (when CUDA was used),
-    so each stage's GPU peak is measured in the process that ran it."""
+    """`python SCRIPT ARGS` in this process, then its peak resident memory (itself or its largest child: loader
+    workers, attack workers) and peak CUDA memory (when CUDA was used) as lines of its log, so each stage's peaks
+    are measured in the process that ran it."""
     import runpy
 
     sys.argv = [script, *args]
@@ -184,13 +193,18 @@ def run_entry_point(script: str, args: list[str]) -> None:
     finally:
         import torch
 
+        peak_kib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        print(f"PEAK_RSS_MIB={peak_kib / 1024:.1f}", flush=True)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             print(f"GPU_PEAK_MIB={torch.cuda.max_memory_allocated() / 2**20:.1f}", flush=True)
 
 
-def peak_gpu_mib(log: Path) -> float | None:
-    """Peak CUDA memory the last stage printed (run_entry_point's line); None on CPU."""
-    found = re.findall(r"GPU_PEAK_MIB=([0-9.]+)", log.read_text()) if log.is_file() else []
+def stage_peak(log: Path, offset: int, name: str) -> float | None:
+    """A peak the stage's process printed (run_entry_point's NAME=value line) in its part of the log; None when it
+    printed none (no CUDA used, or killed)."""
+    with open(log, "rb") as text:
+        text.seek(offset)
+        found = re.findall(rf"{name}=([0-9.]+)", text.read().decode(errors="replace"))
     return float(found[-1]) if found else None
 
 

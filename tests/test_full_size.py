@@ -29,7 +29,7 @@ def test_full_size_quick_rehearsal_finishes_every_stage(tmp_path):
                       "evaluate resnet18 black_box"]
     for stage in report["stages"]:
         assert stage["returncode"] == 0 and stage["wall_seconds"] > 0 and stage["images_per_s"] > 0
-        assert stage["children_peak_rss_mib"] > 0 and stage["peak_gpu_mib"] is None  # CPU: no GPU peak
+        assert stage["peak_rss_mib"] > 0 and stage["peak_gpu_mib"] is None  # CPU: no GPU peak
     attack = report["stages"][1]
     assert [n["norm"] for n in attack["norms"]] == ["l1", "l2", "linf"]
     for norm in attack["norms"]:
