@@ -8,7 +8,8 @@ sizes, `common`, `random_linf_30` and every transfer split of the card's coverag
 class-coloured patterns (so a few training steps learn something), then runs `train.py`, `attack.py` and
 `evaluate.py` (white-box, then `protocol=black_box`) as a user does, on a real-size backbone from random init.
 Per stage it records wall time, images/s, model evaluations per image (summary.json's forward/backward rows), the
-children's peak resident memory, peak GPU memory (CUDA), and the data path's PNG decode throughput, in one JSON.
+peak resident memory of its process and of its workers, peak GPU memory (CUDA), and the data path's PNG decode
+throughput, in one JSON.
 
 The transfer splits are written as the card's surrogates' configs, but their images are the test images under
 sign noise at each split's budget, not a surrogate's AutoAttack: the rehearsal measures reading and scoring them.
@@ -154,11 +155,6 @@ def decode_throughput(root: Path, dataset: str, split: str, surrogate: str | Non
             "decode_images_per_s": round(len(rows) / seconds, 1)}
 
 
-def children_peak_rss_mib() -> float:
-    """Peak resident memory of the largest child process so far (ru_maxrss is KiB on Linux)."""
-    return round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
-
-
 def command(stage: str, args: list[str], log: Path, timeout: int) -> dict:
     """Run one of the suite's commands as a user does; its output goes to `log`."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -168,17 +164,30 @@ def command(stage: str, args: list[str], log: Path, timeout: int) -> dict:
         out.write(f"\n===== {stage}: {' '.join(args)}\n")
         out.flush()
         try:
-            done = subprocess.run([sys.executable, __file__, "--run", *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            done = subprocess.run([sys.executable, __file__, "--run", *args], cwd=REPO, stdout=out,
+                                  stderr=subprocess.STDOUT,
                                   env=env, timeout=timeout)
             code, error = done.returncode, None
         except subprocess.TimeoutExpired:
             code, error = None, f"timed out after {timeout}s"
     entry = {"stage": stage, "returncode": code, "wall_seconds": round(time.perf_counter() - began, 1),
-             "peak_rss_mib": stage_peak(log, offset, "PEAK_RSS_MIB"), "peak_gpu_mib": stage_peak(log, offset, "GPU_PEAK_MIB"),
-             "children_peak_rss_mib_so_far": children_peak_rss_mib()}
+             "peak_rss_mib": stage_peak(log, offset, "PEAK_RSS_MIB"),
+             "workers_peak_rss_mib": stage_peak(log, offset, "WORKERS_PEAK_RSS_MIB"),
+             "peak_gpu_mib": stage_peak(log, offset, "GPU_PEAK_MIB")}
     if error:
         entry["error"] = error
     return entry
+
+
+def own_peak_rss_kib() -> int:
+    """This process's peak resident memory since its exec (VmHWM): ru_maxrss would carry the peak of the process
+    that forked it (Linux keeps it across exec), here the rehearsal's own, with the snapshot's images."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        found = re.search(r"^VmHWM:\s+(\d+) kB", status.read_text(), re.MULTILINE)
+        if found:
+            return int(found.group(1))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def run_entry_point(script: str, args: list[str]) -> None:
@@ -193,8 +202,8 @@ def run_entry_point(script: str, args: list[str]) -> None:
     finally:
         import torch
 
-        peak_kib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-        print(f"PEAK_RSS_MIB={peak_kib / 1024:.1f}", flush=True)
+        print(f"PEAK_RSS_MIB={own_peak_rss_kib() / 1024:.1f}", flush=True)
+        print(f"WORKERS_PEAK_RSS_MIB={resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.1f}", flush=True)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             print(f"GPU_PEAK_MIB={torch.cuda.max_memory_allocated() / 2**20:.1f}", flush=True)
 
@@ -204,7 +213,7 @@ def stage_peak(log: Path, offset: int, name: str) -> float | None:
     printed none (no CUDA used, or killed)."""
     with open(log, "rb") as text:
         text.seek(offset)
-        found = re.findall(rf"{name}=([0-9.]+)", text.read().decode(errors="replace"))
+        found = re.findall(rf"^{name}=([0-9.]+)", text.read().decode(errors="replace"), re.MULTILINE)
     return float(found[-1]) if found else None
 
 

@@ -1,5 +1,6 @@
 """Everything a few minutes on a GPU should measure, in one JSON (+ a log): environment, the GPU-gated tests,
-training throughput, AutoAttack speed and the full-size rehearsal (benchmarks/full_size.py). Run through `benchmarks/gpu_check.sh OUT_DIR [--cpu]`.
+training throughput, AutoAttack speed and the full-size rehearsal (benchmarks/full_size.py). Run through
+`benchmarks/gpu_check.sh OUT_DIR [--cpu]`.
 
 Each part runs in its own process with a time limit, so one failure or hang costs only its own entry; the JSON
 is rewritten after every part, so what finished survives a kill. `--cpu` runs the same parts at tiny sizes
