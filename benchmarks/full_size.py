@@ -11,8 +11,9 @@ Per stage it records wall time, images/s, model evaluations per image (summary.j
 peak resident memory of its process and of its workers, peak GPU memory (CUDA), and the data path's PNG decode
 throughput, in one JSON.
 
-The transfer splits are written as the card's surrogates' configs, but their images are the test images under
-sign noise at each split's budget, not a surrogate's AutoAttack: the rehearsal measures reading and scoring them.
+The transfer splits are written as the card's surrogates' configs, but their images are the test images moved by
+whole grey levels inside each split's budget, not a surrogate's AutoAttack: the rehearsal measures reading and
+scoring them.
 `--quick` shortens the attack (`version=fast`, few steps) and evaluates the first images of each split
 (PARTIAL): its numbers are of the data path and the commands, not of the protocol; the JSON says so.
 """
@@ -50,15 +51,16 @@ MODES = {
         "train_steps": 8, "batch_size": 16, "attack_images": 8,
         "attack": ["version=fast", "steps=10", "norms=[linf,l2,l1]"], "eval_max_images": 8,
         "not_protocol": "version=fast with steps=10 on 8 images; evaluation over the first 8 images of each split "
-                        "(PARTIAL); 8 training steps; transfer splits are sign noise at the budget, not AutoAttack",
+                        "(PARTIAL); 8 training steps; transfer splits are the test images moved inside each budget, "
+                        "not a surrogate's AutoAttack",
     },
     "full": {
         "dataset": "stanford_cars", "data_config": "stanford_cars",
         "models": ["vit_base_patch16_224", "resnet50"],
         "train_steps": 20, "batch_size": 64, "attack_images": 64,
         "attack": ["norms=[linf,l2,l1]"], "eval_max_images": None,
-        "not_protocol": "64 attacked images (PARTIAL), 20 training steps from random init; transfer splits are sign "
-                        "noise at the budget, not AutoAttack",
+        "not_protocol": "64 attacked images (PARTIAL), 20 training steps from random init; transfer splits are the "
+                        "test images moved inside each budget, not a surrogate's AutoAttack",
     },
 }
 
@@ -82,7 +84,7 @@ def split_labels(n: int, num_classes: int) -> np.ndarray:
     return np.arange(n) % num_classes
 
 
-def sign_noise_split(args: tuple) -> str:
+def budget_noise_split(args: tuple) -> str:
     """One transfer split of the card's coverage: the test images moved by whole grey levels inside the split's
     budget (Linf: every value by floor(eps*255) levels; L2/L1: as many values by one level as the budget holds),
     written by the snapshot writer."""
@@ -126,7 +128,7 @@ def build_snapshot(root: Path, dataset: str, workers: int) -> dict:
     with ProcessPoolExecutor(max_workers=workers) as pool:
         clean = [pool.submit(clean_split, (str(root), dataset, class_names, split, sizes[split], seed))
                  for seed, split in enumerate(("train", "validation"))]
-        transfer = [pool.submit(sign_noise_split, (str(root), dataset, class_names, surrogate, split, test_images,
+        transfer = [pool.submit(budget_noise_split, (str(root), dataset, class_names, surrogate, split, test_images,
                                                    test_labels))
                     for surrogate, covered in transfer_coverage(dataset).items() for split in covered]
         write_dataset(root, dataset, class_names, {"test": (test_images, test_labels)}, title)
