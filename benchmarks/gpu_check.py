@@ -1,5 +1,6 @@
 """Everything a few minutes on a GPU should measure, in one JSON (+ a log): environment, the GPU-gated tests,
-training throughput and AutoAttack speed. Run through `benchmarks/gpu_check.sh OUT_DIR [--cpu]`.
+training throughput, AutoAttack speed and the full-size rehearsal (benchmarks/full_size.py). Run through
+`benchmarks/gpu_check.sh OUT_DIR [--cpu]`.
 
 Each part runs in its own process with a time limit, so one failure or hang costs only its own entry; the JSON
 is rewritten after every part, so what finished survives a kill. `--cpu` runs the same parts at tiny sizes
@@ -13,6 +14,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -36,6 +38,11 @@ GPU_PLAN = {
     "attack": {"model": "vit_base_patch16_224", "image_size": 224, "n": 256, "num_classes": 100,
                "variants": [("bs128", 128, [], 50), ("bs256", 256, [], 50), ("bs256+compile", 256, ["--compile"], 90)]},
     "limits": {"tests": 90, "train": 40},
+    # The full-size rehearsal (benchmarks/full_size.py): Stanford Cars shape (196 classes, 224x224, every transfer
+    # split), ViT-B/16 trained a few steps, attacked by ours and, when pyautoattack is installed, the reference on
+    # the same model and images, evaluated white- and black-box. Its JSON is saved after each stage, so a stage cut
+    # by the limit still leaves the ones before it.
+    "full_size": {"args": ["--models", "vit_base_patch16_224"], "limit": 300},
 }
 CPU_PLAN = {
     "train": {"model": "test_vit", "image_size": 32, "batch_size": 8, "steps": 2, "warmup": 1,
@@ -47,6 +54,8 @@ CPU_PLAN = {
     "attack": {"model": "test_resnet", "image_size": 32, "n": 4, "num_classes": 10, "extra": ["--attacks", "apgd-ce"],
                "variants": [("bs2", 2, [], 300), ("bs4", 4, ["--channels-last"], 300)]},
     "limits": {"tests": 300, "train": 300},
+    # The rehearsal takes minutes even in its quick mode: tests/test_full_size.py runs that (slow mark).
+    "full_size": None,
 }
 
 
@@ -146,6 +155,21 @@ class Checker:
             self.report["autoattack"] = results
             self.save()
 
+    def full_size(self) -> None:
+        plan = self.plan["full_size"]
+        if plan is None:
+            self.report["full_size"] = {"skipped": "the --cpu plan leaves the rehearsal to tests/test_full_size.py"}
+            return
+        out = self.out_dir / "full_size.json"
+        reference = ["--reference"] if importlib.util.find_spec("pyautoattack") else []
+        outcome = self.run("full-size rehearsal", [sys.executable, "benchmarks/full_size.py", "--out", str(out),
+                                                   "--work", str(self.out_dir / "full_size_work"), *plan["args"],
+                                                   *reference], plan["limit"])
+        if out.is_file():
+            outcome["result"] = json.loads(out.read_text())
+        shutil.rmtree(self.out_dir / "full_size_work", ignore_errors=True)  # gigabytes of PNG
+        self.report["full_size"] = outcome
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -167,13 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     checker.report["environment"] = environment()
     checker.save()
     began = time.perf_counter()
-    for part in (checker.tests, checker.train, checker.attack):
+    for part in (checker.tests, checker.train, checker.attack, checker.full_size):
         part()
         checker.save()
     checker.report["total_seconds"] = round(time.perf_counter() - began, 1)
     checker.save()
     failed = [r for r in [checker.report["gpu_tests"], *checker.report["train_throughput"],
                           *checker.report["autoattack"]] if r["returncode"] != 0]
+    if "returncode" in checker.report["full_size"] and checker.report["full_size"]["returncode"] != 0:
+        failed.append(checker.report["full_size"])
     print(f"gpu_check: wrote {args.out_dir / 'gpu_check.json'} ({len(failed)} part(s) failed, "
           f"{checker.report['total_seconds']}s)")
     return 1 if failed else 0

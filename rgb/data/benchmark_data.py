@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from rgb.core.machine import available_cpus
 from rgb.core.threat import parse_norm
 from rgb.data.benchmark import ImageSplit, load_split
 from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, MINI
@@ -103,15 +104,20 @@ class BenchmarkData:
             )
         return names
 
+    def loader_workers(self) -> int:
+        """data.num_workers, at most one per CPU this process may use: the card configs ask for 8, and more
+        decoding processes than CPUs only add memory (a copy of the split per worker) and contention."""
+        return min(self.num_workers, available_cpus())
+
     def _loader(self, data: ImageSplit, batch_size: int, shuffle: bool) -> DataLoader:
         return DataLoader(
             data,
             batch_size=batch_size,
             shuffle=shuffle,
             drop_last=False,
-            num_workers=self.num_workers,
+            num_workers=self.loader_workers(),
             pin_memory=self.pin_memory and torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=self.loader_workers() > 0,
         )
 
     def eval_dataloader(self, split: str, surrogate: str | None = None) -> DataLoader:
