@@ -186,7 +186,7 @@ def compose_data(*overrides):
     return OmegaConf.to_container(compose_config("train", *overrides).data, resolve=True)
 
 
-# data=custom reads its image size from an imported snapshot: its budgets are checked in tests/test_import_folder.py
+# data=custom reads its image size from an imported snapshot: its budgets are checked in tests/test_data_import_folder.py
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml") if p.stem != "custom"))
 def test_data_configs_have_the_catalog_budgets_bit_for_bit(name):
     data = compose_data(f"data={name}")

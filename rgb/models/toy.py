@@ -1,5 +1,5 @@
 """A toy classification problem for exercising attacks in seconds on a CPU: 3x8x8 images in [0,1] that separate
-by class, and a small MLP fitted to them (the attack tests, tests/test_reference_agreement.py and the benchmarks
+by class, and a small MLP fitted to them (the attack tests, tests/test_runs_agreement.py and the benchmarks
 fast_vs_standard and serve_throughput). In the library so that tests and benchmarks share it without importing
 each other."""
 

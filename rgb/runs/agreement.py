@@ -2,7 +2,7 @@
 extra `robustgenbench[reference]`) on the same model, images, budget and seed: the robust flags, the accuracy after
 each attack of the cascade, and a per-image comparison. The spec (§8.10) asks for agreement within noise, not
 bit-identity (the two draw different random numbers). benchmarks/reference_agreement.py runs it at scale,
-tests/test_reference_agreement.py on a toy model."""
+tests/test_runs_agreement.py on a toy model."""
 
 from __future__ import annotations
 

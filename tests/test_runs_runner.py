@@ -2,7 +2,7 @@
 
 Runs use a small ViT trained by the real training code (cached for the session) on the first images of the mini
 test split, mostly with APGD-CE only so that a run takes seconds (the export test runs the whole standard cascade
-at a budget APGD-CE wins at once; the cascade itself is tested in test_autoattack.py).
+at a budget APGD-CE wins at once; the cascade itself is tested in test_attacks_autoattack.py).
 """
 
 import logging

@@ -1,4 +1,4 @@
-"""The `api` model family against a real `rgb-serve` on 127.0.0.1 (its answer parser: test_answer_parser.py): the
+"""The `api` model family against a real `rgb-serve` on 127.0.0.1 (its answer parser: test_models_answers.py): the
 settings and their one-line refusals, the answer cache, re-parsing cached answers under a new parser version, the
 manners (retries, Retry-After, rate limit, one-line refusals), the black-box protocol image by image equal to
 evaluate.py of the served model, dry_run / max_requests, and a key that never reaches a file."""
