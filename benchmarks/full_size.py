@@ -2,6 +2,7 @@
 
     python benchmarks/full_size.py --out full_size.json            # Stanford Cars shape, vit_base + resnet50 (GPU)
     python benchmarks/full_size.py --quick --out quick.json        # UC Merced shape, resnet18, a few CPU minutes
+    python benchmarks/full_size.py --attack-workers 1 2 --out f.json  # also attack with 2 workers on one GPU
 
 It writes a card-shaped snapshot with the suite's own writer (rgb.data.snapshot: PNG in parquet, the card's split
 sizes, `common`, `random_linf_30` and every transfer split of the card's coverage for that dataset), from synthetic
@@ -246,7 +247,7 @@ def machine() -> dict:
 
 
 def rehearse(mode: str, out: Path, work: Path, impls: list[str], device: str, timeout: int,
-             models: list[str] | None = None) -> dict:
+             models: list[str] | None = None, attack_workers: tuple[int, ...] = (1,)) -> dict:
     plan = {**MODES[mode], "models": models or MODES[mode]["models"]}
     dataset, data = plan["dataset"], plan["data_config"]
     report: dict = {"mode": mode, "protocol_departures": plan["not_protocol"], "machine": machine(),
@@ -283,15 +284,20 @@ def rehearse(mode: str, out: Path, work: Path, impls: list[str], device: str, ti
         save()
         if train["returncode"] != 0:
             continue  # nothing to attack; the report says which stage failed
-        for impl in impls:
-            attack_dir = outputs / "attack" / f"{model}-{impl}"
-            attack = command(f"attack {model} {impl}", [
+        # each impl with attack.py's default workers (evaluation reads ours), then ours with N workers sharing the
+        # device (one per GPU by default), the images cut into N batches
+        runs = [(impl, 1) for impl in impls] + [("ours", w) for w in attack_workers if w > 1]
+        for impl, workers in runs:
+            attack_dir = outputs / "attack" / (f"{model}-{impl}" + (f"-{workers}workers" if workers > 1 else ""))
+            attack = command(f"attack {model} {impl}" + (f" x{workers}" if workers > 1 else ""), [
                 "attack.py", f"run={run_dir}", *common, f"impl={impl}", f"max_images={plan['attack_images']}",
-                f"output_dir={attack_dir}", f"batch_size={plan['attack_images']}", *plan["attack"]], log, timeout)
+                f"output_dir={attack_dir}", f"batch_size={-(-plan['attack_images'] // workers)}",
+                *([f"shard.devices={workers}"] if workers > 1 else []), *plan["attack"]], log, timeout)
             attack["norms"] = attack_rows(attack_dir)
             attack["images_per_s"] = round(plan["attack_images"] * max(1, len(attack["norms"]))
                                            / attack["wall_seconds"], 2)
-            report["stages"].append({"model": model, "impl": impl, **attack})
+            report["stages"].append({"model": model, "impl": impl, "workers": workers if workers > 1 else "auto",
+                                     **attack})
             save()
         evaluation = ["evaluate.py", f"run={run_dir}", *common, f"attack_dir={outputs / 'attack' / f'{model}-ours'}",
                       f"batch_size={plan['batch_size']}", "allow_partial=true"]
@@ -323,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", action="store_true", help="also impl=reference (needs pyautoattack)")
     parser.add_argument("--models", nargs="+", default=None, help="timm names (default: the mode's backbones)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--attack-workers", nargs="+", type=int, default=[1],
+                        help="also attack with N workers sharing the device (shard.devices=N), N > 1")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per command")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--run"]:  # one stage: a user command in this process (see `command`)
@@ -336,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         report = rehearse("quick" if args.quick else "full", args.out, work, impls, device, args.timeout,
-                          args.models)
+                          args.models, tuple(args.attack_workers))
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

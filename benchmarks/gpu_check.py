@@ -34,15 +34,16 @@ GPU_PLAN = {
                                                               ("bf16+channels_last", ["--precision", "bf16",
                                                                                       "--channels-last"])]}},
     # (name, batch size, extra flags, time limit): two batch sizes show how throughput scales; compile at the
-    # larger one. Worst case, every part at its limit: 90 + 5 x 40 + 2 x 50 + 90 = 480 s; expected far less.
+    # larger one. Worst case, every part at its limit: 120 + 5 x 40 + 2 x 50 + 90 = 510 s; expected far less.
     "attack": {"model": "vit_base_patch16_224", "image_size": 224, "n": 256, "num_classes": 100,
                "variants": [("bs128", 128, [], 50), ("bs256", 256, [], 50), ("bs256+compile", 256, ["--compile"], 90)]},
-    "limits": {"tests": 90, "train": 40},
+    "limits": {"tests": 120, "train": 40},
     # The full-size rehearsal (benchmarks/full_size.py): Stanford Cars shape (196 classes, 224x224, every transfer
     # split), ViT-B/16 trained a few steps, attacked by ours and, when pyautoattack is installed, the reference on
-    # the same model and images, evaluated white- and black-box. Its JSON is saved after each stage, so a stage cut
-    # by the limit still leaves the ones before it.
-    "full_size": {"args": ["--models", "vit_base_patch16_224"], "limit": 300},
+    # the same model and images, and by ours again with 2 workers sharing the GPU (shard.devices=2), evaluated
+    # white- and black-box. Its JSON is saved after each stage, so a stage cut by the limit still leaves the ones
+    # before it.
+    "full_size": {"args": ["--models", "vit_base_patch16_224", "--attack-workers", "1", "2"], "limit": 300},
 }
 CPU_PLAN = {
     "train": {"model": "test_vit", "image_size": 32, "batch_size": 8, "steps": 2, "warmup": 1,
@@ -113,6 +114,7 @@ class Checker:
     def tests(self) -> None:
         junit = self.out_dir / "gpu_tests.xml"
         outcome = self.run("gpu tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py",
+                                         "tests/test_runs_runner.py",
                                          f"--junitxml={junit}", "-p", "no:cacheprovider"], self.plan["limits"]["tests"])
         if junit.is_file():
             import xml.etree.ElementTree as ET

@@ -324,6 +324,18 @@ def test_worker_processes_equal_one_process(surrogate, small_bench, reference, t
     pd.testing.assert_frame_equal(results(out), results(reference[0]))
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_more_workers_than_gpus_share_them_round_robin(surrogate, small_bench, tmp_path):
+    """shard.devices=2 on one GPU: two spawned workers on cuda:0 take the batches as they come; same batches, same
+    kernels, so the same results as one worker."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    attack(overrides(surrogate, small_bench, one, "device=cuda", "shard.devices=1"))
+    attack(overrides(surrogate, small_bench, two, "device=cuda", f"shard.devices={torch.cuda.device_count() + 1}"))
+    assert len(batch_files(two)) == N_BATCHES
+    pd.testing.assert_frame_equal(results(two), results(one))
+
+
 def test_a_failing_worker_stops_the_parent_at_its_next_report():
     """On the CPU the parent attacks too while a thread draws the workers' reports: a worker's error (or a worker
     that died without a word) ends the pump and the parent's own attack at its next progress report."""

@@ -53,12 +53,13 @@ def worker_threads(request: AttackRequest, device: str, workers: int) -> int:
 
 
 def _worker(rank: int, workers: int, request: AttackRequest, tasks, events, job: Callable, inherited=None) -> None:
-    """Worker `rank` of `workers`: `job(rank, device, request, tasks, bars, inherited)` on GPU `rank` or on the CPU
+    """Worker `rank` of `workers`: `job(rank, device, request, tasks, bars, inherited)` on GPU `rank` (modulo the
+    visible GPUs: workers beyond their count share them) or on the CPU
     with its share of the threads, its progress and its end reported to the parent."""
     die_with_parent()
     keep_freed_memory()  # a forked worker may have it already (attack.py's parent sets it; rgb.benchmark's does not)
     try:
-        device = f"cuda:{rank}" if request.device.startswith("cuda") else request.device
+        device = f"cuda:{rank % torch.cuda.device_count()}" if request.device.startswith("cuda") else request.device
         configure_threads(worker_threads(request, device, workers))
         job(rank, device, request, tasks, _Events(events), inherited)
         events.put(("exit", (rank,)))
