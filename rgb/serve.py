@@ -26,6 +26,10 @@ What a client of OpenAI's chat-completions API gets here, and where it differs:
 - At most `limits.max_concurrency` requests are worked on at once; up to `limits.max_queue` more wait their turn
   (first come, first served); beyond that a request gets 429 `rate_limit_exceeded` with Retry-After: 1.
 
+- The Batch API: `/v1/files` (upload, retrieve, content) and `/v1/batches` (create, retrieve, cancel) run a JSONL
+  of chat-completions requests in the background through the same handler (rgb.serve_batch), so a client's
+  Batch path is rehearsed locally; the files live in `batch_dir` (default: a temporary directory).
+
 For the tests it can misbehave on purpose (`faults`: 429 with Retry-After, 500, slow answers, malformed answers).
 """
 
@@ -62,6 +66,7 @@ from starlette.requests import ClientDisconnect
 from rgb.core.errors import UserError
 from rgb.data.benchmark import decode_image, to_tensor
 from rgb.models import load_with_meta
+from rgb.serve_batch import BatchStore, add_batch_routes
 
 log = logging.getLogger(__name__)
 # A body declared longer is refused (413) unread: a benchmark image is a few hundred KiB as a data URL.
@@ -294,11 +299,12 @@ class ModelServer:
 
     def __init__(self, model, class_names: list[str], image_size: int, served_name: str, host: str = "127.0.0.1",
                  port: int = 0, faults: Faults | None = None, api_key: str | None = None, device: str = "cpu",
-                 limits: Limits | None = None):
+                 limits: Limits | None = None, batch_dir: str | Path | None = None):
         self.model, self.class_names, self.image_size = model.to(device).eval(), class_names, image_size
         self.served_name, self.faults, self.api_key, self.device = served_name, faults or Faults(), api_key, device
         self.limits = limits or Limits()
         self.requests = ServerLog()
+        self.batches = BatchStore(batch_dir)  # the Files and Batches endpoints' files (None: a temp dir)
         self._model_lock = threading.Lock()
         self.socket = _listening_socket(host, port)
         self.server_address: tuple[str, int] = self.socket.getsockname()[:2]  # still known once it is closed
@@ -339,7 +345,8 @@ class ModelServer:
 
 def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_name: str | None = None,
                 faults: Faults | None = None, api_key: str | None = None, device: str = "cpu",
-                image_size: int | None = None, limits: Limits | None = None) -> ModelServer:
+                image_size: int | None = None, limits: Limits | None = None,
+                batch_dir: str | Path | None = None) -> ModelServer:
     """A server for the model of a run dir (not started: call serve_forever, e.g. in a thread)."""
     model, meta = load_with_meta(run)
     if not isinstance(model, torch.nn.Module):
@@ -349,7 +356,7 @@ def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_
         raise ServeError(f"{run}/model.json names no image_size or class_names: pass image_size= (and export the "
                          f"model with its class names)")
     return ModelServer(model, list(meta["class_names"]), int(size), served_name or Path(run).name, host, port,
-                       faults, api_key, device, limits)
+                       faults, api_key, device, limits, batch_dir)
 
 
 def _logprob_entry(name: str, logprob: float) -> dict:
@@ -426,7 +433,8 @@ async def _read_body(request: Request) -> bytes:
 
 
 def build_app(server: ModelServer) -> FastAPI:
-    """The OpenAI-shaped routes of `server`: /v1/models (and /v1/models/{id}), /v1/chat/completions."""
+    """The OpenAI-shaped routes of `server`: /v1/models (and /v1/models/{id}), /v1/chat/completions, and the
+    Files and Batches endpoints (rgb.serve_batch)."""
     app = FastAPI(title="rgb-serve", docs_url=None, redoc_url=None, openapi_url=None)
     turns = asyncio.Semaphore(server.limits.max_concurrency)
 
@@ -464,21 +472,26 @@ def build_app(server: ModelServer) -> FastAPI:
             raise ErrorReply(404, f"The model '{model_id}' does not exist", "model_not_found", "model")
         return model_entry()
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        authorize(request)
-        chat = parse_request(await _read_body(request))
+    async def complete_chat(raw: bytes) -> tuple[ChatRequest, dict]:
+        """One chat-completions body answered (or an ErrorReply): the route's and every Batch line's handler."""
+        chat = parse_request(raw)
         if chat.model != server.served_name:
             raise ErrorReply(404, f"The model '{chat.model}' does not exist (served: {server.served_name!r})",
                              "model_not_found", "model")
         prompt = read_prompt(chat)
         async with _turn(server, turns):
-            completion = await _complete(server, chat, prompt)
+            return chat, await _complete(server, chat, prompt)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        authorize(request)
+        chat, completion = await complete_chat(await _read_body(request))
         if chat.stream:
             include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
             return StreamingResponse(_chunks(completion, include_usage), media_type="text/event-stream")
         return completion
 
+    add_batch_routes(app, server.batches, authorize, complete_chat, ErrorReply)
     return app
 
 

@@ -31,7 +31,7 @@ ALLOWED = {
     "commands": {"core", "data", "models", "attacks", "brittleness", "runs", "training", "evaluation",
                  "serve"},
 }
-ENTRY_POINTS = {"api", "serve"}
+ENTRY_POINTS = {"api", "serve", "serve_batch"}
 # Hydra and OmegaConf live at the edge: rgb/commands/ (each command's config becomes one typed request) and the
 # thin train.py / attack.py / evaluate.py outside rgb/.
 CONFIG_PACKAGE = "rgb/commands/"

@@ -1,9 +1,10 @@
 """rgb-serve (rgb/serve.py, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
 client, sync and async, streaming and not: the class answer, `n`, `logprobs`, usage by its stated rule, PNG/JPEG/
 WebP data URLs, `/v1/models`; every malformed body (sent with httpx, which the SDK would never produce) answered
-with a 400 in OpenAI's error shape while the server keeps serving; the concurrency limit; `python -m rgb.serve` is
-the `rgb-serve` command. The served model is a two-class module on 8x8 images: no training, no benchmark. Each
-server runs in a thread of this process on 127.0.0.1 (port 0: a free one)."""
+with a 400 in OpenAI's error shape while the server keeps serving; the concurrency limit; the Files and Batches
+endpoints (a JSONL run in the background into OpenAI's output and error files, a broken input failing the batch,
+a cancel); `python -m rgb.serve` is the `rgb-serve` command. The served model is a two-class module on 8x8 images:
+no training, no benchmark. Each server runs in a thread of this process on 127.0.0.1 (port 0: a free one)."""
 
 import asyncio
 import base64
@@ -23,7 +24,7 @@ import torch
 from PIL import Image
 
 from helpers import REPO, compose_config, raises_one_line
-from rgb.serve import Limits, ModelServer, ServeError, image_tokens, text_tokens
+from rgb.serve import Faults, Limits, ModelServer, ServeError, image_tokens, text_tokens
 
 NAME = "tiny"
 CLASSES = ["dark", "bright"]
@@ -407,3 +408,111 @@ def test_without_the_serve_extra_the_command_names_the_pip_line(monkeypatch, tmp
     cfg = compose_config("serve", f"run={tmp_path / 'no-run'}", f"paths.root_dir={tmp_path}")
     with raises_one_line(serve_command.ServeExtraMissing, r"pip install 'robustgenbench\[serve\]'"):
         serve_command.serve_from_config(cfg)
+
+
+# -- the Files and Batches endpoints (rgb/serve_batch.py) ---------------------------------------------------
+
+POLL_S = 0.05
+
+
+def jsonl(lines: list[dict]) -> io.BytesIO:
+    out = io.BytesIO("".join(json.dumps(line) + "\n" for line in lines).encode())
+    out.name = "input.jsonl"
+    return out
+
+
+def request_line(custom_id: str, value: int) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": chat({"url": data_url(value)})}
+
+
+def finished(client: openai.OpenAI, batch_id: str):
+    """The batch once it is no longer validating or running (bounded: TIMEOUT seconds)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "cancelled", "expired"):
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch.status}"
+        time.sleep(POLL_S)
+
+
+def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict]:
+    return [] if file_id is None else [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
+
+
+@pytest.fixture
+def sdk_of():
+    opened = []
+
+    def make(server) -> openai.OpenAI:
+        opened.append(openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=TIMEOUT))
+        return opened[-1]
+
+    yield make
+    for client in opened:
+        client.close()
+
+
+@pytest.mark.slow
+def test_a_batch_answers_each_line_as_the_chat_route_does_and_failed_lines_go_to_the_error_file(sdk_of, tmp_path):
+    # every 3rd request an injected 500: a line of the error file, never of the output
+    with Running(Brightness(), faults=Faults(error_every=3), batch_dir=tmp_path) as server:
+        client = sdk_of(server)
+        values = [10, 250, 30, 240, 50, 200, 5]
+        uploaded = client.files.create(file=jsonl([request_line(f"r{i}", v) for i, v in enumerate(values)]),
+                                       purpose="batch")
+        assert (uploaded.object, uploaded.purpose, uploaded.status) == ("file", "batch", "processed")
+        assert client.files.retrieve(uploaded.id).bytes == uploaded.bytes == (tmp_path / uploaded.id).stat().st_size
+        created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h")
+        assert created.status in ("validating", "in_progress", "completed")
+        batch = finished(client, created.id)
+        assert batch.status == "completed" and batch.completed_at is not None
+        output, errors = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
+        counts = batch.request_counts
+        assert (counts.total, counts.completed, counts.failed) == (7, len(output), len(errors)) == (7, 5, 2)
+        assert {line["custom_id"] for line in output + errors} == {f"r{i}" for i in range(7)}
+        for line in output:
+            body = line["response"]["body"]
+            expected = "bright" if values[int(line["custom_id"][1:])] > 127 else "dark"
+            assert line["response"]["status_code"] == 200 and line["error"] is None
+            assert openai.types.chat.ChatCompletion.model_validate(body).choices[0].message.content == expected
+        for line in errors:
+            assert line["response"]["status_code"] == 500
+            assert line["response"]["body"]["error"]["code"] == "server_error"
+        assert server.requests.count() == 7  # each line asked once, through the chat handler
+
+
+@pytest.mark.slow
+def test_a_broken_input_fails_the_batch_and_unknown_ids_are_openai_404s(sdk_of, tmp_path):
+    with Running(Brightness(), batch_dir=tmp_path) as server:
+        client = sdk_of(server)
+        broken = [request_line("a", 10), {"custom_id": "b", "method": "GET", "url": "/v1/models", "body": {}},
+                  request_line("a", 20)]
+        uploaded = client.files.create(file=jsonl(broken), purpose="batch")
+        batch = finished(client, client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                                       completion_window="24h").id)
+        assert batch.status == "failed" and [e.line for e in batch.errors.data] == [2, 3]
+        assert server.requests.count() == 0
+        with pytest.raises(openai.NotFoundError):
+            client.batches.retrieve("batch_nothing")
+        with pytest.raises(openai.NotFoundError):
+            client.files.content("file-nothing")
+        with pytest.raises(openai.BadRequestError):
+            client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+
+
+@pytest.mark.slow
+def test_a_cancelled_batch_ends_cancelled_with_what_it_answered(sdk_of, tmp_path):
+    model = GatedBrightness()  # holds the first requests inside the server until the batch is cancelled
+    with Running(model, batch_dir=tmp_path) as server:
+        client = sdk_of(server)
+        uploaded = client.files.create(file=jsonl([request_line(f"r{i}", 250) for i in range(40)]), purpose="batch")
+        created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h")
+        assert client.batches.cancel(created.id).status == "cancelling"
+        model.gate.set()
+        batch = finished(client, created.id)
+        assert batch.status == "cancelled" and batch.request_counts.completed < 40
+        assert len(lines_of(client, batch.output_file_id)) == batch.request_counts.completed

@@ -1,0 +1,217 @@
+"""rgb-serve's Files and Batches endpoints, shaped as OpenAI's (the `openai` SDK's FileObject and Batch), so a
+client's Batch path is rehearsed against a local model: `POST /v1/files` (purpose `batch`), `GET /v1/files/{id}`
+and `/content`, `POST /v1/batches`, `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`.
+
+A batch runs in the background (validating, in_progress, then completed, failed or cancelled), each line through
+the same handler as `/v1/chat/completions` (so faults and the concurrency limit apply to it too). Answered lines go
+to the output file and refused ones to the error file, each as OpenAI writes them: {"id", "custom_id",
+"response": {"status_code", "request_id", "body"}, "error"}. An input that is not a JSONL of chat-completions
+requests with distinct custom_ids fails the batch as a whole (`errors`), as OpenAI's validation does. Unlike
+OpenAI, nothing expires: the files stay in the store's directory until it is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from fastapi import FastAPI, Form, Request, UploadFile
+from fastapi.responses import Response
+
+log = logging.getLogger("rgb.serve")
+BATCH_ENDPOINT = "/v1/chat/completions"
+COMPLETION_WINDOW = "24h"
+MAX_BATCH_LINES = 50_000  # OpenAI's limit of requests per batch
+FINISHED = frozenset({"completed", "failed", "cancelled", "expired"})
+
+
+class BatchStore:
+    """The uploaded and written files (content in `directory`, one file per id) and the batches, in memory."""
+
+    def __init__(self, directory: str | Path | None = None):
+        self.directory = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="rgb-serve-batches-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.files: dict[str, dict] = {}
+        self.batches: dict[str, dict] = {}
+        self.lock = threading.Lock()
+
+    def add_file(self, content: bytes, filename: str, purpose: str) -> dict:
+        file_id = f"file-{uuid.uuid4().hex}"
+        (self.directory / file_id).write_bytes(content)
+        entry = {"id": file_id, "object": "file", "bytes": len(content), "created_at": int(time.time()),
+                 "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
+                 "status_details": None}
+        with self.lock:
+            self.files[file_id] = entry
+        return entry
+
+    def content(self, file_id: str) -> bytes:
+        return (self.directory / file_id).read_bytes()
+
+
+def _lines(content: bytes) -> tuple[list[dict], list[dict]]:
+    """The requests of an input file, or the validation errors that fail the batch (OpenAI's BatchError shape)."""
+    requests, errors, seen = [], [], set()
+    for number, line in enumerate(content.decode("utf-8", "replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            problem = (None if isinstance(request, dict) and isinstance(request.get("custom_id"), str)
+                       and request.get("method") == "POST" and request.get("url") == BATCH_ENDPOINT
+                       and isinstance(request.get("body"), dict) else
+                       f"each line must be an object with a string custom_id, method POST, url {BATCH_ENDPOINT} "
+                       f"and a body object")
+        except ValueError:
+            problem = "the line is not valid JSON"
+        if problem is None and request["custom_id"] in seen:
+            problem = f"the custom_id {request['custom_id']!r} is not unique"
+        if problem:
+            errors.append({"code": "invalid_request", "line": number, "message": problem, "param": None})
+        else:
+            seen.add(request["custom_id"])
+            requests.append(request)
+    if not requests and not errors:
+        errors.append({"code": "empty_file", "line": None, "message": "the input file has no requests",
+                       "param": None})
+    if len(requests) > MAX_BATCH_LINES:
+        errors.append({"code": "too_many_requests", "line": None, "param": None,
+                       "message": f"a batch holds at most {MAX_BATCH_LINES} requests, not {len(requests)}"})
+    return requests, errors
+
+
+def add_batch_routes(app: FastAPI, store: BatchStore, authorize, complete, error_reply) -> None:
+    """The routes on `app`; `complete(raw body) -> (request, completion)` answers one chat request or raises
+    `error_reply` (the app's OpenAI-shaped error, whose `response()` is the error body)."""
+    running: set[asyncio.Task] = set()  # the background batches (a reference each, so none is collected)
+
+    def file_of(file_id: str) -> dict:
+        with store.lock:
+            entry = store.files.get(file_id)
+        if entry is None:
+            raise error_reply(404, f"No such File object: {file_id}", "not_found", "file_id")
+        return entry
+
+    def batch_of(batch_id: str) -> dict:
+        with store.lock:
+            batch = store.batches.get(batch_id)
+        if batch is None:
+            raise error_reply(404, f"No such Batch object: {batch_id}", "not_found", "batch_id")
+        return batch
+
+    def answered(request: dict, status: int, body: dict) -> dict:
+        return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": request["custom_id"], "error": None,
+                "response": {"status_code": status, "request_id": uuid.uuid4().hex, "body": body}}
+
+    async def one(request: dict) -> tuple[bool, dict]:
+        try:
+            _chat, completion = await complete(json.dumps(request["body"]).encode())
+        except error_reply as err:
+            return False, answered(request, err.status, json.loads(err.response().body))
+        return True, answered(request, 200, completion)
+
+    def write(lines: list[dict], batch_id: str, kind: str) -> str | None:
+        if not lines:
+            return None
+        content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        return store.add_file(content, f"{batch_id}_{kind}.jsonl", "batch_output")["id"]
+
+    async def run(batch: dict) -> None:
+        requests, errors = _lines(store.content(batch["input_file_id"]))
+        if errors:
+            batch.update(status="failed", failed_at=int(time.time()), errors={"object": "list", "data": errors})
+            return
+        counts = batch["request_counts"]
+        counts["total"] = len(requests)
+        if batch["status"] == "validating":  # (else cancelled while it was validated)
+            batch.update(status="in_progress", in_progress_at=int(time.time()))
+        output, failed = [], []
+        step = 16  # lines in flight at once: the server's own concurrency limit queues them further
+        for start in range(0, len(requests), step):
+            if batch["status"] == "cancelling":
+                break
+            for ok, line in await asyncio.gather(*(one(r) for r in requests[start:start + step])):
+                (output if ok else failed).append(line)
+                counts["completed" if ok else "failed"] += 1
+        batch.update(status="finalizing", finalizing_at=int(time.time()))
+        batch.update(output_file_id=write(output, batch["id"], "output"),
+                     error_file_id=write(failed, batch["id"], "error"))
+        ended = "cancelled" if len(output) + len(failed) < len(requests) else "completed"
+        batch.update({"status": ended, f"{ended}_at": int(time.time())})
+
+    async def guarded(batch: dict) -> None:
+        try:
+            await run(batch)
+        except Exception as err:  # a server fault: the batch fails with one line, the server keeps serving
+            log.exception("rgb-serve failed on batch %s", batch["id"])
+            error = {"code": "server_error", "line": None, "message": f"the server failed: {type(err).__name__}",
+                     "param": None}
+            batch.update(status="failed", failed_at=int(time.time()), errors={"object": "list", "data": [error]})
+
+    @app.post("/v1/files")
+    async def create_file(request: Request, file: UploadFile, purpose: str = Form()) -> dict:
+        authorize(request)
+        if purpose != "batch":
+            raise error_reply(400, f"rgb-serve stores files for the Batch API only (purpose 'batch', not "
+                                   f"{purpose!r})", "invalid_value", "purpose")
+        return store.add_file(await file.read(), file.filename or "upload.jsonl", purpose)
+
+    @app.get("/v1/files/{file_id}")
+    async def retrieve_file(file_id: str, request: Request) -> dict:
+        authorize(request)
+        return file_of(file_id)
+
+    @app.get("/v1/files/{file_id}/content")
+    async def file_content(file_id: str, request: Request) -> Response:
+        authorize(request)
+        file_of(file_id)
+        return Response(store.content(file_id), media_type="application/octet-stream")
+
+    @app.post("/v1/batches")
+    async def create_batch(request: Request) -> dict:
+        authorize(request)
+        try:
+            asked = json.loads(await request.body())
+        except ValueError:
+            raise error_reply(400, "the body is not valid JSON", "invalid_json") from None
+        if not isinstance(asked, dict) or not isinstance(asked.get("input_file_id"), str):
+            raise error_reply(400, "Missing required parameter: 'input_file_id'", "missing_required_parameter",
+                              "input_file_id")
+        for name, value in (("endpoint", BATCH_ENDPOINT), ("completion_window", COMPLETION_WINDOW)):
+            if asked.get(name) != value:
+                raise error_reply(400, f"Invalid '{name}': rgb-serve runs {name} {value!r} only", "invalid_value",
+                                  name)
+        file_of(asked["input_file_id"])
+        now = int(time.time())
+        batch = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": BATCH_ENDPOINT, "errors": None,
+                 "input_file_id": asked["input_file_id"], "completion_window": COMPLETION_WINDOW,
+                 "status": "validating", "output_file_id": None, "error_file_id": None, "created_at": now,
+                 "in_progress_at": None, "expires_at": now + 24 * 3600, "finalizing_at": None, "completed_at": None,
+                 "failed_at": None, "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+                 "request_counts": {"total": 0, "completed": 0, "failed": 0},
+                 "metadata": asked.get("metadata")}
+        with store.lock:
+            store.batches[batch["id"]] = batch
+        task = asyncio.create_task(guarded(batch))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return dict(batch)
+
+    @app.get("/v1/batches/{batch_id}")
+    async def retrieve_batch(batch_id: str, request: Request) -> dict:
+        authorize(request)
+        return dict(batch_of(batch_id))
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(batch_id: str, request: Request) -> dict:
+        authorize(request)
+        batch = batch_of(batch_id)
+        if batch["status"] in ("validating", "in_progress"):
+            batch.update(status="cancelling", cancelling_at=int(time.time()))
+        return dict(batch)
