@@ -8,6 +8,7 @@ no test imports a benchmark script.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -203,3 +204,16 @@ def write_attack(folder: Path, norm: str, run: Path, dm, robust, clean_pred, **o
     fields.update(overrides)
     store.write_summary(RunSummary.recording(AttackOptions(), **fields))  # the options' defaults, unless overridden
     return int(robust.sum())
+
+
+@contextmanager
+def serving(server, timeout_s: float = 20) -> Iterator:
+    """An rgb.serve ModelServer (bound on 127.0.0.1) serving in a thread of this process until the block ends."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=timeout_s)

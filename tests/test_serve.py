@@ -23,7 +23,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, compose_config, raises_one_line
+from helpers import REPO, compose_config, raises_one_line, serving
 from rgb.serve import Faults, Limits, ModelServer, ServeError, image_tokens, text_tokens
 
 NAME = "tiny"
@@ -71,26 +71,14 @@ def chat(image_url) -> dict:
     return {"model": NAME, "messages": messages(image_url), "temperature": 0}
 
 
-class Running:
-    """A ModelServer serving in a thread until the block ends."""
-
-    def __init__(self, model: torch.nn.Module, **kwargs):
-        self.server = ModelServer(model, CLASSES, 8, NAME, **kwargs)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> ModelServer:
-        self.thread.start()
-        return self.server
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=TIMEOUT)
+def running(model: torch.nn.Module, **kwargs):
+    """A ModelServer of `model` serving in a thread until the block ends."""
+    return serving(ModelServer(model, CLASSES, 8, NAME, **kwargs), TIMEOUT)
 
 
 @pytest.fixture(scope="module")
 def server():
-    with Running(Brightness()) as served:
+    with running(Brightness()) as served:
         yield served
 
 
@@ -241,7 +229,7 @@ def test_another_model_name_is_a_404_model_not_found(client):
 
 
 def test_a_wrong_key_is_a_401():
-    with Running(Brightness(), api_key="right-key") as served:
+    with running(Brightness(), api_key="right-key") as served:
         with openai.OpenAI(base_url=served.base_url, api_key="wrong", max_retries=0, timeout=TIMEOUT) as sdk:
             with pytest.raises(openai.AuthenticationError):
                 sdk.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}))
@@ -356,7 +344,7 @@ def test_64_simultaneous_requests_are_all_answered(server):
 def test_beyond_the_concurrency_limit_and_the_queue_a_request_is_a_429():
     """max_concurrency 1, max_queue 1: one request held inside the model, one waiting, the third refused."""
     model = GatedBrightness()
-    with Running(model, limits=Limits(max_concurrency=1, max_queue=1)) as served:
+    with running(model, limits=Limits(max_concurrency=1, max_queue=1)) as served:
         replies: dict = {}
 
         def send(key: str, value: int) -> None:
@@ -457,7 +445,7 @@ def sdk_of():
 @pytest.mark.slow
 def test_a_batch_answers_each_line_as_the_chat_route_does_and_failed_lines_go_to_the_error_file(sdk_of, tmp_path):
     # every 3rd request an injected 500: a line of the error file, never of the output
-    with Running(Brightness(), faults=Faults(error_every=3), batch_dir=tmp_path) as server:
+    with running(Brightness(), faults=Faults(error_every=3), batch_dir=tmp_path) as server:
         client = sdk_of(server)
         values = [10, 250, 30, 240, 50, 200, 5]
         uploaded = client.files.create(file=jsonl([request_line(f"r{i}", v) for i, v in enumerate(values)]),
@@ -486,7 +474,7 @@ def test_a_batch_answers_each_line_as_the_chat_route_does_and_failed_lines_go_to
 
 @pytest.mark.slow
 def test_a_broken_input_fails_the_batch_and_unknown_ids_are_openai_404s(sdk_of, tmp_path):
-    with Running(Brightness(), batch_dir=tmp_path) as server:
+    with running(Brightness(), batch_dir=tmp_path) as server:
         client = sdk_of(server)
         broken = [request_line("a", 10), {"custom_id": "b", "method": "GET", "url": "/v1/models", "body": {}},
                   request_line("a", 20)]
@@ -506,7 +494,7 @@ def test_a_broken_input_fails_the_batch_and_unknown_ids_are_openai_404s(sdk_of, 
 @pytest.mark.slow
 def test_a_cancelled_batch_ends_cancelled_with_what_it_answered(sdk_of, tmp_path):
     model = GatedBrightness()  # holds the first requests inside the server until the batch is cancelled
-    with Running(model, batch_dir=tmp_path) as server:
+    with running(model, batch_dir=tmp_path) as server:
         client = sdk_of(server)
         uploaded = client.files.create(file=jsonl([request_line(f"r{i}", 250) for i in range(40)]), purpose="batch")
         created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",

@@ -72,6 +72,8 @@ CLIENT_RULES: dict[str, Rule] = {
     "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
     "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
     "model.backoff_s": NON_NEGATIVE, "model.backoff_max_s": NON_NEGATIVE,
+    "model.batch": (lambda v: isinstance(v, bool), "true or false"), "model.batch_poll_s": POSITIVE,
+    "model.batch_wait_s": POSITIVE,
 }
 
 
@@ -139,6 +141,12 @@ class ClientSettings:
     max_retries: int = 6
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
+    # The Batch API (rgb.models.api_batch) instead of one request per image: the same requests and the same cache
+    # records, so the same answers either way (hence not in the cache key); OpenAI charges half and answers within
+    # 24 h. Polled every batch_poll_s; after batch_wait_s a run stops, and the next one resumes the batch.
+    batch: bool = False
+    batch_poll_s: float = 30.0
+    batch_wait_s: float = 26 * 3600.0
 
     def __post_init__(self):
         _check(self, CLIENT_RULES)
@@ -232,6 +240,10 @@ class ApiClassifier:
         image once, `max_concurrency` at a time; every answer enters the cache as it arrives."""
         import httpx
 
+        if self.client_settings.batch:  # the Batch API: the same records, asked by the batch
+            from rgb.models.api_batch import answer_by_batch
+
+            return answer_by_batch(self, images, cache, budget or RequestBudget(), desc)
         budget = budget or RequestBudget()
         keys = [self.request_key(b) for b in images]
         uses = Counter(keys)
@@ -285,16 +297,21 @@ class ApiClassifier:
             if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise failed
-        parsed = {k: self._parse(cache.get(k)) for k in uses if k in cache}
+        return self.collect(keys, cache, stats), stats
+
+    def collect(self, keys: list[str], cache: AnswerCache, stats: RequestStats) -> list[Answer | None]:
+        """The cached answers of `keys` (None: not answered), and their counts into `stats` (its `requests` are
+        the new answers among them)."""
+        parsed = {k: self._parse(cache.get(k)) for k in dict.fromkeys(keys) if k in cache}
         answers = [Answer(cache.get(k)["answer"], parsed[k].pred, parsed[k].reason) if k in parsed else None
                    for k in keys]
         answered = [a for a in answers if a is not None]
         stats.cached = len(answered) - stats.requests
-        stats.unanswered = len(images) - len(answered)
+        stats.unanswered = len(keys) - len(answered)
         stats.abstained = sum(a.pred is None for a in answered)
         stats.negations = sum(a.reason == "negation" for a in answered)
         stats.alternatives = sum(a.reason == "alternative" for a in answered)
-        return answers, stats
+        return answers
 
 
 # --------------------------------------------------------------------------------------------------- the family

@@ -156,6 +156,18 @@ def _error_message(response) -> str:
         return response.text[:200] or response.reason_phrase
 
 
+def completion_record(reply: dict) -> dict:
+    """The answer cache's record of a chat.completion body (less its key), whichever path asked: one request or
+    a line of a Batch (rgb.models.api_batch). KeyError/IndexError/TypeError: no choices[0].message.content."""
+    choice = reply["choices"][0]
+    text = choice["message"]["content"]
+    usage = reply.get("usage") or {}
+    # content is null when a reasoning model spent its whole token limit thinking: an empty, cut answer
+    return {"answer": "" if text is None else text if isinstance(text, str) else json.dumps(text),
+            "usage": {k: int(usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")},
+            "finish_reason": choice.get("finish_reason"), "served_model": reply.get("model")}
+
+
 class Endpoint:
     """One model of a chat-completions endpoint, asked as the client settings say."""
 
@@ -188,16 +200,9 @@ class Endpoint:
             hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(response.status_code, "")
             raise self.refused(f"HTTP {response.status_code}: {_error_message(response)}{hint}", key)
         try:
-            reply = response.json()
-            choice = reply["choices"][0]
-            text = choice["message"]["content"]
+            return completion_record(response.json())
         except (ValueError, KeyError, IndexError, TypeError):
             raise _Transient("malformed response (no choices[0].message.content)") from None
-        usage = reply.get("usage") or {}
-        # content is null when a reasoning model spent its whole token limit thinking: an empty, cut answer
-        return {"answer": "" if text is None else text if isinstance(text, str) else json.dumps(text),
-                "usage": {k: int(usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")},
-                "finish_reason": choice.get("finish_reason"), "served_model": reply.get("model")}
 
     def ask(self, http, limiter: RateLimiter, body: dict, stats: RequestStats, lock) -> dict:
         """One answer, retried with exponential backoff and jitter (or the server's Retry-After)."""
