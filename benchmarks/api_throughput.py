@@ -11,6 +11,9 @@ which images are distinct is what matters here); the embedded zero-shot CLIP (it
 serving cost does not depend on the weights) behind rgb-serve. Per concurrency: requests/s and evaluation wall time; the share of images the cache
 answered (the unmodified transfer rows are the clean test images); a re-run (must send 0 requests). Then the
 client's own cost per request (PNG -> base64 data URL + JSON body, answer parse) against the server's model time.
+Then the Batch path (`model.batch=true`) over the test split's images from an empty cache: its round trip (JSONL,
+upload, batch run by rgb-serve's Batches endpoint, poll, download, parse into the cache) and whether its cache
+records equal the online path's.
 The machine may be shared: its load average is recorded with the numbers.
 """
 
@@ -24,6 +27,7 @@ import statistics
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -31,11 +35,13 @@ from hydra import compose, initialize_config_dir
 from rgb.commands.resolvers import register_resolvers
 from rgb.core import atomic_write_json
 from rgb.data.export import noise_transfer_splits
-from rgb.evaluation.api_eval import split_images
+from rgb.evaluation.api_eval import cache_path, split_images
 from rgb.evaluation.records import ScoresRecord
 from rgb.commands.evaluate import run_evaluation
 from rgb.models import library_versions, load_with_meta
 from rgb.models.answers import parse_answer
+from rgb.models.api import ApiClassifier
+from rgb.models.api_cache import AnswerCache
 from rgb.serve import make_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,11 +107,32 @@ def client_overhead(model, server, images: list[bytes]) -> dict:
             "server_model_ms": 1e3 * statistics.median(serve), "images": len(images)}
 
 
+def batch_round_trip(model, server, images: list[bytes], work: Path, online_cache: Path, poll_s: float) -> dict:
+    """The Batch path's wall time for `images` from an empty cache (upload -> completed -> parsed into the cache,
+    polled every poll_s), and its cache records against the online path's for the same keys."""
+    batched = ApiClassifier(model.settings, replace(model.client_settings, batch=True, batch_poll_s=poll_s),
+                            model.class_names, model.dataset)
+    cache = AnswerCache(work / "api_cache_batch" / "answers.jsonl")
+    asked_before, batches_before = server.requests.count(), len(server.batches.batches)
+    start = time.perf_counter()
+    _answers, stats = batched.answer(images, cache)
+    seconds = time.perf_counter() - start
+    cache.close()
+    online = AnswerCache(online_cache)
+    same = all(online.get(key) == record for key, record in cache.answers.items())
+    return {"images": len(images), "requests": stats.requests, "round_trip_s": seconds,
+            "requests_per_s": stats.requests / seconds, "poll_s": poll_s,
+            "server_requests": server.requests.count() - asked_before,
+            "batches": len(server.batches.batches) - batches_before, "unanswered": stats.unanswered,
+            "same_records_as_online": same and len(cache.answers) > 0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=None, help="build/reuse everything here (default: a temp dir)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--out", type=Path, default=RESULTS / "api_throughput_cpu.json")
+    parser.add_argument("--batch-poll-s", type=float, default=0.5, help="the Batch path's polling period")
     args = parser.parse_args()
     register_resolvers()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -143,10 +170,14 @@ def main() -> None:
 
         test = ImageSplit(load_split(str(work / "mini"), "digits", "test"), 32)
         overhead = client_overhead(model, server, split_images(test, len(test)))
+        online_cache = cache_path(work / f"api_cache_c{args.concurrency[0]}", model)
+        batch = batch_round_trip(model, server, split_images(test, len(test)), work, online_cache, args.batch_poll_s)
+        print(batch)
         server.shutdown()
     result = {
         "benchmark": "api_throughput", "served": "embedded zero-shot CLIP (rgb-mini-clip, random init) via rgb-serve",
         "settings": 9, "direct_evaluate_wall_s": direct_s, "runs": rows, "per_request": overhead,
+        "batch": batch,
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "load_avg_before": load_before,
                     "load_avg_after": os.getloadavg(), "shared": True, "threads": os.environ.get("RGB_THREADS")},
         "versions": library_versions(),

@@ -147,7 +147,7 @@ class BatchRun:
         problems = []
         for line in self.lines(batch.output_file_id) + self.lines(batch.error_file_id):
             key, response = line.get("custom_id"), line.get("response") or {}
-            if key not in entry["keys"]:
+            if key not in entry["keys"] or key in self.cache:  # (cached by a run killed while it collected)
                 continue
             try:
                 record = completion_record(response["body"]) if response.get("status_code") == 200 else None
