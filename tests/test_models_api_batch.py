@@ -1,8 +1,9 @@
 """The `api` family's Batch path (rgb/models/api_batch.py, `model.batch=true`) against a real rgb-serve on 127.0.0.1
 and its Files and Batches endpoints: the same predictions and the same cache records as the online path; a run
 killed after the upload or after the batch's creation resumes it without submitting an image twice; lines the
-batch failed and answers cut by the token limit are not cached (unanswered, asked again by the next run). The
-served model is a two-class module on 8x8 images, in a thread of this process."""
+batch failed and answers cut by the token limit are not cached (unanswered, asked again by the next run); requests
+above a batch's limit go in several batches. The served model is a two-class module on 8x8 images, in a thread of
+this process."""
 
 import io
 import json
@@ -131,3 +132,12 @@ def test_answers_cut_by_the_token_limit_are_counted_truncated_not_cached(tmp_pat
         assert [a is None for a in answers] == [bool(e) for e in EXPECTED]
         assert stats.truncated == sum(EXPECTED) and stats.unanswered == sum(EXPECTED)
         assert {r["answer"] for r in records(tmp_path / "c.jsonl").values()} == {"dark"}
+
+
+@pytest.mark.slow
+def test_requests_above_a_batchs_limit_go_in_several_batches(tmp_path, monkeypatch):
+    monkeypatch.setattr(api_batch, "MAX_REQUESTS", 3)  # OpenAI's 50,000, made small
+    with running(tmp_path) as server:
+        answers, stats = classifier(server, True).answer(IMAGES, AnswerCache(tmp_path / "cache.jsonl"))
+        assert [a.pred for a in answers] == EXPECTED and stats.requests == 7
+        assert inputs_and_batches(server) == (3, 3) and server.requests.count() == 7
