@@ -21,7 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
-from fastapi import FastAPI, Form, Request, UploadFile
+from fastapi import FastAPI, Request
+from starlette.datastructures import UploadFile
 from fastapi.responses import Response
 
 log = logging.getLogger("rgb.serve")
@@ -155,8 +156,13 @@ def add_batch_routes(app: FastAPI, store: BatchStore, authorize, complete, error
             batch.update(status="failed", failed_at=int(time.time()), errors={"object": "list", "data": [error]})
 
     @app.post("/v1/files")
-    async def create_file(request: Request, file: UploadFile, purpose: str = Form()) -> dict:
+    async def create_file(request: Request) -> dict:
+        """A multipart upload (`file`, `purpose`), read here so that every refusal is in OpenAI's error shape."""
         authorize(request)
+        form = await request.form()  # a broken multipart body: starlette's 400, in OpenAI's shape (build_app)
+        file, purpose = form.get("file"), form.get("purpose")
+        if not isinstance(file, UploadFile):
+            raise error_reply(400, "Missing required parameter: 'file'", "missing_required_parameter", "file")
         if purpose != "batch":
             raise error_reply(400, f"rgb-serve stores files for the Batch API only (purpose 'batch', not "
                                    f"{purpose!r})", "invalid_value", "purpose")

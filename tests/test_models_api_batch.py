@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import serving
+from helpers import raises_one_line, serving
 from rgb.models import api_batch
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
-from rgb.models.api_cache import AnswerCache
+from rgb.models.api_cache import AnswerCache, CacheError
 from rgb.serve import Faults, ModelServer
 
 NAME = "tiny"
@@ -141,3 +141,9 @@ def test_requests_above_a_batchs_limit_go_in_several_batches(tmp_path, monkeypat
         answers, stats = classifier(server, True).answer(IMAGES, AnswerCache(tmp_path / "cache.jsonl"))
         assert [a.pred for a in answers] == EXPECTED and stats.requests == 7
         assert inputs_and_batches(server) == (3, 3) and server.requests.count() == 7
+
+
+def test_a_damaged_state_file_is_one_line(tmp_path):
+    (tmp_path / "cache.jsonl.batches.json").write_text('{"pending": [{"batch_id": "b"}]}')
+    with raises_one_line(CacheError, "move it away"):
+        api_batch.BatchState(tmp_path / "cache.jsonl")

@@ -489,6 +489,10 @@ def test_a_broken_input_fails_the_batch_and_unknown_ids_are_openai_404s(sdk_of, 
             client.files.content("file-nothing")
         with pytest.raises(openai.BadRequestError):
             client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        with pytest.raises(openai.BadRequestError, match="purpose"):
+            client.files.create(file=jsonl([request_line("a", 10)]), purpose="fine-tune")
+        assert error_of(httpx.post(f"{server.base_url}/files", json={"purpose": "batch"}, timeout=TIMEOUT),
+                        400)["param"] == "file"  # no multipart body: OpenAI's error shape, not FastAPI's 422
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from rgb.models.api_cache import AnswerCache
+from rgb.models.api_cache import AnswerCache, CacheError
 from rgb.models.api_client import ApiError, RequestBudget, RequestStats, completion_record
 
 if TYPE_CHECKING:  # annotations only: the classifier is rgb.models.api's, which calls this module
@@ -43,7 +43,16 @@ class BatchState:
 
     def __init__(self, cache_path: Path):
         self.path = cache_path.with_name(cache_path.name + ".batches.json")
-        self.pending: list[dict] = json.loads(self.path.read_text())["pending"] if self.path.is_file() else []
+        self.pending: list[dict] = []
+        if self.path.is_file():
+            try:
+                self.pending = json.loads(self.path.read_text())["pending"]
+                if not all(isinstance(e, dict) and {"input_file_id", "batch_id", "keys"} <= set(e)
+                           for e in self.pending):
+                    raise ValueError("an entry lacks input_file_id, batch_id or keys")
+            except (ValueError, KeyError, TypeError) as err:
+                raise CacheError(f"{self.path} is not a state of pending batches ({type(err).__name__}: {err}); "
+                                 f"move it away (its batches will not be resumed)") from None
 
     def save(self) -> None:
         if not self.pending:
