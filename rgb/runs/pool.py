@@ -59,7 +59,7 @@ def _worker(rank: int, workers: int, request: AttackRequest, tasks, events, job:
     die_with_parent()
     keep_freed_memory()  # a forked worker may have it already (attack.py's parent sets it; rgb.benchmark's does not)
     try:
-        device = f"cuda:{rank % torch.cuda.device_count()}" if request.device.startswith("cuda") else request.device
+        device = f"cuda:{rank % max(torch.cuda.device_count(), 1)}" if request.device.startswith("cuda") else request.device
         configure_threads(worker_threads(request, device, workers))
         job(rank, device, request, tasks, _Events(events), inherited)
         events.put(("exit", (rank,)))
