@@ -94,6 +94,28 @@ def test_fixed_seed_is_deterministic(trained_mlp, batch):
     assert torch.equal(first.robust, second.robust) and torch.equal(first.x_adv, second.x_adv)
 
 
+def test_the_stage_api_over_survivors_cut_anywhere_equals_run(trained_mlp, batch):
+    """The stage API (clean_pass, attack_stage, finish) is the cascade of `run`: the same survivors handed over
+    in pieces cut at batch boundaries give the same result bit for bit; an image already fooled is refused."""
+    x, y = batch
+    settings = dict(seed=3, attacks=["apgd-ce", "square"], steps=20, queries=100, batch_size=8)
+    whole = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], **settings).run(x, y)
+    attack = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], **settings)
+    state = attack.clean_pass(x, y, 8)
+    for stage in (1, 2):
+        survivors = state.survivors()
+        for piece in survivors.split(16):
+            attack.attack_stage(stage, state, piece, 8)
+    pieces = attack.finish(state, 8)
+    for name in ("x_adv", "y_adv", "robust", "fooled_by", "forward_rows", "backward_rows"):
+        assert torch.equal(getattr(whole, name), getattr(pieces, name)), name
+    assert whole.evaluations == pieces.evaluations and whole.accuracy_after == pieces.accuracy_after
+    fooled = (pieces.fooled_by > 0).nonzero().flatten()
+    assert fooled.numel()  # MIXED_EPS fools some points of this model
+    with pytest.raises(AttackError, match="already fooled"):
+        attack.attack_stage(2, state, fooled[:1], 8)
+
+
 def test_mode_restored_and_bad_inputs_refused(trained_mlp, batch):
     x, y = batch
     trained_mlp.train()

@@ -74,6 +74,31 @@ class AutoAttackResult:
         return float(self.robust.float().mean()) if self.robust.numel() else 0.0
 
 
+@dataclass
+class CascadeState:
+    """The per-image bookkeeping of one cascade between its stages (`AutoAttack.clean_pass`, `attack_stage`,
+    `finish`): the images and their clean logits, each attack's parameters, and what the stages found so far."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    clean_logits: torch.Tensor
+    params: dict[str, dict]
+    warnings: list[str]
+    y_adv: torch.Tensor
+    clean_correct: torch.Tensor
+    robust: torch.Tensor
+    fooled_by: torch.Tensor
+    x_adv: torch.Tensor
+    accuracy_after: dict[str, float]
+    evaluations: dict[str, dict[str, int]]
+    forward_rows: torch.Tensor
+    backward_rows: torch.Tensor
+
+    def survivors(self) -> torch.Tensor:
+        """Indices of the images no stage has fooled yet, in image order."""
+        return self.robust.nonzero().squeeze(1)
+
+
 def within_budget(delta: torch.Tensor, norm: str | Norm, eps: float) -> torch.Tensor:
     """Per-sample: is ||delta||_p <= eps up to the float32 tolerance of spec §8.1?"""
     norm = parse_norm(norm)
@@ -224,6 +249,15 @@ class AutoAttack:
         return forward, backward
 
     def _run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> AutoAttackResult:
+        """One schedule of the stage API: the clean pass, each attack over all of its survivors, the checks."""
+        state = self.clean_pass(x, y, batch_size)
+        for stage in range(1, len(self.attacks) + 1):
+            self.attack_stage(stage, state, state.survivors(), batch_size)
+        return self.finish(state, batch_size)
+
+    def clean_pass(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> CascadeState:
+        """The clean predictions of images x (N,C,H,W) in [0,1] with labels y (N,), the model the attacks call and
+        the reference's pre-checks: the state each `attack_stage` then advances."""
         caught: list[str] = []
         clean_logits = self._logits(x, batch_size)
         outside = ((y < 0) | (y >= clean_logits.shape[1])).nonzero().flatten()
@@ -240,49 +274,65 @@ class AutoAttack:
         params = self._step_params(clean_logits.shape[1], caught)
         if self.norm in self.spec.notes:
             caught.append(self.spec.notes[self.norm])
-
         y_adv = clean_logits.argmax(dim=1)
         clean_correct = y_adv == y
-        robust = clean_correct.clone()
-        fooled_by = torch.where(clean_correct, FooledBy.ROBUST, FooledBy.CLEAN_WRONG)
         self._left(int((~clean_correct).sum()))
-        x_adv = x.clone()
-        accuracy_after = {"clean": float(robust.float().mean())}
-        evaluations: dict[str, dict[str, int]] = {
-            "clean": {"forward_rows": len(x) + probe.forward_rows, "backward_rows": probe.backward_rows}}
-        # Per-image cost: each batch's evaluations are shared equally by the images of that batch.
-        forward_rows = torch.full((len(x),), 1 + probe.forward_rows / max(len(x), 1), dtype=torch.float64)
-        backward_rows = torch.full((len(x),), probe.backward_rows / max(len(x), 1), dtype=torch.float64)
-        for k, name in enumerate(self.attacks, start=1):
-            counter = EvalCounter()
-            todo = robust.nonzero().squeeze(1)
-            for start in range(0, todo.numel(), batch_size):
-                rows = todo[start : start + batch_size]
-                if self.progress is not None:
-                    self.progress(name)
-                spent = (counter.forward_rows, counter.backward_rows)
-                candidate = self._attack(name, x[rows], y[rows], clean_logits[rows], counter, params[name])
-                pred = self._logits(candidate, batch_size)  # fp32 verification of every returned image
-                counter.forward(len(rows))
-                forward_rows[rows] += (counter.forward_rows - spent[0]) / len(rows)
-                backward_rows[rows] += (counter.backward_rows - spent[1]) / len(rows)
-                fooled = (pred.argmax(dim=1) != y[rows]) & within_budget(candidate - x[rows], self.norm, self.eps)
-                hit = rows[fooled]
-                x_adv[hit], y_adv[hit] = candidate[fooled], pred.argmax(dim=1)[fooled]
-                robust[hit], fooled_by[hit] = False, k
-                self._left(len(hit))
-            evaluations[name] = {"forward_rows": counter.forward_rows, "backward_rows": counter.backward_rows}
-            accuracy_after[name] = float(robust.float().mean())
-        caught += self._caveated(self._masking_checks(accuracy_after))
-        self._final_checks(x, y, x_adv, robust, batch_size)
-        self._left(int(robust.sum()))
+        return CascadeState(
+            x=x, y=y, clean_logits=clean_logits, params=params, warnings=caught, y_adv=y_adv,
+            clean_correct=clean_correct, robust=clean_correct.clone(),
+            fooled_by=torch.where(clean_correct, FooledBy.ROBUST, FooledBy.CLEAN_WRONG), x_adv=x.clone(),
+            accuracy_after={"clean": float(clean_correct.float().mean())},
+            evaluations={"clean": {"forward_rows": len(x) + probe.forward_rows,
+                                   "backward_rows": probe.backward_rows}},
+            # Per-image cost: each batch's evaluations are shared equally by the images of that batch.
+            forward_rows=torch.full((len(x),), 1 + probe.forward_rows / max(len(x), 1), dtype=torch.float64),
+            backward_rows=torch.full((len(x),), probe.backward_rows / max(len(x), 1), dtype=torch.float64),
+        )
+
+    def attack_stage(self, stage: int, state: CascadeState, rows: torch.Tensor, batch_size: int) -> None:
+        """Attack number `stage` (1-based, in cascade order) over the images `rows` of `state` (indices of points
+        still robust), cut into batches of `batch_size` in the order given; every success is re-verified in fp32
+        before it is recorded in `state` (its code, x_adv, prediction and the rows it cost)."""
+        name = self.attacks[stage - 1]
+        if not bool(state.robust[rows].all()):
+            raise AttackError(f"{name} was given images that an earlier attack already fooled")
+        counter = EvalCounter()
+        for start in range(0, rows.numel(), batch_size):
+            part = rows[start : start + batch_size]
+            if self.progress is not None:
+                self.progress(name)
+            spent = (counter.forward_rows, counter.backward_rows)
+            candidate = self._attack(name, state.x[part], state.y[part], state.clean_logits[part], counter,
+                                     state.params[name])
+            pred = self._logits(candidate, batch_size)  # fp32 verification of every returned image
+            counter.forward(len(part))
+            state.forward_rows[part] += (counter.forward_rows - spent[0]) / len(part)
+            state.backward_rows[part] += (counter.backward_rows - spent[1]) / len(part)
+            fooled = (pred.argmax(dim=1) != state.y[part]) & within_budget(candidate - state.x[part], self.norm,
+                                                                           self.eps)
+            hit = part[fooled]
+            state.x_adv[hit], state.y_adv[hit] = candidate[fooled], pred.argmax(dim=1)[fooled]
+            state.robust[hit], state.fooled_by[hit] = False, stage
+            self._left(len(hit))
+        spent = state.evaluations.setdefault(name, {"forward_rows": 0, "backward_rows": 0})
+        spent["forward_rows"] += counter.forward_rows
+        spent["backward_rows"] += counter.backward_rows
+        state.accuracy_after[name] = float(state.robust.float().mean())
+
+    def finish(self, state: CascadeState, batch_size: int) -> AutoAttackResult:
+        """The result once every stage has run: the masking checks, the final threat-model and cascade checks,
+        and the warnings raised."""
+        caught = state.warnings + self._caveated(self._masking_checks(state.accuracy_after))
+        x, x_adv = state.x, state.x_adv
+        self._final_checks(x, state.y, x_adv, state.robust, batch_size)
+        self._left(int(state.robust.sum()))
         for message in caught:
-            warnings.warn(f"AutoAttack: {message}", stacklevel=3)
+            warnings.warn(f"AutoAttack: {message}", stacklevel=4)
         return AutoAttackResult(
-            x_adv=x_adv, y_adv=y_adv, clean_correct=clean_correct, robust=robust, fooled_by=fooled_by,
-            perturbation_norm=lp_norm(x_adv - x, self.norm), attacks=list(self.attacks),
-            accuracy_after=accuracy_after, evaluations=evaluations, forward_rows=forward_rows,
-            backward_rows=backward_rows, norm=self.norm.value, eps=self.eps,
+            x_adv=x_adv, y_adv=state.y_adv, clean_correct=state.clean_correct, robust=state.robust,
+            fooled_by=state.fooled_by, perturbation_norm=lp_norm(x_adv - x, self.norm), attacks=list(self.attacks),
+            accuracy_after=state.accuracy_after, evaluations=state.evaluations, forward_rows=state.forward_rows,
+            backward_rows=state.backward_rows, norm=self.norm.value, eps=self.eps,
             version=self.options.version, seed=self.options.seed, precision=self.options.precision, warnings=caught,
             capture="trace" if isinstance(self.attack_model, TracedModel) else "eager",
         )
