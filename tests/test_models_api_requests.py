@@ -19,6 +19,7 @@ from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
 from rgb.models.api_cache import AnswerCache  # noqa: E402
+from rgb.models.api_client import ApiError  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))  # sent as stored: the endpoint never decodes it here
@@ -83,6 +84,24 @@ def test_request_fields_system_prompt_and_headers_reach_the_endpoint(tmp_path):
     assert body["messages"][1]["role"] == "user" and "max_tokens" not in body  # null: no limit sent
     assert {k: body[k] for k in request} == request and headers["x-team"] == "robustness"
     assert model.describe()["api"]["request"] == request and model.describe()["api"]["max_tokens"] is None
+
+
+def test_requests_go_through_the_openai_sdk_with_the_key_read_per_request(tmp_path, monkeypatch):
+    """The official SDK sends (its User-Agent), its own retries off (one request for one 500 with max_retries=0
+    is ours to count), the key from the environment when set and no Authorization header at all when not."""
+    monkeypatch.delenv("RGB_TEST_KEY", raising=False)
+    with Endpoint([(200, {}, completion("dog"))]) as endpoint:
+        model = classifier(endpoint.base_url, api_key_env="RGB_TEST_KEY")
+        model.answer([PNG], AnswerCache(tmp_path / "a.jsonl"))
+        monkeypatch.setenv("RGB_TEST_KEY", "sk-test-1")
+        model.answer([PNG], AnswerCache(tmp_path / "b.jsonl"))
+    without, with_key = (seen["headers"] for seen in endpoint.seen)
+    assert without["user-agent"].startswith("OpenAI/Python") and "authorization" not in without
+    assert with_key["authorization"] == "Bearer sk-test-1"
+    with Endpoint([(500, {}, {"error": {"message": "boom"}})]) as failing:
+        with raises_one_line(ApiError, match="gave up after 1 attempts, last: HTTP 500"):
+            classifier(failing.base_url, max_retries=0).answer([PNG], AnswerCache(tmp_path / "c.jsonl"))
+    assert len(failing.seen) == 1
 
 
 def test_unset_extras_keep_the_identity_and_set_ones_change_it():

@@ -291,7 +291,7 @@ def _expand_runs(argv: list[str]) -> list[str]:
 
 
 # Libraries that log every request at INFO (the api family's HTTP client); `hydra.verbose=httpx` shows them.
-QUIET_LOGGERS = ("httpx", "httpcore", "openai")
+QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "openai")
 
 
 def _log_to_files(cfg: DictConfig) -> None:

@@ -230,8 +230,6 @@ class ApiClassifier:
                desc: str = "api") -> tuple[list[Answer | None], RequestStats]:
         """Answers for `images` in order (None: not asked, the budget ran out), asking each distinct uncached
         image once, `max_concurrency` at a time; every answer enters the cache as it arrives."""
-        import httpx
-
         budget = budget or RequestBudget()
         keys = [self.request_key(b) for b in images]
         uses = Counter(keys)
@@ -244,14 +242,14 @@ class ApiClassifier:
         limiter = RateLimiter(self.client_settings.requests_per_minute, self.client_settings.tokens_per_minute,
                               sleep=self._sleep)
         with tqdm(total=len(images), desc=desc, unit="img", leave=False) as bar, \
-                httpx.Client(limits=httpx.Limits(max_connections=self.client_settings.max_concurrency)) as http, \
+                self.endpoint.session() as sdk, \
                 ThreadPoolExecutor(self.client_settings.max_concurrency) as pool:
             cached = sum(uses[k] for k in uses if k in cache)
             bar.update(cached)
             abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
 
             def ask(body: dict) -> dict:
-                reply = self.endpoint.ask(http, limiter, body, stats, lock)
+                reply = self.endpoint.ask(sdk, limiter, body, stats, lock)
                 with lock:
                     stats.requests += 1
                     stats.prompt_tokens += reply["usage"]["prompt_tokens"]

@@ -6,6 +6,7 @@ The API key is read from the environment at request time and never written anywh
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import os
 import random
@@ -156,8 +157,21 @@ def _error_message(response) -> str:
         return response.text[:200] or response.reason_phrase
 
 
+@functools.cache
+def _sdk_request_fields() -> frozenset:
+    """The request fields the SDK's chat-completions `create` names; its own options (timeout, extra_*) are not."""
+    import inspect
+
+    from openai.resources.chat.completions import Completions
+
+    return frozenset(k for k in inspect.signature(Completions.create).parameters
+                     if k not in ("self", "timeout") and not k.startswith("extra_"))
+
+
 class Endpoint:
-    """One model of a chat-completions endpoint, asked as the client settings say."""
+    """One model of a chat-completions endpoint, asked through the official `openai` SDK (it speaks to OpenAI,
+    Azure, vLLM, SGLang, Ollama and the compatible endpoints) with the SDK's own retries off: retries, rate limits,
+    the cache and the accounting are ours."""
 
     def __init__(self, base_url: str, api_model: str, client: ClientSettings, sleep=time.sleep):
         self.base_url, self.api_model, self.client_settings = base_url, api_model, client
@@ -169,44 +183,61 @@ class Endpoint:
             message = message.replace(key, "[key]")
         return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
 
-    def post_once(self, http, body: dict, key: str | None) -> dict:
-        import httpx
+    def session(self):
+        """The SDK client of one `answer` call (a context manager). The key is not given here: each request
+        reads it from the environment (`post_once`)."""
+        import openai
 
-        headers = {**self.client_settings.headers, **({"Authorization": f"Bearer {key}"} if key else {})}
+        return openai.OpenAI(base_url=self.base_url, api_key="read-per-request", max_retries=0,
+                             timeout=self.client_settings.timeout_s, default_headers=self.client_settings.headers)
+
+    @staticmethod
+    def _sdk_arguments(body: dict) -> dict:
+        """`body` as keyword arguments of the SDK's `create`: the fields it does not name go in `extra_body`."""
+        named = _sdk_request_fields()
+        extra = {k: v for k, v in body.items() if k not in named}
+        return {**{k: v for k, v in body.items() if k in named}, **({"extra_body": extra} if extra else {})}
+
+    def post_once(self, sdk, body: dict, key: str | None) -> dict:
+        import openai
+
+        create = sdk.chat.completions.with_raw_response.create
+        # no key: no Authorization header at all (a local server), which the SDK allows only when asked per request
+        auth = {"Authorization": f"Bearer {key}" if key else openai.Omit()}
         try:
-            response = http.post(f"{self.base_url}/chat/completions", json=body, headers=headers,
-                                 timeout=self.client_settings.timeout_s)
-        except httpx.TimeoutException:
+            raw = create(**self._sdk_arguments(body), extra_headers=auth)
+        except openai.APITimeoutError:
             raise _Transient(f"timeout after {self.client_settings.timeout_s:g} s") from None
-        except httpx.ConnectError as err:
-            raise _Unreachable(f"cannot connect ({_one_line(err) or type(err).__name__})") from None
-        except httpx.TransportError as err:
-            raise _Transient(f"connection error ({type(err).__name__})") from None
-        if response.status_code in RETRY_STATUS:
-            raise _Transient(f"HTTP {response.status_code}", _retry_after(response.headers))
-        if response.status_code != 200:
-            hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(response.status_code, "")
-            raise self.refused(f"HTTP {response.status_code}: {_error_message(response)}{hint}", key)
+        except openai.APIConnectionError as err:
+            cause = err.__cause__
+            if type(cause).__name__ == "ConnectError":  # httpx's (or httpx2's): refused, unknown host
+                raise _Unreachable(f"cannot connect ({_one_line(cause) or type(cause).__name__})") from None
+            raise _Transient(f"connection error ({type(cause or err).__name__})") from None
+        except openai.APIStatusError as err:
+            if err.status_code in RETRY_STATUS:
+                raise _Transient(f"HTTP {err.status_code}", _retry_after(err.response.headers)) from None
+            hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(err.status_code, "")
+            raise self.refused(f"HTTP {err.status_code}: {_error_message(err.response)}{hint}", key) from None
         try:
-            reply = response.json()
-            choice = reply["choices"][0]
-            text = choice["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            reply = raw.parse()
+            choice = reply.choices[0]
+            text = choice.message.content
+        except Exception:  # noqa: BLE001 - any body the SDK cannot read as a chat completion is a bad answer
             raise _Transient("malformed response (no choices[0].message.content)") from None
-        usage = reply.get("usage") or {}
+        usage = getattr(reply, "usage", None)
         # content is null when a reasoning model spent its whole token limit thinking: an empty, cut answer
         return {"answer": "" if text is None else text if isinstance(text, str) else json.dumps(text),
-                "usage": {k: int(usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")},
-                "finish_reason": choice.get("finish_reason"), "served_model": reply.get("model")}
+                "usage": {k: int(getattr(usage, k, None) or 0) for k in ("prompt_tokens", "completion_tokens")},
+                "finish_reason": getattr(choice, "finish_reason", None), "served_model": getattr(reply, "model", None)}
 
-    def ask(self, http, limiter: RateLimiter, body: dict, stats: RequestStats, lock) -> dict:
+    def ask(self, sdk, limiter: RateLimiter, body: dict, stats: RequestStats, lock) -> dict:
         """One answer, retried with exponential backoff and jitter (or the server's Retry-After)."""
         key = os.environ.get(self.client_settings.api_key_env) or None
         attempts, attempt = self.client_settings.max_retries + 1, 0
         while True:
             event = limiter.acquire()
             try:
-                reply = self.post_once(http, body, key)
+                reply = self.post_once(sdk, body, key)
             except _Transient as err:
                 limiter.settle(event, 0)
                 allowed = attempts if err.attempts is None else min(attempts, err.attempts)
