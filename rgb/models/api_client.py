@@ -184,12 +184,15 @@ class Endpoint:
         return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
 
     def session(self):
-        """The SDK client of one `answer` call (a context manager). The key is not given here: each request
-        reads it from the environment (`post_once`)."""
+        """The SDK client of one `answer` call (a context manager), on an HTTP client of `max_concurrency`
+        connections. The key is not given here: each request reads it from the environment (`post_once`)."""
+        import httpx2  # the SDK's HTTP library
         import openai
 
+        http = openai.DefaultHttpxClient(limits=httpx2.Limits(max_connections=self.client_settings.max_concurrency))
         return openai.OpenAI(base_url=self.base_url, api_key="read-per-request", max_retries=0,
-                             timeout=self.client_settings.timeout_s, default_headers=self.client_settings.headers)
+                             timeout=self.client_settings.timeout_s, default_headers=self.client_settings.headers,
+                             http_client=http)
 
     @staticmethod
     def _sdk_arguments(body: dict) -> dict:
