@@ -1,7 +1,7 @@
 """What the `api` family sends and records, against a local FastAPI endpoint whose answers are built with the
 official `openai` SDK's response types: request fields passed through, a system prompt, headers, no token limit
 when there is none, the finish reason and the served model recorded, an answer cut by the token limit never cached
-as an abstention, and OpenAI's retry-after-ms honoured."""
+as an abstention, OpenAI's retry-after-ms honoured, and the token and cost caps."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
 from rgb.models.api_cache import AnswerCache  # noqa: E402
-from rgb.models.api_client import ApiError  # noqa: E402
+from rgb.models.api_client import ApiError, RequestBudget  # noqa: E402
+from rgb.models.api_cost import Price, model_price  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))  # sent as stored: the endpoint never decodes it here
@@ -142,3 +143,30 @@ def test_retry_after_ms_is_the_wait(tmp_path):
     with Endpoint([busy, (200, {}, completion("cat"))]) as endpoint:
         answers, stats = classifier(endpoint.base_url, backoff_s=5).answer([PNG], AnswerCache(tmp_path / "c.jsonl"))
     assert answers[0].pred == 0 and stats.retries == 1 and stats.backoff_s == pytest.approx(0.07)
+
+
+def test_a_price_costs_its_tokens_and_a_bad_one_is_one_line():
+    price = Price(input=2.0, output=8.0, cached_input=0.5)
+    assert price.cost(1_000_000, 0) == 2.0
+    assert price.cost(1_000_000, 500_000, cached_tokens=1_000_000) == 0.5 + 4.0
+    assert Price.of({"input": 1, "output": 1}).cost(10, 0, cached_tokens=10) == 10 / 1e6  # uncached rate
+    assert model_price(None, "gpt-4o-mini", {"gpt-4o-mini": {"input": 0.15, "output": 0.6}}).input == 0.15
+    assert model_price({"input": 1, "output": 2}, "gpt-4o-mini", {"gpt-4o-mini": {"input": 9, "output": 9}}).input == 1
+    assert model_price(None, "vlm", {}) is None
+    with raises_one_line(ConfigValueError, "model.price"):
+        ClientSettings(price={"input": 1})
+    with raises_one_line(ConfigValueError, "max_cost needs the model's price"):
+        RequestBudget(max_cost=1.0)
+
+
+@pytest.mark.parametrize("cap", [{"max_tokens_total": 30}, {"max_cost": 0.03, "price": Price(1000.0, 1000.0)}])
+def test_a_token_or_cost_cap_stops_new_requests_and_a_rerun_continues(tmp_path, cap):
+    images = [PNG + bytes([i]) for i in range(3)]  # 23 tokens an answer: the cap (30 tokens, 0.03 USD) after two
+    with Endpoint([(200, {}, completion("dog"))]) as endpoint:
+        model = classifier(endpoint.base_url, max_concurrency=1)
+        answers, stats = model.answer(images, AnswerCache(tmp_path / "c.jsonl"), RequestBudget(**cap))
+        assert [a is not None for a in answers] == [True, True, False]
+        assert (stats.requests, stats.unanswered) == (2, 1)
+        answers, stats = model.answer(images, AnswerCache(tmp_path / "c.jsonl"), RequestBudget(**cap))
+        assert all(a is not None for a in answers) and (stats.requests, stats.cached) == (1, 2)
+    assert len(endpoint.seen) == 3

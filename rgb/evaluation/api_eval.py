@@ -14,6 +14,7 @@ from rgb.models.answers import PARSER_VERSION
 from rgb.models.api import ApiClassifier
 from rgb.models.api_cache import AnswerCache
 from rgb.models.api_client import RequestBudget
+from rgb.models.api_cost import model_price
 
 ABSTAINED = -1  # the prediction of an answer that names no class (or several): never equal to a label
 
@@ -37,7 +38,8 @@ class ApiPredictor:
     def __init__(self, model: ApiClassifier, options):
         self.model, self.options = model, options
         self.cache = AnswerCache(cache_path(options.api_cache_dir, model))
-        self.budget = RequestBudget(options.max_requests)
+        price = model_price(model.client_settings.price, model.settings.api_model, options.prices)
+        self.budget = RequestBudget(options.max_requests, options.max_tokens_total, options.max_cost, price)
         self.per_split: dict[str, RequestCounts] = {}
         self.columns: dict[str, list] = {}
 

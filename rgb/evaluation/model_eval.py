@@ -13,7 +13,7 @@ import logging
 import math
 import platform
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
@@ -69,6 +69,9 @@ class EvalOptions:
     batch_size: int = 256
     api_cache_dir: Path | None = None  # API models: where their answer caches live (one file per model identity)
     max_requests: int | None = None    # API models: new requests this evaluation may send (then partial)
+    max_tokens_total: int | None = None  # API models: tokens of new answers this evaluation may spend (then partial)
+    max_cost: float | None = None      # API models: USD of new answers this evaluation may spend (then partial)
+    prices: dict = field(default_factory=dict)  # api_model: {input, output, cached_input} (conf/prices.yaml)
 
 
 @dataclass(frozen=True)
@@ -487,7 +490,8 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
                  f"parser v{record.api.parser_version or 1}), "
                  f"{int(total['prompt_tokens'])}+{int(total['completion_tokens'])} tokens"
                  + (f"; PARTIAL: {int(total['unanswered'])} images not asked yet (max_requests="
-                    f"{record.api.max_requests}); re-run to continue" if record.api.partial else ""))
+                    f"{record.api.max_requests}, or max_tokens_total / max_cost); re-run to continue"
+                    if record.api.partial else ""))
     return lines
 
 

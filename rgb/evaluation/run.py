@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rgb.core.classwise import DEFAULT_WORST_K
@@ -63,6 +63,9 @@ class EvalRequest:
     worst_k: tuple = DEFAULT_WORST_K
     api_cache_dir: Path | None = None  # None: no answer cache (a tensor model sends no requests)
     max_requests: int | None = None
+    max_tokens_total: int | None = None
+    max_cost: float | None = None
+    prices: dict = field(default_factory=dict)  # api_model: price, for API models whose model.price is null
     dry_run: bool = False
     wandb_project: str | None = None  # None: nothing logged to W&B
 
@@ -145,17 +148,19 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     if origin:
         log.info("model %s: %s", meta["run_name"], origin)
     api_model = getattr(model, "inputs", "tensor") != "tensor"
-    if (request.dry_run or request.max_requests is not None) and not api_model:
-        raise EvaluationError(f"dry_run and max_requests count API requests; {run} holds a model of family "
+    capped = any(c is not None for c in (request.max_requests, request.max_tokens_total, request.max_cost))
+    if (request.dry_run or capped) and not api_model:
+        raise EvaluationError(f"dry_run, max_requests, max_tokens_total and max_cost count API requests; {run} holds a model of family "
                               f"{meta['family']!r}")
     out_dir = request.model.output_dir
     options = EvalOptions(
         attack_dir=attack_dir_read(request.attack_dir, request.max_images), out_dir=out_dir,
         transfer=request.transfer or request.protocol == "black_box",
-        severity_sweep=request.severity_sweep, allow_partial=request.allow_partial or request.max_requests is not None,
+        severity_sweep=request.severity_sweep, allow_partial=request.allow_partial or capped,
         max_images=request.max_images, worst_k=request.worst_k,
         device=resolve_device(request.device), batch_size=request.batch_size,
         api_cache_dir=request.api_cache_dir, max_requests=request.max_requests,
+        max_tokens_total=request.max_tokens_total, max_cost=request.max_cost, prices=request.prices,
     )
     if request.dry_run:
         plan = request_plan(model, request.data(), options)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
@@ -36,9 +37,11 @@ from rgb.core.values import (
 from rgb.models.answers import AnswerParser, Parsed
 from rgb.models.api_cache import AnswerCache
 from rgb.models.api_client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
+from rgb.models.api_cost import Price
 
 IMAGE_ENCODING = "png_base64_data_url"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+log = logging.getLogger(__name__)
 DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task. The possible classes are: {classes}. "
                   "Answer with exactly one class name from this list and nothing else.")
 
@@ -139,9 +142,11 @@ class ClientSettings:
     max_retries: int = 6
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
+    price: dict | None = None  # USD per 1M tokens {input, output, cached_input}; null: conf/prices.yaml, else unknown
 
     def __post_init__(self):
         _check(self, CLIENT_RULES)
+        Price.of(self.price)
 
 
 def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
@@ -247,6 +252,7 @@ class ApiClassifier:
             cached = sum(uses[k] for k in uses if k in cache)
             bar.update(cached)
             abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
+            stopped: list[str] = []  # the cap that stopped the asking, once
 
             def ask(body: dict) -> dict:
                 reply = self.endpoint.ask(sdk, limiter, body, stats, lock)
@@ -254,9 +260,18 @@ class ApiClassifier:
                     stats.requests += 1
                     stats.prompt_tokens += reply["usage"]["prompt_tokens"]
                     stats.completion_tokens += reply["usage"]["completion_tokens"]
+                    budget.charge(reply["usage"])
                 return reply
 
             def one(k: str) -> None:
+                with lock:
+                    cap = budget.reached()
+                    if cap is not None and not stopped:
+                        stopped.append(cap)
+                        log.warning("%s: %s reached, no new request (the answers so far are cached; re-run to "
+                                    "continue)", desc, cap)
+                if cap is not None:
+                    return
                 body = self._body(images[first_image[k]])
                 reply = ask(body)
                 retry = self._retry_body(body) if self._cut(reply) else None

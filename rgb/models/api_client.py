@@ -17,7 +17,8 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from rgb.core.errors import UserError
-from rgb.core.values import POSITIVE_INT, ConfigValueError, optional, problems
+from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, optional, problems
+from rgb.models.api_cost import Price
 
 if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.api)
     from rgb.models.api import ClientSettings
@@ -92,14 +93,26 @@ class RequestStats:
 
 @dataclass
 class RequestBudget:
-    """`max_requests`: new requests left to this evaluation (None: no limit)."""
+    """What this evaluation may still spend: `max_requests` new requests, `max_tokens_total` tokens (prompt and
+    completion) and `max_cost` USD (priced by `price`) of new answers (None: no limit). When a cap is reached no
+    new request is sent: the answers so far are cached, the rest of the split is left to a re-run."""
 
     remaining: int | None = None
+    max_tokens_total: int | None = None
+    max_cost: float | None = None
+    price: Price | None = None
+    tokens: int = 0      # spent so far by new answers
+    cost: float = 0.0
 
     def __post_init__(self):
-        found = problems({"max_requests": self.remaining}, {"max_requests": optional(POSITIVE_INT)})
+        caps = {"max_requests": self.remaining, "max_tokens_total": self.max_tokens_total, "max_cost": self.max_cost}
+        found = problems(caps, {"max_requests": optional(POSITIVE_INT), "max_tokens_total": optional(POSITIVE_INT),
+                                "max_cost": optional(POSITIVE)})
         if found:
             raise ConfigValueError(f"invalid value: {found[0]} (null: no limit)")
+        if self.max_cost is not None and self.price is None:
+            raise ConfigValueError("max_cost needs the model's price: set model.price={input: USD, output: USD} per "
+                                   "1M tokens (its model is not in conf/prices.yaml)")
 
     def take(self, wanted: int) -> int:
         granted = wanted if self.remaining is None else min(wanted, self.remaining)
@@ -107,6 +120,19 @@ class RequestBudget:
             self.remaining -= granted
         return granted
 
+    def charge(self, usage: dict) -> None:
+        """Count the usage of one new answer (the caller holds the lock of its requests)."""
+        self.tokens += usage["prompt_tokens"] + usage["completion_tokens"]
+        if self.price is not None:
+            self.cost += self.price.cost(usage["prompt_tokens"], usage["completion_tokens"])
+
+    def reached(self) -> str | None:
+        """The cap reached, as `name=value` (None: none)."""
+        if self.max_tokens_total is not None and self.tokens >= self.max_tokens_total:
+            return f"max_tokens_total={self.max_tokens_total}"
+        if self.max_cost is not None and self.cost >= self.max_cost:
+            return f"max_cost={self.max_cost:g}"
+        return None
 
 
 def _retry_after(headers) -> float | None:
