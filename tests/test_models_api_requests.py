@@ -17,6 +17,7 @@ openai_types = pytest.importorskip("openai.types.chat")
 
 from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
+from rgb.evaluation.records import ApiUsage, RequestCounts  # noqa: E402
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
 from rgb.models.api_cache import AnswerCache  # noqa: E402
 from rgb.models.api_client import ApiError, RequestBudget  # noqa: E402
@@ -169,4 +170,18 @@ def test_a_token_or_cost_cap_stops_new_requests_and_a_rerun_continues(tmp_path, 
         assert (stats.requests, stats.unanswered) == (2, 1)
         answers, stats = model.answer(images, AnswerCache(tmp_path / "c.jsonl"), RequestBudget(**cap))
         assert all(a is not None for a in answers) and (stats.requests, stats.cached) == (1, 2)
+        # the resumed split totals the tokens of all three answers, as one uninterrupted run would
+        assert (stats.prompt_tokens, stats.cached_prompt_tokens, stats.cached_completion_tokens) == (20, 40, 6)
+        uninterrupted = model.answer(images, AnswerCache(tmp_path / "c.jsonl"))[1]
+        assert uninterrupted.cached_prompt_tokens + uninterrupted.prompt_tokens == 60
     assert len(endpoint.seen) == 3
+
+
+def test_the_usage_record_prices_new_and_cached_answers_and_reads_back():
+    counts = RequestCounts(images=3, requests=1, cached=2, retries=0, abstained=0, unanswered=0, prompt_tokens=20,
+                           completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6)
+    usage = ApiUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts}, None, 2,
+                     {"input": 1000.0, "output": 2000.0, "cached_input": None})
+    assert usage.cost == pytest.approx((60 * 1000 + 9 * 2000) / 1e6)
+    assert ApiUsage.from_json(usage.to_json()) == usage
+    assert ApiUsage("u", "vlm", {"test": counts}, None).cost is None  # unknown price: no money

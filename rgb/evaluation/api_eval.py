@@ -60,8 +60,9 @@ class ApiPredictor:
                 "image_id": np.asarray(split.rows.data.column("image_id").to_numpy()[:answered], dtype=np.int64)}
 
     def usage(self) -> ApiUsage:
+        price = self.budget.price
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
-                        self.options.max_requests, PARSER_VERSION)
+                        self.options.max_requests, PARSER_VERSION, None if price is None else asdict(price))
 
     def close(self) -> None:
         self.cache.close()

@@ -242,6 +242,7 @@ class ApiClassifier:
         for i, k in enumerate(keys):
             first_image.setdefault(k, i)
         todo = [k for k in uses if k not in cache]
+        cached_before = set(uses) - set(todo)
         todo = todo[: budget.take(len(todo))]
         stats, lock = RequestStats(images=len(images)), threading.Lock()
         limiter = RateLimiter(self.client_settings.requests_per_minute, self.client_settings.tokens_per_minute,
@@ -302,6 +303,10 @@ class ApiClassifier:
         answers = [Answer(cache.get(k)["answer"], parsed[k].pred, parsed[k].reason) if k in parsed else None
                    for k in keys]
         answered = [a for a in answers if a is not None]
+        for k in set(uses) & cached_before:
+            usage = cache.get(k).get("usage") or {}
+            stats.cached_prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            stats.cached_completion_tokens += int(usage.get("completion_tokens") or 0)
         stats.cached = len(answered) - stats.requests
         stats.unanswered = len(images) - len(answered)
         stats.abstained = sum(a.pred is None for a in answered)

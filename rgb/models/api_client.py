@@ -85,6 +85,8 @@ class RequestStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     backoff_s: float = 0.0
+    cached_prompt_tokens: int = 0      # the usage of the cached answers used (once per distinct answer), so that
+    cached_completion_tokens: int = 0  # a run resumed after a cap totals as one uninterrupted run
 
     def add(self, other: RequestStats) -> None:
         for f in fields(self):
