@@ -254,6 +254,7 @@ class ApiClassifier:
             bar.update(cached)
             abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
             stopped: list[str] = []  # the cap that stopped the asking, once
+            started = time.monotonic()
 
             def ask(body: dict) -> dict:
                 reply = self.endpoint.ask(sdk, limiter, body, stats, lock)
@@ -287,7 +288,10 @@ class ApiClassifier:
                 with lock:
                     abstained[0] += uses[k] if self._parse(reply).pred is None else 0
                     bar.update(uses[k])
-                    bar.set_postfix(sent=stats.requests, cached=cached, retried=stats.retries,
+                    rate = stats.requests / max(time.monotonic() - started, 1e-9)
+                    money = {} if budget.price is None else {"usd": f"{budget.cost:.4f}"}
+                    bar.set_postfix(sent=stats.requests, req_s=f"{rate:.2f}", cached=cached, retried=stats.retries,
+                                    tokens=stats.prompt_tokens + stats.completion_tokens, **money,
                                     abstained=abstained[0], refresh=False)
 
             try:
