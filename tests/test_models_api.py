@@ -355,6 +355,9 @@ def test_dry_run_counts_and_max_requests_stops_partial_then_resumes(tmp_path, be
         with caplog.at_level("INFO"):
             assert run_evaluation(compose_config("evaluate", tmp_path, bench, f"run={run}", "dry_run=true")) is None
         assert f": {distinct} distinct requests to send" in caplog.text and running.requests.count() == 0
+        plan = json.loads(next(tmp_path.rglob("*.dry_run.json")).read_text())
+        assert plan["requests"] == distinct == sum(row["requests"] for row in plan["splits"].values())
+        assert plan["prompt_tokens"] > 0 and plan["usd"] is None and "no price known" in caplog.text
         assert not (tmp_path / "outputs" / "eval").exists()
 
         partial = evaluate(tmp_path, bench, run, "max_requests=30")

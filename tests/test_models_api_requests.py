@@ -5,11 +5,13 @@ as an abstention, OpenAI's retry-after-ms honoured, and the token and cost caps.
 
 from __future__ import annotations
 
+import io
 import socket
 import threading
 import time
 
 import pytest
+from PIL import Image
 
 fastapi = pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
@@ -18,10 +20,10 @@ openai_types = pytest.importorskip("openai.types.chat")
 from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
 from rgb.evaluation.records import ApiUsage, RequestCounts  # noqa: E402
-from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
+from rgb.models.api import COMPLETION_ESTIMATE, ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
 from rgb.models.api_cache import AnswerCache  # noqa: E402
 from rgb.models.api_client import ApiError, RequestBudget  # noqa: E402
-from rgb.models.api_cost import Price, model_price  # noqa: E402
+from rgb.models.api_cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))  # sent as stored: the endpoint never decodes it here
@@ -185,3 +187,15 @@ def test_the_usage_record_prices_new_and_cached_answers_and_reads_back():
     assert usage.cost == pytest.approx((60 * 1000 + 9 * 2000) / 1e6)
     assert ApiUsage.from_json(usage.to_json()) == usage
     assert ApiUsage("u", "vlm", {"test": counts}, None).cost is None  # unknown price: no money
+
+
+def test_a_request_is_estimated_from_its_texts_image_size_and_completion_limit():
+    image = io.BytesIO()
+    Image.new("RGB", (32, 48)).save(image, format="PNG")
+    png = image.getvalue()
+    assert png_size(png) == (32, 48)
+    prompt = text_tokens(classifier("http://127.0.0.1:1/v1").prompt) + image_tokens(32, 48)
+    assert classifier("http://127.0.0.1:1/v1").estimate(png) == (prompt, 16)  # max_tokens: 16
+    reasoning = classifier("http://127.0.0.1:1/v1", {"max_tokens": None, "request": {"max_completion_tokens": 64}})
+    assert reasoning.estimate(png) == (prompt, 64)
+    assert classifier("http://127.0.0.1:1/v1", {"max_tokens": None}).estimate(png) == (prompt, COMPLETION_ESTIMATE)

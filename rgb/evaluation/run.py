@@ -6,6 +6,7 @@ What it reports goes through `logging` (Hydra writes it to the console and to ev
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -14,6 +15,7 @@ from pathlib import Path
 from rgb.core.classwise import DEFAULT_WORST_K
 from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
+from rgb.evaluation.api_eval import cache_path
 from rgb.evaluation.leaderboard import (
     Leaderboard,
     LeaderboardError,
@@ -25,7 +27,14 @@ from rgb.evaluation.leaderboard import (
     write_leaderboard,
     write_seed_spread,
 )
-from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, request_plan
+from rgb.evaluation.model_eval import (
+    EvalOptions,
+    EvaluationError,
+    evaluate_model,
+    format_table,
+    plan_table,
+    request_plan,
+)
 from rgb.evaluation.records import PROTOCOLS, RecordError, ScoresRecord
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
 from rgb.models import InMemoryModel, export_paths, load_with_meta
@@ -164,11 +173,15 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     )
     if request.dry_run:
         plan = request_plan(model, request.data(), options)
-        log.info("dry run of %s on %s: %d distinct requests to send (%d images in %d splits: %d answered by the "
-                 "cache, %d duplicates of other images)%s", meta["run_name"], meta["dataset"], plan["requests"],
-                 plan["images"], len(plan["splits"]), plan["answered_by_cache"], plan["duplicates"],
-                 "" if plan["tokens_estimate"] is None else
-                 f"; about {plan['tokens_estimate']} tokens at the cached answers' mean usage")
+        path = cache_path(request.api_cache_dir, model).with_suffix(".dry_run.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(plan, indent=1) + "\n")
+        log.info("dry run of %s on %s: %d distinct requests to send (%d images: %d answered by the cache, %d "
+                 "duplicates of other images), asking nothing; tokens estimated without a tokenizer (text: characters"
+                 " / 4, image: OpenAI's tile rule; completion: its limit)%s\n%s\nwritten to %s", meta["run_name"],
+                 meta["dataset"], plan["requests"], plan["images"], plan["answered_by_cache"], plan["duplicates"],
+                 "" if plan["price"] is not None else "; no price known (model.price, conf/prices.yaml): no USD",
+                 plan_table(plan), path)
         return None, meta
     with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
         weights, _ = export_paths(run)

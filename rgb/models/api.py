@@ -37,11 +37,12 @@ from rgb.core.values import (
 from rgb.models.answers import AnswerParser, Parsed
 from rgb.models.api_cache import AnswerCache
 from rgb.models.api_client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
-from rgb.models.api_cost import Price
+from rgb.models.api_cost import Price, image_tokens, png_size, text_tokens
 
 IMAGE_ENCODING = "png_base64_data_url"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 log = logging.getLogger(__name__)
+COMPLETION_ESTIMATE = 16  # dry_run's completion tokens of a request that sends no token limit (a class name or so)
 DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task. The possible classes are: {classes}. "
                   "Answer with exactly one class name from this list and nothing else.")
 
@@ -223,6 +224,16 @@ class ApiClassifier:
 
     def _parse(self, record: dict) -> Parsed:
         return self.parser.parse(record["answer"])
+
+    def estimate(self, image: bytes) -> tuple[int, int]:
+        """(prompt, completion) tokens of one request, tokenizer-free (rgb.models.api_cost): the texts at
+        characters / 4 and the image by OpenAI's tile rule; the completion at its limit (the field the request
+        sends), else COMPLETION_ESTIMATE."""
+        texts = self.prompt + (self.settings.system_prompt or "")
+        body = {**self.settings.decoding, **self.settings.request}
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        return (text_tokens(texts) + image_tokens(*png_size(image)),
+                COMPLETION_ESTIMATE if limit is None else int(limit))
 
     # ------------------------------------------------------------------------------------------ many images
     def plan(self, images: Sequence[bytes], cache: AnswerCache) -> tuple[int, list[str]]:

@@ -1,8 +1,11 @@
-"""What an API model's answers cost in money: a price per million tokens (prompt, completion, cached prompt),
-from the model config (`model.price`) or, when that is null, from a table of public prices (conf/prices.yaml)."""
+"""What an API model's answers cost: a price per million tokens (prompt, completion, cached prompt), from the model
+config (`model.price`) or, when that is null, from a table of public prices (conf/prices.yaml); and the tokens of a
+request estimated without a tokenizer (evaluate.py dry_run, and rgb-serve's usage)."""
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 
 from rgb.core.values import NON_NEGATIVE, ConfigValueError, optional, problems
@@ -46,3 +49,22 @@ class Price:
 def model_price(configured: dict | None, api_model: str, table: dict) -> Price | None:
     """`model.price` when set, else the table's entry for `api_model` (None: unknown)."""
     return Price.of(configured if configured is not None else table.get(api_model))
+
+
+def text_tokens(text: str) -> int:
+    """Tokens of a text, tokenizer-free: ceil(characters / 4), OpenAI's rule of thumb for English."""
+    return math.ceil(len(text) / 4)
+
+
+def image_tokens(width: int, height: int, detail: str = "auto") -> int:
+    """OpenAI's published GPT-4o image cost: 85 with detail low, else 85 + 170 per 512-px tile of the image
+    fitted into 2048x2048, then its shorter side into 768 (downscaling only)."""
+    if detail == "low":
+        return 85
+    scale = min(1.0, 2048 / max(width, height), 768 / min(width, height))
+    return 85 + 170 * math.ceil(width * scale / 512) * math.ceil(height * scale / 512)
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) of a PNG from its IHDR chunk, without decoding it."""
+    return struct.unpack(">II", png[16:24])
