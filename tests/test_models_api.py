@@ -384,6 +384,20 @@ def test_max_requests_below_one_sends_nothing(tmp_path, bench, server):
     assert server.requests.count() == before and not (tmp_path / "outputs" / "api_cache").exists()
 
 
+def test_max_cost_needs_a_price_and_a_token_cap_stops_a_priced_run_that_records_its_cost(tmp_path, bench, server):
+    run = api_run(tmp_path, bench, server.base_url)
+    before = server.requests.count()
+    with raises_one_line(ConfigValueError, "max_cost needs the model's price"):
+        evaluate(tmp_path, bench, run, "max_cost=1")
+    assert server.requests.count() == before and not (tmp_path / "outputs" / "api_cache").exists()
+    priced = api_run(tmp_path, bench, server.base_url, "api_priced", "model.price={input: 1000.0, output: 1000.0}",
+                     "model.max_concurrency=1")
+    partial = evaluate(tmp_path, bench, priced, "max_tokens_total=1", "api_cache_dir=" + str(tmp_path / "fresh"))
+    total = partial.api.total
+    assert partial.api.partial and total["requests"] == 1  # the first answer reached the cap
+    assert partial.api.cost == (total["prompt_tokens"] + total["completion_tokens"]) * 1000 / 1e6 > 0
+
+
 # --------------------------------------------------------------------------------- re-parsing cached answers
 def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tmp_path, bench, server):
     """An API run made by parser version 1 (its model.json says so) with every answer cached: scoring it again

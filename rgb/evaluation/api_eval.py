@@ -29,6 +29,13 @@ def cache_path(cache_dir: Path, model: ApiClassifier) -> Path:
     return Path(cache_dir) / f"{model.identity_sha256}.jsonl"
 
 
+def request_budget(model: ApiClassifier, options) -> RequestBudget:
+    """What the evaluation may spend (its caps, priced by model.price or conf/prices.yaml): made before anything is
+    asked, so a cap it cannot honour (max_cost, no price) is refused first."""
+    price = model_price(model.client_settings.price, model.settings.api_model, options.prices)
+    return RequestBudget(options.max_requests, options.max_tokens_total, options.max_cost, price)
+
+
 class ApiPredictor:
     """Evaluation's view of an API model: per split the answered prefix of predictions (all of it unless
     max_requests ran out), request counts per split, and the answer columns of predictions.parquet."""
@@ -38,8 +45,7 @@ class ApiPredictor:
     def __init__(self, model: ApiClassifier, options):
         self.model, self.options = model, options
         self.cache = AnswerCache(cache_path(options.api_cache_dir, model))
-        price = model_price(model.client_settings.price, model.settings.api_model, options.prices)
-        self.budget = RequestBudget(options.max_requests, options.max_tokens_total, options.max_cost, price)
+        self.budget = request_budget(model, options)
         self.per_split: dict[str, RequestCounts] = {}
         self.columns: dict[str, list] = {}
 

@@ -74,6 +74,11 @@ class EvalOptions:
     max_cost: float | None = None      # API models: USD of new answers this evaluation may spend (then partial)
     prices: dict = field(default_factory=dict)  # api_model: {input, output, cached_input} (conf/prices.yaml)
 
+    @property
+    def capped(self) -> bool:
+        """An API model's requests are capped: a split may stay unasked (missing, never 0)."""
+        return any(c is not None for c in (self.max_requests, self.max_tokens_total, self.max_cost))
+
 
 @dataclass(frozen=True)
 class AttackExpectation:
@@ -155,7 +160,7 @@ def predictor_for(model, options: EvalOptions):
 
 
 def _accuracy(flags: np.ndarray, full_size: int, options: EvalOptions, what: str) -> Accuracy | None:
-    if len(flags) == 0 and options.max_requests is not None:
+    if len(flags) == 0 and options.capped:
         return None  # nothing of this split answered yet: missing, never 0
     partial = len(flags) < full_size
     if partial and not options.allow_partial:

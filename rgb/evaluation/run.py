@@ -15,7 +15,7 @@ from pathlib import Path
 from rgb.core.classwise import DEFAULT_WORST_K
 from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
-from rgb.evaluation.api_eval import cache_path
+from rgb.evaluation.api_eval import cache_path, request_budget
 from rgb.evaluation.leaderboard import (
     Leaderboard,
     LeaderboardError,
@@ -159,8 +159,8 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     api_model = getattr(model, "inputs", "tensor") != "tensor"
     capped = any(c is not None for c in (request.max_requests, request.max_tokens_total, request.max_cost))
     if (request.dry_run or capped) and not api_model:
-        raise EvaluationError(f"dry_run, max_requests, max_tokens_total and max_cost count API requests; {run} holds a model of family "
-                              f"{meta['family']!r}")
+        raise EvaluationError(f"dry_run, max_requests, max_tokens_total and max_cost count API requests; {run} holds "
+                              f"a model of family {meta['family']!r}")
     out_dir = request.model.output_dir
     options = EvalOptions(
         attack_dir=attack_dir_read(request.attack_dir, request.max_images), out_dir=out_dir,
@@ -171,6 +171,8 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
         api_cache_dir=request.api_cache_dir, max_requests=request.max_requests,
         max_tokens_total=request.max_tokens_total, max_cost=request.max_cost, prices=request.prices,
     )
+    if api_model:
+        request_budget(model, options)  # a cap it cannot honour is refused before anything is asked
     if request.dry_run:
         plan = request_plan(model, request.data(), options)
         path = cache_path(request.api_cache_dir, model).with_suffix(".dry_run.json")

@@ -264,7 +264,6 @@ class ApiClassifier:
             cached = sum(uses[k] for k in uses if k in cache)
             bar.update(cached)
             abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
-            stopped: list[str] = []  # the cap that stopped the asking, once
             started = time.monotonic()
 
             def ask(body: dict) -> dict:
@@ -279,8 +278,8 @@ class ApiClassifier:
             def one(k: str) -> None:
                 with lock:
                     cap = budget.reached()
-                    if cap is not None and not stopped:
-                        stopped.append(cap)
+                    if cap is not None and budget.stopped_by is None:  # said once per evaluation
+                        budget.stopped_by = cap
                         log.warning("%s: %s reached, no new request (the answers so far are cached; re-run to "
                                     "continue)", desc, cap)
                 if cap is not None:

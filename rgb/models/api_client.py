@@ -105,6 +105,7 @@ class RequestBudget:
     price: Price | None = None
     tokens: int = 0      # spent so far by new answers
     cost: float = 0.0
+    stopped_by: str | None = None  # the cap that stopped the asking (logged once)
 
     def __post_init__(self):
         caps = {"max_requests": self.remaining, "max_tokens_total": self.max_tokens_total, "max_cost": self.max_cost}
