@@ -10,10 +10,10 @@ within the budget (rgb-transfer's AutoAttack would take most of an hour of a loa
 which images are distinct is what matters here); the embedded zero-shot CLIP (its architecture, random init:
 serving cost does not depend on the weights) behind rgb-serve. Per concurrency: requests/s and evaluation wall time; the share of images the cache
 answered (the unmodified transfer rows are the clean test images); a re-run (must send 0 requests). Then the
-client's own cost per request (PNG -> base64 data URL + JSON body, answer parse) against the server's model time.
-Then the Batch path (`model.batch=true`) over the test split's images from an empty cache: its round trip (JSONL,
-upload, batch run by rgb-serve's Batches endpoint, poll, download, parse into the cache) and whether its cache
-records equal the online path's.
+client's own cost per request (PNG -> base64 data URL + JSON body, answer parse) and one round trip through the
+openai SDK, against the server's model time. Then the Batch path (`model.batch=true`) over the test split's images
+from an empty cache: its round trip (JSONL, upload, batch run by rgb-serve's Batches endpoint, poll, download, parse
+into the cache) and whether its cache records equal the online path's.
 The machine may be shared: its load average is recorded with the numbers.
 """
 
@@ -91,20 +91,28 @@ def evaluate(work: Path, run: Path, *overrides: str) -> tuple[ScoresRecord, floa
 
 
 def client_overhead(model, server, images: list[bytes]) -> dict:
-    """Per request: the client's encode + parse, and the server's decode + forward (median over the images)."""
-    encode, parse, serve = [], [], []
-    for image in images:
-        start = time.perf_counter()
-        json.dumps(model._body(image))
-        encode.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        answer = server.classify(image)
-        serve.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        parse_answer(answer, model.class_names)
-        parse.append(time.perf_counter() - start)
-    return {"encode_ms": 1e3 * statistics.median(encode), "parse_ms": 1e3 * statistics.median(parse),
-            "server_model_ms": 1e3 * statistics.median(serve), "images": len(images)}
+    """Per request: the client's encode + parse, the server's decode + forward, and one whole round trip through
+    the openai SDK to rgb-serve (medians over the images); round trip minus model time is what the client and
+    HTTP cost on top of the model."""
+    encode, parse, serve, round_trip = [], [], [], []
+    with model.endpoint.session() as sdk:
+        for image in images:
+            start = time.perf_counter()
+            body = model._body(image)
+            json.dumps(body)
+            encode.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            answer = server.classify(image)
+            serve.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            parse_answer(answer, model.class_names)
+            parse.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            model.endpoint.post_once(sdk, body, None)
+            round_trip.append(time.perf_counter() - start)
+    ms = {name: 1e3 * statistics.median(times) for name, times in
+          (("encode_ms", encode), ("parse_ms", parse), ("server_model_ms", serve), ("round_trip_ms", round_trip))}
+    return {**ms, "client_and_http_ms": ms["round_trip_ms"] - ms["server_model_ms"], "images": len(images)}
 
 
 def batch_round_trip(model, server, images: list[bytes], work: Path, online_cache: Path, poll_s: float) -> dict:

@@ -43,7 +43,6 @@ import hashlib
 import io
 import json
 import logging
-import math
 import re
 import socket
 import threading
@@ -66,6 +65,7 @@ from starlette.requests import ClientDisconnect
 from rgb.core.errors import UserError
 from rgb.data.benchmark import decode_image, to_tensor
 from rgb.models import load_with_meta
+from rgb.models.api_cost import image_tokens, text_tokens
 from rgb.serve_batch import BatchStore, add_batch_routes
 
 log = logging.getLogger(__name__)
@@ -169,20 +169,6 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-
-
-def text_tokens(text: str) -> int:
-    """Tokens of a text, tokenizer-free: ceil(characters / 4), OpenAI's rule of thumb for English."""
-    return math.ceil(len(text) / 4)
-
-
-def image_tokens(width: int, height: int, detail: str = "auto") -> int:
-    """OpenAI's published GPT-4o image cost: 85 with detail low, else 85 + 170 per 512-px tile of the image
-    fitted into 2048x2048, then its shorter side into 768 (downscaling only)."""
-    if detail == "low":
-        return 85
-    scale = min(1.0, 2048 / max(width, height), 768 / min(width, height))
-    return 85 + 170 * math.ceil(width * scale / 512) * math.ceil(height * scale / 512)
 
 
 @dataclass(frozen=True)

@@ -355,6 +355,9 @@ def test_dry_run_counts_and_max_requests_stops_partial_then_resumes(tmp_path, be
         with caplog.at_level("INFO"):
             assert run_evaluation(compose_config("evaluate", tmp_path, bench, f"run={run}", "dry_run=true")) is None
         assert f": {distinct} distinct requests to send" in caplog.text and running.requests.count() == 0
+        plan = json.loads(next(tmp_path.rglob("*.dry_run.json")).read_text())
+        assert plan["requests"] == distinct == sum(row["requests"] for row in plan["splits"].values())
+        assert plan["prompt_tokens"] > 0 and plan["usd"] is None and "no price known" in caplog.text
         assert not (tmp_path / "outputs" / "eval").exists()
 
         partial = evaluate(tmp_path, bench, run, "max_requests=30")
@@ -379,6 +382,20 @@ def test_max_requests_below_one_sends_nothing(tmp_path, bench, server):
         evaluate(tmp_path, bench, run, "max_requests=-1")
     assert cli._error_line(refused.value).startswith("invalid value: max_requests must be null")
     assert server.requests.count() == before and not (tmp_path / "outputs" / "api_cache").exists()
+
+
+def test_max_cost_needs_a_price_and_a_token_cap_stops_a_priced_run_that_records_its_cost(tmp_path, bench, server):
+    run = api_run(tmp_path, bench, server.base_url)
+    before = server.requests.count()
+    with raises_one_line(ConfigValueError, "max_cost needs the model's price"):
+        evaluate(tmp_path, bench, run, "max_cost=1")
+    assert server.requests.count() == before and not (tmp_path / "outputs" / "api_cache").exists()
+    priced = api_run(tmp_path, bench, server.base_url, "api_priced", "model.price={input: 1000.0, output: 1000.0}",
+                     "model.max_concurrency=1")
+    partial = evaluate(tmp_path, bench, priced, "max_tokens_total=1", "api_cache_dir=" + str(tmp_path / "fresh"))
+    total = partial.api.total
+    assert partial.api.partial and total["requests"] == 1  # the first answer reached the cap
+    assert partial.api.cost == (total["prompt_tokens"] + total["completion_tokens"]) * 1000 / 1e6 > 0
 
 
 # --------------------------------------------------------------------------------- re-parsing cached answers

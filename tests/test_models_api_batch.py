@@ -16,6 +16,7 @@ from helpers import raises_one_line, serving
 from rgb.models import api_batch
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
 from rgb.models.api_cache import AnswerCache, CacheError
+from rgb.models.api_client import ApiError, RequestBudget
 from rgb.serve import Faults, ModelServer
 
 NAME = "tiny"
@@ -81,6 +82,19 @@ def test_the_batch_path_caches_the_online_paths_records_and_predictions(tmp_path
         again, again_stats = classifier(server, True).answer(IMAGES, AnswerCache(tmp_path / "batch.jsonl"))
         assert [a.pred for a in again] == EXPECTED and again_stats.requests == 0
         assert server.requests.count() == 14 and inputs_and_batches(server) == (1, 1)
+        # the re-run's totals: the tokens of the cached answers it used, as the online path counts them
+        assert (again_stats.cached_prompt_tokens, again_stats.cached_completion_tokens) == (
+            stats.prompt_tokens, stats.completion_tokens)
+
+
+@pytest.mark.slow
+def test_token_and_money_caps_are_refused_with_a_batch(tmp_path):
+    """A Batch is billed when it is done: max_tokens_total / max_cost cannot stop it midway, so they are refused
+    before anything is uploaded (max_requests caps it)."""
+    with running(tmp_path) as server:
+        with raises_one_line(ApiError, "cap it by max_requests"):
+            classifier(server, True).answer(IMAGES, AnswerCache(tmp_path / "c.jsonl"), RequestBudget(max_tokens_total=1000))
+        assert inputs_and_batches(server) == (0, 0)
 
 
 class Killed(BaseException):

@@ -1,15 +1,17 @@
 """What the `api` family sends and records, against a local FastAPI endpoint whose answers are built with the
 official `openai` SDK's response types: request fields passed through, a system prompt, headers, no token limit
 when there is none, the finish reason and the served model recorded, an answer cut by the token limit never cached
-as an abstention, and OpenAI's retry-after-ms honoured."""
+as an abstention, OpenAI's retry-after-ms honoured, and the token and cost caps."""
 
 from __future__ import annotations
 
+import io
 import socket
 import threading
 import time
 
 import pytest
+from PIL import Image
 
 fastapi = pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
@@ -17,8 +19,11 @@ openai_types = pytest.importorskip("openai.types.chat")
 
 from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
-from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
+from rgb.evaluation.records import ApiUsage, RequestCounts  # noqa: E402
+from rgb.models.api import COMPLETION_ESTIMATE, ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
 from rgb.models.api_cache import AnswerCache  # noqa: E402
+from rgb.models.api_client import ApiError, RequestBudget  # noqa: E402
+from rgb.models.api_cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))  # sent as stored: the endpoint never decodes it here
@@ -85,6 +90,24 @@ def test_request_fields_system_prompt_and_headers_reach_the_endpoint(tmp_path):
     assert model.describe()["api"]["request"] == request and model.describe()["api"]["max_tokens"] is None
 
 
+def test_requests_go_through_the_openai_sdk_with_the_key_read_per_request(tmp_path, monkeypatch):
+    """The official SDK sends (its User-Agent), its own retries off (one request for one 500 with max_retries=0
+    is ours to count), the key from the environment when set and no Authorization header at all when not."""
+    monkeypatch.delenv("RGB_TEST_KEY", raising=False)
+    with Endpoint([(200, {}, completion("dog"))]) as endpoint:
+        model = classifier(endpoint.base_url, api_key_env="RGB_TEST_KEY")
+        model.answer([PNG], AnswerCache(tmp_path / "a.jsonl"))
+        monkeypatch.setenv("RGB_TEST_KEY", "sk-test-1")
+        model.answer([PNG], AnswerCache(tmp_path / "b.jsonl"))
+    without, with_key = (seen["headers"] for seen in endpoint.seen)
+    assert without["user-agent"].startswith("OpenAI/Python") and "authorization" not in without
+    assert with_key["authorization"] == "Bearer sk-test-1"
+    with Endpoint([(500, {}, {"error": {"message": "boom"}})]) as failing:
+        with raises_one_line(ApiError, match="gave up after 1 attempts, last: HTTP 500"):
+            classifier(failing.base_url, max_retries=0).answer([PNG], AnswerCache(tmp_path / "c.jsonl"))
+    assert len(failing.seen) == 1
+
+
 def test_unset_extras_keep_the_identity_and_set_ones_change_it():
     plain = classifier("http://127.0.0.1:1/v1")
     assert "request" not in plain.describe()["api"] and "system_prompt" not in plain.describe()["api"]
@@ -123,3 +146,56 @@ def test_retry_after_ms_is_the_wait(tmp_path):
     with Endpoint([busy, (200, {}, completion("cat"))]) as endpoint:
         answers, stats = classifier(endpoint.base_url, backoff_s=5).answer([PNG], AnswerCache(tmp_path / "c.jsonl"))
     assert answers[0].pred == 0 and stats.retries == 1 and stats.backoff_s == pytest.approx(0.07)
+
+
+def test_a_price_costs_its_tokens_and_a_bad_one_is_one_line():
+    price = Price(input=2.0, output=8.0, cached_input=0.5)
+    assert price.cost(1_000_000, 0) == 2.0
+    assert price.cost(1_000_000, 500_000, cached_tokens=1_000_000) == 0.5 + 4.0
+    assert Price.of({"input": 1, "output": 1}).cost(10, 0, cached_tokens=10) == 10 / 1e6  # uncached rate
+    assert model_price(None, "gpt-4o-mini", {"gpt-4o-mini": {"input": 0.15, "output": 0.6}}).input == 0.15
+    assert model_price({"input": 1, "output": 2}, "gpt-4o-mini", {"gpt-4o-mini": {"input": 9, "output": 9}}).input == 1
+    assert model_price(None, "vlm", {}) is None
+    with raises_one_line(ConfigValueError, "model.price"):
+        ClientSettings(price={"input": 1})
+    with raises_one_line(ConfigValueError, "max_cost needs the model's price"):
+        RequestBudget(max_cost=1.0)
+
+
+@pytest.mark.parametrize("cap", [{"max_tokens_total": 30}, {"max_cost": 0.03, "price": Price(1000.0, 1000.0)}])
+def test_a_token_or_cost_cap_stops_new_requests_and_a_rerun_continues(tmp_path, cap):
+    images = [PNG + bytes([i]) for i in range(3)]  # 23 tokens an answer: the cap (30 tokens, 0.03 USD) after two
+    with Endpoint([(200, {}, completion("dog"))]) as endpoint:
+        model = classifier(endpoint.base_url, max_concurrency=1)
+        answers, stats = model.answer(images, AnswerCache(tmp_path / "c.jsonl"), RequestBudget(**cap))
+        assert [a is not None for a in answers] == [True, True, False]
+        assert (stats.requests, stats.unanswered) == (2, 1)
+        answers, stats = model.answer(images, AnswerCache(tmp_path / "c.jsonl"), RequestBudget(**cap))
+        assert all(a is not None for a in answers) and (stats.requests, stats.cached) == (1, 2)
+        # the resumed split totals the tokens of all three answers, as one uninterrupted run would
+        assert (stats.prompt_tokens, stats.cached_prompt_tokens, stats.cached_completion_tokens) == (20, 40, 6)
+        uninterrupted = model.answer(images, AnswerCache(tmp_path / "c.jsonl"))[1]
+        assert uninterrupted.cached_prompt_tokens + uninterrupted.prompt_tokens == 60
+    assert len(endpoint.seen) == 3
+
+
+def test_the_usage_record_prices_new_and_cached_answers_and_reads_back():
+    counts = RequestCounts(images=3, requests=1, cached=2, retries=0, abstained=0, unanswered=0, prompt_tokens=20,
+                           completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6)
+    usage = ApiUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts}, None, 2,
+                     {"input": 1000.0, "output": 2000.0, "cached_input": None})
+    assert usage.cost == pytest.approx((60 * 1000 + 9 * 2000) / 1e6)
+    assert ApiUsage.from_json(usage.to_json()) == usage
+    assert ApiUsage("u", "vlm", {"test": counts}, None).cost is None  # unknown price: no money
+
+
+def test_a_request_is_estimated_from_its_texts_image_size_and_completion_limit():
+    image = io.BytesIO()
+    Image.new("RGB", (32, 48)).save(image, format="PNG")
+    png = image.getvalue()
+    assert png_size(png) == (32, 48)
+    prompt = text_tokens(classifier("http://127.0.0.1:1/v1").prompt) + image_tokens(32, 48)
+    assert classifier("http://127.0.0.1:1/v1").estimate(png) == (prompt, 16)  # max_tokens: 16
+    reasoning = classifier("http://127.0.0.1:1/v1", {"max_tokens": None, "request": {"max_completion_tokens": 64}})
+    assert reasoning.estimate(png) == (prompt, 64)
+    assert classifier("http://127.0.0.1:1/v1", {"max_tokens": None}).estimate(png) == (prompt, COMPLETION_ESTIMATE)

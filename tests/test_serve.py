@@ -24,7 +24,8 @@ import torch
 from PIL import Image
 
 from helpers import REPO, compose_config, raises_one_line, serving
-from rgb.serve import Faults, Limits, ModelServer, ServeError, image_tokens, text_tokens
+from rgb.models.api_cost import image_tokens, text_tokens
+from rgb.serve import Faults, Limits, ModelServer, ServeError
 
 NAME = "tiny"
 CLASSES = ["dark", "bright"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rgb.core.configs import config_dir
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate, evaluate_pool
 from rgb.runs.store import train_runs
@@ -32,6 +33,11 @@ def run_outputs(cfg: DictConfig) -> RunOutputs:
     return RunOutputs(Path(str(cfg.run)), str(cfg.run_name), Path(str(cfg.output_dir)))
 
 
+def price_table() -> dict:
+    """conf/prices.yaml: api_model -> {input, output, cached_input} USD per 1M tokens."""
+    return OmegaConf.to_container(OmegaConf.load(config_dir() / "prices.yaml"))
+
+
 def eval_request(cfg: DictConfig) -> EvalRequest:
     tracking = cfg.wandb
     return EvalRequest(
@@ -40,6 +46,7 @@ def eval_request(cfg: DictConfig) -> EvalRequest:
         allow_partial=bool(cfg.allow_partial), max_images=cfg.max_images,
         worst_k=tuple(OmegaConf.to_container(cfg.worst_k)), device=str(cfg.device), batch_size=int(cfg.batch_size),
         api_cache_dir=Path(str(cfg.api_cache_dir)), max_requests=cfg.get("max_requests"),
+        max_tokens_total=cfg.get("max_tokens_total"), max_cost=cfg.get("max_cost"), prices=price_table(),
         dry_run=bool(cfg.get("dry_run")), wandb_project=str(tracking.project) if tracking.enabled else None,
     )
 

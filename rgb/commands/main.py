@@ -290,8 +290,8 @@ def _expand_runs(argv: list[str]) -> list[str]:
             f"sweep_dir=${{paths.output_dir}}/attack/${{data.dataset}}/multirun/{label}"]
 
 
-# Libraries that log every request at INFO (the api family's HTTP clients: httpx, and httpx2 under the `openai`
-# SDK of the Batch path); `hydra.verbose=httpx` shows them.
+# Libraries that log every request at INFO (the api family's HTTP client: the `openai` SDK on httpx2, and httpx);
+# `hydra.verbose=httpx` shows them.
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "openai")
 
 

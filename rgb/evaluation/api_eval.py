@@ -14,6 +14,7 @@ from rgb.models.answers import PARSER_VERSION
 from rgb.models.api import ApiClassifier
 from rgb.models.api_cache import AnswerCache
 from rgb.models.api_client import RequestBudget
+from rgb.models.api_cost import model_price
 
 ABSTAINED = -1  # the prediction of an answer that names no class (or several): never equal to a label
 
@@ -28,6 +29,13 @@ def cache_path(cache_dir: Path, model: ApiClassifier) -> Path:
     return Path(cache_dir) / f"{model.identity_sha256}.jsonl"
 
 
+def request_budget(model: ApiClassifier, options) -> RequestBudget:
+    """What the evaluation may spend (its caps, priced by model.price or conf/prices.yaml): made before anything is
+    asked, so a cap it cannot honour (max_cost, no price) is refused first."""
+    price = model_price(model.client_settings.price, model.settings.api_model, options.prices)
+    return RequestBudget(options.max_requests, options.max_tokens_total, options.max_cost, price)
+
+
 class ApiPredictor:
     """Evaluation's view of an API model: per split the answered prefix of predictions (all of it unless
     max_requests ran out), request counts per split, and the answer columns of predictions.parquet."""
@@ -37,7 +45,7 @@ class ApiPredictor:
     def __init__(self, model: ApiClassifier, options):
         self.model, self.options = model, options
         self.cache = AnswerCache(cache_path(options.api_cache_dir, model))
-        self.budget = RequestBudget(options.max_requests)
+        self.budget = request_budget(model, options)
         self.per_split: dict[str, RequestCounts] = {}
         self.columns: dict[str, list] = {}
 
@@ -58,8 +66,9 @@ class ApiPredictor:
                 "image_id": np.asarray(split.rows.data.column("image_id").to_numpy()[:answered], dtype=np.int64)}
 
     def usage(self) -> ApiUsage:
+        price = self.budget.price
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
-                        self.options.max_requests, PARSER_VERSION)
+                        self.options.max_requests, PARSER_VERSION, None if price is None else asdict(price))
 
     def close(self) -> None:
         self.cache.close()

@@ -13,7 +13,7 @@ import logging
 import math
 import platform
 import re
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import datasets
@@ -39,6 +39,7 @@ from rgb.evaluation.records import (ATTACK_SETTING_NORMS, SCORES_FILE, WHITE_BOX
                                     ModelIdentity, ProtocolScore, ScoresRecord)
 from rgb.evaluation.scores import black_box_score
 from rgb.models.api_cache import AnswerCache
+from rgb.models.api_cost import model_price
 from rgb.models.checks import check_model_fits
 from rgb.models.families import model_name
 from rgb.models.io import library_versions
@@ -69,6 +70,14 @@ class EvalOptions:
     batch_size: int = 256
     api_cache_dir: Path | None = None  # API models: where their answer caches live (one file per model identity)
     max_requests: int | None = None    # API models: new requests this evaluation may send (then partial)
+    max_tokens_total: int | None = None  # API models: tokens of new answers this evaluation may spend (then partial)
+    max_cost: float | None = None      # API models: USD of new answers this evaluation may spend (then partial)
+    prices: dict = field(default_factory=dict)  # api_model: {input, output, cached_input} (conf/prices.yaml)
+
+    @property
+    def capped(self) -> bool:
+        """An API model's requests are capped: a split may stay unasked (missing, never 0)."""
+        return any(c is not None for c in (self.max_requests, self.max_tokens_total, self.max_cost))
 
 
 @dataclass(frozen=True)
@@ -151,7 +160,7 @@ def predictor_for(model, options: EvalOptions):
 
 
 def _accuracy(flags: np.ndarray, full_size: int, options: EvalOptions, what: str) -> Accuracy | None:
-    if len(flags) == 0 and options.max_requests is not None:
+    if len(flags) == 0 and options.capped:
         return None  # nothing of this split answered yet: missing, never 0
     partial = len(flags) < full_size
     if partial and not options.allow_partial:
@@ -374,24 +383,45 @@ def _black_box(predict_split, datamodule, options, settings, per_sample, own):
 
 
 def request_plan(model, datamodule: BenchmarkData, options: EvalOptions) -> dict:
-    """dry_run: what the black-box evaluation of an API model would ask (after the cache and duplicate images),
-    and the tokens that would take at the mean usage of the answers cached so far."""
+    """dry_run: what the black-box evaluation of an API model would ask per split (after the cache and the images
+    already asked for an earlier split), its tokens estimated without a tokenizer (ApiClassifier.estimate) and,
+    when the model is priced, its money. Asks nothing."""
     cache = AnswerCache(cache_path(options.api_cache_dir, model))
+    price = model_price(model.client_settings.price, model.settings.api_model, options.prices)
     splits = [("test", None), ("common", None)] + [(split, surrogate) for surrogate, split in black_box_splits(datamodule)]
     splits.append((CONTROL_SPLIT, None))  # asked last by the evaluation, as here
-    images, per_split = [], {}
+    asked: set[str] = set()
+    rows, images, answered_by_cache = {}, 0, 0
     for split, surrogate in splits:
         data = datamodule.split(split, surrogate)
         n = len(data) if options.max_images is None else min(options.max_images, len(data))
         found = split_images(data, n)
-        per_split[split if surrogate is None else f"{surrogate}/{split}"] = len(found)
-        images += found
-    cached, todo = model.plan(images, cache)
-    usage = [r.get("usage", {}) for r in cache.answers.values()]
-    tokens = [sum(u.values()) for u in usage if u]
-    return {"images": len(images), "splits": per_split, "answered_by_cache": cached, "requests": len(todo),
-            "duplicates": len(images) - cached - len(todo),
-            "tokens_estimate": round(len(todo) * sum(tokens) / len(tokens)) if tokens else None}
+        cached, todo = model.plan(found, cache)
+        first = {model.request_key(b): b for b in reversed(found)}
+        todo = [k for k in todo if k not in asked]
+        asked.update(todo)
+        estimates = [model.estimate(first[k]) for k in todo]
+        prompt, completion = sum(e[0] for e in estimates), sum(e[1] for e in estimates)
+        rows[split if surrogate is None else f"{surrogate}/{split}"] = {
+            "images": n, "answered_by_cache": cached, "requests": len(todo), "prompt_tokens": prompt,
+            "completion_tokens": completion, "usd": None if price is None else price.cost(prompt, completion)}
+        images, answered_by_cache = images + n, answered_by_cache + cached
+    total = {k: sum(r[k] for r in rows.values()) for k in ("requests", "prompt_tokens", "completion_tokens")}
+    return {"api_model": model.settings.api_model, "price": None if price is None else asdict(price),
+            "images": images, "answered_by_cache": answered_by_cache,
+            "duplicates": images - answered_by_cache - total["requests"], "splits": rows, **total,
+            "usd": None if price is None else price.cost(total["prompt_tokens"], total["completion_tokens"])}
+
+
+def plan_table(plan: dict) -> str:
+    """dry_run's table: per split the requests still to ask, their estimated tokens and money."""
+    lines = [f"{'split':24s} {'images':>7s} {'cached':>7s} {'requests':>9s} {'prompt tok':>11s} {'compl. tok':>11s} "
+             f"{'USD':>9s}"]
+    for name, row in [*plan["splits"].items(), ("total", plan)]:
+        usd = "?" if row["usd"] is None else f"{row['usd']:.4f}"
+        lines.append(f"{name:24s} {row['images']:>7d} {row['answered_by_cache']:>7d} {row['requests']:>9d} "
+                     f"{row['prompt_tokens']:>11d} {row['completion_tokens']:>11d} {usd:>9s}")
+    return "\n".join(lines)
 
 
 def _pad(values, n: int) -> pa.Array:
@@ -485,9 +515,12 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
                  f"{int(total['retries'])} retried, {int(total['abstained'])} abstained ({int(total['negations'])} "
                  f"denying a class, {int(total['alternatives'])} alternatives; "
                  f"parser v{record.api.parser_version or 1}), "
-                 f"{int(total['prompt_tokens'])}+{int(total['completion_tokens'])} tokens"
+                 f"{int(total['prompt_tokens'])}+{int(total['completion_tokens'])} tokens new, "
+                 f"{int(total['cached_prompt_tokens'])}+{int(total['cached_completion_tokens'])} cached"
+                 + ("" if record.api.cost is None else f", ${record.api.cost:.4f} in all")
                  + (f"; PARTIAL: {int(total['unanswered'])} images not asked yet (max_requests="
-                    f"{record.api.max_requests}); re-run to continue" if record.api.partial else ""))
+                    f"{record.api.max_requests}, or max_tokens_total / max_cost); re-run to continue"
+                    if record.api.partial else ""))
     return lines
 
 

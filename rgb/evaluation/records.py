@@ -22,6 +22,7 @@ from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
+from rgb.models.api_cost import Price
 from rgb.runs.store import RunSummary, partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
@@ -289,6 +290,8 @@ class RequestCounts(JsonRecord):
     negations: int = 0
     alternatives: int = 0
     truncated: int = 0  # answers cut by the token limit before naming a class (counted in unanswered)
+    cached_prompt_tokens: int = 0  # the usage of the cached answers used (0 before it was recorded)
+    cached_completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -303,7 +306,8 @@ class ApiUsage(JsonRecord):
     per_split: dict[str, RequestCounts]
     max_requests: int | None
     parser_version: int | None = None
-    DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial")
+    price: dict | None = None  # rgb.models.api_cost.Price's fields (None: unknown, no money shown)
+    DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "cost")
 
     @property
     def total(self) -> dict[str, float]:
@@ -313,6 +317,14 @@ class ApiUsage(JsonRecord):
     @property
     def partial(self) -> bool:
         return self.total["unanswered"] > 0
+
+    @property
+    def cost(self) -> float | None:
+        """USD of all the answers used, new and cached (the same for a resumed run as for an uninterrupted one)."""
+        total = self.total
+        return None if self.price is None else Price.of(self.price).cost(
+            int(total["prompt_tokens"] + total["cached_prompt_tokens"]),
+            int(total["completion_tokens"] + total["cached_completion_tokens"]))
 
 
 @dataclass(frozen=True)

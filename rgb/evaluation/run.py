@@ -6,14 +6,16 @@ What it reports goes through `logging` (Hydra writes it to the console and to ev
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rgb.core.classwise import DEFAULT_WORST_K
 from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
+from rgb.evaluation.api_eval import cache_path, request_budget
 from rgb.evaluation.leaderboard import (
     Leaderboard,
     LeaderboardError,
@@ -25,7 +27,14 @@ from rgb.evaluation.leaderboard import (
     write_leaderboard,
     write_seed_spread,
 )
-from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, request_plan
+from rgb.evaluation.model_eval import (
+    EvalOptions,
+    EvaluationError,
+    evaluate_model,
+    format_table,
+    plan_table,
+    request_plan,
+)
 from rgb.evaluation.records import PROTOCOLS, RecordError, ScoresRecord
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
 from rgb.models import InMemoryModel, export_paths, load_with_meta
@@ -63,6 +72,9 @@ class EvalRequest:
     worst_k: tuple = DEFAULT_WORST_K
     api_cache_dir: Path | None = None  # None: no answer cache (a tensor model sends no requests)
     max_requests: int | None = None
+    max_tokens_total: int | None = None
+    max_cost: float | None = None
+    prices: dict = field(default_factory=dict)  # api_model: price, for API models whose model.price is null
     dry_run: bool = False
     wandb_project: str | None = None  # None: nothing logged to W&B
 
@@ -145,25 +157,33 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     if origin:
         log.info("model %s: %s", meta["run_name"], origin)
     api_model = getattr(model, "inputs", "tensor") != "tensor"
-    if (request.dry_run or request.max_requests is not None) and not api_model:
-        raise EvaluationError(f"dry_run and max_requests count API requests; {run} holds a model of family "
-                              f"{meta['family']!r}")
+    capped = any(c is not None for c in (request.max_requests, request.max_tokens_total, request.max_cost))
+    if (request.dry_run or capped) and not api_model:
+        raise EvaluationError(f"dry_run, max_requests, max_tokens_total and max_cost count API requests; {run} holds "
+                              f"a model of family {meta['family']!r}")
     out_dir = request.model.output_dir
     options = EvalOptions(
         attack_dir=attack_dir_read(request.attack_dir, request.max_images), out_dir=out_dir,
         transfer=request.transfer or request.protocol == "black_box",
-        severity_sweep=request.severity_sweep, allow_partial=request.allow_partial or request.max_requests is not None,
+        severity_sweep=request.severity_sweep, allow_partial=request.allow_partial or capped,
         max_images=request.max_images, worst_k=request.worst_k,
         device=resolve_device(request.device), batch_size=request.batch_size,
         api_cache_dir=request.api_cache_dir, max_requests=request.max_requests,
+        max_tokens_total=request.max_tokens_total, max_cost=request.max_cost, prices=request.prices,
     )
+    if api_model:
+        request_budget(model, options)  # a cap it cannot honour is refused before anything is asked
     if request.dry_run:
         plan = request_plan(model, request.data(), options)
-        log.info("dry run of %s on %s: %d distinct requests to send (%d images in %d splits: %d answered by the "
-                 "cache, %d duplicates of other images)%s", meta["run_name"], meta["dataset"], plan["requests"],
-                 plan["images"], len(plan["splits"]), plan["answered_by_cache"], plan["duplicates"],
-                 "" if plan["tokens_estimate"] is None else
-                 f"; about {plan['tokens_estimate']} tokens at the cached answers' mean usage")
+        path = cache_path(request.api_cache_dir, model).with_suffix(".dry_run.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(plan, indent=1) + "\n")
+        log.info("dry run of %s on %s: %d distinct requests to send (%d images: %d answered by the cache, %d "
+                 "duplicates of other images), asking nothing; tokens estimated without a tokenizer (text: characters"
+                 " / 4, image: OpenAI's tile rule; completion: its limit)%s\n%s\nwritten to %s", meta["run_name"],
+                 meta["dataset"], plan["requests"], plan["images"], plan["answered_by_cache"], plan["duplicates"],
+                 "" if plan["price"] is not None else "; no price known (model.price, conf/prices.yaml): no USD",
+                 plan_table(plan), path)
         return None, meta
     with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
         weights, _ = export_paths(run)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
@@ -36,9 +37,12 @@ from rgb.core.values import (
 from rgb.models.answers import AnswerParser, Parsed
 from rgb.models.api_cache import AnswerCache
 from rgb.models.api_client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
+from rgb.models.api_cost import Price, image_tokens, png_size, text_tokens
 
 IMAGE_ENCODING = "png_base64_data_url"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+log = logging.getLogger(__name__)
+COMPLETION_ESTIMATE = 16  # dry_run's completion tokens of a request that sends no token limit (a class name or so)
 DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task. The possible classes are: {classes}. "
                   "Answer with exactly one class name from this list and nothing else.")
 
@@ -147,9 +151,11 @@ class ClientSettings:
     batch: bool = False
     batch_poll_s: float = 30.0
     batch_wait_s: float = 26 * 3600.0
+    price: dict | None = None  # USD per 1M tokens {input, output, cached_input}; null: conf/prices.yaml, else unknown
 
     def __post_init__(self):
         _check(self, CLIENT_RULES)
+        Price.of(self.price)
 
 
 def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
@@ -227,6 +233,16 @@ class ApiClassifier:
     def _parse(self, record: dict) -> Parsed:
         return self.parser.parse(record["answer"])
 
+    def estimate(self, image: bytes) -> tuple[int, int]:
+        """(prompt, completion) tokens of one request, tokenizer-free (rgb.models.api_cost): the texts at
+        characters / 4 and the image by OpenAI's tile rule; the completion at its limit (the field the request
+        sends), else COMPLETION_ESTIMATE."""
+        texts = self.prompt + (self.settings.system_prompt or "")
+        body = {**self.settings.decoding, **self.settings.request}
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        return (text_tokens(texts) + image_tokens(*png_size(image)),
+                COMPLETION_ESTIMATE if limit is None else int(limit))
+
     # ------------------------------------------------------------------------------------------ many images
     def plan(self, images: Sequence[bytes], cache: AnswerCache) -> tuple[int, list[str]]:
         """(images already answered, the distinct request keys still to ask, in order of first use)."""
@@ -238,8 +254,6 @@ class ApiClassifier:
                desc: str = "api") -> tuple[list[Answer | None], RequestStats]:
         """Answers for `images` in order (None: not asked, the budget ran out), asking each distinct uncached
         image once, `max_concurrency` at a time; every answer enters the cache as it arrives."""
-        import httpx
-
         if self.client_settings.batch:  # the Batch API: the same records, asked by the batch
             from rgb.models.api_batch import answer_by_batch
 
@@ -251,26 +265,37 @@ class ApiClassifier:
         for i, k in enumerate(keys):
             first_image.setdefault(k, i)
         todo = [k for k in uses if k not in cache]
+        cached_before = set(uses) - set(todo)
         todo = todo[: budget.take(len(todo))]
         stats, lock = RequestStats(images=len(images)), threading.Lock()
         limiter = RateLimiter(self.client_settings.requests_per_minute, self.client_settings.tokens_per_minute,
                               sleep=self._sleep)
         with tqdm(total=len(images), desc=desc, unit="img", leave=False) as bar, \
-                httpx.Client(limits=httpx.Limits(max_connections=self.client_settings.max_concurrency)) as http, \
+                self.endpoint.session() as sdk, \
                 ThreadPoolExecutor(self.client_settings.max_concurrency) as pool:
             cached = sum(uses[k] for k in uses if k in cache)
             bar.update(cached)
             abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
+            started = time.monotonic()
 
             def ask(body: dict) -> dict:
-                reply = self.endpoint.ask(http, limiter, body, stats, lock)
+                reply = self.endpoint.ask(sdk, limiter, body, stats, lock)
                 with lock:
                     stats.requests += 1
                     stats.prompt_tokens += reply["usage"]["prompt_tokens"]
                     stats.completion_tokens += reply["usage"]["completion_tokens"]
+                    budget.charge(reply["usage"])
                 return reply
 
             def one(k: str) -> None:
+                with lock:
+                    cap = budget.reached()
+                    if cap is not None and budget.stopped_by is None:  # said once per evaluation
+                        budget.stopped_by = cap
+                        log.warning("%s: %s reached, no new request (the answers so far are cached; re-run to "
+                                    "continue)", desc, cap)
+                if cap is not None:
+                    return
                 body = self._body(images[first_image[k]])
                 reply = ask(body)
                 retry = self._retry_body(body) if self._cut(reply) else None
@@ -285,7 +310,10 @@ class ApiClassifier:
                 with lock:
                     abstained[0] += uses[k] if self._parse(reply).pred is None else 0
                     bar.update(uses[k])
-                    bar.set_postfix(sent=stats.requests, cached=cached, retried=stats.retries,
+                    rate = stats.requests / max(time.monotonic() - started, 1e-9)
+                    money = {} if budget.price is None else {"usd": f"{budget.cost:.4f}"}
+                    bar.set_postfix(sent=stats.requests, req_s=f"{rate:.2f}", cached=cached, retried=stats.retries,
+                                    tokens=stats.prompt_tokens + stats.completion_tokens, **money,
                                     abstained=abstained[0], refresh=False)
 
             try:
@@ -297,15 +325,20 @@ class ApiClassifier:
             if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise failed
-        return self.collect(keys, cache, stats), stats
+        return self.collect(keys, cache, stats, cached_before), stats
 
-    def collect(self, keys: list[str], cache: AnswerCache, stats: RequestStats) -> list[Answer | None]:
+    def collect(self, keys: list[str], cache: AnswerCache, stats: RequestStats,
+                cached_before: set[str]) -> list[Answer | None]:
         """The cached answers of `keys` (None: not answered), and their counts into `stats` (its `requests` are
-        the new answers among them)."""
+        the new answers among them; `cached_before`: the keys answered before this run, whose tokens it used)."""
         parsed = {k: self._parse(cache.get(k)) for k in dict.fromkeys(keys) if k in cache}
         answers = [Answer(cache.get(k)["answer"], parsed[k].pred, parsed[k].reason) if k in parsed else None
                    for k in keys]
         answered = [a for a in answers if a is not None]
+        for k in set(keys) & cached_before:
+            usage = cache.get(k).get("usage") or {}
+            stats.cached_prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            stats.cached_completion_tokens += int(usage.get("completion_tokens") or 0)
         stats.cached = len(answered) - stats.requests
         stats.unanswered = len(keys) - len(answered)
         stats.abstained = sum(a.pred is None for a in answered)

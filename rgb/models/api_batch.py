@@ -185,7 +185,11 @@ def _line_problem(line: dict) -> str:
 def answer_by_batch(model: ApiClassifier, images: Sequence[bytes], cache: AnswerCache, budget: RequestBudget,
                     desc: str) -> tuple[list[Answer | None], RequestStats]:
     """ApiClassifier.answer by the Batch API: pending batches resumed, the rest submitted, all waited for."""
+    if budget.max_tokens_total is not None or budget.max_cost is not None:
+        raise ApiError("max_tokens_total and max_cost stop online requests as their answers arrive; a Batch is "
+                       "billed when it is done: with model.batch=true cap it by max_requests")
     keys = [model.request_key(b) for b in images]
+    cached_before = {k for k in keys if k in cache}
     uses, image_of = Counter(keys), {}
     for k, image in zip(keys, images):
         image_of.setdefault(k, image)
@@ -206,4 +210,4 @@ def answer_by_batch(model: ApiClassifier, images: Sequence[bytes], cache: Answer
     if problems:
         log.warning("%s: %d batch request(s) not answered (asked again by the next run), e.g. %s", desc,
                     len(problems), problems[0])
-    return model.collect(keys, cache, stats), stats
+    return model.collect(keys, cache, stats, cached_before), stats

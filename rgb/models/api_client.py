@@ -6,6 +6,7 @@ The API key is read from the environment at request time and never written anywh
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import os
 import random
@@ -16,7 +17,8 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from rgb.core.errors import UserError
-from rgb.core.values import POSITIVE_INT, ConfigValueError, optional, problems
+from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, optional, problems
+from rgb.models.api_cost import Price
 
 if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.api)
     from rgb.models.api import ClientSettings
@@ -83,6 +85,8 @@ class RequestStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     backoff_s: float = 0.0
+    cached_prompt_tokens: int = 0      # the usage of the cached answers used (once per distinct answer), so that
+    cached_completion_tokens: int = 0  # a run resumed after a cap totals as one uninterrupted run
 
     def add(self, other: RequestStats) -> None:
         for f in fields(self):
@@ -91,14 +95,27 @@ class RequestStats:
 
 @dataclass
 class RequestBudget:
-    """`max_requests`: new requests left to this evaluation (None: no limit)."""
+    """What this evaluation may still spend: `max_requests` new requests, `max_tokens_total` tokens (prompt and
+    completion) and `max_cost` USD (priced by `price`) of new answers (None: no limit). When a cap is reached no
+    new request is sent: the answers so far are cached, the rest of the split is left to a re-run."""
 
     remaining: int | None = None
+    max_tokens_total: int | None = None
+    max_cost: float | None = None
+    price: Price | None = None
+    tokens: int = 0      # spent so far by new answers
+    cost: float = 0.0
+    stopped_by: str | None = None  # the cap that stopped the asking (logged once)
 
     def __post_init__(self):
-        found = problems({"max_requests": self.remaining}, {"max_requests": optional(POSITIVE_INT)})
+        caps = {"max_requests": self.remaining, "max_tokens_total": self.max_tokens_total, "max_cost": self.max_cost}
+        found = problems(caps, {"max_requests": optional(POSITIVE_INT), "max_tokens_total": optional(POSITIVE_INT),
+                                "max_cost": optional(POSITIVE)})
         if found:
             raise ConfigValueError(f"invalid value: {found[0]} (null: no limit)")
+        if self.max_cost is not None and self.price is None:
+            raise ConfigValueError("max_cost needs the model's price: set model.price={input: USD, output: USD} per "
+                                   "1M tokens (its model is not in conf/prices.yaml)")
 
     def take(self, wanted: int) -> int:
         granted = wanted if self.remaining is None else min(wanted, self.remaining)
@@ -106,6 +123,19 @@ class RequestBudget:
             self.remaining -= granted
         return granted
 
+    def charge(self, usage: dict) -> None:
+        """Count the usage of one new answer (the caller holds the lock of its requests)."""
+        self.tokens += usage["prompt_tokens"] + usage["completion_tokens"]
+        if self.price is not None:
+            self.cost += self.price.cost(usage["prompt_tokens"], usage["completion_tokens"])
+
+    def reached(self) -> str | None:
+        """The cap reached, as `name=value` (None: none)."""
+        if self.max_tokens_total is not None and self.tokens >= self.max_tokens_total:
+            return f"max_tokens_total={self.max_tokens_total}"
+        if self.max_cost is not None and self.cost >= self.max_cost:
+            return f"max_cost={self.max_cost:g}"
+        return None
 
 
 def _retry_after(headers) -> float | None:
@@ -168,8 +198,21 @@ def completion_record(reply: dict) -> dict:
             "finish_reason": choice.get("finish_reason"), "served_model": reply.get("model")}
 
 
+@functools.cache
+def _sdk_request_fields() -> frozenset:
+    """The request fields the SDK's chat-completions `create` names; its own options (timeout, extra_*) are not."""
+    import inspect
+
+    from openai.resources.chat.completions import Completions
+
+    return frozenset(k for k in inspect.signature(Completions.create).parameters
+                     if k not in ("self", "timeout") and not k.startswith("extra_"))
+
+
 class Endpoint:
-    """One model of a chat-completions endpoint, asked as the client settings say."""
+    """One model of a chat-completions endpoint, asked through the official `openai` SDK (it speaks to OpenAI,
+    Azure, vLLM, SGLang, Ollama and the compatible endpoints) with the SDK's own retries off: retries, rate limits,
+    the cache and the accounting are ours."""
 
     def __init__(self, base_url: str, api_model: str, client: ClientSettings, sleep=time.sleep):
         self.base_url, self.api_model, self.client_settings = base_url, api_model, client
@@ -181,37 +224,57 @@ class Endpoint:
             message = message.replace(key, "[key]")
         return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
 
-    def post_once(self, http, body: dict, key: str | None) -> dict:
-        import httpx
+    def session(self):
+        """The SDK client of one `answer` call (a context manager), on an HTTP client of `max_concurrency`
+        connections. The key is not given here: each request reads it from the environment (`post_once`)."""
+        import httpx2  # the SDK's HTTP library
+        import openai
 
-        headers = {**self.client_settings.headers, **({"Authorization": f"Bearer {key}"} if key else {})}
+        http = openai.DefaultHttpxClient(limits=httpx2.Limits(max_connections=self.client_settings.max_concurrency))
+        return openai.OpenAI(base_url=self.base_url, api_key="read-per-request", max_retries=0,
+                             timeout=self.client_settings.timeout_s, default_headers=self.client_settings.headers,
+                             http_client=http)
+
+    @staticmethod
+    def _sdk_arguments(body: dict) -> dict:
+        """`body` as keyword arguments of the SDK's `create`: the fields it does not name go in `extra_body`."""
+        named = _sdk_request_fields()
+        extra = {k: v for k, v in body.items() if k not in named}
+        return {**{k: v for k, v in body.items() if k in named}, **({"extra_body": extra} if extra else {})}
+
+    def post_once(self, sdk, body: dict, key: str | None) -> dict:
+        import openai
+
+        create = sdk.chat.completions.with_raw_response.create
+        # no key: no Authorization header at all (a local server), which the SDK allows only when asked per request
+        auth = {"Authorization": f"Bearer {key}" if key else openai.Omit()}
         try:
-            response = http.post(f"{self.base_url}/chat/completions", json=body, headers=headers,
-                                 timeout=self.client_settings.timeout_s)
-        except httpx.TimeoutException:
+            raw = create(**self._sdk_arguments(body), extra_headers=auth)
+        except openai.APITimeoutError:
             raise _Transient(f"timeout after {self.client_settings.timeout_s:g} s") from None
-        except httpx.ConnectError as err:
-            raise _Unreachable(f"cannot connect ({_one_line(err) or type(err).__name__})") from None
-        except httpx.TransportError as err:
-            raise _Transient(f"connection error ({type(err).__name__})") from None
-        if response.status_code in RETRY_STATUS:
-            raise _Transient(f"HTTP {response.status_code}", _retry_after(response.headers))
-        if response.status_code != 200:
-            hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(response.status_code, "")
-            raise self.refused(f"HTTP {response.status_code}: {_error_message(response)}{hint}", key)
+        except openai.APIConnectionError as err:
+            cause = err.__cause__
+            if type(cause).__name__ == "ConnectError":  # httpx's (or httpx2's): refused, unknown host
+                raise _Unreachable(f"cannot connect ({_one_line(cause) or type(cause).__name__})") from None
+            raise _Transient(f"connection error ({type(cause or err).__name__})") from None
+        except openai.APIStatusError as err:
+            if err.status_code in RETRY_STATUS:
+                raise _Transient(f"HTTP {err.status_code}", _retry_after(err.response.headers)) from None
+            hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(err.status_code, "")
+            raise self.refused(f"HTTP {err.status_code}: {_error_message(err.response)}{hint}", key) from None
         try:
-            return completion_record(response.json())
-        except (ValueError, KeyError, IndexError, TypeError):
+            return completion_record(raw.parse().model_dump())
+        except Exception:  # noqa: BLE001 - any body the SDK cannot read as a chat completion is a bad answer
             raise _Transient("malformed response (no choices[0].message.content)") from None
 
-    def ask(self, http, limiter: RateLimiter, body: dict, stats: RequestStats, lock) -> dict:
+    def ask(self, sdk, limiter: RateLimiter, body: dict, stats: RequestStats, lock) -> dict:
         """One answer, retried with exponential backoff and jitter (or the server's Retry-After)."""
         key = os.environ.get(self.client_settings.api_key_env) or None
         attempts, attempt = self.client_settings.max_retries + 1, 0
         while True:
             event = limiter.acquire()
             try:
-                reply = self.post_once(http, body, key)
+                reply = self.post_once(sdk, body, key)
             except _Transient as err:
                 limiter.settle(event, 0)
                 allowed = attempts if err.attempts is None else min(attempts, err.attempts)
