@@ -92,19 +92,18 @@ def add_batch_routes(app: FastAPI, store: BatchStore, authorize, complete, error
     `error_reply` (the app's OpenAI-shaped error, whose `response()` is the error body)."""
     running: set[asyncio.Task] = set()  # the background batches (a reference each, so none is collected)
 
-    def file_of(file_id: str) -> dict:
+    def stored(table: dict, object_id: str, kind: str, param: str) -> dict:
         with store.lock:
-            entry = store.files.get(file_id)
+            entry = table.get(object_id)
         if entry is None:
-            raise error_reply(404, f"No such File object: {file_id}", "not_found", "file_id")
+            raise error_reply(404, f"No such {kind} object: {object_id}", "not_found", param)
         return entry
 
+    def file_of(file_id: str) -> dict:
+        return stored(store.files, file_id, "File", "file_id")
+
     def batch_of(batch_id: str) -> dict:
-        with store.lock:
-            batch = store.batches.get(batch_id)
-        if batch is None:
-            raise error_reply(404, f"No such Batch object: {batch_id}", "not_found", "batch_id")
-        return batch
+        return stored(store.batches, batch_id, "Batch", "batch_id")
 
     def answered(request: dict, status: int, body: dict) -> dict:
         return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": request["custom_id"], "error": None,
