@@ -157,20 +157,20 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     if origin:
         log.info("model %s: %s", meta["run_name"], origin)
     api_model = getattr(model, "inputs", "tensor") != "tensor"
-    capped = any(c is not None for c in (request.max_requests, request.max_tokens_total, request.max_cost))
-    if (request.dry_run or capped) and not api_model:
-        raise EvaluationError(f"dry_run, max_requests, max_tokens_total and max_cost count API requests; {run} holds "
-                              f"a model of family {meta['family']!r}")
-    out_dir = request.model.output_dir
     options = EvalOptions(
-        attack_dir=attack_dir_read(request.attack_dir, request.max_images), out_dir=out_dir,
+        attack_dir=attack_dir_read(request.attack_dir, request.max_images), out_dir=request.model.output_dir,
         transfer=request.transfer or request.protocol == "black_box",
-        severity_sweep=request.severity_sweep, allow_partial=request.allow_partial or capped,
+        severity_sweep=request.severity_sweep, allow_partial=request.allow_partial,
         max_images=request.max_images, worst_k=request.worst_k,
         device=resolve_device(request.device), batch_size=request.batch_size,
         api_cache_dir=request.api_cache_dir, max_requests=request.max_requests,
         max_tokens_total=request.max_tokens_total, max_cost=request.max_cost, prices=request.prices,
     )
+    if (request.dry_run or options.capped) and not api_model:
+        raise EvaluationError(f"dry_run, max_requests, max_tokens_total and max_cost count API requests; {run} holds "
+                              f"a model of family {meta['family']!r}")
+    options = replace(options, allow_partial=options.allow_partial or options.capped)  # a capped run may be partial
+    out_dir = options.out_dir
     if api_model:
         request_budget(model, options)  # a cap it cannot honour is refused before anything is asked
     if request.dry_run:
