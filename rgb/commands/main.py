@@ -291,7 +291,7 @@ def _expand_runs(argv: list[str]) -> list[str]:
 
 
 # Libraries that log every request at INFO (the api family's HTTP client: the `openai` SDK on httpx2, and httpx);
-# `hydra.verbose=httpx` shows them.
+# `hydra.verbose=httpx2` (or `[httpx2,openai]`) shows them.
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "openai")
 
 
