@@ -188,7 +188,8 @@ def test_max_images_attacks_the_first_images_in_a_run_of_their_own(surrogate, sm
 @pytest.mark.parametrize(
     "change, field",
     [("seed=1", "seed 0 -> 1"), ("data.budgets.linf=0.03", "eps"), ("batch_size=4", "batch_size"),
-     ("export_adversarial=true", "export_adversarial"), ("tail_rows=64", "tail_rows")],
+     ("export_adversarial=true", "export_adversarial"), ("tail_rows=64", "tail_rows"),
+     ("schedule=pooled", "schedule")],
 )
 def test_resume_into_a_directory_of_another_run_is_refused_and_loses_nothing(
     surrogate, small_bench, reference, change, field

@@ -200,18 +200,12 @@ class AutoAttack:
         self.progress = progress
         self.progress_interval = float(progress_interval)
         self.on_leave = on_leave
+        self.attack_model: nn.Module | None = None  # what the attacks call (the model, or its trace): `_prepare`
         self.capture_reason: str | None = None  # why capture="auto" kept a model eager that a trace would blind
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
         batch_size = int(batch_size or self.batch_size)
-        if x.dim() != 4 or y.shape != (x.shape[0],):
-            raise ValueError(f"expected x (N,C,H,W) and y (N,), got {tuple(x.shape)} and {tuple(y.shape)}")
-        if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():  # never truncated or cast silently
-            raise ValueError(f"labels y must be integer class indices, got dtype {y.dtype}")
-        x, y = x.detach().float().cpu(), y.detach().long().cpu()
-        if torch.isnan(x).any() or x.min() < 0 or x.max() > 1:
-            raise ValueError("inputs must lie in [0, 1] without NaN (normalisation belongs inside the model)")
         was_training = self.model.training
         self.model.eval()
         try:
@@ -258,6 +252,13 @@ class AutoAttack:
     def clean_pass(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> CascadeState:
         """The clean predictions of images x (N,C,H,W) in [0,1] with labels y (N,), the model the attacks call and
         the reference's pre-checks: the state each `attack_stage` then advances."""
+        if x.dim() != 4 or y.shape != (x.shape[0],):
+            raise ValueError(f"expected x (N,C,H,W) and y (N,), got {tuple(x.shape)} and {tuple(y.shape)}")
+        if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():  # never truncated or cast silently
+            raise ValueError(f"labels y must be integer class indices, got dtype {y.dtype}")
+        x, y = x.detach().float().cpu(), y.detach().long().cpu()
+        if torch.isnan(x).any() or x.min() < 0 or x.max() > 1:
+            raise ValueError("inputs must lie in [0, 1] without NaN (normalisation belongs inside the model)")
         caught: list[str] = []
         clean_logits = self._logits(x, batch_size)
         outside = ((y < 0) | (y >= clean_logits.shape[1])).nonzero().flatten()
@@ -265,10 +266,7 @@ class AutoAttack:
             i = int(outside[0])
             raise ValueError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): y[{i}] = "
                              f"{int(y[i])}, {outside.numel()} label(s) outside")
-        self.attack_model, probe, self.capture_reason = attack_model(self.model, x, clean_logits, self.options,
-                                                                     self.device, self.spec.deterministic_model)
-        if self.capture_reason:
-            caught.append(f"capture='auto' attacked the model eager, not a trace: {self.capture_reason}")
+        probe = self._prepare(x, clean_logits, caught)
         caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
                                                   self.spec.deterministic_model))
         params = self._step_params(clean_logits.shape[1], caught)
@@ -287,6 +285,30 @@ class AutoAttack:
             # Per-image cost: each batch's evaluations are shared equally by the images of that batch.
             forward_rows=torch.full((len(x),), 1 + probe.forward_rows / max(len(x), 1), dtype=torch.float64),
             backward_rows=torch.full((len(x),), probe.backward_rows / max(len(x), 1), dtype=torch.float64),
+        )
+
+    def _prepare(self, x: torch.Tensor, clean_logits: torch.Tensor, caught: list[str]):
+        """Choose the model the attacks call (`capture`), probed on images x; returns the probe's EvalCounter."""
+        self.attack_model, probe, self.capture_reason = attack_model(self.model, x, clean_logits, self.options,
+                                                                     self.device, self.spec.deterministic_model)
+        if self.capture_reason:
+            caught.append(f"capture='auto' attacked the model eager, not a trace: {self.capture_reason}")
+        return probe
+
+    def entering_stage(self, x: torch.Tensor, y: torch.Tensor, clean_logits: torch.Tensor) -> CascadeState:
+        """The state of images x (labels y, clean logits) that enter a stage still robust, gathered from the clean
+        passes of other batches (the pooled schedule, rgb.runs.pooled): no clean pass again. The model the attacks
+        call is prepared once per instance (a resumed process's first chunk); that probe's few rows are not counted,
+        so a chunk's rows never depend on which process ran it."""
+        caught: list[str] = []
+        if self.attack_model is None:
+            self._prepare(x, clean_logits, caught)
+        robust = torch.ones(len(x), dtype=torch.bool)
+        return CascadeState(
+            x=x, y=y, clean_logits=clean_logits, params=self._step_params(clean_logits.shape[1], caught),
+            warnings=caught, y_adv=y.clone(), clean_correct=robust.clone(), robust=robust,
+            fooled_by=torch.full((len(x),), FooledBy.ROBUST), x_adv=x.clone(), accuracy_after={}, evaluations={},
+            forward_rows=torch.zeros(len(x), dtype=torch.float64), backward_rows=torch.zeros(len(x), dtype=torch.float64),
         )
 
     def attack_stage(self, stage: int, state: CascadeState, rows: torch.Tensor, batch_size: int) -> None:

@@ -23,6 +23,7 @@ from rgb.core.values import INT, NON_NEGATIVE_INT, POSITIVE_INT, Rule, optional,
 PRECISIONS = ("fp32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
 CAPTURES = ("auto", "eager", "trace")
+SCHEDULES = ("batch", "pooled")
 ALWAYS, WHEN_SET = "always", "when set"
 
 
@@ -50,6 +51,11 @@ class AttackOptions:
     tail_rows: int = _option(0, rule=NON_NEGATIVE_INT, identity=WHEN_SET, feeds="tail_rows")
     input_format: str = _option("auto", rule=_one_of(INPUT_FORMATS))
     capture: str = _option("auto", rule=_one_of(CAPTURES))
+    # How an attack run (rgb.runs) orders the cascade over its images: "batch" runs the whole cascade on one batch
+    # after another; "pooled" runs each stage over the survivors of all of a shard's batches, re-cut into full
+    # batches (rgb.runs.pooled). AutoAttack.run on one tensor is one pool either way. Other chunks draw other
+    # random starts (never a weaker attack), so it is part of a run's identity once set.
+    schedule: str = _option("batch", rule=_one_of(SCHEDULES), identity=WHEN_SET)
 
     def __post_init__(self):
         found = problems({name: getattr(self, name) for name in self.rules()}, self.rules())

@@ -107,6 +107,8 @@ class ReferenceImplementation:
             raise AttackRunError("impl=reference runs in fp32 only (precision=fp32)")
         if options.tail_rows:
             raise AttackRunError("impl=reference runs targets one after another (tail_rows=0)")
+        if options.schedule != "batch":
+            raise AttackRunError("impl=reference runs its cascade a batch at a time (schedule=batch)")
         if options.version not in ("standard", "plus", "rand"):
             raise AttackRunError(f"impl=reference has versions standard, plus, rand; got {options.version!r}")
         if options.off_protocol():

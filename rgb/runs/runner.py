@@ -15,22 +15,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader, Subset, default_collate
+from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from rgb.attacks.autoattack import FooledBy, within_budget
+from rgb.attacks.autoattack import FooledBy
 from rgb.attacks.options import ALWAYS, WHEN_SET
 from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
 from rgb.core.files import file_sha256
 from rgb.data.benchmark import ImageSplit
-from rgb.data.export import export_adversarial_split, quantise_within_budget
+from rgb.data.export import export_adversarial_split
 from rgb.data.fingerprint import split_sha256
 from rgb.models import (InMemoryModel, apply_speed_options, export_paths, family_of_record, library_versions,
                         load_with_meta, model_name)
 from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
+from rgb.runs.records import batch_record, load_images
+from rgb.runs.pooled import attack_pooled, images_left
 from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method
 from rgb.runs.request import AttackRequest, Budget
 from rgb.runs.store import RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir, standard_run
@@ -101,37 +103,6 @@ class Target:
         return len(self.split) if request.max_images is None else min(request.max_images, len(self.split))
 
 
-def batch_record(result, x, y, image_id, budget: Budget, seconds: float, keep_images: bool) -> dict:
-    """Tensors of one finished batch (checked against the budget and the cascade rule before they are kept)."""
-    threat = budget.threat
-    robust = result.robust.bool()
-    if not torch.equal(result.y_adv == y, robust) or bool((robust & ~result.clean_correct).any()):
-        raise AttackRunError("AutoAttack result is inconsistent: robust != (prediction on x_adv is correct)")
-    if not bool(within_budget(result.x_adv - x, threat.norm.value, threat.eps).all()):
-        raise AttackRunError(f"AutoAttack returned an image outside {threat}")
-    record = {
-        "image_id": image_id.long(), "label": y.long(),
-        # Clean-wrong points are never attacked (x_adv = x), so their prediction on x_adv is the clean one.
-        "clean_pred": torch.where(result.clean_correct, y, result.y_adv).long(), "adv_pred": result.y_adv.long(),
-        "clean_correct": result.clean_correct.bool(), "robust": robust, "fooled_by": result.fooled_by.long(),
-        "perturbation_norm": result.perturbation_norm.float(),
-        # Model evaluations (rows) spent per image: a batch's cost shared by the images it was spent on.
-        "forward_rows": torch.as_tensor(result.forward_rows).double(),
-        "backward_rows": torch.as_tensor(result.backward_rows).double(),
-        "seconds": torch.tensor([seconds], dtype=torch.float64),
-        "attacks": torch.tensor(list(json.dumps(list(result.attacks)).encode()), dtype=torch.uint8),
-        "warnings": torch.tensor(list(json.dumps(list(result.warnings)).encode()), dtype=torch.uint8),
-    }
-    for name in ("forward_rows", "backward_rows"):
-        if record[name].shape != y.shape:
-            shape = tuple(record[name].shape)
-            raise AttackRunError(f"AutoAttackResult.{name} must hold one value per image, got shape {shape}")
-    if keep_images:
-        record["adversarial"] = quantise_within_budget(x, result.x_adv, threat.norm.key, threat.eps)
-        record["modified"] = (record["adversarial"] != torch.round(x * 255).to(torch.uint8)).flatten(1).any(dim=1)
-    return record
-
-
 class Bars:
     """One progress bar per budget of this shard: images are counted as they leave a batch (fooled, misclassified
     or finished robust), so the bar and its ETA move within a batch; the postfix shows the robust share of the
@@ -182,8 +153,7 @@ class Bars:
 
 def load_batch(target: Target, request: AttackRequest, run: RunDirectory, start: int):
     """(x, y, image_id) of the batch at `start`."""
-    n = min(request.batch_size, run.identity["n_images"] - start)
-    return default_collate([target.split[i] for i in range(start, start + n)])
+    return load_images(target.split, range(start, min(start + request.batch_size, run.identity["n_images"])))
 
 
 def attack_batch(target: Target, request: AttackRequest, b: int, run: RunDirectory, index: int, count: int,
@@ -264,6 +234,12 @@ def _attack_tasks(rank: int, device: str, request: AttackRequest, tasks, bars, t
     take_tasks(target, request, list(run_directories(request, target).values()), tasks, device, bars, rank)
 
 
+def _attack_pooled(rank: int, device: str, request: AttackRequest, tasks, bars, target: Target | None) -> None:
+    """A pool worker's job under schedule=pooled: its share of the units (rgb.runs.pooled; the queue is unused)."""
+    target = target if target is not None else Target.open(request, device)
+    attack_pooled(target, request, list(run_directories(request, target).values()), device, bars, rank)
+
+
 def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirectory, shard_count: int
           ) -> RunSummary:
     """Concatenate every batch into results.parquet + summary.json; refuses (naming them) while any is missing."""
@@ -312,6 +288,7 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
             modified=torch.cat([r["modified"] for r in records]).tolist(),
         ))
     run.write_summary(summary)
+    run.clear_pooled()
     return summary
 
 
@@ -365,16 +342,26 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
             report(b)
 
         bars = Bars(request, ordered, index, count, done)
+        pooled = request.options.schedule == "pooled"
+        if pooled:  # a resumed pooled run's bars start after the images its saved units let go
+            for b, left in enumerate(images_left(target, request, ordered)):
+                bars.left(b, left)
         try:
             with logging_redirect_tqdm():  # a budget's lines while the other bars are drawn
                 on_cpu = request.device.startswith("cpu")
                 if pool and (workers > 1 or not on_cpu):
 
                     def own_share(queue, shared, check) -> None:  # on the CPU: worker 0, with the model it holds
-                        take_tasks(target, request, ordered, queue, request.device, shared, 0, check)
+                        if pooled:
+                            attack_pooled(target, request, ordered, request.device, shared, 0, check)
+                        else:
+                            take_tasks(target, request, ordered, queue, request.device, shared, 0, check)
 
-                    attack_in_workers(request, tasks, workers, bars, _attack_tasks, own_share if on_cpu else None,
+                    attack_in_workers(request, [] if pooled else tasks, workers, bars,
+                                      _attack_pooled if pooled else _attack_tasks, own_share if on_cpu else None,
                                       target if on_cpu else None)
+                elif pooled:
+                    attack_pooled(target, request, ordered, request.device, bars)
                 else:
                     attack_shard(target, request, ordered, bars)
         finally:

@@ -4,7 +4,8 @@ the names that attack and evaluation outputs get from the train run they score (
 One threat model's directory holds `run.json` (the identity of what its results depend on), per-batch tensor
 files of every shard (`shard-<i>-of-<n>/batch-<start>.pt`, atomic; `locks/batch-<start>.lock` held by the process
 attacking that batch, so several processes may share one shard), and after merging `results.parquet` plus
-`summary.json`. Evaluation reads results only through `read_run`, which checks what it reads.
+`summary.json`. A pooled run (rgb.runs.pooled) keeps its units until the merge in `pooled-<i>-of-<n>/`: `plan.json`,
+`stage-0/batch-<start>.pt` (clean passes) and `stage-<k>/chunk-<j>.pt` (stage k's chunks of survivors). Evaluation reads results only through `read_run`, which checks what it reads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import glob
 import hashlib
 import io
 import json
+import shutil
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -34,7 +36,8 @@ class AttackRunError(UserError, RuntimeError):
     """A one-line problem with an attack run: bad settings, a directory made for another run, missing shards."""
 
 
-LOCK_DIR = "locks"  # one flock file per batch: which process is attacking it
+LOCK_DIR = "locks"  # one flock file per batch (or pooled unit): which process is attacking it
+POOLED_PLAN = "plan.json"  # the batches a shard's pooled run pools (rgb.runs.pooled)
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.json"
 COST_ESTIMATE_FILE = "cost_estimate.json"  # attack.py dry_run=true: beside the run's budget dirs
@@ -257,6 +260,14 @@ def _identity_in(record) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def describe_ids(image_ids: torch.Tensor) -> str:
+    """Image ids in words: a range where they are one, else the first few."""
+    ids = image_ids.tolist()
+    if ids and ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}..{ids[-1]}"
+    return ", ".join(map(str, ids[:5])) + (f" ... ({len(ids)} images)" if len(ids) > 5 else "")
+
+
 class RunDirectory:
     """One threat model's run directory: manifest, per-batch result files of every shard, merged results."""
 
@@ -277,8 +288,9 @@ class RunDirectory:
         self.manifest.claim(self.identity, self.holds_results(), write=create)
 
     def holds_results(self) -> bool:
-        """A finished batch or a merged result: what a manifest protects (without them it only records a start)."""
-        return bool(self.batch_files()) or any((self.directory / f).exists() for f in (RESULTS_FILE, SUMMARY_FILE))
+        """A finished batch or pooled unit, or a merged result: what a manifest protects (without them it only records a start)."""
+        return (bool(self.batch_files()) or any(self.directory.glob("pooled-*-of-*/stage-*/*.pt"))
+                or any((self.directory / f).exists() for f in (RESULTS_FILE, SUMMARY_FILE)))
 
     def shard_starts(self, index: int, count: int) -> list[int]:
         """Contiguous batches of shard `index` of `count` (whole batches, so sharding never changes a batch)."""
@@ -310,37 +322,92 @@ class RunDirectory:
         """The lock of the batch at `start` (a handle to close), so two processes on one run never attack the same
         batch: None while another process holds it (unless `wait`). Temp files of that batch left by a killed
         process are removed once the lock is held (a live writer's are never touched)."""
+        return self._claim(f"batch-{start:06d}", f"shard-*-of-*/batch-{start:06d}.pt.tmp.*", wait)
+
+    def _claim(self, name: str, temp_files: str, wait: bool):
         locks = self.directory / LOCK_DIR
         locks.mkdir(parents=True, exist_ok=True)
         try:
-            handle = flock(locks / f"batch-{start:06d}.lock", wait=wait)
+            handle = flock(locks / f"{name}.lock", wait=wait)
         except OSError as err:
             raise AttackRunError(f"cannot lock batches in {locks} ({err.strerror}): this filesystem has no flock; "
                                  f"run one attack process per shard") from err
         if handle is not None:
-            for stale in self.directory.glob(f"shard-*-of-*/batch-{start:06d}.pt.tmp.*"):
+            for stale in self.directory.glob(temp_files):
                 stale.unlink(missing_ok=True)
         return handle
 
     def save(self, index: int, count: int, start: int, record: dict[str, torch.Tensor]) -> None:
-        shard_dir = self.shard_dir(index, count)
-        shard_dir.mkdir(parents=True, exist_ok=True)
+        self._save(self.shard_dir(index, count) / f"batch-{start:06d}.pt", record)
+
+    def _save(self, path: Path, record: dict[str, torch.Tensor]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         torch.save({**record, "identity": torch.tensor(list(self.key), dtype=torch.uint8)}, buffer)
-        atomic_write_bytes(shard_dir / f"batch-{start:06d}.pt", buffer.getvalue())
+        atomic_write_bytes(path, buffer.getvalue())
 
     def load(self, path: Path, start: int) -> dict[str, torch.Tensor]:
+        n = min(self.identity["batch_size"], self.identity["n_images"] - start)
+        return self._load(path, torch.arange(start, start + n))
+
+    def _load(self, path: Path, image_ids: torch.Tensor, mmap: bool = False) -> dict[str, torch.Tensor]:
+        """A batch or unit file, checked: written under this identity, for images `image_ids`."""
         try:
-            record = torch.load(path, map_location="cpu", weights_only=True)
+            record = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except Exception as err:  # truncated or foreign file: name it, never guess
             raise AttackRunError(f"unreadable batch file {path}: {type(err).__name__}: {err}; delete it to "
                                  f"recompute that batch") from err
         if not isinstance(record, dict) or bytes(record.get("identity", torch.empty(0)).tolist()) != self.key:
             raise AttackRunError(f"{path} was written by another run than {self.directory / MANIFEST} describes")
-        n = min(self.identity["batch_size"], self.identity["n_images"] - start)
-        if not torch.equal(record["image_id"], torch.arange(start, start + n)):
-            raise AttackRunError(f"{path} does not hold images {start}..{start + n - 1}")
+        if not torch.equal(record["image_id"], image_ids):
+            raise AttackRunError(f"{path} does not hold images {describe_ids(image_ids)}")
         return record
+
+    # -- the pooled schedule's units (rgb.runs.pooled) ---------------------------------------------------
+    def pooled_dir(self, index: int, count: int) -> Path:
+        return self.directory / f"pooled-{index}-of-{count}"
+
+    def pooled_plan(self, index: int, count: int, unfinished: list[int]) -> list[int]:
+        """The batch starts whose images a pooled run of shard `index` of `count` pools: the shard's batches left
+        unfinished when its first pooled run began, kept in `plan.json`, so every resumed run cuts the same chunks."""
+        path = self.pooled_dir(index, count) / POOLED_PLAN
+        if not path.is_file():
+            if not unfinished:
+                return []
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {"starts": list(unfinished)})
+        try:
+            starts = json.loads(path.read_text())["starts"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise AttackRunError(f"unreadable {path} ({err}): delete {path.parent} to restart its pooled "
+                                 f"stages") from err
+        if not isinstance(starts, list) or not set(starts) <= set(self.shard_starts(index, count)):
+            raise AttackRunError(f"{path} names batches outside shard {index} of {count}: delete {path.parent}")
+        return starts
+
+    def unit_path(self, index: int, count: int, stage: int, unit: int) -> Path:
+        """Stage 0 (the clean pass) is saved per batch (`unit` its start), every later stage per chunk."""
+        name = f"batch-{unit:06d}.pt" if stage == 0 else f"chunk-{unit:06d}.pt"
+        return self.pooled_dir(index, count) / f"stage-{stage}" / name
+
+    def claim_unit(self, index: int, count: int, stage: int, unit: int):
+        """The lock of one pooled unit (as `claim_batch`): None while another process holds it."""
+        path = self.unit_path(index, count, stage, unit)
+        return self._claim(f"pooled-{index}-of-{count}-stage-{stage}-{unit:06d}",
+                           str(path.relative_to(self.directory)) + ".tmp.*", wait=False)
+
+    def save_unit(self, index: int, count: int, stage: int, unit: int, record: dict[str, torch.Tensor]) -> None:
+        self._save(self.unit_path(index, count, stage, unit), record)
+
+    def load_unit(self, index: int, count: int, stage: int, unit: int, image_ids: torch.Tensor
+                  ) -> dict[str, torch.Tensor]:
+        """A saved unit, memory-mapped (its adversarial images are read only where used)."""
+        return self._load(self.unit_path(index, count, stage, unit), image_ids, mmap=True)
+
+    def clear_pooled(self) -> None:
+        """Remove the pooled units once the batches they made are merged."""
+        for directory in self.directory.glob("pooled-*-of-*"):
+            shutil.rmtree(directory)
 
     def load_all(self, shard_count: int) -> list[dict[str, torch.Tensor]]:
         """Every batch in image order; refuses (naming the missing shards) while any is missing."""

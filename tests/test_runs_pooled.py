@@ -1,0 +1,131 @@
+"""schedule=pooled (rgb.runs.pooled) through attack.py: each attack runs over the survivors of all batches re-cut into
+full chunks; a run resumes per unit without redoing one, workers share the units, and what it writes are the batch
+schedule's files.
+
+The cascade here (APGD-CE and APGD-T at one step, Square, at 4/255) leaves the later stages something to fool and
+runs in seconds on the conftest's small ViT."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers import compose_config, head_of_test_split
+from rgb.commands.attack import attack_from_config
+from rgb.runs.pooled import PooledShard
+from rgb.runs.store import MANIFEST, AttackRunError
+
+N_IMAGES, BATCH = 24, 6
+CASCADE = ["attacks=[apgd-ce,apgd-t,square]", "steps=1", "queries=500", f"data.budgets.linf={4 / 255}"]
+
+
+@pytest.fixture(scope="module")
+def small_bench(mini_dir, tmp_path_factory):
+    return head_of_test_split(mini_dir, tmp_path_factory.getbasetemp() / f"head{N_IMAGES}", N_IMAGES)
+
+
+def attack(run: Path, bench: Path, out: Path, *extra: str, threads: int = 1) -> dict:
+    config = compose_config("attack", f"run={run}", f"paths.mini_dir={bench}", f"output_dir={out}", "norms=[linf]",
+                            f"batch_size={BATCH}", "progress=false", "shard.devices=1", *CASCADE, *extra)
+    return {name: summary.to_json() for name, summary in attack_from_config(config, threads=threads).items()}
+
+
+def results(out: Path) -> pd.DataFrame:
+    return pd.read_parquet(out / "linf" / "results.parquet")
+
+
+@pytest.fixture(scope="module")
+def pooled(surrogate, small_bench, tmp_path_factory):
+    """One uninterrupted pooled run in one process: what resumed and multi-worker pooled runs must reproduce."""
+    out = tmp_path_factory.mktemp("pooled")
+    return out, attack(surrogate, small_bench, out, "schedule=pooled")["linf"]
+
+
+def test_with_one_batch_the_pooled_schedule_is_the_batch_schedule_and_records_itself(surrogate, small_bench, tmp_path):
+    """One batch holds every image: the same chunks, the same draws, the same results bit for bit; only the
+    identity and summary say which schedule ran (the batch schedule's keep their earlier bytes)."""
+    runs = {}
+    for schedule in ("batch", "pooled"):
+        out = tmp_path / schedule
+        runs[schedule] = out, attack(surrogate, small_bench, out, f"schedule={schedule}", f"batch_size={N_IMAGES}")
+    pd.testing.assert_frame_equal(results(runs["pooled"][0]), results(runs["batch"][0]))
+    batch, pooled = runs["batch"][1]["linf"], runs["pooled"][1]["linf"]
+    assert pooled["schedule"] == "pooled" and "schedule" not in batch and pooled["standard"] == batch["standard"]
+    assert pooled["accuracy_after"] == batch["accuracy_after"] and pooled["results_sha256"] == batch["results_sha256"]
+    assert json.loads((runs["pooled"][0] / "linf" / MANIFEST).read_text())["schedule"] == "pooled"
+    assert "schedule" not in json.loads((runs["batch"][0] / "linf" / MANIFEST).read_text())
+
+
+def test_each_stage_attacks_its_survivors_in_full_chunks_and_the_batch_files_stay(surrogate, small_bench, pooled,
+                                                                                    monkeypatch, tmp_path):
+    chunks = []
+    original = PooledShard.chunk
+
+    def chunk(self, stage, unit):
+        survivors = [int(i) for part in self.chunks(stage) for i in part]
+        chunks.append((stage, [int(i) for i in self.chunks(stage)[unit]], survivors))
+        return original(self, stage, unit)
+
+    monkeypatch.setattr(PooledShard, "chunk", chunk)
+    out = tmp_path / "pooled"
+    summary = attack(surrogate, small_bench, out, "schedule=pooled")["linf"]
+    table = results(out)
+    for stage, ids, survivors in chunks:
+        alive = table["clean_correct"] & ((table["fooled_by"] == -1) | (table["fooled_by"] >= stage))
+        assert survivors == table["image_id"][alive].tolist()  # every survivor of the stages before, in image order
+        position = survivors.index(ids[0])
+        assert position % BATCH == 0 and ids == survivors[position : position + BATCH]  # full but for the last
+    assert {stage for stage, *_ in chunks} == {1, 2, 3}
+    assert len([c for c in chunks if c[0] == 1]) == -(-int(table["clean_correct"].sum()) // BATCH)
+    assert sorted(p.name for p in (out / "linf").glob("shard-0-of-1/*")) == [f"batch-{s:06d}.pt"
+                                                                             for s in range(0, N_IMAGES, BATCH)]
+    assert not list((out / "linf").glob("pooled-*"))  # the units go once their batches are merged
+    pd.testing.assert_frame_equal(table, results(pooled[0]))
+    assert summary["n_robust"] == pooled[1]["n_robust"] and 0 < summary["n_robust"] < summary["n_clean_correct"]
+
+
+def test_an_interrupted_pooled_run_resumes_without_redoing_a_unit(surrogate, small_bench, pooled, monkeypatch,
+                                                                  tmp_path):
+    """A failure in the second chunk of stage 1: the clean passes and the first chunk are saved and never redone, no
+    batch file is written before the last stage, and the resumed run equals the uninterrupted one."""
+    done = []
+    original_chunk, original_clean = PooledShard.chunk, PooledShard.clean_pass
+
+    def failing_chunk(self, stage, unit):
+        if done:
+            raise RuntimeError("killed")
+        done.append((stage, unit))
+        return original_chunk(self, stage, unit)
+
+    monkeypatch.setattr(PooledShard, "chunk", failing_chunk)
+    out = tmp_path / "resumed"
+    with pytest.raises(RuntimeError, match="killed"):
+        attack(surrogate, small_bench, out, "schedule=pooled")
+    saved = sorted(str(p.relative_to(out / "linf")) for p in (out / "linf").glob("pooled-0-of-1/stage-*/*.pt"))
+    assert saved == [f"pooled-0-of-1/stage-0/batch-{s:06d}.pt" for s in range(0, N_IMAGES, BATCH)] + [
+        "pooled-0-of-1/stage-1/chunk-000000.pt"]
+    assert not list((out / "linf").glob("shard-*/batch-*.pt"))
+    with pytest.raises(AttackRunError, match="was made for another run: .*schedule"):  # its units are kept from a
+        attack(surrogate, small_bench, out)                                              # run of the batch schedule
+
+    redone = []
+    monkeypatch.setattr(PooledShard, "chunk", lambda self, *unit: redone.append(unit) or original_chunk(self, *unit))
+    monkeypatch.setattr(PooledShard, "clean_pass", lambda self, *unit: redone.append(unit) or original_clean(self, *unit))
+    attack(surrogate, small_bench, out, "schedule=pooled")
+    assert (1, 0) not in redone and not [unit for unit in redone if len(unit) == 1]
+    pd.testing.assert_frame_equal(results(out), results(pooled[0]))
+
+
+def test_two_pooled_workers_share_the_units_and_equal_one_process(surrogate, small_bench, pooled, tmp_path):
+    out = tmp_path / "workers"
+    attack(surrogate, small_bench, out, "schedule=pooled", "shard.devices=2", threads=2)
+    pd.testing.assert_frame_equal(results(out), results(pooled[0]))
+
+
+def test_two_pooled_shards_merge_and_each_pools_its_own_batches(surrogate, small_bench, tmp_path):
+    out = tmp_path / "shards"
+    for index in (0, 1):
+        attack(surrogate, small_bench, out, "schedule=pooled", f"shard.index={index}", "shard.count=2")
+    table = results(out)
+    assert table["image_id"].tolist() == list(range(N_IMAGES)) and not list((out / "linf").glob("pooled-*"))
