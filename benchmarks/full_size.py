@@ -3,6 +3,7 @@
     python benchmarks/full_size.py --out full_size.json            # Stanford Cars shape, vit_base + resnet50 (GPU)
     python benchmarks/full_size.py --quick --out quick.json        # UC Merced shape, resnet18, a few CPU minutes
     python benchmarks/full_size.py --attack-workers 1 2 --out f.json  # also attack with 2 workers on one GPU
+    python benchmarks/full_size.py --schedule pooled --out f.json  # ours pools each attack's survivors
 
 It writes a card-shaped snapshot with the suite's own writer (rgb.data.snapshot: PNG in parquet, the card's split
 sizes, `common`, `random_linf_30` and every transfer split of the card's coverage for that dataset), from synthetic
@@ -247,10 +248,11 @@ def machine() -> dict:
 
 
 def rehearse(mode: str, out: Path, work: Path, impls: list[str], device: str, timeout: int,
-             models: list[str] | None = None, attack_workers: tuple[int, ...] = (1,)) -> dict:
+             models: list[str] | None = None, attack_workers: tuple[int, ...] = (1,), schedule: str = "batch") -> dict:
     plan = {**MODES[mode], "models": models or MODES[mode]["models"]}
     dataset, data = plan["dataset"], plan["data_config"]
-    report: dict = {"mode": mode, "protocol_departures": plan["not_protocol"], "machine": machine(),
+    report: dict = {"mode": mode, "protocol_departures": plan["not_protocol"], "schedule": schedule,
+                    "machine": machine(),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stages": []}
 
     def save() -> None:
@@ -292,7 +294,8 @@ def rehearse(mode: str, out: Path, work: Path, impls: list[str], device: str, ti
             attack = command(f"attack {model} {impl}" + (f" x{workers}" if workers > 1 else ""), [
                 "attack.py", f"run={run_dir}", *common, f"impl={impl}", f"max_images={plan['attack_images']}",
                 f"output_dir={attack_dir}", f"batch_size={-(-plan['attack_images'] // workers)}",
-                *([f"shard.devices={workers}"] if workers > 1 else []), *plan["attack"]], log, timeout)
+                *([f"shard.devices={workers}"] if workers > 1 else []),
+                *([f"schedule={schedule}"] if impl == "ours" else []), *plan["attack"]], log, timeout)
             attack["norms"] = attack_rows(attack_dir)
             attack["images_per_s"] = round(plan["attack_images"] * max(1, len(attack["norms"]))
                                            / attack["wall_seconds"], 2)
@@ -331,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--attack-workers", nargs="+", type=int, default=[1],
                         help="also attack with N workers sharing the device (shard.devices=N), N > 1")
+    parser.add_argument("--schedule", default="batch", choices=["batch", "pooled"],
+                        help="ours: batch by batch, or each attack over the survivors of all batches (pooled)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per command")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--run"]:  # one stage: a user command in this process (see `command`)
@@ -344,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         report = rehearse("quick" if args.quick else "full", args.out, work, impls, device, args.timeout,
-                          args.models, tuple(args.attack_workers))
+                          args.models, tuple(args.attack_workers), args.schedule)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

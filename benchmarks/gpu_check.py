@@ -43,7 +43,12 @@ GPU_PLAN = {
     # the same model and images, and by ours again with 2 workers sharing the GPU (shard.devices=2), evaluated
     # white- and black-box. Its JSON is saved after each stage, so a stage cut by the limit still leaves the ones
     # before it.
-    "full_size": {"args": ["--models", "vit_base_patch16_224", "--attack-workers", "1", "2"], "limit": 300},
+    "full_size": {"args": ["--models", "vit_base_patch16_224", "--attack-workers", "1", "2", "--schedule", "pooled"],
+                  "limit": 300},
+    # The pooled schedule against the batch schedule on one worker (benchmarks/pooled_schedule.py): the tiny ViT
+    # of reference_speed.py (trained here first, about a minute), whose few robust points leave tail batches of
+    # one or two images, where a GPU call costs its launch.
+    "pooled_schedule": {"args": ["--models", "vit-pgd_at", "--n", "64", "--batch-sizes", "8"], "limit": 90},
 }
 CPU_PLAN = {
     "train": {"model": "test_vit", "image_size": 32, "batch_size": 8, "steps": 2, "warmup": 1,
@@ -57,6 +62,7 @@ CPU_PLAN = {
     "limits": {"tests": 300, "train": 300},
     # The rehearsal takes minutes even in its quick mode: tests/test_full_size.py runs that (slow mark).
     "full_size": None,
+    "pooled_schedule": None,  # tests/test_runs_pooled.py covers the schedule; its benchmark takes minutes on a CPU
 }
 
 
@@ -157,20 +163,31 @@ class Checker:
             self.report["autoattack"] = results
             self.save()
 
-    def full_size(self) -> None:
-        plan = self.plan["full_size"]
+    def script(self, part: str, title: str, script: str, args: list[str], skipped: str, work: Path | None = None
+               ) -> None:
+        """A benchmark script that writes its own JSON (`part` of the plan; None skips it, saying why), folded into
+        the report; `work` (its scratch) is removed afterwards."""
+        plan = self.plan[part]
         if plan is None:
-            self.report["full_size"] = {"skipped": "the --cpu plan leaves the rehearsal to tests/test_full_size.py"}
+            self.report[part] = {"skipped": skipped}
             return
-        out = self.out_dir / "full_size.json"
-        reference = ["--reference"] if importlib.util.find_spec("pyautoattack") else []
-        outcome = self.run("full-size rehearsal", [sys.executable, "benchmarks/full_size.py", "--out", str(out),
-                                                   "--work", str(self.out_dir / "full_size_work"), *plan["args"],
-                                                   *reference], plan["limit"])
+        out = self.out_dir / f"{part}.json"
+        outcome = self.run(title, [sys.executable, script, "--out", str(out), *args, *plan["args"]], plan["limit"])
         if out.is_file():
             outcome["result"] = json.loads(out.read_text())
-        shutil.rmtree(self.out_dir / "full_size_work", ignore_errors=True)  # gigabytes of PNG
-        self.report["full_size"] = outcome
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+        self.report[part] = outcome
+
+    def full_size(self) -> None:
+        work = self.out_dir / "full_size_work"  # gigabytes of PNG, removed after the rehearsal
+        reference = ["--reference"] if importlib.util.find_spec("pyautoattack") else []
+        self.script("full_size", "full-size rehearsal", "benchmarks/full_size.py", ["--work", str(work), *reference],
+                    "the --cpu plan leaves the rehearsal to tests/test_full_size.py", work)
+
+    def pooled_schedule(self) -> None:
+        self.script("pooled_schedule", "pooled schedule", "benchmarks/pooled_schedule.py", ["--device", "cuda"],
+                    "the --cpu plan leaves the schedule to its tests")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,15 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     checker.report["environment"] = environment()
     checker.save()
     began = time.perf_counter()
-    for part in (checker.tests, checker.train, checker.attack, checker.full_size):
+    for part in (checker.tests, checker.train, checker.attack, checker.full_size, checker.pooled_schedule):
         part()
         checker.save()
     checker.report["total_seconds"] = round(time.perf_counter() - began, 1)
     checker.save()
     failed = [r for r in [checker.report["gpu_tests"], *checker.report["train_throughput"],
                           *checker.report["autoattack"]] if r["returncode"] != 0]
-    if "returncode" in checker.report["full_size"] and checker.report["full_size"]["returncode"] != 0:
-        failed.append(checker.report["full_size"])
+    for part in ("full_size", "pooled_schedule"):
+        if checker.report[part].get("returncode", 0) != 0:
+            failed.append(checker.report[part])
     print(f"gpu_check: wrote {args.out_dir / 'gpu_check.json'} ({len(failed)} part(s) failed, "
           f"{checker.report['total_seconds']}s)")
     return 1 if failed else 0

@@ -20,8 +20,8 @@ what attack.py does): ours by default, as each runs for its users; `both` gives 
 --whole-machine instead runs each implementation as its users do on every core, one after the other beside the
 same --busy loops: ours through `rgb.benchmark` on a mini benchmark built here (one forked single-threaded worker
 per core, the model traced as on any CPU run: capture="auto"), the reference with torch's default threads, both
-with --batch-size (default: n / cores, a batch per worker); flags and rows (ours: its own count) are compared as
-above.
+with --batch-size (default: n / cores, a batch per worker), ours with --schedule (batch, or pooled: each attack over
+the survivors of all batches, as the reference does); flags and rows (ours: its own count) are compared as above.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def child(args) -> None:
 
 
 def ours_as_users_run_it(net: nn.Module, x, y, norm: str, eps: float, seed: int, batch_size: int, mini: Path,
-                         workdir: Path) -> dict:
+                         workdir: Path, schedule: str = "batch") -> dict:
     """Our attack as `rgb.benchmark` runs it on the CPU (one forked single-threaded worker per core, like attack.py)
     on the first len(x) images of the mini test split, which must be `x`; the robust flags and rows from its run.
     The allocator is the caller's (`--kept-memory`: kept by default, as attack.py keeps it; rgb.benchmark
@@ -295,7 +295,7 @@ def ours_as_users_run_it(net: nn.Module, x, y, norm: str, eps: float, seed: int,
         sys.exit("reference_speed: the mini test split's first images are not the benchmark's")
     started = _clocks()
     rgb.benchmark(net, "mini", source=str(mini), settings=(norm,), name="model", output_dir=workdir, seed=seed,
-                  batch_size=batch_size, n_examples=len(x), budgets={norm: eps}, progress=False)
+                  batch_size=batch_size, n_examples=len(x), budgets={norm: eps}, progress=False, schedule=schedule)
     ended = _clocks()
     results = pq.read_table(next(workdir.glob(f"attack/*/model/first-{len(x)}/{norm}/results.parquet"))).to_pydict()
     order = torch.tensor(results["image_id"]).argsort()
@@ -316,7 +316,7 @@ def whole_machine_child(args) -> None:
     eps = args.eps if args.eps is not None else scale_budget(args.norm, WHITE_BOX_BUDGETS[args.norm], x[0].numel())
     if args.impl == "ours":
         outcome = ours_as_users_run_it(net, x, y, args.norm, eps, args.seed, args.batch_size, Path(args.mini),
-                                       Path(args.child_out).parent / "ours")
+                                       Path(args.child_out).parent / "ours", args.schedule)
         robust = outcome.pop("robust")
     else:
         counted = CallLog(net)
@@ -340,8 +340,8 @@ def whole_machine(args, name: str, weights: Path, norm: str, workdir: Path) -> d
     for impl in IMPLEMENTATIONS:
         command = [sys.executable, __file__, "--child", impl, "--whole-machine", "--model", name, "--weights",
                    str(weights), "--norm", norm, "--kept-memory", args.kept_memory, "--n", str(args.n), "--seed",
-                   str(args.seed), "--version", args.version, "--batch-size", str(args.batch_size), "--mini",
-                   str(args.mini), "--child-out", str(workdir / f"{impl}.json"), "--out", "-"]
+                   str(args.seed), "--version", args.version, "--batch-size", str(args.batch_size), "--schedule",
+                   args.schedule, "--mini", str(args.mini), "--child-out", str(workdir / f"{impl}.json"), "--out", "-"]
         if norm in args.budgets:
             command += ["--eps", str(args.budgets[norm])]
         if subprocess.run(command).returncode != 0:
@@ -418,6 +418,8 @@ def main(argv=None) -> None:
                              "its defaults on every core (rgb.benchmark's forked workers; torch's threads)")
     parser.add_argument("--batch-size", type=int, help="--whole-machine: both sides' batch (default: n / cores, "
                                                        "so that every worker of ours has a batch)")
+    parser.add_argument("--schedule", default="batch", choices=["batch", "pooled"],
+                        help="--whole-machine: ours batch by batch, or each attack over all survivors (AttackOptions)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--mini", help=argparse.SUPPRESS)
     parser.add_argument("--eps", type=float, help=argparse.SUPPRESS)
@@ -468,6 +470,7 @@ def main(argv=None) -> None:
                 "versions": {"torch": torch.__version__, "pyautoattack": metadata.version("pyautoattack")},
                 "targets": {"robust_speedup": TARGET_ROBUST_SPEEDUP, "plain_speedup": TARGET_PLAIN_SPEEDUP},
                 "version": args.version, "tail_rows": args.tail_rows, "kept_memory": args.kept_memory,
+                "schedule": args.schedule,
                 "whole_machine": args.whole_machine, "batch_size": args.batch_size if args.whole_machine else args.n,
                 "records": records,
             })

@@ -15,10 +15,11 @@ REPO = Path(__file__).resolve().parents[1]
 def test_full_size_quick_rehearsal_finishes_every_stage(tmp_path):
     out = tmp_path / "quick.json"
     done = subprocess.run([sys.executable, "benchmarks/full_size.py", "--quick", "--out", str(out),
-                           "--work", str(tmp_path / "work"), "--attack-workers", "1", "2"], cwd=REPO, capture_output=True, text=True, timeout=1800)
+                           "--work", str(tmp_path / "work"), "--attack-workers", "1", "2", "--schedule", "pooled"],
+                          cwd=REPO, capture_output=True, text=True, timeout=1800)
     report = json.loads(out.read_text())
     assert done.returncode == 0 and report["finished"], report.get("commands_log_tail") or done.stderr[-3000:]
-    assert report["mode"] == "quick" and "load average" in report["machine"]["uptime"] and report["protocol_departures"]
+    assert report["mode"] == "quick" and report["schedule"] == "pooled" and "load average" in report["machine"]["uptime"] and report["protocol_departures"]
     snapshot = report["snapshot"]
     assert (snapshot["classes"], snapshot["image_size"]) == (21, 224)
     assert snapshot["splits"] == {"train": 1428, "validation": 252, "test": 420}

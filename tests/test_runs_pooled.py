@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from helpers import compose_config, head_of_test_split
@@ -43,13 +44,17 @@ def pooled(surrogate, small_bench, tmp_path_factory):
 
 
 def test_with_one_batch_the_pooled_schedule_is_the_batch_schedule_and_records_itself(surrogate, small_bench, tmp_path):
-    """One batch holds every image: the same chunks, the same draws, the same results bit for bit; only the
-    identity and summary say which schedule ran (the batch schedule's keep their earlier bytes)."""
+    """One batch holds every image: the same chunks, the same draws, the same results and exported adversarial
+    images bit for bit; only the identity and summary say which schedule ran (the batch schedule's keep their
+    earlier bytes)."""
     runs = {}
     for schedule in ("batch", "pooled"):
         out = tmp_path / schedule
-        runs[schedule] = out, attack(surrogate, small_bench, out, f"schedule={schedule}", f"batch_size={N_IMAGES}")
+        runs[schedule] = out, attack(surrogate, small_bench, out, f"schedule={schedule}", f"batch_size={N_IMAGES}",
+                                     "export_adversarial=true")
     pd.testing.assert_frame_equal(results(runs["pooled"][0]), results(runs["batch"][0]))
+    exported = {s: pq.read_table(next(runs[s][0].glob("adversarial/**/*.parquet"))).to_pandas() for s in runs}
+    pd.testing.assert_frame_equal(exported["pooled"], exported["batch"])  # the adversarial images themselves
     batch, pooled = runs["batch"][1]["linf"], runs["pooled"][1]["linf"]
     assert pooled["schedule"] == "pooled" and "schedule" not in batch and pooled["standard"] == batch["standard"]
     assert pooled["accuracy_after"] == batch["accuracy_after"] and pooled["results_sha256"] == batch["results_sha256"]

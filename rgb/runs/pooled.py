@@ -63,7 +63,10 @@ class PooledShard:
     # -- what is left ------------------------------------------------------------------------------------
     def next_units(self) -> list[tuple[int, int]]:
         """(stage, unit) of the first stage with units unsaved (stage 0: batch starts, later: chunk numbers), or
-        once every stage is saved (FINISH, batch start) of the batches not finished; [] when all are."""
+        once every stage is saved (FINISH, batch start) of the batches not finished; [] when all are (then
+        the units may be gone: the run merges and removes them)."""
+        if all(self.run.finished(s) is not None for s in self.starts):
+            return []
         while self.folded < self.n_stages:
             stage = self.folded + 1
             missing = [u for u in self.units(stage) if not self.saved(stage, u)]

@@ -288,7 +288,6 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
             modified=torch.cat([r["modified"] for r in records]).tolist(),
         ))
     run.write_summary(summary)
-    run.clear_pooled()
     return summary
 
 
@@ -369,5 +368,7 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
     for b in range(len(request.budgets)):  # budgets done before this run started (resumed, merge_only)
         if b not in reported:
             report(b)
+    for name in summaries:  # merged: the pooled units are spent (kept until every worker has stopped)
+        runs[name].clear_pooled()
     return {b.name: summaries[b.name] for b in request.budgets if b.name in summaries}
 
