@@ -13,8 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import compose_config, head_of_test_split
+from rgb.attacks import AttackOptions, AutoAttack
 from rgb.commands.attack import attack_from_config
+from rgb.data import BenchmarkData
+from rgb.data.mini import DATASET
+from rgb.models import load_with_meta
 from rgb.runs.pooled import PooledShard
+from rgb.runs.records import load_images
 from rgb.runs.store import MANIFEST, AttackRunError
 
 N_IMAGES, BATCH = 24, 6
@@ -134,3 +139,17 @@ def test_two_pooled_shards_merge_and_each_pools_its_own_batches(surrogate, small
         attack(surrogate, small_bench, out, "schedule=pooled", f"shard.index={index}", "shard.count=2")
     table = results(out)
     assert table["image_id"].tolist() == list(range(N_IMAGES)) and not list((out / "linf").glob("pooled-*"))
+
+
+def test_a_pooled_shard_is_one_autoattack_run_over_its_images(surrogate, small_bench, pooled):
+    """What `AutoAttack.run` does on a tensor (each attack over all survivors, cut at batch_size) is what the pooled
+    runner does over a shard's batches: the same outcome image by image, so the agreement benchmarks of AutoAttack
+    against the reference (benchmarks/reference_agreement.py, which attacks a tensor) speak for this schedule."""
+    model, _ = load_with_meta(surrogate)
+    x, y, _ = load_images(BenchmarkData.for_dataset(DATASET, str(small_bench)).split("test"), range(N_IMAGES))
+    options = AttackOptions(attacks=("apgd-ce", "apgd-t", "square"), steps=1, queries=500)
+    result = AutoAttack(model, "linf", 4 / 255, options).run(x, y, batch_size=BATCH)
+    table = results(pooled[0])
+    assert table["fooled_by"].tolist() == result.fooled_by.tolist()
+    assert table["adv_pred"].tolist() == result.y_adv.tolist()
+    assert table["perturbation_norm"].tolist() == result.perturbation_norm.tolist()
