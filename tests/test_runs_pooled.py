@@ -6,13 +6,17 @@ The cascade here (APGD-CE and APGD-T at one step, Square, at 4/255) leaves the l
 runs in seconds on the conftest's small ViT."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import compose_config, head_of_test_split
+from helpers import REPO, compose_config, head_of_test_split
 from rgb.attacks import AttackOptions, AutoAttack
 from rgb.commands.attack import attack_from_config
 from rgb.data import BenchmarkData
@@ -153,3 +157,29 @@ def test_a_pooled_shard_is_one_autoattack_run_over_its_images(surrogate, small_b
     assert table["fooled_by"].tolist() == result.fooled_by.tolist()
     assert table["adv_pred"].tolist() == result.y_adv.tolist()
     assert table["perturbation_norm"].tolist() == result.perturbation_norm.tolist()
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_pooled_run_then_rerun_equals_an_uninterrupted_run(surrogate, small_bench, tmp_path):
+    """attack.py killed (-9, workers and all) once Square's first chunk is saved, while the rest of that stage runs;
+    the same command then finishes from the saved units to the uninterrupted run's results."""
+    slow_square = ["queries=5000", "schedule=pooled"]  # Square's chunks take seconds: a window to kill in
+    uninterrupted = tmp_path / "uninterrupted"
+    attack(surrogate, small_bench, uninterrupted, *slow_square)
+    out = tmp_path / "killed"
+    command = [sys.executable, str(REPO / "attack.py"), f"run={surrogate}", f"paths.mini_dir={small_bench}",
+               f"output_dir={out}", "norms=[linf]", f"batch_size={BATCH}", "progress=false", *CASCADE, *slow_square]
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("linf/pooled-0-of-1/stage-3/chunk-*.pt")) and first.poll() is None:
+        if time.monotonic() > deadline:
+            first.kill()
+            pytest.fail("no chunk of the last stage was saved in 300 s")
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert list(out.glob("linf/pooled-0-of-1/stage-0/batch-*.pt")), "the run was not interrupted mid-way"
+    assert not list(out.glob("linf/shard-*/batch-*.pt")) and not (out / "linf" / "results.parquet").exists()
+    second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    pd.testing.assert_frame_equal(results(out), results(uninterrupted))
