@@ -96,8 +96,23 @@ def requeue_mid_work(process: subprocess.Popen, submitit: Path, task: int, start
     while squeue_state(job) != "PENDING":  # killed first (COMPLETING), then pending again
         assert time.monotonic() < deadline, f"{job} was never requeued"
         time.sleep(0.2)
+    while on_the_node(job):  # pending while the killed incarnation's step daemon still holds its spool dir: a
+        assert time.monotonic() < deadline, f"{job} never left the node"  # launch then fails and is held for good
+        time.sleep(0.2)
     scontrol("release", job)  # a requeued suspended job is held, with a begin time two minutes out
     scontrol("update", f"jobid={job}", "StartTime=now")
+
+
+def on_the_node(job: str) -> bool:
+    """Whether processes of `job` (an array task, `<array>_<task>`) still run on this (the one) node: its steps'
+    processes (`scontrol listpids` fails once there are none) or their step daemons (`slurmstepd: [<id>.<step>]`)."""
+    done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%A"], capture_output=True, text=True, timeout=60)
+    job_id = done.stdout.strip()
+    if not job_id:
+        return False
+    pids = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True, timeout=60)
+    daemons = subprocess.run(["pgrep", "-f", rf"slurmstepd: \[{job_id}\."], capture_output=True, timeout=60)
+    return pids.returncode == 0 or daemons.returncode == 0
 
 
 def squeue_state(job: str) -> str:

@@ -300,8 +300,10 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
     """Attack this node's shard of every budget (unless merge_only), then merge every budget whose batches are all
     there. Returns the merged summaries by budget name and logs one line per budget. With `request.processes`
     > 1 the batches go to that many workers (at most one per unfinished batch; a GPU each, or on the CPU their
-    share of the threads; forked where single-threaded on the CPU, else spawned). `model`: an in-memory model whose weights `request.run` holds (rgb.benchmark),
-    attacked in this process, and on the CPU also in workers forked with it (a spawned worker could not get it)."""
+    share of the threads; forked where single-threaded on the CPU, else spawned); under `schedule=pooled` they share
+    the units of rgb.runs.pooled (a batch's clean pass, a chunk of a stage's survivors) instead of whole batches.
+    `model`: an in-memory model whose weights `request.run` holds (rgb.benchmark), attacked in this process, and on
+    the CPU also in workers forked with it (a spawned worker could not get it)."""
     pool = (request.processes > 1 and not request.merge_only
             and (model is None or worker_start_method(request, request.processes) == "fork"))
     target = Target.open(request, "cpu" if pool else request.device, model)
