@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from rgb.core.files import atomic_write_json
 from rgb.models.api_cache import AnswerCache, CacheError
 from rgb.models.api_client import ApiError, RequestBudget, RequestStats, completion_record
 
@@ -59,12 +60,7 @@ class BatchState:
             self.path.unlink(missing_ok=True)
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        with open(temporary, "w") as handle:
-            json.dump({"pending": self.pending}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
+        atomic_write_json(self.path, {"pending": self.pending})
 
     def keys(self) -> set[str]:
         return {k for entry in self.pending for k in entry["keys"]}
@@ -153,10 +149,10 @@ class BatchRun:
         if batch.status == "failed":
             errors = batch.errors.data if batch.errors and batch.errors.data else []
             return [f"batch {batch.id} failed: " + "; ".join(f"{e.message} (line {e.line})" for e in errors[:3])]
-        problems = []
+        problems, keys = [], set(entry["keys"])
         for line in self.lines(batch.output_file_id) + self.lines(batch.error_file_id):
             key, response = line.get("custom_id"), line.get("response") or {}
-            if key not in entry["keys"] or key in self.cache:  # (cached by a run killed while it collected)
+            if key not in keys or key in self.cache:  # (cached by a run killed while it collected)
                 continue
             try:
                 record = completion_record(response["body"]) if response.get("status_code") == 200 else None
@@ -165,9 +161,10 @@ class BatchRun:
             if record is None:
                 problems.append(_line_problem(line))
                 continue
-            stats.requests += key in uses
-            stats.prompt_tokens += record["usage"]["prompt_tokens"]
-            stats.completion_tokens += record["usage"]["completion_tokens"]
+            if key in uses:  # a resumed batch may hold other splits' keys: their tokens are theirs (cached there)
+                stats.requests += 1
+                stats.prompt_tokens += record["usage"]["prompt_tokens"]
+                stats.completion_tokens += record["usage"]["completion_tokens"]
             if self.model._cut(record):  # not an answer: left unanswered, asked again by the next run
                 stats.truncated += uses[key]
                 continue
