@@ -139,10 +139,12 @@ def add_batch_routes(app: FastAPI, store: BatchStore, authorize, complete, error
             for ok, line in await asyncio.gather(*(one(r) for r in requests[start:start + step])):
                 (output if ok else failed).append(line)
                 counts["completed" if ok else "failed"] += 1
-        batch.update(status="finalizing", finalizing_at=int(time.time()))
+        cancelled = batch["status"] == "cancelling"  # even if its last lines were already in flight
+        if not cancelled:
+            batch.update(status="finalizing", finalizing_at=int(time.time()))
         batch.update(output_file_id=write(output, batch["id"], "output"),
                      error_file_id=write(failed, batch["id"], "error"))
-        ended = "cancelled" if len(output) + len(failed) < len(requests) else "completed"
+        ended = "cancelled" if cancelled else "completed"
         batch.update({"status": ended, f"{ended}_at": int(time.time())})
 
     async def guarded(batch: dict) -> None:
