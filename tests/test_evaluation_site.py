@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import replace
+from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -20,8 +21,11 @@ import numpy as np
 import pytest
 from helpers import card_protocol, datamodule, record, save_pool, white_box_settings, write_attack
 
+import rgb.evaluation.site as site_module
+from rgb.evaluation.leaderboard import build_leaderboard, find_records
 from rgb.evaluation.records import Accuracy, ProtocolScore
 from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate_pool
+from rgb.evaluation.site import SiteEntry, SiteError, page_names, write_site
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
@@ -123,9 +127,56 @@ def test_every_number_of_the_site_is_leaderboard_json(site, tiny_run):
     assert "No record of this pool is scored under black_box" in index
     scatter = index[index.index("Sum vs clean accuracy"):].split("</svg>")[0]  # complete entries only
     assert "<title>tiny-ce:" in scatter and not any(f"<title>{m}:" in scatter for m in ("half", "skim", "big-eps"))
-    model_page = (site / "site" / "models" / "tiny-ce.html").read_text()  # provenance of the model the pool trained
+    page = _model_pages(site / "site")["tiny-ce"]  # provenance of the model the pool trained
+    model_page = page.read_text()
     assert str(tiny_run.resolve()) in model_page and "Class-wise metrics" in model_page
-    assert "linf/summary.json" in model_page and (site / "site" / "models" / "tiny-ce" / "digits" / "scores.json").is_file()
+    assert "linf/summary.json" in model_page and (page.with_suffix("") / "digits" / "scores.json").is_file()
+
+
+def _model_pages(site_dir: Path) -> dict[str, Path]:
+    """Each model's page, as index.html links it from the model's name."""
+    links = {}
+
+    class Links(HTMLParser):
+        href = None
+
+        def handle_starttag(self, tag, attrs):
+            self.href = dict(attrs).get("href") if tag == "a" else None
+
+        def handle_data(self, data):
+            if self.href and self.href.startswith("models/"):
+                assert links.setdefault(data, self.href) == self.href, data
+            self.href = None
+
+    Links().feed((site_dir / "index.html").read_text())
+    return {model: site_dir / href for model, href in links.items()}
+
+
+def test_models_whose_names_differ_only_in_unsafe_characters_get_a_page_each(tmp_path):
+    # the audit's pool: `x 1`, `x+1` and `x_1` all linked to models/x_1.html, which showed one of them
+    values = {"x 1": 0.1, "x+1": 0.2, "x_1": 0.3}
+    records = [record(name, "digits", [value] * 5, protocol=card_protocol("digits", image_size=32))
+               for name, value in values.items()]
+    save_pool(records, tmp_path / "eval")
+    pool = find_records([tmp_path / "eval"])
+    board = build_leaderboard(pool, datasets=["digits"])
+    write_site([board], [SiteEntry(file, r) for file, r in pool.items()], tmp_path / "site")
+    pages = _model_pages(tmp_path / "site")
+    assert sorted(pages) == sorted(values) and len(set(pages.values())) == 3
+    for name, page in pages.items():
+        html = page.read_text()
+        assert f"<h1>{escape(name)}</h1>" in html and f"{values[name]:.4f}" in html, name
+        assert not any(f"{v:.4f}" in html for other, v in values.items() if other != name), name
+        copied = json.loads((page.with_suffix("") / "digits" / "scores.json").read_text())
+        assert copied["model"]["run_name"] == name
+    write_site([board], [SiteEntry(file, r) for file, r in pool.items()], tmp_path / "again")
+    assert sorted(p.name for p in _model_pages(tmp_path / "again").values()) == sorted(p.name for p in pages.values())
+
+
+def test_two_models_on_one_page_are_refused(monkeypatch):
+    monkeypatch.setattr(site_module, "distinct_name", lambda name: "same")
+    with pytest.raises(SiteError, match="models 'a' and 'b' would share the site page models/same.html"):
+        page_names(["b", "a"])
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 from helpers import compose_config, record, save_pool
@@ -43,7 +44,7 @@ def test_the_pool_leaderboard_as_a_table_and_an_artifact(tmp_path, offline, capl
     board = json.loads((out / "leaderboard.json").read_text())
     assert [row["model"] for row in board["rows"]] == ["trades", "ce"]
     for key in (b"leaderboard-white_box", b"leaderboard.json", b"leaderboard.csv", b"site/index.html",
-                b"site/models/trades.html", b"trades/borda"):
+                b"site/models/trades-", b"trades/borda"):
         assert key in logged, key
     # the table: W&B writes it as a JSON file of the run's media, columns and rows as leaderboard.csv's
     (table_file,) = (out / "wandb").rglob("leaderboard_*.table.json")
@@ -63,3 +64,14 @@ def test_an_evaluation_logs_its_scores_json_as_an_artifact(tmp_path, offline):
     logged = _logged(run_dir)
     for key in (b"scores-ce-d1", b"scores.json", b"train-id-123", b"/runs/ce"):
         assert key in logged, key
+
+
+def test_runs_whose_names_differ_only_in_unsafe_characters_log_distinct_artifacts(tmp_path, offline):
+    # `x 1` and `x_1` were both logged as the artifact scores-x_1-d1: two models' scores as versions of one
+    names = set()
+    for model in ("x 1", "x_1"):
+        scored = record(model, "d1", [0.9, 0.8, 0.0, 0.1, 0.0])
+        save_pool([scored], tmp_path / "eval")
+        run_dir = log_evaluation(scored, tmp_path / "eval" / "d1" / model, project="rgb-tests")
+        names |= set(re.findall(rb"scores-x_1-d1-[0-9a-f]{10}", _logged(run_dir)))
+    assert len(names) == 2, names

@@ -131,6 +131,14 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
 
 
+def distinct_name(*parts: str) -> str:
+    """A file or W&B artifact name for the record `parts` identify: their safe_names (readable) and a short hash
+    of the parts themselves, so that records safe_name alone would merge (`x 1`, `x+1`, `x_1`) stay apart; the
+    same name on every rebuild. The readable part is cut to keep the name within any file system's limit."""
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
+    return f"{'-'.join(map(safe_name, parts))[:80]}-{digest}"
+
+
 def stable_id(path: Path) -> str:
     """A run id from a directory (W&B runs): a requeued, resumed or repeated job continues the same run."""
     return hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]

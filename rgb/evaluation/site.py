@@ -19,7 +19,8 @@ from pathlib import Path
 
 import jinja2
 
-from rgb.core.files import atomic_write_bytes, safe_name
+from rgb.core.errors import UserError
+from rgb.core.files import atomic_write_bytes, distinct_name
 from rgb.evaluation.leaderboard import INCOMPLETE_HEADING, OTHER_PROTOCOL_HEADING, Leaderboard, LeaderboardRow
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, SCORES_FILE, ScoresRecord
 from rgb.runs.store import train_reference
@@ -33,6 +34,25 @@ SETTING_LABELS = {"test": "clean", **{setting: norm.value for setting, norm in A
 # What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
 REPORT_FOLDERS = {"zeroshot_report": "zero-shot report", "text_robustness": "text robustness"}
 MISSING = "—"
+
+
+class SiteError(UserError, ValueError):
+    """A site that cannot be written: two models whose pages would be one file."""
+
+
+def page_names(models) -> dict[str, str]:
+    """Each model's page and folder name under `models/`: its name made safe plus a hash of the name itself, so
+    that `x 1`, `x+1` and `x_1` get three pages (the same ones on every rebuild). Two models that would still
+    share a file (on a case-insensitive file system too) are refused, never shown on one page."""
+    pages: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    for model in sorted(set(models)):
+        page = distinct_name(model)
+        if page.casefold() in owners:
+            raise SiteError(f"models {owners[page.casefold()]!r} and {model!r} would share the site page "
+                            f"models/{page}.html: rename one of them")
+        owners[page.casefold()], pages[model] = model, page
+    return pages
 
 
 @dataclass(frozen=True)
@@ -173,13 +193,13 @@ def scatter_svg(points: Sequence[tuple[str, Cell, Cell]], x_label: str, y_label:
     return "".join(parts) + "</svg>"
 
 
-def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> dict:
+def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]], pages: dict[str, str]) -> dict:
     """What a board's templates show: its groups (as leaderboard.md groups them), each row's cells and plots."""
     settings = board.settings
 
     def row_view(index: int, row: LeaderboardRow) -> dict:
         columns = model_columns(entries[row.model]) if row.model in entries else {}
-        return {"row": row, "rank": row.rank or MISSING, "page": f"models/{safe_name(row.model)}.html",
+        return {"row": row, "rank": row.rank or MISSING, "page": f"models/{pages[row.model]}.html",
                 "columns": columns, "sum": sum_cell(board, index), "borda": borda_cell(board, index),
                 "cells": [(d, s, setting_cell(board, index, d, s)) for d in board.datasets for s in settings]}
 
@@ -227,10 +247,9 @@ def _copy(source: Path, target: Path) -> str | None:
     return target.relative_to(models).as_posix()
 
 
-def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderboard], out: Path) -> dict:
+def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderboard], folder: Path) -> dict:
     """A model's page: its columns, provenance, per dataset its settings (board numbers), class-wise metrics,
-    plots and files (copied into `models/<slug>/<dataset>/`)."""
-    folder = out / "models" / safe_name(name)
+    plots and files (copied into its `folder`, `models/<page>/<dataset>/`)."""
     datasets = []
     for entry in sorted(entries, key=lambda e: e.record.dataset):
         record = entry.record
@@ -293,7 +312,8 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
     for board in boards:
         atomic_write_bytes(out / "data" / f"leaderboard.{board.protocol}.json",
                            (json.dumps(board.to_json(), indent=2) + "\n").encode())
-    views = [board_view(board, by_model) for board in boards]
+    pages = page_names([*by_model, *(row.model for board in boards for row in board.rows)])
+    views = [board_view(board, by_model, pages) for board in boards]
     filters = {key: sorted({model_columns(e)[key] for e in by_model.values()}) for key in ("family", "loss", "strategy")}
     datasets = sorted({d for board in boards for d in board.datasets})
     settings = list(dict.fromkeys((s, setting_label(s)) for board in boards for s in board.settings))
@@ -303,10 +323,10 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
         label=setting_label).encode())
     (out / "models").mkdir(exist_ok=True)
     for name, model_entries in sorted(by_model.items()):
-        view = model_view(name, model_entries, boards, out)
-        atomic_write_bytes(out / "models" / f"{safe_name(name)}.html", env.get_template("model.html.j2").render(
+        view = model_view(name, model_entries, boards, out / "models" / pages[name])
+        atomic_write_bytes(out / "models" / f"{pages[name]}.html", env.get_template("model.html.j2").render(
             model=view, missing=MISSING, label=setting_label).encode())
     return index
 
 
-__all__ = ["SITE_DIR", "SiteEntry", "write_site"]
+__all__ = ["SITE_DIR", "SiteEntry", "SiteError", "page_names", "write_site"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import wandb
 
-from rgb.core.files import safe_name, stable_id
+from rgb.core.files import distinct_name, stable_id
 from rgb.evaluation.leaderboard import Leaderboard, table_rows
 from rgb.evaluation.records import ScoresRecord
 
@@ -43,7 +43,7 @@ def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: 
         for plot in record.plots:
             logged[f"plots/{Path(plot).stem}"] = wandb.Image(str(out_dir / plot))
         run.log(logged)
-        scores = wandb.Artifact(f"scores-{safe_name(record.model.run_name or '?')}-{safe_name(record.dataset)}",
+        scores = wandb.Artifact(f"scores-{distinct_name(record.model.run_name or '?', record.dataset)}",
                                 type="scores", metadata={"weights_sha256": record.model.weights_sha256,
                                                          "train": train, "partial": record.partial})
         scores.add_file(str(out_dir / record.file_name))
