@@ -9,7 +9,10 @@ other-protocol entry.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 import shutil
 from dataclasses import replace
 from html import escape
@@ -131,6 +134,33 @@ def test_every_number_of_the_site_is_leaderboard_json(site, tiny_run):
     model_page = page.read_text()
     assert str(tiny_run.resolve()) in model_page and "Class-wise metrics" in model_page
     assert "linf/summary.json" in model_page and (page.with_suffix("") / "digits" / "scores.json").is_file()
+
+
+def test_every_number_under_another_protocol_says_so(site):
+    # big-eps was attacked at L2 1 (card 0.2857): its numbers showed unmarked in the plots, on its page, under a
+    # "Sum (/5)" header and as the CSV/JSON `sum`
+    board = json.loads((site / "leaderboard.json").read_text())
+    index = next(i for i, row in enumerate(board["rows"]) if row["model"] == "big-eps")
+    assert board["rows"][index]["sum"]["score"] is None and board["rows"][index]["sum"]["status"] == "other protocol"
+    csv_row = next(r for r in csv.DictReader(io.StringIO((site / "leaderboard.csv").read_text()))
+                   if r["model"] == "big-eps")
+    assert csv_row["sum"] == "" and csv_row["status"] == "other protocol" and float(csv_row["partial_sum"]) == pytest.approx(2.5)
+    details = (site / "leaderboard.md").read_text().split("## Accuracy per setting")[1]
+    (line,) = [line for line in details.splitlines() if line.startswith("| big-eps |")]
+    assert line.count("(other protocol)") == 5
+    page = _model_pages(site / "site")["big-eps"]
+    for html in (site / "site" / "index.html", page):
+        parsed = _parse(html)
+        numbers = [(attrs, text) for attrs, text in parsed.cells
+                   if attrs.get("data-json", "").startswith(f"white_box:rows/{index}/")]
+        assert len(numbers) == (6 if html.name == "index.html" else 5), html.name  # 5 settings (+ the sum)
+        assert all(text.endswith("(other protocol)") for _, text in numbers), numbers
+        bars = re.findall(rf'data-json="white_box:rows/{index}/[^"]*"[^>]*><title>([^<]*)</title>', html.read_text())
+        assert len(bars) == 5 and all(title.endswith("(other protocol)") for title in bars), bars
+    index_html = (site / "site" / "index.html").read_text()
+    other_group = index_html.split("<h3>Under another protocol")[1].split("</table>")[0]
+    assert "<th>sum (not a Sum /5)</th>" in other_group and "Sum (/5)" not in other_group
+    assert "<h3>white_box: other protocol (digits: L2 1, card 0.2857)</h3>" in page.read_text()
 
 
 def _model_pages(site_dir: Path) -> dict[str, Path]:

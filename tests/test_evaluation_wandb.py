@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 
 import pytest
-from helpers import compose_config, record, save_pool
+from helpers import card_protocol, compose_config, record, save_pool
 
 from rgb.commands.evaluate import run_evaluation
-from rgb.evaluation.wandb_report import SKIPPED, log_evaluation
+from rgb.evaluation.leaderboard import find_records, write_leaderboard
+from rgb.evaluation.wandb_report import SKIPPED, log_evaluation, log_leaderboard
 
 
 @pytest.fixture
@@ -75,3 +77,29 @@ def test_runs_whose_names_differ_only_in_unsafe_characters_log_distinct_artifact
         run_dir = log_evaluation(scored, tmp_path / "eval" / "d1" / model, project="rgb-tests")
         names |= set(re.findall(rb"scores-x_1-d1-[0-9a-f]{10}", _logged(run_dir)))
     assert len(names) == 2, names
+
+
+def test_a_run_under_another_protocol_is_marked_in_its_summary_and_settings_table(tmp_path, offline):
+    # an L2 1 (card 2) evaluation logged white_box/score and a settings table with no eps and no status
+    scored = replace(record("easy", "caltech101", [0.8, 0.6, 0.3, 0.5, 0.1],
+                            protocol=card_protocol("caltech101", l2=1.0)), eps={"l1": 75.0, "l2": 1.0, "linf": 4 / 255})
+    save_pool([scored], tmp_path / "eval")
+    run_dir = log_evaluation(scored, tmp_path / "eval" / "caltech101" / "easy", project="rgb-tests")
+    logged = _logged(run_dir)
+    assert b"white_box/status" in logged and b"other protocol (caltech101: L2 1, card 2)" in logged
+    (table_file,) = run_dir.rglob("settings_*.table.json")
+    table = json.loads(table_file.read_text())
+    rows = {row[0]: dict(zip(table["columns"], row)) for row in table["data"]}
+    assert rows["autoattack_l2"]["eps"] == 1.0 and rows["test"]["eps"] is None
+    assert {row["status"] for row in rows.values()} == {"other protocol (caltech101: L2 1, card 2)"}
+
+
+def test_a_pool_logs_each_models_status_beside_its_sum(tmp_path, offline):
+    records = [record("card", "d1", [0.9, 0.8, 0.0, 0.1, 0.0]),
+               record("easy", "d1", [0.9, 0.8, 0.3, 0.5, 0.1], protocol=card_protocol("d1", l2=1.0))]
+    save_pool(records, tmp_path / "eval")
+    out = tmp_path / "leaderboard"
+    board = write_leaderboard(find_records([tmp_path / "eval"]), out, datasets=["d1"])
+    logged = _logged(log_leaderboard(board, out, project="rgb-tests"))
+    for key in (b"easy/status", b"other protocol (d1: L2 1, card 2)", b"card/status"):
+        assert key in logged, key

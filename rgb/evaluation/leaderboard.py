@@ -33,7 +33,7 @@ from rgb.evaluation.records import (
     RecordError,
     ScoresRecord,
 )
-from rgb.evaluation.scores import BENCHMARK_DATASETS, SumScore, borda_scores, sum_score
+from rgb.evaluation.scores import BENCHMARK_DATASETS, OTHER_PROTOCOL, SumScore, borda_scores, sum_score
 
 
 class LeaderboardError(UserError, ValueError):
@@ -48,13 +48,17 @@ class LeaderboardRow(JsonRecord):
     sum: SumScore
     per_dataset: dict[str, ProtocolScore | None]
     non_standard: dict[str, list[str]]  # dataset -> "linf 0.1200 (plus)" lines, shown beside, never scored
-    # dataset -> how its record departs from the card's protocol ("L2 1, card 2"): never ranked with card entries
-    protocol_differences: dict[str, list[str]] = field(default_factory=dict)
-    DERIVED: ClassVar[tuple[str, ...]] = ("complete", "card_protocol", "status")
+    DERIVED: ClassVar[tuple[str, ...]] = ("complete", "card_protocol", "status", "protocol_differences")
+
+    @property
+    def protocol_differences(self) -> dict[str, list[str]]:
+        """dataset -> how its record departs from the card's protocol ("L2 1, card 2"): never ranked with card
+        entries. The row's Sum holds them (SumScore: the one owner of a number's protocol status)."""
+        return self.sum.protocol_differences
 
     @property
     def card_protocol(self) -> bool:
-        return not any(self.protocol_differences.values())
+        return self.sum.card_protocol
 
     @property
     def complete(self) -> bool:
@@ -63,17 +67,12 @@ class LeaderboardRow(JsonRecord):
 
     @property
     def status(self) -> str:
-        """complete, incomplete (a setting missing), PARTIAL (a setting over part of its split) or another
-        protocol (budgets, image size or surrogates other than the card's)."""
-        if not self.card_protocol:
-            return OTHER_PROTOCOL
-        return "PARTIAL" if self.sum.partial else "complete" if self.complete else "incomplete"
+        return self.sum.status
 
     def protocol_label(self) -> str:
-        return "; ".join(f"{d}: {', '.join(v)}" for d, v in self.protocol_differences.items() if v)
+        return self.sum.protocol_label()
 
 
-OTHER_PROTOCOL = "other protocol"
 # The headings of the groups below the ranked entries, in leaderboard.md and on the site alike.
 INCOMPLETE_HEADING = "Incomplete entries: ranked apart, below every complete entry"
 OTHER_PROTOCOL_HEADING = "Under another protocol: shown, never in the Sum or Borda of card entries"
@@ -167,7 +166,7 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = "white_
                    for m, recs in by_model.items()}
     values = {m: {(d, s): a.value for d, score in per.items() if score for s, a in score.scored.items()}
               for m, per in scores.items()}
-    sums = {m: sum_score(scores[m], datasets, protocol) for m in by_model}
+    sums = {m: sum_score(scores[m], datasets, protocol, differences[m]) for m in by_model}
     groups = {"complete": [m for m in by_model if not differences[m] and sums[m].complete],
               "incomplete": [m for m in by_model if not differences[m] and not sums[m].complete],
               OTHER_PROTOCOL: [m for m in by_model if differences[m]]}
@@ -180,7 +179,6 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = "white_
                 per_dataset=scores[m],
                 non_standard={d: [f"{n} {a.robust} ({a.label()})" for n, a in r.non_standard.items()]
                               for d, r in by_model[m].items() if r.non_standard},
-                protocol_differences=differences[m],
             )
             for m in models
         ]
@@ -237,6 +235,11 @@ def _setting_cell(accuracy) -> str:
     return f"{accuracy.value:.4f}" + (f" PARTIAL ({accuracy.counts()})" if accuracy.partial else "")
 
 
+def sum_heading(card_protocol: bool, max_sum: int) -> str:
+    """The Sum column's title, in leaderboard.md and on the site alike: sums under another protocol are no Sums."""
+    return f"Sum (/{max_sum})" if card_protocol else f"sum (not a Sum /{max_sum})"
+
+
 def markdown_table(header: list[str], rows: list[list[str]], align: list[str]) -> list[str]:
     """The lines of a markdown table; `align` holds one `---` / `---:` marker per column."""
     return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|",
@@ -248,7 +251,7 @@ def to_markdown(board: Leaderboard) -> str:
     own), then every accuracy, one row per (model, dataset)."""
     n_settings = len(board.settings)
     max_sum = n_settings * len(board.datasets)
-    header = ["rank", "model", "Borda", f"Sum (/{max_sum})"] + [f"{d} (/{n_settings})" for d in board.datasets]
+    header = ["rank", "model", "Borda", sum_heading(True, max_sum)] + [f"{d} (/{n_settings})" for d in board.datasets]
     align = ["---:", "---", "---:", "---:"] + ["---:"] * len(board.datasets)
 
     def ranking(rows: list[LeaderboardRow], unranked: Sequence[list[str]] = ()) -> list[str]:
@@ -276,7 +279,7 @@ def to_markdown(board: Leaderboard) -> str:
                       + (f"; {len(board.borda_excluded_pairs)} pairs excluded (missing or PARTIAL for some entry)"
                          if board.borda_excluded_pairs else "") + "."]
     if board.other_protocol_rows:
-        other_header = ["model", "protocol (what differs from the card)", f"sum (not a Sum /{max_sum})"]
+        other_header = ["model", "protocol (what differs from the card)", sum_heading(False, max_sum)]
         lines += ["", f"## {OTHER_PROTOCOL_HEADING}", ""]
         lines += markdown_table(other_header + [f"{d} (/{n_settings})" for d in board.datasets],
                                 [[r.model, r.protocol_label(), r.sum.describe()]
@@ -300,7 +303,8 @@ def to_markdown(board: Leaderboard) -> str:
             score = r.per_dataset[d]
             if score is None:
                 continue
-            cells = [_setting_cell(score.settings.get(s)) for s in board.settings]
+            cells = [_setting_cell(a) if a is None else r.sum.marked(_setting_cell(a))
+                     for a in map(score.settings.get, board.settings)]
             detail_rows.append([r.model, d, *cells, "; ".join(r.non_standard.get(d, [])) or "-"])
     lines += ["", "## Accuracy per setting", ""]
     lines += markdown_table(["model", "dataset", *board.settings, "non-standard (not scored)"], detail_rows,
@@ -417,5 +421,6 @@ def write_seed_spread(spread: dict | None, out_dir: Path) -> None:
             (out_dir / name).unlink(missing_ok=True)
 
 
-__all__ = ["Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard", "find_records",
-           "seed_spread", "seed_spread_markdown", "table_rows", "to_markdown", "write_leaderboard", "write_seed_spread"]
+__all__ = ["OTHER_PROTOCOL", "Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard",
+           "find_records", "seed_spread", "seed_spread_markdown", "sum_heading", "table_rows", "to_markdown",
+           "write_leaderboard", "write_seed_spread"]

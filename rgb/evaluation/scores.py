@@ -6,21 +6,25 @@ A missing setting stays missing (None) and is listed; it never counts as 0 and i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from rgb.data.catalog import DATASETS, TRANSFER_SPLITS
-from rgb.evaluation.records import PROTOCOLS, Accuracy, BlackBoxScore, JsonRecord, ProtocolScore
+from rgb.evaluation.records import PROTOCOLS, Accuracy, BlackBoxScore, JsonRecord, ProtocolScore, ScoresRecord
 
 # The benchmark Sum is over the card's six datasets (x five white-box settings = 30).
 BENCHMARK_DATASETS = tuple(DATASETS)
+# The status of numbers made under budgets, image sizes or surrogates other than the card's.
+OTHER_PROTOCOL = "other protocol"
 
 
 @dataclass(frozen=True)
 class SumScore(JsonRecord):
     """Sum of a model's settings over a list of datasets; `score` only when every (dataset, setting) holds a full
     number, else the partial sum over `covered` of `max` settings, with what is missing and what was measured
-    over part of a split (PARTIAL) listed."""
+    over part of a split (PARTIAL) listed. A sum of records made under another protocol than the card's is no
+    Sum (`score` None) and says so wherever it is shown: `status` and `marked` are the one rule every surface
+    (leaderboard.md, .csv, .json, the site, W&B) marks its numbers by."""
 
     protocol: str
     datasets: list[str]
@@ -28,7 +32,9 @@ class SumScore(JsonRecord):
     covered: int
     missing: list[str]
     partial_settings: list[str]  # "dataset/setting" scored over part of its split
-    DERIVED: ClassVar[tuple[str, ...]] = ("score", "max", "partial", "complete")
+    # dataset -> how its record departs from the card's protocol ("L2 1, card 2"); empty: the card's
+    protocol_differences: dict[str, list[str]] = field(default_factory=dict)
+    DERIVED: ClassVar[tuple[str, ...]] = ("score", "max", "partial", "complete", "card_protocol", "status")
 
     @property
     def max(self) -> int:
@@ -43,20 +49,46 @@ class SumScore(JsonRecord):
         return not self.missing and not self.partial_settings
 
     @property
+    def card_protocol(self) -> bool:
+        return not any(self.protocol_differences.values())
+
+    @property
     def score(self) -> float | None:
-        return self.partial_sum if self.complete else None
+        return self.partial_sum if self.complete and self.card_protocol else None
+
+    @property
+    def status(self) -> str:
+        """complete, incomplete (a setting missing), PARTIAL (a setting over part of its split) or another
+        protocol (budgets, image size or surrogates other than the card's)."""
+        if not self.card_protocol:
+            return OTHER_PROTOCOL
+        return "PARTIAL" if self.partial else "complete" if self.complete else "incomplete"
+
+    def protocol_label(self) -> str:
+        """What departs from the card's protocol, per dataset ("caltech101: L2 1, card 2"); empty for the card's."""
+        return "; ".join(f"{d}: {', '.join(v)}" for d, v in self.protocol_differences.items() if v)
+
+    def status_line(self) -> str:
+        """The status and, under another protocol, what differs: "other protocol (caltech101: L2 1, card 2)"."""
+        return f"{self.status} ({self.protocol_label()})" if self.protocol_label() else self.status
+
+    def marked(self, text: str) -> str:
+        """A number of these records as shown anywhere: under another protocol, said so beside it."""
+        return text if self.card_protocol else f"{text} ({OTHER_PROTOCOL})"
 
     def describe(self, digits: int = 2) -> str:
         if self.score is not None:
             return f"{self.score:.{digits}f}"
         text = f"{self.partial_sum:.{digits}f} / {self.covered}"
         text += f" (partial, of {self.max})" if self.missing else ""
-        return text + (f" PARTIAL ({len(self.partial_settings)} over part of a split)" if self.partial else "")
+        text += f" PARTIAL ({len(self.partial_settings)} over part of a split)" if self.partial else ""
+        return self.marked(text)
 
 
 def sum_score(per_dataset: Mapping[str, ProtocolScore | None], datasets: Sequence[str],
-              protocol: str = "white_box") -> SumScore:
-    """Sum over `datasets`; a dataset without a record counts all its settings as missing."""
+              protocol: str = "white_box", differences: Mapping[str, list[str]] | None = None) -> SumScore:
+    """Sum over `datasets`; a dataset without a record counts all its settings as missing. `differences`: per
+    dataset, how its record departs from the card's protocol (ScoresRecord.differences_for)."""
     missing, partial, total, covered = [], [], 0.0, 0
     for dataset in datasets:
         found = per_dataset.get(dataset) or ProtocolScore(protocol, {})
@@ -64,7 +96,15 @@ def sum_score(per_dataset: Mapping[str, ProtocolScore | None], datasets: Sequenc
         partial += [f"{dataset}/{s}" for s in found.partial_settings]
         total += sum(a.value for a in found.measured.values())
         covered += len(found.measured)
-    return SumScore(protocol, list(datasets), total, covered, missing, partial)
+    return SumScore(protocol, list(datasets), total, covered, missing, partial,
+                    {d: list(v) for d, v in (differences or {}).items() if v})
+
+
+def record_sum(record: ScoresRecord, protocol: str) -> SumScore:
+    """One record's sum under `protocol`, with its protocol status: what a single evaluation (its W&B run) shows
+    beside its numbers, by the rule of the leaderboard's rows."""
+    return sum_score({record.dataset: record.score_under(protocol)}, [record.dataset], protocol,
+                     {record.dataset: record.differences_for(protocol)})
 
 
 def borda_scores(pool: Mapping[str, Mapping[tuple[str, str], float]]) -> dict:

@@ -21,7 +21,13 @@ import jinja2
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, distinct_name
-from rgb.evaluation.leaderboard import INCOMPLETE_HEADING, OTHER_PROTOCOL_HEADING, Leaderboard, LeaderboardRow
+from rgb.evaluation.leaderboard import (
+    INCOMPLETE_HEADING,
+    OTHER_PROTOCOL_HEADING,
+    Leaderboard,
+    LeaderboardRow,
+    sum_heading,
+)
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, SCORES_FILE, ScoresRecord
 from rgb.runs.store import train_reference
 
@@ -107,12 +113,15 @@ class Cell:
 
 
 def setting_cell(board: Leaderboard, index: int, dataset: str, setting: str) -> Cell:
-    score = board.rows[index].per_dataset[dataset]
+    """An accuracy of the board, marked PARTIAL or under another protocol as leaderboard.md marks it."""
+    row = board.rows[index]
+    score = row.per_dataset[dataset]
     accuracy = score.settings.get(setting) if score else None
     if accuracy is None:
         return Cell("missing", None, "")
     path = f"{board.protocol}:rows/{index}/per_dataset/{dataset}/settings/{setting}/accuracy"
-    return Cell(f"{accuracy.value:.4f}" + (" PARTIAL" if accuracy.partial else ""), accuracy.value, path)
+    return Cell(row.sum.marked(f"{accuracy.value:.4f}" + (" PARTIAL" if accuracy.partial else "")), accuracy.value,
+                path)
 
 
 def sum_cell(board: Leaderboard, index: int) -> Cell:
@@ -204,13 +213,16 @@ def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]], pages: d
                 "cells": [(d, s, setting_cell(board, index, d, s)) for d in board.datasets for s in settings]}
 
     rows = {row.model: row_view(i, row) for i, row in enumerate(board.rows)}
-    groups = [(heading, [rows[r.model] for r in members]) for heading, members in (
-        ("Ranked: complete, the card's protocol", board.complete_rows), (INCOMPLETE_HEADING, board.incomplete_rows),
-        (OTHER_PROTOCOL_HEADING, board.other_protocol_rows)) if members]
+    max_sum = len(settings) * len(board.datasets)
+    groups = [(heading, [rows[r.model] for r in members], sum_heading(card, max_sum)) for heading, members, card in (
+        ("Ranked: complete, the card's protocol", board.complete_rows, True),
+        (INCOMPLETE_HEADING, board.incomplete_rows, True), (OTHER_PROTOCOL_HEADING, board.other_protocol_rows, False))
+        if members]
     index = {r.model: i for i, r in enumerate(board.rows)}
     plots = []
     for dataset in board.datasets:
-        series = {r.model: [setting_cell(board, index[r.model], dataset, s) for s in settings] for r in board.rows}
+        series = {r.sum.marked(r.model): [setting_cell(board, index[r.model], dataset, s) for s in settings]
+                  for r in board.rows}
         if any(c.value is not None for cells in series.values() for c in cells):
             plots.append(bars_svg([setting_label(s) for s in settings], series,
                                   f"{dataset}: accuracy per setting ({board.protocol})"))
@@ -221,7 +233,7 @@ def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]], pages: d
         plots.append(scatter_svg(sums, "clean accuracy (mean over datasets)", "Sum", board.rows[0].sum.max,
                                  f"Sum vs clean accuracy ({board.protocol}; complete entries)"))
     return {"board": board, "groups": groups, "plots": plots,
-            "settings": [(s, setting_label(s)) for s in settings], "max_sum": len(settings) * len(board.datasets),
+            "settings": [(s, setting_label(s)) for s in settings], "max_sum": max_sum,
             "has_numbers": any(c.value is not None for r in rows.values() for _, _, c in r["cells"]),
             "not_applicable": sorted(board.not_applicable.items())}
 
@@ -272,13 +284,15 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
             index = next((i for i, r in enumerate(board.rows) if r.model == name), None)
             if index is None or record.dataset not in board.datasets:
                 continue
-            score = board.rows[index].per_dataset[record.dataset]
+            row = board.rows[index]
+            score = row.per_dataset[record.dataset]
             if score is None:  # nothing scored under this protocol (no transfer evaluation)
                 continue
             cells = [(s, setting_cell(board, index, record.dataset, s),
                       score.settings.get(s) if score else None) for s in board.settings]
-            tables.append({"protocol": board.protocol, "cells": cells,
-                           "plot": bars_svg([setting_label(s) for s, _, _ in cells], {name: [c for _, c, _ in cells]},
+            tables.append({"protocol": board.protocol, "status": row.sum.status_line(), "cells": cells,
+                           "plot": bars_svg([setting_label(s) for s, _, _ in cells],
+                                            {row.sum.marked(name): [c for _, c, _ in cells]},
                                             f"{record.dataset}: {board.protocol}")})
         datasets.append({"record": record, "files": files, "images": images, "reports": reports,
                          "tables": tables, "class_wise": record.class_wise, "entry": entry})

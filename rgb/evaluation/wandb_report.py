@@ -14,7 +14,8 @@ import wandb
 
 from rgb.core.files import distinct_name, stable_id
 from rgb.evaluation.leaderboard import Leaderboard, table_rows
-from rgb.evaluation.records import ScoresRecord
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, ScoresRecord
+from rgb.evaluation.scores import record_sum
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +30,21 @@ LEADERBOARD_FILES = ("leaderboard.md", "leaderboard.csv", "leaderboard.json", "l
 
 def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: str = "evaluate",
                    train: dict | None = None) -> Path:
-    """Log one scores record (its `metrics()` as the run summary); returns the local W&B run directory. `train`:
-    the training run it scores (its dir, W&B id, sweep, weights hash), in the config."""
+    """Log one scores record (its `metrics()` as the run summary, with each protocol's status beside its score as
+    the leaderboard marks it); returns the local W&B run directory. `train`: the training run it scores (its
+    dir, W&B id, sweep, weights hash), in the config."""
     run = wandb.init(project=project, name=f"{record.model.run_name}@{record.dataset}", group=record.dataset,
                      job_type=job_type, dir=str(out_dir), id=stable_id(out_dir), resume="allow",
                      config={"model": record.model.to_json(), "eps": record.eps, "train": train})
     try:
-        run.summary.update(record.metrics())
-        table = wandb.Table(columns=["setting", "accuracy", "correct", "total", "partial"])
+        statuses = {protocol: record_sum(record, protocol).status_line() for protocol in PROTOCOLS
+                    if record.score_under(protocol) is not None}
+        run.summary.update({**record.metrics(), **{f"{protocol}/status": s for protocol, s in statuses.items()}})
+        table = wandb.Table(columns=["setting", "accuracy", "correct", "total", "partial", "eps", "status"])
         for setting, acc in record.white_box.settings.items():
-            table.add_data(setting, *((acc.value, acc.correct, acc.total, acc.partial) if acc else (None,) * 4))
+            norm = ATTACK_SETTING_NORMS.get(setting)
+            table.add_data(setting, *((acc.value, acc.correct, acc.total, acc.partial) if acc else (None,) * 4),
+                           record.eps.get(norm.key) if norm else None, statuses["white_box"])
         logged = {"settings": table}
         for plot in record.plots:
             logged[f"plots/{Path(plot).stem}"] = wandb.Image(str(out_dir / plot))
@@ -63,8 +69,8 @@ def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str) -> 
     try:
         columns, rows = table_rows(board)
         run.log({"leaderboard": wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])})
-        run.summary.update({f"{row.model}/{key}": value for row in board.rows
-                            for key, value in (("partial_sum", row.sum.partial_sum), ("borda", row.borda))})
+        run.summary.update({f"{row.model}/{key}": value for row in board.rows for key, value in (
+            ("partial_sum", row.sum.partial_sum), ("borda", row.borda), ("status", row.sum.status_line()))})
         files = wandb.Artifact(f"leaderboard-{board.protocol}", type="leaderboard",
                                metadata={"datasets": board.datasets, "rank_by": board.rank_by})
         for name in LEADERBOARD_FILES:
