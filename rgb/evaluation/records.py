@@ -273,9 +273,9 @@ class AttackSummary(JsonRecord, _KeptFromRun):
 
 @dataclass(frozen=True)
 class RequestCounts(JsonRecord):
-    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names). Of the abstentions,
-    `negations` and `alternatives` named a class but denied it or offered it as one of several (0 when recorded
-    before answer parser version 2)."""
+    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names, and the money of
+    rgb.evaluation.api_eval.ApiPredictor.money). Of the abstentions, `negations` and `alternatives` named a class
+    but denied it or offered it as one of several (0 when recorded before answer parser version 2)."""
 
     images: int
     requests: int
