@@ -384,18 +384,38 @@ def test_max_requests_below_one_sends_nothing(tmp_path, bench, server):
     assert server.requests.count() == before and not (tmp_path / "outputs" / "api_cache").exists()
 
 
-def test_max_cost_needs_a_price_and_a_token_cap_stops_a_priced_run_that_records_its_cost(tmp_path, bench, server):
+def test_max_cost_needs_a_price(tmp_path, bench, server):
     run = api_run(tmp_path, bench, server.base_url)
     before = server.requests.count()
     with raises_one_line(ConfigValueError, "max_cost needs the model's price"):
         evaluate(tmp_path, bench, run, "max_cost=1")
     assert server.requests.count() == before and not (tmp_path / "outputs" / "api_cache").exists()
+
+
+def test_spent_is_what_was_sent_each_answer_once_and_a_resumed_run_totals_as_an_uninterrupted_one(tmp_path, bench,
+                                                                                                  server):
+    """The bench's transfer splits repeat test images (asked once, used twice): `spent` is the price of the
+    requests sent, never of an answer per use. A run stopped by max_cost (never passed, 4 requests in flight)
+    and resumed totals what the uninterrupted run does: each answer's bill is in its cache record."""
     priced = api_run(tmp_path, bench, server.base_url, "api_priced", "model.price={input: 1000.0, output: 1000.0}",
-                     "model.max_concurrency=1")
-    partial = evaluate(tmp_path, bench, priced, "max_tokens_total=1", "api_cache_dir=" + str(tmp_path / "fresh"))
-    total = partial.api.total
-    assert partial.api.partial and total["requests"] == 1  # the first answer reached the cap
-    assert partial.api.cost == (total["prompt_tokens"] + total["completion_tokens"]) * 1000 / 1e6 > 0
+                     "model.max_concurrency=4")
+    whole = evaluate(tmp_path, bench, priced, "api_cache_dir=" + str(tmp_path / "whole"))
+    total = whole.api.total
+    sent = (total["prompt_tokens"] + total["completion_tokens"]) * 1000 / 1e6
+    assert total["requests"] == distinct_images(bench) < len(all_images(bench)) and not whole.api.partial
+    assert whole.api.spent == pytest.approx(sent) and whole.api.list_cost == pytest.approx(sent)
+    assert f"${whole.api.spent:.4f} spent" in format_table(whole)
+
+    resumed_cache = "api_cache_dir=" + str(tmp_path / "resumed")
+    partial = evaluate(tmp_path, bench, priced, f"max_cost={sent / 3:.6f}", resumed_cache)
+    partial_total = partial.api.total
+    assert partial.api.partial and 0 < partial_total["requests"] < total["requests"]
+    assert (partial_total["prompt_tokens"] + partial_total["completion_tokens"]) * 1000 / 1e6 <= sent / 3
+    resumed = evaluate(tmp_path, bench, priced, resumed_cache)
+    assert not resumed.api.partial and 0 < resumed.api.total["requests"] < total["requests"]
+    assert (resumed.api.spent, resumed.api.list_cost) == pytest.approx((whole.api.spent, whole.api.list_cost))
+    saved = json.loads((tmp_path / "outputs" / "eval" / DATASET / priced.name / SCORES_FILE).read_text())
+    assert saved["api"]["spent"] == pytest.approx(sent) and saved["api"]["per_split"]["test"]["spent"] > 0
 
 
 # --------------------------------------------------------------------------------- re-parsing cached answers

@@ -17,6 +17,7 @@ from rgb.models import api_batch
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
 from rgb.models.api_cache import AnswerCache, CacheError
 from rgb.models.api_client import ApiError, RequestBudget
+from rgb.models.api_cost import Price
 from rgb.serve import Faults, ModelServer
 
 NAME = "tiny"
@@ -72,7 +73,17 @@ def test_the_batch_path_caches_the_online_paths_records_and_predictions(tmp_path
         batched, stats = classifier(server, True).answer(IMAGES, cache)
         cache.close()
         assert [a.pred for a in batched] == [a.pred for a in online] == EXPECTED
-        assert records(tmp_path / "batch.jsonl") == records(tmp_path / "online.jsonl")  # keys and whole records
+        batch_records, online_records = records(tmp_path / "batch.jsonl"), records(tmp_path / "online.jsonl")
+        billed = {key: record.pop("billed") for key, record in batch_records.items()}
+        assert {r.pop("billed")["batch"] for r in online_records.values()} == {False}
+        assert batch_records == online_records  # keys and whole records, less how they were billed
+        assert {b["batch"] for b in billed.values()} == {True}
+        # a priced batch is billed half its list price; the online path its list price
+        price = Price(input=1000.0, output=1000.0)
+        batch_records = records(tmp_path / "batch.jsonl").values()
+        list_cost = sum(map(price.list_cost, batch_records))
+        assert sum(map(price.spent, batch_records)) == pytest.approx(list_cost / 2) and list_cost > 0
+        assert sum(map(price.spent, records(tmp_path / "online.jsonl").values())) == pytest.approx(list_cost)
         assert (stats.requests, stats.cached, stats.unanswered) == (7, 2, 0) == (online_stats.requests,
                                                                                  online_stats.cached, 0)
         assert (stats.prompt_tokens, stats.completion_tokens) == (online_stats.prompt_tokens,

@@ -1,10 +1,12 @@
 """What the `api` family sends and records, against a local FastAPI endpoint whose answers are built with the
 official `openai` SDK's response types: request fields passed through, a system prompt, headers, no token limit
 when there is none, the finish reason and the served model recorded, an answer cut by the token limit never cached
-as an abstention, OpenAI's retry-after-ms honoured, and the token and cost caps."""
+as an abstention, OpenAI's retry-after-ms honoured, the token and cost caps (never passed by the requests in
+flight), and what an answer was billed (the provider's prompt cache at the cached price)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import socket
 import threading
@@ -29,27 +31,39 @@ CLASSES = ["cat", "dog", "three"]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))  # sent as stored: the endpoint never decodes it here
 
 
-def completion(content: str | None, finish_reason: str = "stop", served: str = "served-2026-01-01") -> dict:
-    """A chat completion as the openai SDK defines it."""
+def completion(content: str | None, finish_reason: str = "stop", served: str = "served-2026-01-01",
+               prompt_tokens: int = 20, cached_tokens: int | None = None) -> dict:
+    """A chat completion as the openai SDK defines it (3 completion tokens; `cached_tokens`: of the prompt, served
+    from the provider's prompt cache)."""
+    details = {} if cached_tokens is None else {"prompt_tokens_details": {"cached_tokens": cached_tokens}}
     return openai_types.ChatCompletion(
         id="chatcmpl-1", object="chat.completion", created=int(time.time()), model=served,
         choices=[{"index": 0, "finish_reason": finish_reason,
                   "message": {"role": "assistant", "content": content}}],
-        usage={"prompt_tokens": 20, "completion_tokens": 3, "total_tokens": 23},
+        usage={"prompt_tokens": prompt_tokens, "completion_tokens": 3, "total_tokens": prompt_tokens + 3,
+               **details},
     ).model_dump(mode="json", exclude_unset=True)
+
+
+def png(value: int, size: int = 8) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (size, size), (value, value, value)).save(out, format="PNG")
+    return out.getvalue()
 
 
 class Endpoint:
     """A FastAPI app on 127.0.0.1 that records each request and answers from `replies` (a list of
-    (status, headers, body) consumed in order, the last one repeated)."""
+    (status, headers, body) consumed in order, the last one repeated), each after `delay_s` (the requests of a
+    client overlap)."""
 
-    def __init__(self, replies):
+    def __init__(self, replies, delay_s: float = 0.0):
         self.replies, self.seen = list(replies), []
         app = fastapi.FastAPI()
 
         @app.post("/v1/chat/completions")
         async def chat(request: fastapi.Request):
             self.seen.append({"body": await request.json(), "headers": dict(request.headers)})
+            await asyncio.sleep(delay_s)
             status, headers, body = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
             return fastapi.responses.JSONResponse(body, status_code=status, headers=headers)
 
@@ -138,7 +152,8 @@ def test_an_answer_cut_by_the_token_limit_is_asked_again_never_cached_as_an_abst
         answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
                                     retry_max_tokens=256).answer([PNG], cache)
     assert answers[0].pred == 0 and stats.truncated == 0
-    assert next(iter(cache.answers.values()))["max_tokens_retried"] == 256
+    record = next(iter(cache.answers.values()))
+    assert record["max_tokens_retried"] == 256 and record["billed"]["prompt_tokens"] == 40  # both requests billed
 
 
 def test_retry_after_ms_is_the_wait(tmp_path):
@@ -162,9 +177,26 @@ def test_a_price_costs_its_tokens_and_a_bad_one_is_one_line():
         RequestBudget(max_cost=1.0)
 
 
-@pytest.mark.parametrize("cap", [{"max_tokens_total": 30}, {"max_cost": 0.03, "price": Price(1000.0, 1000.0)}])
+PRICE = Price(1000.0, 1000.0)  # a token costs 1/1000 USD, prompt or completion
+
+
+def caps(tokens: int) -> list[dict]:
+    """A token cap and the same in USD (half a token more: sums of floats are not exact)."""
+    return [{"max_tokens_total": tokens}, {"max_cost": (tokens + 0.5) * 1000 / 1e6, "price": PRICE}]
+
+
+def spent_tokens(budget: RequestBudget, cap: dict) -> float:
+    """What a run billed, in the cap's unit."""
+    return budget.tokens if "max_tokens_total" in cap else budget.cost
+
+
+@pytest.mark.parametrize("cap", range(2))
 def test_a_token_or_cost_cap_stops_new_requests_and_a_rerun_continues(tmp_path, cap):
-    images = [PNG + bytes([i]) for i in range(3)]  # 23 tokens an answer: the cap (30 tokens, 0.03 USD) after two
+    """Each request holds its estimate (here above the 23 tokens billed) until its answer comes: with room for
+    one estimate and 30 tokens more, the third request would not fit."""
+    images = [png(v) for v in range(3)]
+    estimate = sum(classifier("http://127.0.0.1:1/v1").estimate(images[0]))
+    cap = caps(estimate + 30)[cap]
     with Endpoint([(200, {}, completion("dog"))]) as endpoint:
         model = classifier(endpoint.base_url, max_concurrency=1)
         answers, stats = model.answer(images, AnswerCache(tmp_path / "c.jsonl"), RequestBudget(**cap))
@@ -179,14 +211,50 @@ def test_a_token_or_cost_cap_stops_new_requests_and_a_rerun_continues(tmp_path, 
     assert len(endpoint.seen) == 3
 
 
-def test_the_usage_record_prices_new_and_cached_answers_and_reads_back():
+@pytest.mark.parametrize("cap", range(2))
+def test_requests_in_flight_never_take_a_run_past_its_cap(tmp_path, cap):
+    """Four requests at a time, each answered after a while, billed their estimate's prompt: a cap of three
+    estimates lets three go and none after them (before: the four in flight went past it)."""
+    images = [png(v) for v in range(8)]
+    prompt, completion_limit = classifier("http://127.0.0.1:1/v1").estimate(images[0])
+    cap = caps(3 * (prompt + completion_limit))[cap]
+    reply = completion("dog", prompt_tokens=prompt)
+    with Endpoint([(200, {}, reply)], delay_s=0.3) as endpoint:
+        budget = RequestBudget(**cap)
+        answers, stats = classifier(endpoint.base_url, max_concurrency=4).answer(
+            images, AnswerCache(tmp_path / "c.jsonl"), budget)
+    assert budget.stopped_by and len(endpoint.seen) == stats.requests == 3 and stats.unanswered == 5
+    billed = stats.prompt_tokens + stats.completion_tokens
+    assert billed == 3 * (prompt + 3) and spent_tokens(budget, cap) <= next(iter(cap.values()))
+    assert budget.held_tokens == 0 and budget.held_cost == pytest.approx(0.0)  # every hold released
+
+
+def test_prompt_cached_tokens_are_billed_at_the_cached_price_and_recorded_per_answer(tmp_path):
+    """The provider's prompt cache (usage.prompt_tokens_details.cached_tokens) is billed at `cached_input`: what
+    the budget counts and what the answer's record says it was billed; its list price counts them in full."""
+    price = Price(input=1000.0, output=2000.0, cached_input=250.0)
+    with Endpoint([(200, {}, completion("cat", cached_tokens=16))]) as endpoint:
+        cache, budget = AnswerCache(tmp_path / "c.jsonl"), RequestBudget(price=price)
+        classifier(endpoint.base_url).answer([png(1), png(2)], cache, budget)
+    billed = (4 * 1000 + 16 * 250 + 3 * 2000) / 1e6  # 20 prompt tokens, 16 of them cached, 3 completion
+    assert budget.cost == pytest.approx(2 * billed)
+    records = list(AnswerCache(tmp_path / "c.jsonl").answers.values())
+    assert [price.spent(r) for r in records] == pytest.approx([billed, billed])
+    assert [price.list_cost(r) for r in records] == pytest.approx([(20 * 1000 + 3 * 2000) / 1e6] * 2)
+    assert Price(1000.0, 2000.0).spent(records[0]) == pytest.approx(price.list_cost(records[0]))  # no cached rate
+
+
+def test_the_usage_record_totals_spent_and_list_cost_and_reads_back():
     counts = RequestCounts(images=3, requests=1, cached=2, retries=0, abstained=0, unanswered=0, prompt_tokens=20,
-                           completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6)
-    usage = ApiUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts}, None, 2,
+                           completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6,
+                           spent=0.05, list_cost=0.08)
+    usage = ApiUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts, "common": counts}, None, 2,
                      {"input": 1000.0, "output": 2000.0, "cached_input": None})
-    assert usage.cost == pytest.approx((60 * 1000 + 9 * 2000) / 1e6)
+    assert (usage.spent, usage.list_cost) == pytest.approx((0.1, 0.16))
     assert ApiUsage.from_json(usage.to_json()) == usage
-    assert ApiUsage("u", "vlm", {"test": counts}, None).cost is None  # unknown price: no money
+    assert ApiUsage("u", "vlm", {"test": counts}, None).spent is None  # unknown price: no money
+    before = RequestCounts(**{**counts.to_json(), "spent": None, "list_cost": None})  # recorded before it was kept
+    assert ApiUsage("u", "vlm", {"test": counts, "old": before}, None, 2, usage.price).spent is None
 
 
 def test_a_request_is_estimated_from_its_texts_image_size_and_completion_limit():

@@ -47,6 +47,7 @@ class ApiPredictor:
         self.cache = AnswerCache(cache_path(options.api_cache_dir, model))
         self.budget = request_budget(model, options)
         self.per_split: dict[str, RequestCounts] = {}
+        self.priced: set[str] = set()  # the request keys whose answers a split has counted the money of
         self.columns: dict[str, list] = {}
 
     def identity(self, weights_path) -> str:
@@ -54,8 +55,9 @@ class ApiPredictor:
 
     def __call__(self, split, desc: str) -> dict[str, np.ndarray]:
         n = len(split) if self.options.max_images is None else min(self.options.max_images, len(split))
-        answers, stats = self.model.answer(split_images(split, n), self.cache, self.budget, desc)
-        self.per_split[desc] = RequestCounts(**asdict(stats))
+        images = split_images(split, n)
+        answers, stats = self.model.answer(images, self.cache, self.budget, desc)
+        self.per_split[desc] = RequestCounts(**asdict(stats), **self.money(images))
         names = self.model.class_names
         key = desc.replace("/", "_")
         self.columns[f"answer_{key}"] = [a.text if a else None for a in answers]
@@ -64,6 +66,17 @@ class ApiPredictor:
         preds = [ABSTAINED if a.pred is None else a.pred for a in answers[:answered]]
         return {"pred": np.asarray(preds, dtype=np.int64), "label": split.labels.numpy()[:answered],
                 "image_id": np.asarray(split.rows.data.column("image_id").to_numpy()[:answered], dtype=np.int64)}
+
+    def money(self, images: list[bytes]) -> dict[str, float]:
+        """`spent` and `list_cost` of the answers this split is the first of the evaluation to use: each answer
+        once, whichever split or run asked it, priced from its cache record ({}: no price)."""
+        price = self.budget.price
+        if price is None:
+            return {}
+        keys = [k for k in dict.fromkeys(map(self.model.request_key, images)) if k in self.cache]
+        records = [self.cache.get(k) for k in keys if k not in self.priced]
+        self.priced.update(keys)
+        return {"spent": sum(map(price.spent, records)), "list_cost": sum(map(price.list_cost, records))}
 
     def usage(self) -> ApiUsage:
         price = self.budget.price

@@ -517,7 +517,8 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
                  f"parser v{record.api.parser_version or 1}), "
                  f"{int(total['prompt_tokens'])}+{int(total['completion_tokens'])} tokens new, "
                  f"{int(total['cached_prompt_tokens'])}+{int(total['cached_completion_tokens'])} cached"
-                 + ("" if record.api.cost is None else f", ${record.api.cost:.4f} in all")
+                 + ("" if record.api.spent is None else f", ${record.api.spent:.4f} spent (list price "
+                                                         f"${record.api.list_cost:.4f})")
                  + (f"; PARTIAL: {int(total['unanswered'])} images not asked yet (max_requests="
                     f"{record.api.max_requests}, or max_tokens_total / max_cost); re-run to continue"
                     if record.api.partial else ""))

@@ -22,7 +22,6 @@ from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
-from rgb.models.api_cost import Price
 from rgb.runs.store import RunSummary, partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
@@ -274,9 +273,9 @@ class AttackSummary(JsonRecord, _KeptFromRun):
 
 @dataclass(frozen=True)
 class RequestCounts(JsonRecord):
-    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names). Of the abstentions,
-    `negations` and `alternatives` named a class but denied it or offered it as one of several (0 when recorded
-    before answer parser version 2)."""
+    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names, and the money of
+    rgb.evaluation.api_eval.ApiPredictor.money). Of the abstentions, `negations` and `alternatives` named a class
+    but denied it or offered it as one of several (0 when recorded before answer parser version 2)."""
 
     images: int
     requests: int
@@ -292,6 +291,8 @@ class RequestCounts(JsonRecord):
     truncated: int = 0  # answers cut by the token limit before naming a class (counted in unanswered)
     cached_prompt_tokens: int = 0  # the usage of the cached answers used (0 before it was recorded)
     cached_completion_tokens: int = 0
+    spent: float | None = None      # USD billed for the answers this split is the first of its evaluation to use
+    list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
 
 
 @dataclass(frozen=True)
@@ -307,24 +308,29 @@ class ApiUsage(JsonRecord):
     max_requests: int | None
     parser_version: int | None = None
     price: dict | None = None  # rgb.models.api_cost.Price's fields (None: unknown, no money shown)
-    DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "cost")
+    DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost")
 
     @property
-    def total(self) -> dict[str, float]:
-        names = [f.name for f in fields(RequestCounts)]
-        return {n: sum(getattr(c, n) for c in self.per_split.values()) for n in names}
+    def total(self) -> dict[str, float | None]:
+        """Each count summed over the splits (money: None when a split lacks it)."""
+        values = {f.name: [getattr(c, f.name) for c in self.per_split.values()] for f in fields(RequestCounts)}
+        return {name: None if None in v else sum(v) for name, v in values.items()}
 
     @property
     def partial(self) -> bool:
         return self.total["unanswered"] > 0
 
     @property
-    def cost(self) -> float | None:
-        """USD of all the answers used, new and cached (the same for a resumed run as for an uninterrupted one)."""
-        total = self.total
-        return None if self.price is None else Price.of(self.price).cost(
-            int(total["prompt_tokens"] + total["cached_prompt_tokens"]),
-            int(total["completion_tokens"] + total["cached_completion_tokens"]))
+    def spent(self) -> float | None:
+        """USD the provider billed for the answers used, each once (online or Batch rate, its prompt-cached input
+        at the cached price), whichever run asked it: a resumed run totals as an uninterrupted one. None: no
+        price, or recorded before it was kept."""
+        return None if self.price is None else self.total["spent"]
+
+    @property
+    def list_cost(self) -> float | None:
+        """USD of the answers used, each once, at list price (online, no prompt cache)."""
+        return None if self.price is None else self.total["list_cost"]
 
 
 @dataclass(frozen=True)

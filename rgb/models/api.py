@@ -37,7 +37,7 @@ from rgb.core.values import (
 from rgb.models.answers import AnswerParser, Parsed
 from rgb.models.api_cache import AnswerCache
 from rgb.models.api_client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
-from rgb.models.api_cost import Price, image_tokens, png_size, text_tokens
+from rgb.models.api_cost import Price, combined, image_tokens, png_size, text_tokens
 
 IMAGE_ENCODING = "png_base64_data_url"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -278,29 +278,43 @@ class ApiClassifier:
             abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
             started = time.monotonic()
 
-            def ask(body: dict) -> dict:
-                reply = self.endpoint.ask(sdk, limiter, body, stats, lock)
+            def ask(body: dict, held: tuple) -> dict:
+                try:
+                    reply = self.endpoint.ask(sdk, limiter, body, stats, lock)
+                except BaseException:
+                    with lock:
+                        budget.settle(held, None)
+                    raise
                 with lock:
                     stats.requests += 1
                     stats.prompt_tokens += reply["usage"]["prompt_tokens"]
                     stats.completion_tokens += reply["usage"]["completion_tokens"]
-                    budget.charge(reply["usage"])
+                    budget.settle(held, reply["billed"])
                 return reply
 
-            def one(k: str) -> None:
+            def reserve(prompt_tokens: int, completion_tokens: int) -> tuple | None:
                 with lock:
-                    cap = budget.reached()
-                    if cap is not None and budget.stopped_by is None:  # said once per evaluation
-                        budget.stopped_by = cap
+                    first = budget.stopped_by is None
+                    held = budget.reserve(prompt_tokens, completion_tokens)
+                    if held is None and first:  # said once per evaluation
                         log.warning("%s: %s reached, no new request (the answers so far are cached; re-run to "
-                                    "continue)", desc, cap)
-                if cap is not None:
+                                    "continue)", desc, budget.stopped_by)
+                return held
+
+            def one(k: str) -> None:
+                image = images[first_image[k]]
+                body = self._body(image)
+                prompt_tokens, completion_tokens = self.estimate(image)
+                held = reserve(prompt_tokens, completion_tokens)
+                if held is None:
                     return
-                body = self._body(images[first_image[k]])
-                reply = ask(body)
+                reply = ask(body, held)
                 retry = self._retry_body(body) if self._cut(reply) else None
-                if retry is not None:
-                    reply = {**ask(retry), "max_tokens_retried": self.client_settings.retry_max_tokens}
+                held = None if retry is None else reserve(prompt_tokens, self.client_settings.retry_max_tokens)
+                if held is not None:
+                    again = ask(retry, held)
+                    reply = {**again, "max_tokens_retried": self.client_settings.retry_max_tokens,
+                             "billed": combined(reply["billed"], again["billed"])}
                 if self._cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
                     with lock:
                         stats.truncated += uses[k]

@@ -155,7 +155,7 @@ class BatchRun:
             if key not in keys or key in self.cache:  # (cached by a run killed while it collected)
                 continue
             try:
-                record = completion_record(response["body"]) if response.get("status_code") == 200 else None
+                record = completion_record(response["body"], batch=True) if response.get("status_code") == 200 else None
             except (KeyError, IndexError, TypeError):
                 record = None
             if record is None:

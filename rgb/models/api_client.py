@@ -8,6 +8,7 @@ from __future__ import annotations
 import email.utils
 import functools
 import json
+import math
 import os
 import random
 import threading
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from rgb.core.errors import UserError
 from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, optional, problems
-from rgb.models.api_cost import Price
+from rgb.models.api_cost import Price, billed_usage
 
 if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.api)
     from rgb.models.api import ClientSettings
@@ -96,15 +97,21 @@ class RequestStats:
 @dataclass
 class RequestBudget:
     """What this evaluation may still spend: `max_requests` new requests, `max_tokens_total` tokens (prompt and
-    completion) and `max_cost` USD (priced by `price`) of new answers (None: no limit). When a cap is reached no
-    new request is sent: the answers so far are cached, the rest of the split is left to a re-run."""
+    completion) and `max_cost` USD billed (priced by `price`) of new answers (None: no limit). Each request holds
+    its estimated tokens and cost (`reserve`) until its usage is known (`settle`), and is sent only when the spent,
+    the held and its own fit under the caps, so the requests in flight never take a run past a cap. An estimate
+    is scaled by the largest actual/estimated tokens seen, should the endpoint count more than the estimate. When
+    a cap is reached no new request is sent: the answers so far are cached, the rest is left to a re-run."""
 
     remaining: int | None = None
     max_tokens_total: int | None = None
     max_cost: float | None = None
     price: Price | None = None
     tokens: int = 0      # spent so far by new answers
-    cost: float = 0.0
+    cost: float = 0.0    # USD billed for them
+    held_tokens: int = 0  # reserved by the requests in flight
+    held_cost: float = 0.0
+    scale: float = 1.0    # the largest actual/estimated tokens of a request so far (at least 1)
     stopped_by: str | None = None  # the cap that stopped the asking (logged once)
 
     def __post_init__(self):
@@ -123,19 +130,35 @@ class RequestBudget:
             self.remaining -= granted
         return granted
 
-    def charge(self, usage: dict) -> None:
-        """Count the usage of one new answer (the caller holds the lock of its requests)."""
-        self.tokens += usage["prompt_tokens"] + usage["completion_tokens"]
-        if self.price is not None:
-            self.cost += self.price.cost(usage["prompt_tokens"], usage["completion_tokens"])
+    def reserve(self, prompt_tokens: int, completion_tokens: int) -> tuple[int, float, int] | None:
+        """Hold one request's estimate (tokens, USD at the online price, the unscaled tokens) until `settle`; None,
+        holding nothing, when it could take the run past a cap, which is then `stopped_by` for good (the caller
+        holds the lock of its requests)."""
+        if self.stopped_by is not None:
+            return None
+        prompt, completion = math.ceil(prompt_tokens * self.scale), math.ceil(completion_tokens * self.scale)
+        tokens, cost = prompt + completion, 0.0 if self.price is None else self.price.cost(prompt, completion)
+        if self.max_tokens_total is not None and self.tokens + self.held_tokens + tokens > self.max_tokens_total:
+            self.stopped_by = f"max_tokens_total={self.max_tokens_total}"
+        elif self.max_cost is not None and self.cost + self.held_cost + cost > self.max_cost:
+            self.stopped_by = f"max_cost={self.max_cost:g}"
+        if self.stopped_by is not None:
+            return None
+        self.held_tokens += tokens
+        self.held_cost += cost
+        return tokens, cost, prompt_tokens + completion_tokens
 
-    def reached(self) -> str | None:
-        """The cap reached, as `name=value` (None: none)."""
-        if self.max_tokens_total is not None and self.tokens >= self.max_tokens_total:
-            return f"max_tokens_total={self.max_tokens_total}"
-        if self.max_cost is not None and self.cost >= self.max_cost:
-            return f"max_cost={self.max_cost:g}"
-        return None
+    def settle(self, held: tuple[int, float, int], billed: dict | None) -> None:
+        """Release a request's hold and count what it was billed (rgb.models.api_cost.billed_usage; None: it
+        failed, nothing billed)."""
+        self.held_tokens -= held[0]
+        self.held_cost -= held[1]
+        if billed is None:
+            return
+        tokens = billed["prompt_tokens"] + billed["completion_tokens"]
+        self.tokens += tokens
+        self.cost += 0.0 if self.price is None else self.price.billed(billed)
+        self.scale = max(self.scale, tokens / max(held[2], 1))
 
 
 def _retry_after(headers) -> float | None:
@@ -186,16 +209,18 @@ def _error_message(response) -> str:
         return response.text[:200] or response.reason_phrase
 
 
-def completion_record(reply: dict) -> dict:
+def completion_record(reply: dict, batch: bool = False) -> dict:
     """The answer cache's record of a chat.completion body (less its key), whichever path asked: one request or
-    a line of a Batch (rgb.models.api_batch). KeyError/IndexError/TypeError: no choices[0].message.content."""
+    a line of a Batch (rgb.models.api_batch), with what the provider billed for it (`billed`: the Batch rate,
+    prompt-cached tokens). KeyError/IndexError/TypeError: no choices[0].message.content."""
     choice = reply["choices"][0]
     text = choice["message"]["content"]
     usage = reply.get("usage") or {}
     # content is null when a reasoning model spent its whole token limit thinking: an empty, cut answer
     return {"answer": "" if text is None else text if isinstance(text, str) else json.dumps(text),
             "usage": {k: int(usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")},
-            "finish_reason": choice.get("finish_reason"), "served_model": reply.get("model")}
+            "finish_reason": choice.get("finish_reason"), "served_model": reply.get("model"),
+            "billed": billed_usage(usage, batch)}
 
 
 @functools.cache
