@@ -32,10 +32,11 @@ from rgb.evaluation.model_eval import (
     EvaluationError,
     evaluate_model,
     format_table,
+    partial_reason,
     plan_table,
     request_plan,
 )
-from rgb.evaluation.records import PROTOCOLS, RecordError, ScoresRecord
+from rgb.evaluation.records import PROTOCOLS, SCORES_FILE, RecordError, ScoresRecord
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
 from rgb.models import InMemoryModel, export_paths, load_with_meta
 from rgb.models.io import origin_line
@@ -188,6 +189,10 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
         weights, _ = export_paths(run)
         record = evaluate_model(model, meta, weights, request.data(), replace(options, out_dir=staging))
+    if record.partial:  # named once the staging copy has replaced out_dir: a path that exists
+        log.warning("PARTIAL evaluation (%s): written to %s; %s", partial_reason(record),
+                    record.folder(out_dir) / record.file_name, "the whole-split record beside it is kept"
+                    if (out_dir / SCORES_FILE).is_file() else "not a leaderboard entry")
     log.info("%s", format_table(record))
     log.info("results in %s", record.folder(out_dir))
     if request.wandb_project is not None:
