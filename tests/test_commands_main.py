@@ -312,7 +312,7 @@ def test_a_full_disk_while_copying_the_previous_outputs_is_the_commands_one_line
     def full(src, dst, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
 
-    monkeypatch.setattr(shutil, "copy2", full)
+    monkeypatch.setattr(shutil, "copyfile", full)
     with pytest.raises(OSError) as caught:
         with replaced_whole(out):
             pytest.fail("the block ran without the staging copy")
