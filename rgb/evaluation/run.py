@@ -92,6 +92,7 @@ class PoolRequest:
     rank_by: str
     site: bool = False  # also the static site (rgb.evaluation.site) in <leaderboard_dir>/site
     wandb_project: str | None = None  # the leaderboard's table and files to W&B; None: nothing logged
+    missing_jobs: tuple[Path, ...] = ()  # sweep jobs without a model: no mean +- std over a sweep's part
 
 
 def evaluate_pool(request: PoolRequest) -> None:
@@ -109,6 +110,10 @@ def evaluate_pool(request: PoolRequest) -> None:
         trained.append((record, meta))
         runs[(record.folder(entry.model.output_dir) / record.file_name).resolve()] = (entry, meta)
     spread = seed_spread([record for record, _ in trained], [meta for _, meta in trained], request.protocol)
+    if request.missing_jobs:
+        spread = None  # seeds.md (and one an earlier pool wrote) would describe part of the sweep as all of it
+        log.warning("sweep jobs without a model (failed, running or removed): %s; no mean +- std over seeds "
+                    "(seeds.md / seeds.json removed) until they are there", ", ".join(map(str, request.missing_jobs)))
     try:
         records = find_records(sources)
         with replaced_whole(request.leaderboard_dir) as staging:  # all files new, or all as they were
