@@ -271,12 +271,24 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     """A TCP socket listening on host:port, made with proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on
     connections accepted from such a socket (socket.create_server's proto 0 left Nagle on, and every answer
     waited ~40 ms for the client's delayed ACK)."""
+    check_port(port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:  # in use, or a host this machine does not have: the user's to change
+        sock.close()
+        raise ServeError(f"cannot listen on host={host} port={port}: {err.strerror or err} (choose another port, or "
+                         f"port=0 for any free one)") from err
     return sock
+
+
+def check_port(port) -> None:
+    """A TCP port number: 0 (any free one) to 65535."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ServeError(f"port={port!r}: a port is an integer from 0 (any free one) to 65535")
 
 
 class ModelServer:
@@ -334,6 +346,7 @@ def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_
                 image_size: int | None = None, limits: Limits | None = None,
                 batch_dir: str | Path | None = None) -> ModelServer:
     """A server for the model of a run dir (not started: call serve_forever, e.g. in a thread)."""
+    check_port(port)  # before the model loads
     model, meta = load_with_meta(run)
     if not isinstance(model, torch.nn.Module):
         raise ServeError(f"{run} holds a model of family {meta.get('family')!r}: rgb-serve serves models it runs itself")

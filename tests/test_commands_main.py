@@ -4,6 +4,7 @@ never a traceback, and nothing written outside the output tree. Mostly in-proces
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -298,6 +299,27 @@ def test_a_failed_write_leaves_the_previous_outputs_as_they_were(tmp_path):
         (staging / "scores.json").write_text("new scores")
     assert (out / "scores.json").read_text() == "new scores" and (out / "plot.png").read_text() == "old plot"
     assert sorted(p.name for p in out.parent.iterdir()) == ["run"]
+
+
+def test_a_full_disk_while_copying_the_previous_outputs_is_the_commands_one_line(monkeypatch, tmp_path):
+    """Evaluating again copies the previous outputs into a staging copy first; a full disk there was a shutil.Error
+    (a list of strings without errno) and a 26-line traceback. Now: the disk-full line, nothing half-written."""
+    out = tmp_path / "eval" / "run"
+    (out / "plots").mkdir(parents=True)
+    (out / "scores.json").write_text("old scores")
+    (out / "plots" / "settings.png").write_text("old plot")
+
+    def full(src, dst, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    with pytest.raises(OSError) as caught:
+        with replaced_whole(out):
+            pytest.fail("the block ran without the staging copy")
+    line = cli._error_line(caught.value)
+    assert line is not None and "\n" not in line and "the disk is full" in line and "settings.png" in line
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run"]  # no staging copy left behind
+    assert (out / "scores.json").read_text() == "old scores" and (out / "plots" / "settings.png").is_file()
 
 
 def test_evaluate_writes_into_a_staging_copy_then_replaces(monkeypatch, tmp_path):

@@ -111,3 +111,37 @@ def test_mean_and_std_over_seeds_only_when_the_seed_alone_differs():
     assert seed_spread(records, [fake_meta(0), fake_meta(1, lr=0.2)]) is None  # another recipe: no spread
     assert seed_spread(records, [fake_meta(0), fake_meta(0)]) is None
     assert seed_spread(records[:1], [fake_meta(0)]) is None
+
+
+def test_a_sweep_with_a_job_missing_gives_no_seed_spread_and_says_which(tmp_path, monkeypatch, caplog):
+    """Jobs 0 and 2 of a seed sweep hold models, job 1 none (failed) and job 3's dir is gone below job 4: a mean +-
+    std over part of the sweep read as all of it, and an earlier seeds.md stayed with no warning. Now the missing
+    jobs are named, and seeds.md / seeds.json go."""
+    import rgb.evaluation.run as run_module
+    from rgb.commands.evaluate import pool_request
+    from rgb.runs.store import missing_sweep_jobs
+
+    sweep = tmp_path / "sweep"
+    for job in (0, 2, 4):
+        (sweep / str(job)).mkdir(parents=True)
+        (sweep / str(job) / "model.json").write_text("{}")
+    (sweep / "1").mkdir()
+    assert missing_sweep_jobs(sweep) == [sweep / "1", sweep / "3"]
+    assert missing_sweep_jobs(sweep / "0") == [] and missing_sweep_jobs(tmp_path / "nothing") == []
+    monkeypatch.setattr("rgb.commands.evaluate.eval_request", lambda cfg: Path(str(cfg.run)))
+    board = tmp_path / "board"
+    request = pool_request(compose_config("evaluate", f"pool=[{sweep}]", f"leaderboard_dir={board}"))
+    assert request.missing_jobs == (sweep / "1", sweep / "3")
+
+    board.mkdir()
+    (board / "seeds.md").write_text("# Mean +- std over seeds 0, 1, 2 (an earlier pool)")
+    (board / "seeds.json").write_text("{}")
+    monkeypatch.setattr(run_module, "seed_spread", lambda *args: {"a spread": "of jobs 0, 2, 4"})
+    monkeypatch.setattr(run_module, "find_records", lambda sources: [])
+    monkeypatch.setattr(run_module, "write_leaderboard", lambda *args: None)
+    monkeypatch.setattr(run_module, "to_markdown", lambda board: "")
+    with caplog.at_level("WARNING"):
+        run_module.evaluate_pool(run_module.PoolRequest((), "white_box", board, None, "borda",
+                                                        missing_jobs=request.missing_jobs))
+    assert not (board / "seeds.md").exists() and not (board / "seeds.json").exists()
+    assert f"sweep jobs without a model (failed, running or removed): {sweep / '1'}, {sweep / '3'}" in caplog.text

@@ -360,11 +360,20 @@ def test_dry_run_counts_and_max_requests_stops_partial_then_resumes(tmp_path, be
         assert plan["prompt_tokens"] > 0 and plan["usd"] is None and "no price known" in caplog.text
         assert not (tmp_path / "outputs" / "eval").exists()
 
-        partial = evaluate(tmp_path, bench, run, "max_requests=30")
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            partial = evaluate(tmp_path, bench, run, "max_requests=30")
         assert running.requests.count() == 30 and partial.api.partial
         assert partial.white_box.settings["test"].partial is False  # test's 24 images came first, all answered
         assert partial.white_box.settings["common"].partial and partial.white_box.settings["common"].total == 6
-        assert "PARTIAL" in format_table(partial)
+        unanswered = int(partial.api.total["unanswered"])
+        header = format_table(partial).splitlines()[0]  # what made it partial: the cap, never "the first None"
+        assert header.endswith(f"PARTIAL: {unanswered} images not asked yet (max_requests=30, or max_tokens_total"
+                               f" / max_cost))") and "None" not in header
+        warning = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("PARTIAL evaluation"))
+        named = Path(warning.split(": written to ")[1].split(";")[0])
+        assert named.is_file() and named == partial_dir(tmp_path / "outputs" / "eval" / DATASET / run.name) / \
+            PARTIAL_SCORES_FILE  # a file that exists, not the staging copy it was written in
         caplog.clear()
         with caplog.at_level("INFO"):
             run_evaluation(compose_config("evaluate", tmp_path, bench, f"run={run}", "dry_run=true"))

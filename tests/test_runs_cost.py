@@ -12,6 +12,10 @@ from helpers import compose_config
 from rgb.attacks import AutoAttack
 from rgb.attacks.options import AttackOptions
 from rgb.commands.attack import attack_from_config
+from rgb.data import BenchmarkData
+from rgb.data.mini import DATASET
+from rgb.models import load_with_meta
+from rgb.runs.records import load_images
 from rgb.runs.cost import ROBUST_SHARES, Throughput, budget_cost
 from rgb.runs.store import COST_ESTIMATE_FILE
 
@@ -53,11 +57,22 @@ def test_the_protocol_worst_case_matches_the_documented_one():
 
 def test_budget_cost_scales_with_the_robust_share():
     speed = Throughput(batch_size=8, forward_s=0.01, backward_s=0.02)
-    cost = budget_cost(100, (1000, 500), (13, 11), speed, workers=2, name="linf")
+    cost = budget_cost(100, 1.0, (1000, 500), (13, 11), speed, workers=2, name="linf")
     assert cost.rows["0"] == (1300, 1100) and cost.rows["1"] == (100_000, 50_000)
     assert cost.seconds["1"] == pytest.approx((100_000 * 0.01 + 50_000 * 0.02) / 2)
     assert list(cost.seconds) == [f"{s:g}" for s in ROBUST_SHARES]
     assert all(a < b for a, b in zip(list(cost.seconds.values()), list(cost.seconds.values())[1:]))
+
+
+def test_only_the_correctly_classified_images_are_attacked():
+    """A misclassified image costs its clean forward alone: at 45% clean accuracy, 0% robust, the run is about
+    1/0.45 = 2.2x cheaper than with every image attacked (what the dry run predicted before)."""
+    speed = Throughput(batch_size=8, forward_s=0.01, backward_s=0.02)
+    everyone = budget_cost(100, 1.0, (1000, 500), (13, 11), speed, workers=1, name="linf")
+    cost = budget_cost(100, 0.45, (1000, 500), (13, 11), speed, workers=1, name="linf")
+    assert cost.rows["0"] == pytest.approx((45 * 13 + 55 * 1, 45 * 11))
+    assert cost.rows["1"] == pytest.approx((45 * 1000 + 55 * 1, 45 * 500))
+    assert everyone.seconds["0"] / cost.seconds["0"] == pytest.approx(2.2, abs=0.1)
 
 
 def test_dry_run_estimates_without_attacking(surrogate, mini_dir, tmp_path, caplog):
@@ -73,4 +88,12 @@ def test_dry_run_estimates_without_attacking(surrogate, mini_dir, tmp_path, capl
     assert [b["budget"] for b in record["budgets"]] == ["linf", "l1"] and record["n_classes"] == N_CLASSES
     assert record["budgets"][0]["robust_rows"] == [7825, 1910]
     assert record["throughput"]["forward_s"] > 0 and record["throughput"]["backward_s"] >= 0
-    assert "| linf | 200 |" in caplog.text and "100% robust" in caplog.text
+    assert "| linf | 200 |" in caplog.text and "100% of correct robust" in caplog.text
+    model, _ = load_with_meta(surrogate)
+    x, y, _ = load_images(BenchmarkData.for_dataset(DATASET, str(mini_dir)).split("test"), range(200))
+    with torch.no_grad():
+        accuracy = float((model(x).argmax(1) == y).float().mean())
+    assert record["clean_accuracy"] == pytest.approx(accuracy) and record["clean_sample"] == 200
+    assert f"clean accuracy {accuracy:.1%} on 200 images" in caplog.text
+    linf = record["budgets"][0]
+    assert linf["rows"]["0"][1] == pytest.approx(200 * accuracy * (record["fooled_steps"] + 1))

@@ -183,3 +183,21 @@ def test_sigkill_of_a_pooled_run_then_rerun_equals_an_uninterrupted_run(surrogat
     second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     pd.testing.assert_frame_equal(results(out), results(uninterrupted))
+
+
+def test_a_stage_that_leaves_no_survivors_ends_the_cascade_as_the_batch_schedule_does(surrogate, small_bench,
+                                                                                     tmp_path):
+    """At a budget the first attack fools every image (as the demo CNN at Linf and L2), the later stages have no
+    chunk to attack: the run finishes, not with an IndexError; with one batch (the same chunks) its results are the
+    batch schedule's, with several every image is fooled all the same."""
+    wide = "data.budgets.linf=0.5"
+    tables = {}
+    for schedule in ("batch", "pooled"):
+        out = tmp_path / schedule
+        summary = attack(surrogate, small_bench, out, f"schedule={schedule}", f"batch_size={N_IMAGES}", wide)["linf"]
+        assert summary["n_robust"] == 0 < summary["n_clean_correct"]
+        tables[schedule] = results(out)
+    pd.testing.assert_frame_equal(tables["pooled"], tables["batch"])
+    assert set(tables["pooled"]["fooled_by"]) <= {0, 1}  # clean-wrong or fooled by the first attack: none left after
+    several = attack(surrogate, small_bench, tmp_path / "several", "schedule=pooled", wide)["linf"]
+    assert several["n_robust"] == 0 and several["n_clean_correct"] == summary["n_clean_correct"]

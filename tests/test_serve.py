@@ -383,6 +383,21 @@ def test_python_m_rgb_serve_is_the_rgb_serve_command(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_a_port_in_use_is_one_line_naming_it(server):
+    port = server.socket.getsockname()[1]
+    with raises_one_line(ServeError, f"cannot listen on host=127.0.0.1 port={port}: .*in use.*port=0"):
+        ModelServer(Brightness(), CLASSES, 8, NAME, port=port)
+
+
+@pytest.mark.parametrize("port", [70000, -1, "eighty"])
+def test_a_port_out_of_range_is_one_line_before_the_model_loads(port, tmp_path):
+    import rgb.commands.serve as serve_command
+
+    cfg = compose_config("serve", f"run={tmp_path / 'no-run'}", f"paths.root_dir={tmp_path}", f"port={port}")
+    with raises_one_line(ServeError, "port=.*: a port is an integer from 0 .* to 65535"):
+        serve_command.serve_from_config(cfg)
+
+
 def test_the_listening_socket_is_tcp_so_answers_go_out_without_nagle(server):
     """asyncio sets TCP_NODELAY only on connections accepted from a socket whose proto is IPPROTO_TCP; with
     socket.create_server's proto 0 every answer waited ~40 ms for the client's delayed ACK."""

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.core.configs import config_dir
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate, evaluate_pool
-from rgb.runs.store import train_runs
+from rgb.runs.store import missing_sweep_jobs, train_runs
 
 # Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
 REPORTS = {
@@ -54,15 +54,16 @@ def eval_request(cfg: DictConfig) -> EvalRequest:
 def pool_request(cfg: DictConfig) -> PoolRequest:
     """pool=[...]: a train sweep or run dir names its models (one request each), any other entry is a dir of
     scores.json files."""
-    entries = []
+    entries, missing = [], []
     for entry in cfg.pool:
         runs = train_runs(entry)
         entries += [eval_request(member(cfg, run)) for run in runs] if runs else [Path(str(entry))]
+        missing += missing_sweep_jobs(entry)
     datasets = cfg.get("leaderboard_datasets")
     return PoolRequest(tuple(entries), str(cfg.protocol), Path(str(cfg.leaderboard_dir)),
                        None if datasets is None else tuple(str(d) for d in datasets), str(cfg.get("rank_by", "borda")),
                        bool(cfg.get("site", False)),
-                       str(cfg.wandb.project) if cfg.wandb.enabled else None)
+                       str(cfg.wandb.project) if cfg.wandb.enabled else None, tuple(missing))
 
 
 def run_evaluation(cfg: DictConfig) -> float | None:

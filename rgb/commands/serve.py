@@ -28,7 +28,7 @@ def serve_from_config(cfg: DictConfig) -> None:
     key = os.environ.get(str(cfg.api_key_env)) if cfg.get("api_key_env") else None
     if cfg.get("api_key_env") and not key:
         raise ServeError(f"api_key_env={cfg.api_key_env} is set but the environment has no {cfg.api_key_env}")
-    server = make_server(str(cfg.run), str(cfg.host), int(cfg.port), str(cfg.served_name),
+    server = make_server(str(cfg.run), str(cfg.host), cfg.port, str(cfg.served_name),
                          Faults(**dict(cfg.faults)), key, resolve_device(str(cfg.device)), cfg.get("image_size"),
                          Limits(**dict(cfg.limits)), cfg.get("batch_dir"))
     log.info("serving %s as model %r at %s/chat/completions (Ctrl-C stops)", cfg.run, server.served_name,

@@ -156,7 +156,7 @@ def replaced_whole(directory: Path):
     try:
         shutil.rmtree(staging, ignore_errors=True)
         if directory.is_dir():
-            shutil.copytree(directory, staging, symlinks=True)
+            _copy_tree(directory, staging)
         else:
             staging.mkdir(parents=True)
         yield staging
@@ -167,6 +167,26 @@ def replaced_whole(directory: Path):
         os.replace(directory, retired)
     os.replace(staging, directory)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """shutil.copytree that raises a file's copy error as it is: copytree gathers them into a shutil.Error of
+    strings, which loses the errno (a full disk was a traceback, not the commands' one line)."""
+    failures: list[OSError] = []
+
+    def copy(src, dst):
+        try:
+            return shutil.copy2(src, dst)
+        except OSError as err:
+            failures.append(err)
+            raise
+
+    try:
+        shutil.copytree(source, target, symlinks=True, copy_function=copy)
+    except shutil.Error:
+        if failures:
+            raise failures[0] from None
+        raise
 
 
 STAGING_NAME = re.compile(r"^\.(?P<name>.+)\.(?:new|old)\.(?P<pid>\d+)$")

@@ -35,7 +35,7 @@ from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.api_eval import ApiPredictor, cache_path, split_images
-from rgb.evaluation.records import (ATTACK_SETTING_NORMS, SCORES_FILE, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
+from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
                                     ModelIdentity, ProtocolScore, ScoresRecord)
 from rgb.evaluation.scores import black_box_score
 from rgb.models.api_cache import AnswerCache
@@ -447,11 +447,16 @@ def _write(record: ScoresRecord, n_rows: int, labels, clean, common, per_sample,
     figures = plots.record_figures(record, names, out)
     record = replace(record, plots=[p.name for p in figures])
     record.save(out / record.file_name)
-    if record.partial:
-        log.warning("PARTIAL evaluation (max_images=%s): written to %s; %s", record.max_images,
-                    out / record.file_name, "the whole-split record beside it is kept"
-                    if (options.out_dir / SCORES_FILE).is_file() else "not a leaderboard entry")
     return record
+
+
+def partial_reason(record: ScoresRecord) -> str:
+    """What made a PARTIAL record partial: max_images, an API run's request/token/cost cap, or both."""
+    reasons = [f"the first {record.max_images} images of each split"] if record.max_images is not None else []
+    if record.api is not None and record.api.partial:
+        reasons.append(f"{int(record.api.total['unanswered'])} images not asked yet (max_requests="
+                       f"{record.api.max_requests}, or max_tokens_total / max_cost)")
+    return "; ".join(reasons)
 
 
 def format_table(record: ScoresRecord) -> str:
@@ -459,7 +464,7 @@ def format_table(record: ScoresRecord) -> str:
     that are not the protocol's (another version, precision or attack subset) follow, labelled, never scored.
     An API model's white-box settings are n/a; its nine black-box settings follow with their abstentions."""
     na = record.not_applicable("white_box")
-    part = f"; PARTIAL: the first {record.max_images} images of each split" if record.partial else ""
+    part = f"; PARTIAL: {partial_reason(record)}" if record.partial else ""
     lines = [f"{record.model.run_name} on {record.dataset} (test n={record.n_test}{part})",
              f"{'setting':18s} {'accuracy':>9s} {'correct/total':>15s}"]
     for name, acc in record.white_box.settings.items():
@@ -525,4 +530,5 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
     return lines
 
 
-__all__ = ["AttackExpectation", "EvalOptions", "EvaluationError", "evaluate_model", "format_table", "read_attack"]
+__all__ = ["AttackExpectation", "EvalOptions", "EvaluationError", "evaluate_model", "format_table", "partial_reason",
+           "read_attack"]

@@ -32,10 +32,11 @@ from rgb.evaluation.model_eval import (
     EvaluationError,
     evaluate_model,
     format_table,
+    partial_reason,
     plan_table,
     request_plan,
 )
-from rgb.evaluation.records import PROTOCOLS, RecordError, ScoresRecord
+from rgb.evaluation.records import PROTOCOLS, SCORES_FILE, RecordError, ScoresRecord
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
 from rgb.models import InMemoryModel, export_paths, load_with_meta
 from rgb.models.io import origin_line
@@ -91,6 +92,7 @@ class PoolRequest:
     rank_by: str
     site: bool = False  # also the static site (rgb.evaluation.site) in <leaderboard_dir>/site
     wandb_project: str | None = None  # the leaderboard's table and files to W&B; None: nothing logged
+    missing_jobs: tuple[Path, ...] = ()  # sweep jobs without a model: no mean +- std over a sweep's part
 
 
 def evaluate_pool(request: PoolRequest) -> None:
@@ -108,6 +110,10 @@ def evaluate_pool(request: PoolRequest) -> None:
         trained.append((record, meta))
         runs[(record.folder(entry.model.output_dir) / record.file_name).resolve()] = (entry, meta)
     spread = seed_spread([record for record, _ in trained], [meta for _, meta in trained], request.protocol)
+    if request.missing_jobs:
+        spread = None  # seeds.md (and one an earlier pool wrote) would describe part of the sweep as all of it
+        log.warning("sweep jobs without a model (failed, running or removed): %s; no mean +- std over seeds "
+                    "(seeds.md / seeds.json removed) until they are there", ", ".join(map(str, request.missing_jobs)))
     try:
         records = find_records(sources)
         with replaced_whole(request.leaderboard_dir) as staging:  # all files new, or all as they were
@@ -188,6 +194,10 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
         weights, _ = export_paths(run)
         record = evaluate_model(model, meta, weights, request.data(), replace(options, out_dir=staging))
+    if record.partial:  # named once the staging copy has replaced out_dir: a path that exists
+        log.warning("PARTIAL evaluation (%s): written to %s; %s", partial_reason(record),
+                    record.folder(out_dir) / record.file_name, "the whole-split record beside it is kept"
+                    if (out_dir / SCORES_FILE).is_file() else "not a leaderboard entry")
     log.info("%s", format_table(record))
     log.info("results in %s", record.folder(out_dir))
     if request.wandb_project is not None:

@@ -83,12 +83,13 @@ class PooledShard:
 
     def chunks(self, stage: int) -> list[torch.Tensor]:
         """Image ids of each chunk of `stage`: the survivors of the stages before it in image order, cut at
-        batch_size (asked once those stages are folded)."""
+        batch_size (asked once those stages are folded); none once no image survives (`split` of an empty tensor
+        would give one empty chunk)."""
         if stage not in self.chunk_ids:
             if self.folded != stage - 1:
                 raise RuntimeError(f"chunks of stage {stage} asked with stage {self.folded} folded")
             survivors = self.ids[self.clean_correct & (self.fooled_by == FooledBy.ROBUST)]
-            self.chunk_ids[stage] = list(survivors.split(self.batch_size))
+            self.chunk_ids[stage] = list(survivors.split(self.batch_size)) if len(survivors) else []
         return self.chunk_ids[stage]
 
     def unit_ids(self, stage: int, unit: int) -> torch.Tensor:

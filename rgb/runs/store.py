@@ -156,6 +156,18 @@ def train_runs(pattern: str | Path) -> list[Path]:
     return runs
 
 
+def missing_sweep_jobs(pattern: str | Path) -> list[Path]:
+    """The jobs of a sweep dir that hold no model (failed, still running, or removed): numbered job dirs without
+    model.json, and numbers missing below the highest one. Empty for anything but a sweep dir."""
+    path = Path(str(pattern))
+    if glob.has_magic(str(pattern)) or (path / META_FILE).is_file() or not path.is_dir():
+        return []
+    numbers = {int(p.name) for p in path.iterdir() if p.is_dir() and p.name.isdigit()}
+    if not any((path / str(n) / META_FILE).is_file() for n in numbers):
+        return []  # not a train sweep (an eval dir, say)
+    return [path / str(n) for n in range(max(numbers) + 1) if not (path / str(n) / META_FILE).is_file()]
+
+
 @dataclass
 class RunSummary:
     """summary.json of one merged threat-model run (schema 2). `from_json` refuses records missing a field.
@@ -497,4 +509,4 @@ def read_run(directory: Path) -> RunResult | None:
 
 
 __all__ = ["MANIFEST", "RESULT_COLUMNS", "RunDirectory", "RunResult", "RunSummary", "model_record", "read_run",
-           "run_name_for", "train_runs"]
+           "missing_sweep_jobs", "run_name_for", "train_runs"]
