@@ -510,7 +510,8 @@ SECRET = "SECRET123"
 
 def test_a_key_in_a_query_parameter_is_sent_and_never_written(tmp_path, bench, served_run, monkeypatch, caplog):
     """A real API run end to end with `?api_key=...` in base_url (allowed, as some gateways want it): train,
-    evaluate with W&B offline, the pool's leaderboard and site; no file it writes and no log line holds the key.
+    evaluate with W&B offline, the pool's leaderboard and site (of records as they were written before the key was
+    redacted, too); no file it writes and no log line holds the key.
     model.json records it as REDACTED and a request sends the key of api_key_env in its place."""
     monkeypatch.setenv(KEY_ENV, SECRET)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -531,6 +532,12 @@ def test_a_key_in_a_query_parameter_is_sent_and_never_written(tmp_path, bench, s
                           "wandb.project=rgb-tests")
         assert record.api.total["requests"] > 0 and SECRET not in record.api.base_url
         scored = partial_dir(tmp_path / "outputs" / "eval" / DATASET / run.name) / PARTIAL_SCORES_FILE
+        wandb.teardown()
+        assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+        # records written before the redaction (the key in model.json and scores.json) are published without it
+        old_records = [scored, run / "model.json"]
+        for old in old_records:
+            old.write_text(old.read_text().replace("REDACTED", SECRET))
         run_evaluation(compose_config("evaluate", tmp_path, bench, f"pool=[{scored}]",
                                       "protocol=black_box", f"leaderboard_datasets=[{DATASET}]", "site=true",
                                       "allow_partial=true", "wandb.enabled=true", "wandb.project=rgb-tests"))
@@ -538,7 +545,7 @@ def test_a_key_in_a_query_parameter_is_sent_and_never_written(tmp_path, bench, s
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "index.html" for p in written) and any(p.suffix == ".wandb" for p in written)
     assert any(p.name == "model.json" for p in written) and any(p.name == SCORES_FILE for p in written)
-    assert not [p for p in written if SECRET.encode() in p.read_bytes()]
+    assert not [p for p in written if p not in old_records and SECRET.encode() in p.read_bytes()]
     assert SECRET not in caplog.text
 
 
