@@ -557,6 +557,7 @@ def test_a_key_recorded_as_redacted_needs_its_variable(monkeypatch):
         model.endpoint.address()
 
 
+@pytest.mark.slow
 def test_credentials_in_the_url_are_refused_in_one_line_without_showing_them(tmp_path, bench):
     """`train.py model=api_chat model.base_url=http://user:pw@host/v1`, the real command: one line naming the key
     and where credentials belong, the password not shown, nothing written."""
