@@ -25,6 +25,7 @@ from omegaconf.errors import InterpolationResolutionError
 from rgb.commands.resolvers import register_resolvers
 from rgb.core.configs import config_dir, data_config_for, data_configs
 from rgb.core.errors import UserError, one_line
+from rgb.core.secrets import redact_text
 from rgb.core.values import (
     INT,
     NON_NEGATIVE_INT,
@@ -312,7 +313,8 @@ def _log_to_files(cfg: DictConfig) -> None:
         composed = OmegaConf.to_yaml(cfg, resolve=True)
     except Exception:  # an interpolation only the command itself can report (it will): the config as written
         composed = OmegaConf.to_yaml(cfg)
-    record = logging.LogRecord(log.name, logging.INFO, __file__, 0, "composed config:\n%s", (composed,), None)
+    record = logging.LogRecord(log.name, logging.INFO, __file__, 0, "composed config:\n%s", (redact_text(composed),),
+                               None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

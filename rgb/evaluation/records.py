@@ -19,6 +19,7 @@ import numpy as np
 from rgb.core.classwise import ClassWise
 from rgb.core.files import atomic_write_bytes
 from rgb.core.jsonrecord import JsonRecord, RecordError
+from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
@@ -309,6 +310,9 @@ class ApiUsage(JsonRecord):
     parser_version: int | None = None
     price: dict | None = None  # rgb.models.api_cost.Price's fields (None: unknown, no money shown)
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost")
+
+    def __post_init__(self):  # a record written before secrets were redacted is shown without them
+        object.__setattr__(self, "base_url", redact_url(self.base_url))
 
     @property
     def total(self) -> dict[str, float | None]:

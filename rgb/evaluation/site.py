@@ -21,6 +21,7 @@ import jinja2
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, distinct_name
+from rgb.core.secrets import redact, redact_text
 from rgb.evaluation.leaderboard import (
     INCOMPLETE_HEADING,
     OTHER_PROTOCOL_HEADING,
@@ -248,13 +249,19 @@ def _clean_mean(board: Leaderboard, index: int) -> Cell:
     return Cell(f"{sum(values) / len(values):.4f}", sum(values) / len(values), "") if values else Cell("", None, "")
 
 
+TEXT_FILES = (".json", ".md", ".csv", ".txt")
+
+
 def _copy(source: Path, target: Path) -> str | None:
     """Copy one file into a model's folder of the site (`<site>/models/<slug>/...`); its path relative to the
     model pages (`<site>/models/`), or None when absent."""
     if not source.is_file():
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, target)
+    if source.suffix in TEXT_FILES:  # a record written before secrets were redacted is published without them
+        atomic_write_bytes(target, redact_text(source.read_text()).encode())
+    else:
+        shutil.copyfile(source, target)
     models = next(p for p in target.parents if p.name == "models")
     return target.relative_to(models).as_posix()
 
@@ -278,7 +285,7 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
             copied = {p.name: _copy(p, files_dir / sub / p.name) for p in found if p.suffix in (".md", ".png", ".csv")}
             if copied:
                 reports.append({"title": title, "files": copied,
-                                "text": "\n\n".join(p.read_text() for p in found if p.suffix == ".md")})
+                                "text": redact_text("\n\n".join(p.read_text() for p in found if p.suffix == ".md"))})
         tables = []
         for board in boards:
             index = next((i for i, r in enumerate(board.rows) if r.model == name), None)
@@ -309,7 +316,7 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
     config = {k: v for k, v in (meta or {}).items() if k not in ("training", "class_names", "zeroshot")}
     return {"name": name, "columns": model_columns(entries), "datasets": datasets,
             "provenance": {k: _text(v) for k, v in provenance.items()},
-            "config": json.dumps(config or record.model.to_json(), indent=2, sort_keys=True, default=str)}
+            "config": json.dumps(redact(config or record.model.to_json()), indent=2, sort_keys=True, default=str)}
 
 
 def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out: Path) -> Path:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from tqdm import tqdm
 
+from rgb.core.secrets import redact_headers, redact_text, redact_url, url_credentials_problem
 from rgb.core.values import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -59,18 +60,19 @@ OWN_FIELDS = frozenset({"model", "messages"})
 # The rules of the model config's values (rgb.core.values), checked when the settings are made: by train.py
 # model=api_chat and by every load of a model.json, so a bad value is one line wherever it comes from.
 API_RULES: dict[str, Rule] = {
-    "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None,
-                       "an http(s) URL ending in /v1"),
+    "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None
+                       and url_credentials_problem(v) is None, "an http(s) URL ending in /v1, without user:password@ "
+                       "(credentials belong in the variable model.api_key_env names, or in model.headers)"),
     "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
     "model.prompt": (lambda v: v is None or isinstance(v, str), "a text"),
     "model.system_prompt": (lambda v: v is None or isinstance(v, str), "null or a text"),
     "model.temperature": optional(NON_NEGATIVE), "model.max_tokens": optional(POSITIVE_INT),
-    "model.request": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)
+    "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
                       and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
 }
 CLIENT_RULES: dict[str, Rule] = {
     "model.api_key_env": (_text, "the name of an environment variable"),
-    "model.headers": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+    "model.headers": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
                                                             for k, x in v.items()), "a mapping of header: text"),
     "model.retry_max_tokens": optional(POSITIVE_INT),
     "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
@@ -84,7 +86,7 @@ CLIENT_RULES: dict[str, Rule] = {
 def _check(settings, rules: dict[str, Rule]) -> None:
     found = problems({f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}, rules)
     if found:
-        raise ConfigValueError("invalid value: " + "; ".join(found))
+        raise ConfigValueError("invalid value: " + redact_text("; ".join(found)))  # the values shown: no secret
 
 
 @dataclass(frozen=True)
@@ -103,16 +105,17 @@ class ApiSettings:
     max_tokens: int | None = 16
     image_encoding: str = IMAGE_ENCODING
     system_prompt: str | None = None
-    request: dict = field(default_factory=dict)
+    request: dict | None = field(default_factory=dict)
 
     def __post_init__(self):
         _check(self, API_RULES)
         if self.image_encoding != IMAGE_ENCODING:
             raise ConfigValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored "
                                    f"pixels")
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        # a key in a query parameter is recorded as REDACTED: the request fills it from the environment
+        object.__setattr__(self, "base_url", redact_url(self.base_url.rstrip("/")))
         object.__setattr__(self, "prompt", DEFAULT_PROMPT if self.prompt is None else self.prompt)
-        object.__setattr__(self, "request", dict(self.request))
+        object.__setattr__(self, "request", dict(self.request or {}))  # null (the config's default): none
 
     @property
     def decoding(self) -> dict:
@@ -136,7 +139,9 @@ class ClientSettings:
     """How politely to ask (model.json `client`): none of it changes an answer, so none of it is in the cache key."""
 
     api_key_env: str = "OPENAI_API_KEY"
-    headers: dict = field(default_factory=dict)  # sent with every request (secrets: name them in api_key_env)
+    # sent with every request; a secret one (Authorization, api-key, ...) is recorded as REDACTED and sent with the
+    # key from api_key_env (rgb.core.secrets)
+    headers: dict | None = field(default_factory=dict)
     retry_max_tokens: int | None = None  # an answer cut by the token limit is asked once more with this limit
     max_concurrency: int = 4
     requests_per_minute: float | None = None
@@ -155,6 +160,7 @@ class ClientSettings:
 
     def __post_init__(self):
         _check(self, CLIENT_RULES)
+        object.__setattr__(self, "headers", redact_headers(self.headers or {}))  # null (the config's default): none
         Price.of(self.price)
 
 

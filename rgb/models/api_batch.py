@@ -87,9 +87,9 @@ class BatchRun:
         self.model, self.cache, self.sleep = model, cache, sleep
         settings = model.client_settings
         self.state = BatchState(cache.path)
-        self.sdk = openai.OpenAI(base_url=model.settings.base_url,
-                                 api_key=os.environ.get(settings.api_key_env) or "no-key",
-                                 default_headers=settings.headers or None, max_retries=settings.max_retries,
+        base_url, query, headers = model.endpoint.address()
+        self.sdk = openai.OpenAI(base_url=base_url, api_key=os.environ.get(settings.api_key_env) or "no-key",
+                                 default_headers=headers or None, default_query=query or None, max_retries=settings.max_retries,
                                  timeout=settings.timeout_s)
 
     def call(self, what: str, function, *args, **kwargs):

@@ -18,11 +18,15 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from rgb.core.errors import UserError
+from rgb.core.secrets import fill_secrets, redact_logs
 from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, optional, problems
 from rgb.models.api_cost import Price, billed_usage
 
 if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.api)
     from rgb.models.api import ClientSettings
+
+# The HTTP libraries log each URL they ask (at INFO or DEBUG): a key in its query is redacted there too.
+redact_logs("httpx", "httpx2", "openai", "openai._base_client")
 
 # Transient failures worth another try; any other HTTP error is the endpoint refusing for good.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -249,15 +253,25 @@ class Endpoint:
             message = message.replace(key, "[key]")
         return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
 
+    def address(self) -> tuple[str, dict, dict]:
+        """(base URL, query parameters, headers) to send: a secret recorded as REDACTED (a key in a query parameter or a header,
+        rgb.core.secrets) filled with the key from the environment; never stored."""
+        key = os.environ.get(self.client_settings.api_key_env) or None
+        try:
+            return fill_secrets(self.base_url, self.client_settings.headers, key)
+        except ValueError as err:
+            raise self.refused(f"{err}: set {self.client_settings.api_key_env}", key) from None
+
     def session(self):
         """The SDK client of one `answer` call (a context manager), on an HTTP client of `max_concurrency`
         connections. The key is not given here: each request reads it from the environment (`post_once`)."""
         import httpx2  # the SDK's HTTP library
         import openai
 
+        base_url, query, headers = self.address()
         http = openai.DefaultHttpxClient(limits=httpx2.Limits(max_connections=self.client_settings.max_concurrency))
-        return openai.OpenAI(base_url=self.base_url, api_key="read-per-request", max_retries=0,
-                             timeout=self.client_settings.timeout_s, default_headers=self.client_settings.headers,
+        return openai.OpenAI(base_url=base_url, api_key="read-per-request", max_retries=0,
+                             timeout=self.client_settings.timeout_s, default_headers=headers, default_query=query,
                              http_client=http)
 
     @staticmethod

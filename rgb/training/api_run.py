@@ -16,7 +16,7 @@ from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import flatten
 from rgb.models import META_FILE, export_meta, export_model
 from rgb.models.api import ApiClassifier, split_config
-from rgb.training.config import TrainingError
+from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.rundir import locked
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ def export_api_run(request: ApiRunRequest) -> None:
     datamodule = request.data()
     try:
         settings, client = split_config(request.model)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"model=api_chat: {err}") from err
+    except (TypeError, ValueError) as err:  # a key the settings do not know, a value that breaks its rule
+        raise TrainingConfigError(f"model=api_chat: {err}") from None
     model = ApiClassifier(settings, client, datamodule.class_names, datamodule.dataset)
     made = export_meta(datamodule, {}, loss=None, strategy="api", epochs=0, seed=request.seed, weights=None)
     run_dir = Path(request.run_dir)
