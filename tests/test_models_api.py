@@ -30,6 +30,7 @@ from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.commands.evaluate import run_evaluation
 from rgb.models import load_with_meta
+from rgb.models.answers import PARSER_VERSION
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
 from rgb.models.api_cache import AnswerCache, CacheError
 from rgb.models.api_client import ApiError, RateLimiter, RequestBudget
@@ -399,7 +400,7 @@ def test_max_cost_needs_a_price_and_a_token_cap_stops_a_priced_run_that_records_
 
 
 # --------------------------------------------------------------------------------- re-parsing cached answers
-def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tmp_path, bench, server):
+def test_a_cache_written_under_parser_1_is_rescored_by_the_current_one_without_a_request(tmp_path, bench, server):
     """An API run made by parser version 1 (its model.json says so) with every answer cached: scoring it again
     re-parses the cached texts with the current parser, asks nothing, and records the version that scored."""
     run = api_run(tmp_path, bench, server.base_url)
@@ -408,7 +409,8 @@ def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tm
     meta["api"]["parser_version"] = 1
     (run / "model.json").write_text(json.dumps(meta))
     model, _ = load_with_meta(run)
-    texts = ["It is not seven.", "3", "seven or three", "Answer: **Eight**"]  # v1: seven, none, none, eight
+    # v1: seven, none, none, eight, one (v2 too: "one"; v3: the pronoun names no class)
+    texts = ["It is not seven.", "3", "seven or three", "Answer: **Eight**", "This one is blurry."]
     images = list(dict.fromkeys(all_images(bench)))
     answer_of = {model.request_key(image): texts[i % len(texts)] for i, image in enumerate(images)}
     cache = AnswerCache(cache_path(tmp_path / "outputs" / "api_cache", model))
@@ -419,18 +421,18 @@ def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tm
     before = server.requests.count()
     record = evaluate(tmp_path, bench, run)
     assert server.requests.count() == before and record.api.total["requests"] == 0
-    assert record.api.parser_version == 2 and record.black_box.complete
+    assert record.api.parser_version == PARSER_VERSION == 3 and record.black_box.complete
     asked = [answer_of[model.request_key(image)] for image in all_images(bench)]
     assert record.api.total["negations"] == asked.count(texts[0]) > 0
     assert record.api.total["alternatives"] == asked.count(texts[2]) > 0
-    assert record.api.total["abstained"] == asked.count(texts[0]) + asked.count(texts[2])
+    assert record.api.total["abstained"] == asked.count(texts[0]) + asked.count(texts[2]) + asked.count(texts[4])
     ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
-    parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight"}
+    parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight", texts[4]: None}
     assert [None if pd.isna(p) else p for p in ours["parsed_test"]] == [parsed[t] for t in ours["answer_test"]]
     negated, offered = asked.count(texts[0]), asked.count(texts[2])
-    assert f"({negated} denying a class, {offered} alternatives; parser v2)" in format_table(record)
+    assert f"({negated} denying a class, {offered} alternatives; parser v3)" in format_table(record)
     saved = json.loads((tmp_path / "outputs" / "eval" / DATASET / run.name / SCORES_FILE).read_text())
-    assert saved["api"]["parser_version"] == 2 and saved["api"]["per_split"]["test"]["negations"] > 0
+    assert saved["api"]["parser_version"] == 3 and saved["api"]["per_split"]["test"]["negations"] > 0
 
 
 # ------------------------------------------------------------------------------------------ kill -9, resume
