@@ -7,7 +7,7 @@ import pytest
 from helpers import raises_one_line
 from rgb.data.mini import CLASS_NAMES as MINI
 from rgb.commands import main as cli
-from rgb.models.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, parse_answer
+from rgb.models.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, Parsed, parse_answer, parse_choice
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
 from rgb.models.api_client import ApiError
 
@@ -156,6 +156,17 @@ def test_answers_map_to_their_class_or_abstain_with_a_reason(names, text, expect
     parsed = AnswerParser(classes).parse(text)
     assert (parsed.pred, parsed.reason) == (None if expected is None else classes.index(expected), reason)
     assert parse_answer(text, classes) == parsed.pred
+
+
+@pytest.mark.parametrize("text, expected, reason", [
+    ('{"answer": "three"}', "three", "class"), ('{"answer":"seven"}', "seven", "class"),
+    ('{"answer": "Three."}', "three", "class"), ('{"answer": "not 3"}', None, "negation"),
+    ("3", "three", "class"), ("It is not 3.", None, "negation"), ('{"label": "three"}', "three", "class"),
+    ('["three"]', "three", "class"), ("", None, "no class"), (None, None, "no class"),
+])
+def test_a_choice_answer_is_its_json_value_else_the_text_parser_reads_it(text, expected, reason):
+    parser = AnswerParser(MINI)
+    assert parse_choice(parser, text) == Parsed(None if expected is None else MINI.index(expected), reason)
 
 
 @pytest.mark.parametrize("names", [["sea_lion", "sea lion"], ["golfcourse", "Golf Course"], ["Cat", "cat"],

@@ -37,7 +37,7 @@ from rgb.models.api_client import ApiError, RateLimiter, RequestBudget
 from rgb.commands import main as cli
 from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError, partial_dir
-from rgb.serve import Faults, make_server
+from rgb.serve import MALFORMED_ANSWER, Faults, make_server
 from rgb.commands.train import train
 from rgb.data.export import noise_transfer_splits
 
@@ -83,6 +83,7 @@ def test_a_record_without_its_answer_is_one_line_naming_the_file_and_line(tmp_pa
     (dict(api_model="  "), "model.api_model must be the endpoint's model name"),
     (dict(max_tokens=0), "model.max_tokens must be null or an integer >= 1, got 0"),
     (dict(temperature=-1.0), "model.temperature must be null or a finite number >= 0"),
+    (dict(answer_format="json"), "model.answer_format must be text or choice, got 'json'"),
 ])
 def test_bad_api_settings_are_one_line_naming_the_key(settings, message):
     with raises_one_line(ConfigValueError) as refused:
@@ -397,6 +398,37 @@ def test_max_cost_needs_a_price_and_a_token_cap_stops_a_priced_run_that_records_
     total = partial.api.total
     assert partial.api.partial and total["requests"] == 1  # the first answer reached the cap
     assert partial.api.cost == (total["prompt_tokens"] + total["completion_tokens"]) * 1000 / 1e6 > 0
+
+
+# ------------------------------------------------------------------------------ answer_format=choice
+def test_answer_format_choice_asks_rgb_serve_for_an_enum_and_scores_what_the_served_model_scores(
+        tmp_path, bench, served_run, server):
+    """model.answer_format=choice through the SDK path evaluate.py uses: each request carries the class names'
+    json_schema enum, rgb-serve answers the JSON object, read without parsing; another identity (and answer cache)
+    than the free-text model's; a reply that ignores the format falls back to the text parser."""
+    text_run = api_run(tmp_path, bench, server.base_url)
+    run = api_run(tmp_path, bench, server.base_url, "api_tiny_choice", "model.answer_format=choice")
+    model, meta = load_with_meta(run)
+    text_model, _ = load_with_meta(text_run)
+    assert meta["api"]["answer_format"] == "choice" and "answer_format" not in text_model.describe()["api"]
+    assert model.identity_sha256 != text_model.identity_sha256
+    enum = model._body(stored_images(bench)[0])["response_format"]["json_schema"]["schema"]["properties"]["answer"]
+    assert enum["enum"] == CLASS_NAMES and "response_format" not in text_model._body(stored_images(bench)[0])
+
+    record = evaluate(tmp_path, bench, run)
+    direct = evaluate(tmp_path, bench, served_run)
+    assert record.black_box.complete and record.black_box.score == pytest.approx(direct.black_box.score)
+    assert record.api.total["abstained"] == 0 and record.api.total["requests"] == distinct_images(bench)
+    ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
+    theirs = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / served_run.name / "predictions.parquet")
+    assert [json.loads(a) for a in ours["answer_test"]] == [{"answer": CLASS_NAMES[p]} for p in theirs["pred_test"]]
+    assert ours["pred_test"].tolist() == theirs["pred_test"].tolist()
+
+    with Running(served_run, faults=Faults(malformed_every=2)) as running:  # every other reply ignores the format
+        fallback = ApiClassifier(ApiSettings(running.base_url, "tiny", answer_format="choice"),
+                                 ClientSettings(max_concurrency=1), CLASS_NAMES, DATASET)
+        answers, _ = fallback.answer(stored_images(bench)[:4], AnswerCache(tmp_path / "fallback.jsonl"))
+    assert [a.reason for a in answers] == ["class", "no class"] * 2 and answers[1].text == MALFORMED_ANSWER
 
 
 # --------------------------------------------------------------------------------- re-parsing cached answers

@@ -1,11 +1,13 @@
 """The answer parser of the `api` family: which class a model's free-text answer names, or why it names none.
 
 Versioned (PARSER_VERSION) apart from the model: cached answers are re-parsed by the version that scores them, so a
-better parser re-scores old answers without a request.
+better parser re-scores old answers without a request. Also the other answer format a model may ask for
+(`model.answer_format=choice`): a JSON object whose one value is a class name, read without parsing words.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from rgb.models.api_client import ApiError
 
 PARSER_VERSION = 3  # AnswerParser; cached answers are re-parsed by the version that scores them
+ANSWER_FORMATS = ("text", "choice")  # free text, or a JSON object {CHOICE_FIELD: one of the class names}
+CHOICE_FIELD = "answer"
 
 _MARKDOWN = re.compile(r"[*_`#>~|\[\]()\"“”]")  # not "'": "isn't" must stay one word
 _ANSWER_MARK = re.compile(r"\b(?:answer|class|category|label|prediction)\s*(?:is|:|=|-)\s*(?:is\s*)?[:\-]?\s*(.+)",
@@ -270,6 +274,27 @@ class AnswerParser:
         if set(rest) & ALTERNATIVES:
             return Parsed(None, "alternative")
         return Parsed(next(iter(named)), "class") if len(named) == 1 else Parsed(None, "several")
+
+
+def choice_format(class_names: Sequence[str]) -> dict:
+    """The `response_format` of answer_format=choice (OpenAI structured outputs): a JSON object whose one field is
+    an enum of the class names, so a conforming endpoint can answer nothing else."""
+    schema = {"type": "object", "properties": {CHOICE_FIELD: {"type": "string", "enum": [str(n) for n in class_names]}},
+              "required": [CHOICE_FIELD], "additionalProperties": False}
+    return {"type": "json_schema", "json_schema": {"name": "class_choice", "strict": True, "schema": schema}}
+
+
+def parse_choice(parser: AnswerParser, text: str | None) -> Parsed:
+    """An answer to `choice_format`: its class when the reply is the JSON object asked for; otherwise (an endpoint
+    that ignores the format) its value, or the whole reply, read by the free-text parser."""
+    try:
+        reply = json.loads(text or "")
+    except ValueError:
+        return parser.parse(text)
+    value = reply.get(CHOICE_FIELD) if isinstance(reply, dict) else None
+    if not isinstance(value, str):
+        return parser.parse(text)
+    return Parsed(parser.class_names.index(value), "class") if value in parser.class_names else parser.parse(value)
 
 
 def parse_answer(text: str | None, class_names: Sequence[str]) -> int | None:
