@@ -32,6 +32,7 @@ from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.commands.evaluate import run_evaluation
 from rgb.models import load_with_meta
+from rgb.models.answers import PARSER_VERSION
 from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings, split_config
 from rgb.models.api_cache import AnswerCache, CacheError
 from rgb.models.api_client import ApiError, RateLimiter, RequestBudget
@@ -39,7 +40,7 @@ from rgb.commands import main as cli
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError, partial_dir
-from rgb.serve import Faults, make_server
+from rgb.serve import MALFORMED_ANSWER, Faults, make_server
 from rgb.commands.train import train
 from rgb.data.export import noise_transfer_splits
 
@@ -86,6 +87,7 @@ def test_a_record_without_its_answer_is_one_line_naming_the_file_and_line(tmp_pa
     (dict(api_model="  "), "model.api_model must be the endpoint's model name"),
     (dict(max_tokens=0), "model.max_tokens must be null or an integer >= 1, got 0"),
     (dict(temperature=-1.0), "model.temperature must be null or a finite number >= 0"),
+    (dict(answer_format="json"), "model.answer_format must be text or choice, got 'json'"),
 ])
 def test_bad_api_settings_are_one_line_naming_the_key(settings, message):
     with raises_one_line(ConfigValueError) as refused:
@@ -415,8 +417,39 @@ def test_spent_is_what_was_sent_each_answer_once_and_a_resumed_run_totals_as_an_
     assert saved["api"]["spent"] == pytest.approx(sent) and saved["api"]["per_split"]["test"]["spent"] > 0
 
 
+# ------------------------------------------------------------------------------ answer_format=choice
+def test_answer_format_choice_asks_rgb_serve_for_an_enum_and_scores_what_the_served_model_scores(
+        tmp_path, bench, served_run, server):
+    """model.answer_format=choice through the SDK path evaluate.py uses: each request carries the class names'
+    json_schema enum, rgb-serve answers the JSON object, read without parsing; another identity (and answer cache)
+    than the free-text model's; a reply that ignores the format falls back to the text parser."""
+    text_run = api_run(tmp_path, bench, server.base_url)
+    run = api_run(tmp_path, bench, server.base_url, "api_tiny_choice", "model.answer_format=choice")
+    model, meta = load_with_meta(run)
+    text_model, _ = load_with_meta(text_run)
+    assert meta["api"]["answer_format"] == "choice" and "answer_format" not in text_model.describe()["api"]
+    assert model.identity_sha256 != text_model.identity_sha256
+    enum = model._body(stored_images(bench)[0])["response_format"]["json_schema"]["schema"]["properties"]["answer"]
+    assert enum["enum"] == CLASS_NAMES and "response_format" not in text_model._body(stored_images(bench)[0])
+
+    record = evaluate(tmp_path, bench, run)
+    direct = evaluate(tmp_path, bench, served_run)
+    assert record.black_box.complete and record.black_box.score == pytest.approx(direct.black_box.score)
+    assert record.api.total["abstained"] == 0 and record.api.total["requests"] == distinct_images(bench)
+    ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
+    theirs = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / served_run.name / "predictions.parquet")
+    assert [json.loads(a) for a in ours["answer_test"]] == [{"answer": CLASS_NAMES[p]} for p in theirs["pred_test"]]
+    assert ours["pred_test"].tolist() == theirs["pred_test"].tolist()
+
+    with Running(served_run, faults=Faults(malformed_every=2)) as running:  # every other reply ignores the format
+        fallback = ApiClassifier(ApiSettings(running.base_url, "tiny", answer_format="choice"),
+                                 ClientSettings(max_concurrency=1), CLASS_NAMES, DATASET)
+        answers, _ = fallback.answer(stored_images(bench)[:4], AnswerCache(tmp_path / "fallback.jsonl"))
+    assert [a.reason for a in answers] == ["class", "no class"] * 2 and answers[1].text == MALFORMED_ANSWER
+
+
 # --------------------------------------------------------------------------------- re-parsing cached answers
-def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tmp_path, bench, server):
+def test_a_cache_written_under_parser_1_is_rescored_by_the_current_one_without_a_request(tmp_path, bench, server):
     """An API run made by parser version 1 (its model.json says so) with every answer cached: scoring it again
     re-parses the cached texts with the current parser, asks nothing, and records the version that scored."""
     run = api_run(tmp_path, bench, server.base_url)
@@ -425,7 +458,8 @@ def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tm
     meta["api"]["parser_version"] = 1
     (run / "model.json").write_text(json.dumps(meta))
     model, _ = load_with_meta(run)
-    texts = ["It is not seven.", "3", "seven or three", "Answer: **Eight**"]  # v1: seven, none, none, eight
+    # v1: seven, none, none, eight, one (v2 too: "one"; v3: the pronoun names no class)
+    texts = ["It is not seven.", "3", "seven or three", "Answer: **Eight**", "This one is blurry."]
     images = list(dict.fromkeys(all_images(bench)))
     answer_of = {model.request_key(image): texts[i % len(texts)] for i, image in enumerate(images)}
     cache = AnswerCache(cache_path(tmp_path / "outputs" / "api_cache", model))
@@ -436,18 +470,18 @@ def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tm
     before = server.requests.count()
     record = evaluate(tmp_path, bench, run)
     assert server.requests.count() == before and record.api.total["requests"] == 0
-    assert record.api.parser_version == 2 and record.black_box.complete
+    assert record.api.parser_version == PARSER_VERSION == 3 and record.black_box.complete
     asked = [answer_of[model.request_key(image)] for image in all_images(bench)]
     assert record.api.total["negations"] == asked.count(texts[0]) > 0
     assert record.api.total["alternatives"] == asked.count(texts[2]) > 0
-    assert record.api.total["abstained"] == asked.count(texts[0]) + asked.count(texts[2])
+    assert record.api.total["abstained"] == asked.count(texts[0]) + asked.count(texts[2]) + asked.count(texts[4])
     ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
-    parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight"}
+    parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight", texts[4]: None}
     assert [None if pd.isna(p) else p for p in ours["parsed_test"]] == [parsed[t] for t in ours["answer_test"]]
     negated, offered = asked.count(texts[0]), asked.count(texts[2])
-    assert f"({negated} denying a class, {offered} alternatives; parser v2)" in format_table(record)
+    assert f"({negated} denying a class, {offered} alternatives; parser v3)" in format_table(record)
     saved = json.loads((tmp_path / "outputs" / "eval" / DATASET / run.name / SCORES_FILE).read_text())
-    assert saved["api"]["parser_version"] == 2 and saved["api"]["per_split"]["test"]["negations"] > 0
+    assert saved["api"]["parser_version"] == 3 and saved["api"]["per_split"]["test"]["negations"] > 0
 
 
 # ------------------------------------------------------------------------------------------ kill -9, resume

@@ -35,7 +35,7 @@ from rgb.core.values import (
     optional,
     problems,
 )
-from rgb.models.answers import AnswerParser, Parsed
+from rgb.models.answers import ANSWER_FORMATS, AnswerParser, Parsed, choice_format, parse_choice
 from rgb.models.api_cache import AnswerCache
 from rgb.models.api_client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
 from rgb.models.api_cost import Price, combined, image_tokens, png_size, text_tokens
@@ -69,6 +69,7 @@ API_RULES: dict[str, Rule] = {
     "model.temperature": optional(NON_NEGATIVE), "model.max_tokens": optional(POSITIVE_INT),
     "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
                       and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
+    "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
 }
 CLIENT_RULES: dict[str, Rule] = {
     "model.api_key_env": (_text, "the name of an environment variable"),
@@ -96,7 +97,9 @@ class ApiSettings:
     recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed).
     `temperature=None` and `max_tokens=None` are not sent; `request` is merged into every request as it is (e.g.
     `max_completion_tokens`, `reasoning_effort`, `extra_body` fields such as `top_k`); `system_prompt` is sent as
-    a system message. The last two enter the identity only when set, so earlier answer caches keep theirs."""
+    a system message. `answer_format=choice` asks for a JSON object whose value is one of the class names
+    (rgb.models.answers.choice_format; the reply read by parse_choice). The last three enter the identity only when
+    set (answer_format: when not "text"), so earlier answer caches keep theirs."""
 
     base_url: str
     api_model: str
@@ -106,6 +109,7 @@ class ApiSettings:
     image_encoding: str = IMAGE_ENCODING
     system_prompt: str | None = None
     request: dict | None = field(default_factory=dict)
+    answer_format: str = "text"
 
     def __post_init__(self):
         _check(self, API_RULES)
@@ -125,12 +129,15 @@ class ApiSettings:
 
     def identity_extras(self) -> dict:
         """What identifies the answers beyond the legacy identity: only what is set."""
-        return {k: v for k, v in (("system_prompt", self.system_prompt), ("request", self.request)) if v}
+        extras = (("system_prompt", self.system_prompt), ("request", self.request),
+                  ("answer_format", None if self.answer_format == "text" else self.answer_format))
+        return {k: v for k, v in extras if v}
 
     def record(self) -> dict:
         """model.json's `api`: the legacy fields, and the extras only when set (earlier run dirs keep their
         identity)."""
-        legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("system_prompt", "request")}
+        extras = ("system_prompt", "request", "answer_format")
+        legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in extras}
         return {**legacy, **self.identity_extras()}
 
 
@@ -220,8 +227,9 @@ class ApiClassifier:
         url = "data:image/png;base64," + base64.b64encode(image).decode("ascii")
         content = [{"type": "text", "text": self.prompt}, {"type": "image_url", "image_url": {"url": url}}]
         system = [{"role": "system", "content": self.settings.system_prompt}] if self.settings.system_prompt else []
+        answer = {"response_format": choice_format(self.class_names)} if self.settings.answer_format == "choice" else {}
         return {"model": self.settings.api_model, "messages": [*system, {"role": "user", "content": content}],
-                **self.settings.decoding, **self.settings.request}
+                **self.settings.decoding, **answer, **self.settings.request}
 
     def _cut(self, reply: dict) -> bool:
         """An answer the token limit cut before it named a class: an error to count and ask again, never an
@@ -237,6 +245,8 @@ class ApiClassifier:
         return {**body, field_name: limit}
 
     def _parse(self, record: dict) -> Parsed:
+        if self.settings.answer_format == "choice":
+            return parse_choice(self.parser, record["answer"])
         return self.parser.parse(record["answer"])
 
     def estimate(self, image: bytes) -> tuple[int, int]:
