@@ -48,6 +48,7 @@ def eval_request(cfg: DictConfig) -> EvalRequest:
         api_cache_dir=Path(str(cfg.api_cache_dir)), max_requests=cfg.get("max_requests"),
         max_tokens_total=cfg.get("max_tokens_total"), max_cost=cfg.get("max_cost"), prices=price_table(),
         dry_run=bool(cfg.get("dry_run")), wandb_project=str(tracking.project) if tracking.enabled else None,
+        output_root=Path(str(cfg.paths.output_dir)),
     )
 
 

@@ -15,7 +15,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
+from rgb.core.files import stable_id as stable_run_id
+from rgb.models.card import model_card  # W&B id from the run dir: a requeue continues its run
 from rgb.training.api_run import ApiRunRequest, export_api_run
 from rgb.training.config import TrainingError
 from rgb.training.datamodule import RGBDataModule
@@ -83,6 +84,12 @@ def lightning_data(data: DictConfig) -> L.LightningDataModule:
     return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
 
 
+def card_of(cfg: DictConfig) -> dict:
+    """The model card of `model_card=FILE` and `card.<key>=...` (read before anything starts: a bad file stops it)."""
+    fields = cfg.get("card")
+    return model_card(cfg.get("model_card"), OmegaConf.to_container(fields, resolve=True) if fields else None)
+
+
 def training_request(cfg: DictConfig) -> TrainRequest:
     """The run of `cfg`: resolved once (an interpolation that fails is named here, before anything starts)."""
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -93,14 +100,14 @@ def training_request(cfg: DictConfig) -> TrainRequest:
         model=partial(hydra.utils.instantiate, cfg.model), callbacks=partial(instantiate_callbacks, cfg.get("callbacks")),
         loggers=partial(build_loggers, cfg.get("logger"), run_dir),
         trainer=partial(hydra.utils.instantiate, cfg.get("trainer")),
-        hydra_record=hydra_record(cfg),
+        hydra_record=hydra_record(cfg), card=card_of(cfg),
     )
 
 
 def api_run_request(cfg: DictConfig) -> ApiRunRequest:
     return ApiRunRequest(model=OmegaConf.to_container(cfg.model, resolve=True),
                          data=partial(hydra.utils.instantiate, cfg.data), run_dir=str(cfg.run_dir),
-                         names=run_names(cfg), seed=cfg.seed)
+                         names=run_names(cfg), seed=cfg.seed, card=card_of(cfg))
 
 
 def export_api_config(cfg: DictConfig) -> None:

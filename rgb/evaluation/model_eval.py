@@ -13,6 +13,7 @@ import logging
 import math
 import platform
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.api_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
-                                    ModelIdentity, ProtocolScore, ScoresRecord)
+                                    ModelIdentity, ProtocolScore, ScoresRecord, TrainRun)
 from rgb.evaluation.scores import black_box_score
 from rgb.models.api_cache import AnswerCache
 from rgb.models.api_cost import model_price
@@ -73,6 +74,8 @@ class EvalOptions:
     max_tokens_total: int | None = None  # API models: tokens of new answers this evaluation may spend (then partial)
     max_cost: float | None = None      # API models: USD of new answers this evaluation may spend (then partial)
     prices: dict = field(default_factory=dict)  # api_model: {input, output, cached_input} (conf/prices.yaml)
+    # The model's training run, carried into the record, from the hash of the weights scored (None: unknown)
+    train: Callable[[str], TrainRun] | None = None
 
     @property
     def capped(self) -> bool:
@@ -349,6 +352,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
         protocol=Protocol.of(datamodule.dataset, datamodule.image_size, datamodule.budgets,
                              source=_resolved_source(datamodule.source)),
         control=_accuracy(per_sample[CONTROL_SPLIT], len(control_split), options, CONTROL_SPLIT),
+        train=options.train(weights_sha256) if options.train else None,
     )
     record = replace(record, protocol=replace(record.protocol, whole_splits=not record.partial))
     n_rows = len(test) if options.max_images is None else min(options.max_images, len(test))

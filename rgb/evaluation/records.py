@@ -101,6 +101,37 @@ class ModelIdentity(JsonRecord):
                    weights_sha256)
 
 
+# The training identity's keys that say what a model started from (pretrained weights, a tag, a local file).
+PRETRAINING_KEYS = ("model.pretrained", "model.pretrained_tag", "model.weights")
+
+
+@dataclass(frozen=True)
+class TrainRun(JsonRecord):
+    """The training run of the scored model as its model.json and W&B know it, carried by the record so that a
+    pool of eval folders (no train run at hand) still shows it: the run (its dir relative to the output root), the
+    W&B run and `model` artifact when they exist, epochs, what it started from, its parameter counts and card."""
+
+    run_name: str | None
+    run_dir: str | None
+    sweep: dict | None
+    wandb_id: str | None
+    model_artifact: str | None
+    epochs: int | None
+    pretraining: dict[str, Any]
+    parameters: dict[str, int] | None
+    card: dict[str, Any]
+
+    @classmethod
+    def of(cls, reference: dict, meta: dict) -> TrainRun:
+        """`reference`: rgb.runs.store.train_reference of the run; `meta`: its model.json."""
+        identity = (meta.get("training") or {}).get("identity") or {}
+        pretraining = {key.removeprefix("model."): Path(str(value)).name if key == "model.weights" else value
+                       for key, value in identity.items() if key in PRETRAINING_KEYS and value not in (None, "")}
+        return cls(reference.get("run_name"), reference.get("run_dir"), reference.get("sweep"),
+                   reference.get("wandb_id"), reference.get("model_artifact"), meta.get("epochs"), pretraining,
+                   meta.get("parameters"), dict(meta.get("card") or {}))
+
+
 @dataclass(frozen=True)
 class ProtocolScore(JsonRecord):
     """One dataset's settings under a protocol and their sum (max 5 white-box, 9 black-box). A missing setting
@@ -361,6 +392,7 @@ class ScoresRecord(JsonRecord):
     api: ApiUsage | None = None
     protocol: Protocol | None = None  # required (checked): a default only because the fields above have one
     control: Accuracy | None = None  # random_linf_30, the card's control: shown, never summed
+    train: TrainRun | None = None  # the model's training run (None: a model scored without its run record)
     DERIVED: ClassVar[tuple[str, ...]] = ("partial", "protocol_differences")
 
     def __post_init__(self):

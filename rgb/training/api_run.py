@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rgb.core.rundir import MANIFEST, IdentityManifest
@@ -34,6 +34,7 @@ class ApiRunRequest:
     run_dir: str  # as given: the log line names it for evaluate.py's run=
     names: dict  # run_name and sweep, recorded in model.json (rgb.runs.store.run_name_for)
     seed: int | None
+    card: dict = field(default_factory=dict)  # the model card (rgb.models.card.model_card), recorded in model.json
 
 
 def _api_identity_in(record) -> dict | None:
@@ -73,6 +74,6 @@ def export_api_run(request: ApiRunRequest) -> None:
     run_dir = Path(request.run_dir)
     with locked(run_dir):
         claim_api_run(run_dir, api_identity(made, model))
-        exported = export_model(model, run_dir, {**request.names, **made})
+        exported = export_model(model, run_dir, {**request.names, **made, "card": request.card})
     log.info("exported %s: %s at %s (no weights; score it with evaluate.py run=%s protocol=black_box)", exported,
              settings.api_model, settings.base_url, request.run_dir)

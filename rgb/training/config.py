@@ -56,6 +56,9 @@ RESUMABLE_KEYS = (
     "compile",
     "paths.*",
     "logger.*",
+    "wandb.*",
+    "model_card",  # the card describes the weights, never changes them
+    "card.*",
     "data._target_",  # the class that reads the data config (rgb.data.RGBDataModule before BenchmarkData), not the data
     "data.num_workers",
     "data.pin_memory",

@@ -8,7 +8,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
@@ -20,10 +20,11 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from rgb.core import configure_threads
 from rgb.core.machine import DeviceError
-from rgb.models import META_FILE, export_meta, export_model, rebuild_like
+from rgb.models import META_FILE, export_meta, export_model, parameter_counts, rebuild_like
 from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
+from rgb.training.wandb_export import export_wandb_record, log_export, params_hyperparams
 from rgb.training.zeroshot import check_zeroshot_config, initialise_head, train_zeroshot
 from rgb.training.rundir import (
     AtomicCheckpointIO,
@@ -53,6 +54,7 @@ class TrainRequest:
     loggers: Callable[[], list[Logger]]
     trainer: Callable[..., L.Trainer]  # called with callbacks=, logger=, plugins=
     hydra_record: dict[str, bytes]  # the .hydra/ files of this start ({}: none), written once run.json accepted it
+    card: dict = field(default_factory=dict)  # the model card (rgb.models.card.model_card), recorded in model.json
 
 
 def accumulation_steps(effective_batch_size: int | None, batch_size: int, world_size: int) -> int:
@@ -116,10 +118,11 @@ def best_state_dict(best: ModelCheckpoint | None, module: RobustFinetuneModule) 
 
 def export_best(
     datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, run_dir: Path, record: dict,
-    names: dict,
+    names: dict, described: dict,
 ) -> Path:
     """Export the best weights with what produced them: the run's stored identity and starts (`record`, from
-    run.json), never the command line of the start that happens to export."""
+    run.json), never the command line of the start that happens to export; `described`: what else model.json
+    records (parameter counts, card, W&B run)."""
     model = rebuild_like(module.model)
     state, which = best_state_dict(best, module)
     model.load_state_dict(state, strict=True)
@@ -138,6 +141,7 @@ def export_best(
         monitor=identity["monitor.metric"],
         monitor_value=None if best is None or best.best_model_score is None else float(best.best_model_score),
         training={"identity": identity, "starts": record["starts"]},
+        **described,
     )
     return export_model(model, run_dir, meta)
 
@@ -258,8 +262,9 @@ def fit_and_export(
         trainer.accumulate_grad_batches = accumulation_steps(
             config["effective_batch_size"], config["data"]["batch_size"], trainer.world_size
         )
+        counts = parameter_counts(module.model)
         for logger in trainer.loggers:
-            logger.log_hyperparams({"config": copy.deepcopy(config)})
+            logger.log_hyperparams({"config": copy.deepcopy(config), **params_hyperparams(counts)})
         ckpt_path = resume_path(config["ckpt_path"], last_checkpoint_file(callbacks))
         if ckpt_path is not None:
             log.info("resuming from %s", ckpt_path)
@@ -275,8 +280,14 @@ def fit_and_export(
                 f"rates (optim.head_lr, optim.backbone_lr) and start fresh (delete {run_dir} or another run_name)"
             )
         if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
-            exported = export_best(datamodule, module, best, run_dir, record, request.names)
+            described = {"parameters": counts, "card": request.card,
+                         "wandb": export_wandb_record(loggers, request.names["run_name"] or run_dir.name)}
+            exported = export_best(datamodule, module, best, run_dir, record, request.names, described)
             log.info("exported %s (%s = %.4f)", exported, metric, value)
+            logged = log_export(loggers, run_dir, {**request.names, **described},
+                                bool((config.get("wandb") or {}).get("log_weights")))
+            if logged:
+                log.info("W&B: export logged as artifact %s", logged)
         elif trainer.is_global_zero:
             log.info("nothing left to train in %s: %s unchanged", run_dir, META_FILE)
         summary = {f"best/{metric}": value, "epochs": module.current_epoch}

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from rgb.core import resolve_device
-from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of
+from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of, parameter_counts
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.training.config import ZEROSHOT, TrainingConfigError
 from rgb.training.rundir import RunManifest, start_record
@@ -138,6 +138,8 @@ def train_zeroshot(request: TrainRequest, threads: int, manifest: RunManifest, r
         monitor_value=metrics[metric],
         zeroshot=head.record(),
         training={"identity": record["identity"], "starts": record["starts"]},
+        parameters=parameter_counts(model, trained=False),  # a head from prompts: no parameter trained
+        card=request.card,
     )
     exported = export_model(model.cpu().eval(), run_dir, meta)
     log.info("exported %s (val/acc %.4f, val/loss %.4f)", exported, metrics["val/acc"], metrics["val/loss"])
