@@ -394,6 +394,23 @@ def test_model_page_shows_parameters_card_rendered_report_and_one_sha(tmp_path):
     assert "no model card recorded" in _model_pages(bare)["carded"].read_text()
 
 
+def test_a_pool_of_eval_folders_shows_what_the_records_train_run_carries(tmp_path):
+    """No model.json at hand (a pool of eval folders): parameters, card, epochs, pretraining and the train run
+    come from the scores record's `train` (TrainRun), not "—"."""
+    from rgb.evaluation.records import TrainRun
+
+    made = record("carried", "digits", [0.6, 0.5, 0.4, 0.3, 0.2], protocol=card_protocol("digits", image_size=32))
+    train = TrainRun.of({"run_name": "carried", "run_dir": "train/digits/carried", "wandb_id": None},
+                        {"epochs": 7, "parameters": {"total": 2048, "trainable": 1024, "non_trainable": 1024},
+                         "card": {"title": "Carried paper"},
+                         "training": {"identity": {"model.pretrained": "laion2b"}}})
+    out = _pool_site(tmp_path, _entries(tmp_path, [replace(made, train=train)]))
+    html = _model_pages(out)["carried"].read_text()
+    for text in ("total 2,048, trainable 1,024", "Carried paper", "pretrained=laion2b", "train/digits/carried"):
+        assert text in html, text
+    assert re.search(r"epochs</t[hd]>\s*<td>7<", html), "epochs"
+
+
 def test_settings_png_labels_keep_four_decimals():
     from rgb.evaluation.plots import settings_figure
 
