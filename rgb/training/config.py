@@ -29,11 +29,7 @@ from rgb.core.values import problems as check
 from rgb.training.losses import LOSSES
 from rgb.training.module import STRATEGIES
 from rgb.training.optim import SCHEDULERS
-
-
-# strategy=zeroshot: a head built from prompts, no fit (rgb.training.zeroshot); the fine-tuning strategies are
-# rgb.training.module.STRATEGIES.
-ZEROSHOT = "zeroshot"
+from rgb.zeroshot import ZEROSHOT  # strategy=zeroshot; the fine-tuning strategies are rgb.training.module.STRATEGIES
 
 
 class TrainingError(UserError, RuntimeError):
