@@ -194,15 +194,15 @@ def _expand_runs(argv: list[str]) -> list[str]:
     if not given:
         return argv
     if not any(a in ("-m", "--multirun") for a in argv):
-        raise ValueError("runs= attacks every model of a sweep as one multirun: add -m (and attack=slurm for SLURM)")
+        raise ConfigValueError("runs= attacks every model of a sweep as one multirun: add -m (and attack=slurm for SLURM)")
     from rgb.runs.store import model_record, train_runs
 
     runs = train_runs(given[-1])
     if not runs:
-        raise ValueError(f"runs={given[-1]} names no trained model (no model.json in it or in its job dirs)")
+        raise ConfigValueError(f"runs={given[-1]} names no trained model (no model.json in it or in its job dirs)")
     odd = [str(r) for r in runs if not re.fullmatch(r"[\w./-]+", str(r))]  # one Hydra sweep value each
     if odd:
-        raise ValueError(f"runs=: rename {odd[0]}: a run path may hold letters, digits, '/', '-', '_' and '.'")
+        raise ConfigValueError(f"runs=: rename {odd[0]}: a run path may hold letters, digits, '/', '-', '_' and '.'")
     sweep = (model_record(runs[0]) or {}).get("sweep") or {}
     label = sweep.get("name") or Path(given[-1].rstrip("/*")).name
     return [*argv, "run=" + ",".join(str(r) for r in runs),
