@@ -52,7 +52,7 @@ def test_class_wise_metrics_on_hand_made_predictions():
 def test_worst_k_has_one_rule_which_the_command_line_check_calls(k):
     """worst@k's entries are read and checked in rgb.core.classwise alone: what the class-wise metrics refuse the
     commands refuse before anything runs ("100%" included: worst@100% is the mean, not a worst-k)."""
-    from rgb.commands import main as cli
+    from rgb.commands import evaluate as cli
 
     with pytest.raises(ValueError, match="worst-k needs a class count >= 1 or a percentage below 100%"):
         worst_k_count(k, 10)

@@ -18,10 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.core.files import stable_id as stable_run_id
 from rgb.models.card import model_card  # W&B id from the run dir: a requeue continues its run
 from rgb.training.api_run import ApiRunRequest, export_api_run
-from rgb.training.config import TrainingError
+from rgb.commands.schema import DATA
+from rgb.training.config import RULES, TrainingError
 from rgb.training.datamodule import RGBDataModule
 from rgb.training.run import TrainRequest
 from rgb.training.run import train as train_request
+
+# conf/train.yaml's schema (rgb.commands.schema): the data config's and the training sections' (rgb.training.config).
+SCHEMA = {**DATA, **RULES}
 
 
 def run_names(cfg: DictConfig) -> dict:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
-from rgb.core import parse_norm
 from rgb.core.errors import UserError
 from rgb.core.values import (
+    AUTO_OR_COUNT,
+    NORM,
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
     PATH_NAME,
@@ -87,14 +88,6 @@ def training_identity(config: dict) -> dict:
 
 # ---------------------------------------------------------------- validation
 
-def _norm(value) -> bool:
-    try:
-        parse_norm(value)
-    except ValueError:
-        return False
-    return True
-
-
 # key -> (rule, what the rule says). Missing keys are skipped: the instantiation names those.
 RULES: dict[str, Rule] = {
     # The new head starts random: it must learn. A zero backbone lr keeps the backbone weights (its BN statistics
@@ -110,7 +103,7 @@ RULES: dict[str, Rule] = {
     "loss.name": (lambda v: v in LOSSES, f"one of {sorted(LOSSES)}"),
     # beta = 0 is plain CE on clean images (with a wasted inner attack): allowed, the limit of the family.
     "loss.beta": NON_NEGATIVE,
-    "loss.attack.norm": (_norm, "Linf, L2 or L1"),
+    "loss.attack.norm": NORM,
     "loss.attack.eps": POSITIVE,
     "loss.attack.n_iter": POSITIVE_INT,
     "loss.attack.step_size": optional(POSITIVE),
@@ -118,11 +111,11 @@ RULES: dict[str, Rule] = {
     "data.batch_size": POSITIVE_INT,
     "data.eval_batch_size": POSITIVE_INT,
     "trainer.max_epochs": POSITIVE_INT,
-    "effective_batch_size": (lambda v: v is None or (integer(v) and v >= 1), "null or an integer >= 1"),
+    "effective_batch_size": optional(POSITIVE_INT),
     "seed": (lambda v: v is None or integer(v), "null or an integer"),
     "monitor.mode": (lambda v: v in ("min", "max"), "min or max"),
     "monitor.metric": (lambda v: isinstance(v, str) and bool(v), "a metric name"),
-    "threads": (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1"),
+    "threads": AUTO_OR_COUNT,
     "run_name": PATH_NAME,
     # The prompt ensembles (strategy=zeroshot, head_init=zeroshot): CPE's worst-k fraction, the temperature.
     "prompts.k": (lambda v: number(v) and 0 < v <= 1, "a fraction in (0, 1]"),
