@@ -20,18 +20,22 @@ RGB = Path(__file__).resolve().parents[1] / "rgb"
 ALLOWED = {
     "core": set(),
     "data": {"core"},
-    "models": {"core", "data"},
+    # the chat-completions protocol (client, cache, prices, Batch, answer parser), apart from any model
+    "endpoints": {"core", "models"},
+    "models": {"core", "data", "endpoints"},
     "attacks": {"core"},
     "zeroshot": {"core", "data", "models"},
     "brittleness": {"core"},
     "runs": {"core", "data", "models", "attacks"},
     "training": {"core", "data", "models", "attacks", "zeroshot"},
-    "evaluation": {"core", "data", "models", "zeroshot", "brittleness", "runs"},
-    # the command layer: the console scripts' mains and each command's config half (and rgb.serve's server)
+    "evaluation": {"core", "data", "endpoints", "models", "zeroshot", "brittleness", "runs"},
+    # an entry room: rgb-serve's server (plain arguments), imported by the command layer, never importing it
+    "serve": {"core", "data", "endpoints", "models"},
+    # the command layer: the console scripts' mains and each command's config half
     "commands": {"core", "data", "models", "attacks", "brittleness", "runs", "training", "evaluation",
                  "serve"},
 }
-ENTRY_POINTS = {"api", "serve", "serve_batch"}
+ENTRY_POINTS = {"api"}
 # Hydra and OmegaConf live at the edge: rgb/commands/ (each command's config becomes one typed request) and the
 # thin train.py / attack.py / evaluate.py outside rgb/.
 CONFIG_PACKAGE = "rgb/commands/"

@@ -26,16 +26,16 @@ from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import CONTROL_SPLIT, TRANSFER_SPLITS
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.snapshot import write_readme, write_split
-from rgb.evaluation.api_eval import cache_path, split_images
+from rgb.evaluation.endpoint_eval import cache_path, split_images
 from rgb.evaluation.leaderboard import build_leaderboard, find_records, to_markdown
 from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.commands.evaluate import run_evaluation
 from rgb.models import load_with_meta
-from rgb.models.answers import PARSER_VERSION
-from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings, split_config
-from rgb.models.api_cache import AnswerCache, CacheError
-from rgb.models.api_client import ApiError, RateLimiter, RequestBudget
+from rgb.endpoints.answers import PARSER_VERSION
+from rgb.models.chat import ApiClassifier, ApiSettings, ClientSettings, split_config
+from rgb.endpoints.cache import AnswerCache, CacheError
+from rgb.endpoints.client import ApiError, RateLimiter, RequestBudget
 from rgb.commands import main as cli
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError

@@ -22,10 +22,10 @@ openai_types = pytest.importorskip("openai.types.chat")
 from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
 from rgb.evaluation.records import ApiUsage, RequestCounts  # noqa: E402
-from rgb.models.api import COMPLETION_ESTIMATE, ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
-from rgb.models.api_cache import AnswerCache  # noqa: E402
-from rgb.models.api_client import ApiError, RequestBudget  # noqa: E402
-from rgb.models.api_cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
+from rgb.models.chat import COMPLETION_ESTIMATE, ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
+from rgb.endpoints.cache import AnswerCache  # noqa: E402
+from rgb.endpoints.client import ApiError, RequestBudget  # noqa: E402
+from rgb.endpoints.cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))  # sent as stored: the endpoint never decodes it here

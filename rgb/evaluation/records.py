@@ -274,8 +274,8 @@ class AttackSummary(JsonRecord, _KeptFromRun):
 
 @dataclass(frozen=True)
 class RequestCounts(JsonRecord):
-    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names, and the money of
-    rgb.evaluation.api_eval.ApiPredictor.money). Of the abstentions, `negations` and `alternatives` named a class
+    """What one split cost an API model (rgb.endpoints.client.RequestStats, same field names, and the money of
+    rgb.evaluation.endpoint_eval.ApiPredictor.money). Of the abstentions, `negations` and `alternatives` named a class
     but denied it or offered it as one of several (0 when recorded before answer parser version 2)."""
 
     images: int
@@ -301,14 +301,14 @@ class ApiUsage(JsonRecord):
     """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
     images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
     PARTIAL, and a re-run asks only the rest. `parser_version`: the answer parser that mapped the answers to
-    classes (rgb.models.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
+    classes (rgb.endpoints.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
 
     base_url: str
     api_model: str
     per_split: dict[str, RequestCounts]
     max_requests: int | None
     parser_version: int | None = None
-    price: dict | None = None  # rgb.models.api_cost.Price's fields (None: unknown, no money shown)
+    price: dict | None = None  # rgb.endpoints.cost.Price's fields (None: unknown, no money shown)
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost")
 
     def __post_init__(self):  # a record written before secrets were redacted is shown without them

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from rgb.core.errors import UserError
 from rgb.core.secrets import fill_secrets, redact_logs
 from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, optional, problems
-from rgb.models.api_cost import Price, billed_usage
+from rgb.endpoints.cost import Price, billed_usage
 
-if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.api)
-    from rgb.models.api import ClientSettings
+if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.chat)
+    from rgb.models.chat import ClientSettings
 
 # The HTTP libraries log each URL they ask (at INFO or DEBUG): a key in its query is redacted there too.
 redact_logs("httpx", "httpx2", "openai", "openai._base_client")
@@ -153,7 +153,7 @@ class RequestBudget:
         return tokens, cost, prompt_tokens + completion_tokens
 
     def settle(self, held: tuple[int, float, int], billed: dict | None) -> None:
-        """Release a request's hold and count what it was billed (rgb.models.api_cost.billed_usage; None: it
+        """Release a request's hold and count what it was billed (rgb.endpoints.cost.billed_usage; None: it
         failed, nothing billed)."""
         self.held_tokens -= held[0]
         self.held_cost -= held[1]
@@ -215,7 +215,7 @@ def _error_message(response) -> str:
 
 def completion_record(reply: dict, batch: bool = False) -> dict:
     """The answer cache's record of a chat.completion body (less its key), whichever path asked: one request or
-    a line of a Batch (rgb.models.api_batch), with what the provider billed for it (`billed`: the Batch rate,
+    a line of a Batch (rgb.endpoints.batch), with what the provider billed for it (`billed`: the Batch rate,
     prompt-cached tokens). KeyError/IndexError/TypeError: no choices[0].message.content."""
     choice = reply["choices"][0]
     text = choice["message"]["content"]

@@ -4,8 +4,8 @@ Claude through their compatible endpoints, vLLM, SGLang, Ollama, LM Studio, or `
 It has no weights and cannot be attacked, so it enters only the black-box protocol. One request per image, the
 image exactly as stored (the split's own PNG bytes as a base64 data URL: a re-encoded image would change the
 perturbation). Here: the settings, the classifier that asks for many images at once, and the family; its parts
-have a module each: the endpoint client (rgb.models.api_client), the answer cache (one JSONL file per model
-identity, rgb.models.api_cache) and the answer parser (rgb.models.answers).
+have a module each: the endpoint client (rgb.endpoints.client), the answer cache (one JSONL file per model
+identity, rgb.endpoints.cache) and the answer parser (rgb.endpoints.answers).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from rgb.core.values import (
     optional,
     problems,
 )
-from rgb.models.answers import ANSWER_FORMATS, AnswerParser, Parsed, choice_format, parse_choice
-from rgb.models.api_cache import AnswerCache
-from rgb.models.api_client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
-from rgb.models.api_cost import Price, combined, image_tokens, png_size, text_tokens
+from rgb.endpoints.answers import ANSWER_FORMATS, AnswerParser, Parsed, choice_format, parse_choice
+from rgb.endpoints.cache import AnswerCache
+from rgb.endpoints.client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
+from rgb.endpoints.cost import Price, combined, image_tokens, png_size, text_tokens
 
 IMAGE_ENCODING = "png_base64_data_url"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -98,7 +98,7 @@ class ApiSettings:
     `temperature=None` and `max_tokens=None` are not sent; `request` is merged into every request as it is (e.g.
     `max_completion_tokens`, `reasoning_effort`, `extra_body` fields such as `top_k`); `system_prompt` is sent as
     a system message. `answer_format=choice` asks for a JSON object whose value is one of the class names
-    (rgb.models.answers.choice_format; the reply read by parse_choice). The last three enter the identity only when
+    (rgb.endpoints.answers.choice_format; the reply read by parse_choice). The last three enter the identity only when
     set (answer_format: when not "text"), so earlier answer caches keep theirs."""
 
     base_url: str
@@ -157,7 +157,7 @@ class ClientSettings:
     max_retries: int = 6
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
-    # The Batch API (rgb.models.api_batch) instead of one request per image: the same requests and the same cache
+    # The Batch API (rgb.endpoints.batch) instead of one request per image: the same requests and the same cache
     # records, so the same answers either way (hence not in the cache key); OpenAI charges half and answers within
     # 24 h. Polled every batch_poll_s; after batch_wait_s a run stops, and the next one resumes the batch.
     batch: bool = False
@@ -250,7 +250,7 @@ class ApiClassifier:
         return self.parser.parse(record["answer"])
 
     def estimate(self, image: bytes) -> tuple[int, int]:
-        """(prompt, completion) tokens of one request, tokenizer-free (rgb.models.api_cost): the texts at
+        """(prompt, completion) tokens of one request, tokenizer-free (rgb.endpoints.cost): the texts at
         characters / 4 and the image by OpenAI's tile rule; the completion at its limit (the field the request
         sends), else COMPLETION_ESTIMATE."""
         texts = self.prompt + (self.settings.system_prompt or "")
@@ -271,7 +271,7 @@ class ApiClassifier:
         """Answers for `images` in order (None: not asked, the budget ran out), asking each distinct uncached
         image once, `max_concurrency` at a time; every answer enters the cache as it arrives."""
         if self.client_settings.batch:  # the Batch API: the same records, asked by the batch
-            from rgb.models.api_batch import answer_by_batch
+            from rgb.endpoints.batch import answer_by_batch
 
             return answer_by_batch(self, images, cache, budget or RequestBudget(), desc)
         budget = budget or RequestBudget()

@@ -13,7 +13,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rgb.models.api_client import ApiError
+from rgb.endpoints.client import ApiError
 
 PARSER_VERSION = 3  # AnswerParser; cached answers are re-parsed by the version that scores them
 ANSWER_FORMATS = ("text", "choice")  # free text, or a JSON object {CHOICE_FIELD: one of the class names}

@@ -1,7 +1,7 @@
 """The `api` family's Batch path (`model.batch=true`): the distinct uncached images of a split asked through
 OpenAI's Batch API (half the price, answered within 24 h) instead of one request each, by the official `openai`
 SDK: a JSONL of the same chat-completions bodies (custom_id: the request key), uploaded, run, polled, its output
-parsed into the same cache records as the online path's (rgb.models.api_client.completion_record), so a cached
+parsed into the same cache records as the online path's (rgb.endpoints.client.completion_record), so a cached
 answer is the same whichever path asked.
 
 A kill at any point loses nothing asked: `<cache>.batches.json` beside the answer cache records each input file as
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from rgb.core.files import atomic_write_json
-from rgb.models.api_cache import AnswerCache, CacheError
-from rgb.models.api_client import ApiError, RequestBudget, RequestStats, completion_record
+from rgb.endpoints.cache import AnswerCache, CacheError
+from rgb.endpoints.client import ApiError, RequestBudget, RequestStats, completion_record
 
-if TYPE_CHECKING:  # annotations only: the classifier is rgb.models.api's, which calls this module
-    from rgb.models.api import Answer, ApiClassifier
+if TYPE_CHECKING:  # annotations only: the classifier is rgb.models.chat's, which calls this module
+    from rgb.models.chat import Answer, ApiClassifier
 
 log = logging.getLogger(__name__)
 BATCH_URL = "/v1/chat/completions"

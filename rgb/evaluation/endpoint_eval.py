@@ -1,4 +1,4 @@
-"""Predictions of an API model (rgb.models.api) on a benchmark split: from the split's own PNG bytes, through the
+"""Predictions of an API model (rgb.models.chat) on a benchmark split: from the split's own PNG bytes, through the
 answer cache, with the raw answer and the parsed class kept per image for audit (predictions.parquet)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow.compute as pc
 
 from rgb.evaluation.records import ApiUsage, RequestCounts
-from rgb.models.answers import PARSER_VERSION
-from rgb.models.api import ApiClassifier
-from rgb.models.api_cache import AnswerCache
-from rgb.models.api_client import RequestBudget
-from rgb.models.api_cost import model_price
+from rgb.endpoints.answers import PARSER_VERSION
+from rgb.models.chat import ApiClassifier
+from rgb.endpoints.cache import AnswerCache
+from rgb.endpoints.client import RequestBudget
+from rgb.endpoints.cost import model_price
 
 ABSTAINED = -1  # the prediction of an answer that names no class (or several): never equal to a label
 
