@@ -98,7 +98,7 @@ def client_overhead(model, server, images: list[bytes]) -> dict:
     with model.endpoint.session() as sdk:
         for image in images:
             start = time.perf_counter()
-            body = model._body(image)
+            body = model.body(image)
             json.dumps(body)
             encode.append(time.perf_counter() - start)
             start = time.perf_counter()

@@ -21,13 +21,13 @@ ALLOWED = {
     "core": set(),
     "data": {"core"},
     # the chat-completions protocol (client, cache, prices, Batch, answer parser), apart from any model
-    "endpoints": {"core", "models"},
+    "endpoints": {"core"},
     "models": {"core", "data", "endpoints"},
     "attacks": {"core"},
     "zeroshot": {"core", "data", "models"},
     "brittleness": {"core"},
     "runs": {"core", "data", "models", "attacks"},
-    "training": {"core", "data", "models", "attacks", "zeroshot"},
+    "training": {"core", "data", "endpoints", "models", "attacks", "zeroshot"},
     "evaluation": {"core", "data", "endpoints", "models", "zeroshot", "brittleness", "runs"},
     # an entry room: rgb-serve's server (plain arguments), imported by the command layer, never importing it
     "serve": {"core", "data", "endpoints", "models"},

@@ -8,7 +8,8 @@ from helpers import raises_one_line
 from rgb.data.mini import CLASS_NAMES as MINI
 from rgb.commands import main as cli
 from rgb.endpoints.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, Parsed, parse_answer, parse_choice
-from rgb.models.chat import ApiClassifier, ApiSettings, ClientSettings
+from rgb.endpoints.settings import ApiSettings, ClientSettings
+from rgb.models.chat import ApiClassifier
 from rgb.endpoints.client import ApiError
 
 DIGITS = [str(i) for i in range(10)]

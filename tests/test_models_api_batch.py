@@ -14,7 +14,8 @@ from PIL import Image
 
 from helpers import raises_one_line, serving
 from rgb.endpoints import batch as api_batch
-from rgb.models.chat import ApiClassifier, ApiSettings, ClientSettings
+from rgb.endpoints.settings import ApiSettings, ClientSettings
+from rgb.models.chat import ApiClassifier
 from rgb.endpoints.cache import AnswerCache, CacheError
 from rgb.endpoints.client import ApiError, RequestBudget
 from rgb.endpoints.cost import Price
