@@ -69,7 +69,7 @@ from rgb.core.errors import UserError
 from rgb.data.benchmark import decode_image, to_tensor
 from rgb.models import load_with_meta
 from rgb.endpoints.cost import image_tokens, text_tokens
-from rgb.serve.batch import BatchStore, add_batch_routes
+from rgb.serve.batch import BatchRoutes, BatchStore
 
 log = logging.getLogger(__name__)
 # A body declared longer is refused (413) unread: a benchmark image is a few hundred KiB as a data URL.
@@ -516,7 +516,7 @@ def build_app(server: ModelServer) -> FastAPI:
             return StreamingResponse(_chunks(completion, include_usage), media_type="text/event-stream")
         return completion
 
-    add_batch_routes(app, server.batches, authorize, complete_chat, ErrorReply)
+    BatchRoutes(server.batches, authorize, complete_chat, ErrorReply).add_to(app)
     return app
 
 

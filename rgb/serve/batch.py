@@ -87,43 +87,126 @@ def _lines(content: bytes) -> tuple[list[dict], list[dict]]:
     return requests, errors
 
 
-def add_batch_routes(app: FastAPI, store: BatchStore, authorize, complete, error_reply) -> None:
-    """The routes on `app`; `complete(raw body) -> (request, completion)` answers one chat request or raises
-    `error_reply` (the app's OpenAI-shaped error, whose `response()` is the error body)."""
-    running: set[asyncio.Task] = set()  # the background batches (a reference each, so none is collected)
+def _answered(request: dict, status: int, body: dict) -> dict:
+    """An output or error file's line for `request`, as OpenAI writes it."""
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": request["custom_id"], "error": None,
+            "response": {"status_code": status, "request_id": uuid.uuid4().hex, "body": body}}
 
-    def stored(table: dict, object_id: str, kind: str, param: str) -> dict:
-        with store.lock:
+
+def _new_batch(input_file_id: str, metadata) -> dict:
+    """A batch object as OpenAI's Batch has it, validating."""
+    now = int(time.time())
+    return {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": BATCH_ENDPOINT, "errors": None,
+            "input_file_id": input_file_id, "completion_window": COMPLETION_WINDOW,
+            "status": "validating", "output_file_id": None, "error_file_id": None, "created_at": now,
+            "in_progress_at": None, "expires_at": now + 24 * 3600, "finalizing_at": None, "completed_at": None,
+            "failed_at": None, "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata}
+
+
+class BatchRoutes:
+    """The Files and Batches routes of one app, a method each (`add_to` puts them on the app).
+    `complete(raw body) -> (request, completion)` answers one chat request or raises `error_reply` (the app's
+    OpenAI-shaped error, whose `response()` is the error body); `authorize(request)` refuses a wrong key."""
+
+    def __init__(self, store: BatchStore, authorize, complete, error_reply):
+        self.store, self.authorize, self.complete, self.error_reply = store, authorize, complete, error_reply
+        self.running: set[asyncio.Task] = set()  # the background batches (a reference each, so none is collected)
+
+    def add_to(self, app: FastAPI) -> None:
+        app.post("/v1/files")(self.create_file)
+        app.get("/v1/files/{file_id}")(self.retrieve_file)
+        app.get("/v1/files/{file_id}/content")(self.file_content)
+        app.post("/v1/batches")(self.create_batch)
+        app.get("/v1/batches/{batch_id}")(self.retrieve_batch)
+        app.post("/v1/batches/{batch_id}/cancel")(self.cancel_batch)
+
+    # ------------------------------------------------------------------------------------------------ the routes
+    async def create_file(self, request: Request) -> dict:
+        """A multipart upload (`file`, `purpose`), read here so that every refusal is in OpenAI's error shape."""
+        self.authorize(request)
+        form = await request.form()  # a broken multipart body: starlette's 400, in OpenAI's shape (build_app)
+        file, purpose = form.get("file"), form.get("purpose")
+        if not isinstance(file, UploadFile):
+            raise self.error_reply(400, "Missing required parameter: 'file'", "missing_required_parameter", "file")
+        if purpose != "batch":
+            raise self.error_reply(400, f"rgb-serve stores files for the Batch API only (purpose 'batch', not "
+                                        f"{purpose!r})", "invalid_value", "purpose")
+        return self.store.add_file(await file.read(), file.filename or "upload.jsonl", purpose)
+
+    async def retrieve_file(self, file_id: str, request: Request) -> dict:
+        self.authorize(request)
+        return self._file(file_id)
+
+    async def file_content(self, file_id: str, request: Request) -> Response:
+        self.authorize(request)
+        self._file(file_id)
+        return Response(self.store.content(file_id), media_type="application/octet-stream")
+
+    async def create_batch(self, request: Request) -> dict:
+        """A batch of an uploaded file, run in the background (validating, in_progress, then finished)."""
+        self.authorize(request)
+        try:
+            asked = json.loads(await request.body())
+        except ValueError:
+            raise self.error_reply(400, "the body is not valid JSON", "invalid_json") from None
+        if not isinstance(asked, dict) or not isinstance(asked.get("input_file_id"), str):
+            raise self.error_reply(400, "Missing required parameter: 'input_file_id'", "missing_required_parameter",
+                                   "input_file_id")
+        for name, value in (("endpoint", BATCH_ENDPOINT), ("completion_window", COMPLETION_WINDOW)):
+            if asked.get(name) != value:
+                raise self.error_reply(400, f"Invalid '{name}': rgb-serve runs {name} {value!r} only",
+                                       "invalid_value", name)
+        self._file(asked["input_file_id"])
+        batch = _new_batch(asked["input_file_id"], asked.get("metadata"))
+        with self.store.lock:
+            self.store.batches[batch["id"]] = batch
+        task = asyncio.create_task(self._run_guarded(batch))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        return dict(batch)
+
+    async def retrieve_batch(self, batch_id: str, request: Request) -> dict:
+        self.authorize(request)
+        return dict(self._batch(batch_id))
+
+    async def cancel_batch(self, batch_id: str, request: Request) -> dict:
+        self.authorize(request)
+        batch = self._batch(batch_id)
+        if batch["status"] in ("validating", "in_progress"):
+            batch.update(status="cancelling", cancelling_at=int(time.time()))
+        return dict(batch)
+
+    # ------------------------------------------------------------------------------------- the stored objects
+    def _stored(self, table: dict, object_id: str, kind: str, param: str) -> dict:
+        with self.store.lock:
             entry = table.get(object_id)
         if entry is None:
-            raise error_reply(404, f"No such {kind} object: {object_id}", "not_found", param)
+            raise self.error_reply(404, f"No such {kind} object: {object_id}", "not_found", param)
         return entry
 
-    def file_of(file_id: str) -> dict:
-        return stored(store.files, file_id, "File", "file_id")
+    def _file(self, file_id: str) -> dict:
+        return self._stored(self.store.files, file_id, "File", "file_id")
 
-    def batch_of(batch_id: str) -> dict:
-        return stored(store.batches, batch_id, "Batch", "batch_id")
+    def _batch(self, batch_id: str) -> dict:
+        return self._stored(self.store.batches, batch_id, "Batch", "batch_id")
 
-    def answered(request: dict, status: int, body: dict) -> dict:
-        return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": request["custom_id"], "error": None,
-                "response": {"status_code": status, "request_id": uuid.uuid4().hex, "body": body}}
-
-    async def one(request: dict) -> tuple[bool, dict]:
-        try:
-            _chat, completion = await complete(json.dumps(request["body"]).encode())
-        except error_reply as err:
-            return False, answered(request, err.status, json.loads(err.response().body))
-        return True, answered(request, 200, completion)
-
-    def write(lines: list[dict], batch_id: str, kind: str) -> str | None:
+    def _write(self, lines: list[dict], batch_id: str, kind: str) -> str | None:
         if not lines:
             return None
         content = "".join(json.dumps(line) + "\n" for line in lines).encode()
-        return store.add_file(content, f"{batch_id}_{kind}.jsonl", "batch_output")["id"]
+        return self.store.add_file(content, f"{batch_id}_{kind}.jsonl", "batch_output")["id"]
 
-    async def run(batch: dict) -> None:
-        requests, errors = _lines(store.content(batch["input_file_id"]))
+    # ------------------------------------------------------------------------------------------ a batch's run
+    async def _one(self, request: dict) -> tuple[bool, dict]:
+        try:
+            _chat, completion = await self.complete(json.dumps(request["body"]).encode())
+        except self.error_reply as err:
+            return False, _answered(request, err.status, json.loads(err.response().body))
+        return True, _answered(request, 200, completion)
+
+    async def _run(self, batch: dict) -> None:
+        requests, errors = _lines(self.store.content(batch["input_file_id"]))
         if errors:
             batch.update(status="failed", failed_at=int(time.time()), errors={"object": "list", "data": errors})
             return
@@ -136,89 +219,22 @@ def add_batch_routes(app: FastAPI, store: BatchStore, authorize, complete, error
         for start in range(0, len(requests), step):
             if batch["status"] == "cancelling":
                 break
-            for ok, line in await asyncio.gather(*(one(r) for r in requests[start:start + step])):
+            for ok, line in await asyncio.gather(*(self._one(r) for r in requests[start:start + step])):
                 (output if ok else failed).append(line)
                 counts["completed" if ok else "failed"] += 1
         cancelled = batch["status"] == "cancelling"  # even if its last lines were already in flight
         if not cancelled:
             batch.update(status="finalizing", finalizing_at=int(time.time()))
-        batch.update(output_file_id=write(output, batch["id"], "output"),
-                     error_file_id=write(failed, batch["id"], "error"))
+        batch.update(output_file_id=self._write(output, batch["id"], "output"),
+                     error_file_id=self._write(failed, batch["id"], "error"))
         ended = "cancelled" if cancelled else "completed"
         batch.update({"status": ended, f"{ended}_at": int(time.time())})
 
-    async def guarded(batch: dict) -> None:
+    async def _run_guarded(self, batch: dict) -> None:
         try:
-            await run(batch)
+            await self._run(batch)
         except Exception as err:  # a server fault: the batch fails with one line, the server keeps serving
             log.exception("rgb-serve failed on batch %s", batch["id"])
             error = {"code": "server_error", "line": None, "message": f"the server failed: {type(err).__name__}",
                      "param": None}
             batch.update(status="failed", failed_at=int(time.time()), errors={"object": "list", "data": [error]})
-
-    @app.post("/v1/files")
-    async def create_file(request: Request) -> dict:
-        """A multipart upload (`file`, `purpose`), read here so that every refusal is in OpenAI's error shape."""
-        authorize(request)
-        form = await request.form()  # a broken multipart body: starlette's 400, in OpenAI's shape (build_app)
-        file, purpose = form.get("file"), form.get("purpose")
-        if not isinstance(file, UploadFile):
-            raise error_reply(400, "Missing required parameter: 'file'", "missing_required_parameter", "file")
-        if purpose != "batch":
-            raise error_reply(400, f"rgb-serve stores files for the Batch API only (purpose 'batch', not "
-                                   f"{purpose!r})", "invalid_value", "purpose")
-        return store.add_file(await file.read(), file.filename or "upload.jsonl", purpose)
-
-    @app.get("/v1/files/{file_id}")
-    async def retrieve_file(file_id: str, request: Request) -> dict:
-        authorize(request)
-        return file_of(file_id)
-
-    @app.get("/v1/files/{file_id}/content")
-    async def file_content(file_id: str, request: Request) -> Response:
-        authorize(request)
-        file_of(file_id)
-        return Response(store.content(file_id), media_type="application/octet-stream")
-
-    @app.post("/v1/batches")
-    async def create_batch(request: Request) -> dict:
-        authorize(request)
-        try:
-            asked = json.loads(await request.body())
-        except ValueError:
-            raise error_reply(400, "the body is not valid JSON", "invalid_json") from None
-        if not isinstance(asked, dict) or not isinstance(asked.get("input_file_id"), str):
-            raise error_reply(400, "Missing required parameter: 'input_file_id'", "missing_required_parameter",
-                              "input_file_id")
-        for name, value in (("endpoint", BATCH_ENDPOINT), ("completion_window", COMPLETION_WINDOW)):
-            if asked.get(name) != value:
-                raise error_reply(400, f"Invalid '{name}': rgb-serve runs {name} {value!r} only", "invalid_value",
-                                  name)
-        file_of(asked["input_file_id"])
-        now = int(time.time())
-        batch = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": BATCH_ENDPOINT, "errors": None,
-                 "input_file_id": asked["input_file_id"], "completion_window": COMPLETION_WINDOW,
-                 "status": "validating", "output_file_id": None, "error_file_id": None, "created_at": now,
-                 "in_progress_at": None, "expires_at": now + 24 * 3600, "finalizing_at": None, "completed_at": None,
-                 "failed_at": None, "expired_at": None, "cancelling_at": None, "cancelled_at": None,
-                 "request_counts": {"total": 0, "completed": 0, "failed": 0},
-                 "metadata": asked.get("metadata")}
-        with store.lock:
-            store.batches[batch["id"]] = batch
-        task = asyncio.create_task(guarded(batch))
-        running.add(task)
-        task.add_done_callback(running.discard)
-        return dict(batch)
-
-    @app.get("/v1/batches/{batch_id}")
-    async def retrieve_batch(batch_id: str, request: Request) -> dict:
-        authorize(request)
-        return dict(batch_of(batch_id))
-
-    @app.post("/v1/batches/{batch_id}/cancel")
-    async def cancel_batch(batch_id: str, request: Request) -> dict:
-        authorize(request)
-        batch = batch_of(batch_id)
-        if batch["status"] in ("validating", "in_progress"):
-            batch.update(status="cancelling", cancelling_at=int(time.time()))
-        return dict(batch)
