@@ -9,12 +9,6 @@ from pathlib import Path
 RGB = Path(__file__).resolve().parents[1] / "rgb"
 BARE = {"ValueError", "RuntimeError", "TypeError"}
 
-# Files whose every bare raise waits for a move (edited by others now): path -> reason.
-MOVING = {path: "moves with issue 45 item 1" for path in (
-    "rgb/models/api.py", "rgb/models/api_batch.py", "rgb/models/api_client.py", "rgb/models/api_cost.py",
-    "rgb/models/api_cache.py", "rgb/models/answers.py", "rgb/serve.py", "rgb/serve_batch.py",
-    "rgb/training/api_run.py")}
-
 _ATTACK_ARGS = ("the pure-PyTorch attacks' arguments (tensor shapes, eps, iteration counts) checked for a Python "
                 "caller; the commands reach them only with values AttackOptions and the schema refused first")
 _METRIC_ARGS = "rank metrics over arrays rgb builds itself (ks and p are checked by evaluate's schema first)"
@@ -88,7 +82,7 @@ def bare_raises() -> list[str]:
 def test_no_bare_value_runtime_or_type_error_where_a_user_can_cause_it():
     listed = {**INTERNAL, **TO_CONVERT}
     unlisted = sorted({site for site in bare_raises()
-                       if site.split("::")[0] not in MOVING and site not in listed})
+                       if site not in listed})
     assert unlisted == [], ("raise a UserError subclass (keeping the builtin base) where a user can cause it, or list "
                             f"the site in INTERNAL with why it is not: {unlisted}")
 

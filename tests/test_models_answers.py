@@ -1,4 +1,4 @@
-"""The answer parser (rgb.models.answers.AnswerParser, version 3) on a table of answers over class lists like the
+"""The answer parser (rgb.endpoints.answers.AnswerParser, version 3) on a table of answers over class lists like the
 benchmark's: which class each answer names, or why it abstains (no class, several, negation, alternative, or an
 answer in a script whose denials it cannot read that is not a bare class name: unjudged)."""
 
@@ -7,9 +7,10 @@ import pytest
 from helpers import raises_one_line
 from rgb.data.mini import CLASS_NAMES as MINI
 from rgb.commands import main as cli
-from rgb.models.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, Parsed, parse_answer, parse_choice
-from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
-from rgb.models.api_client import ApiError
+from rgb.endpoints.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, Parsed, parse_answer, parse_choice
+from rgb.endpoints.settings import ApiSettings, ClientSettings
+from rgb.models.chat import ApiClassifier
+from rgb.endpoints.client import ApiError
 
 DIGITS = [str(i) for i in range(10)]
 UC_MERCED = ["agricultural", "airplane", "baseballdiamond", "beach", "buildings", "chaparral", "denseresidential",

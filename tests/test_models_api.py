@@ -26,16 +26,17 @@ from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import CONTROL_SPLIT, TRANSFER_SPLITS
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.snapshot import write_readme, write_split
-from rgb.evaluation.api_eval import cache_path, split_images
+from rgb.evaluation.endpoint_eval import cache_path, split_images
 from rgb.evaluation.leaderboard import build_leaderboard, find_records, to_markdown
 from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.commands.evaluate import run_evaluation
 from rgb.models import load_with_meta
-from rgb.models.answers import PARSER_VERSION
-from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings, split_config
-from rgb.models.api_cache import AnswerCache, CacheError
-from rgb.models.api_client import ApiError, RateLimiter, RequestBudget
+from rgb.endpoints.answers import PARSER_VERSION
+from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
+from rgb.models.chat import ApiClassifier
+from rgb.endpoints.cache import AnswerCache, CacheError
+from rgb.endpoints.client import ApiError, RateLimiter, RequestBudget
 from rgb.commands import main as cli
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
@@ -429,8 +430,8 @@ def test_answer_format_choice_asks_rgb_serve_for_an_enum_and_scores_what_the_ser
     text_model, _ = load_with_meta(text_run)
     assert meta["api"]["answer_format"] == "choice" and "answer_format" not in text_model.describe()["api"]
     assert model.identity_sha256 != text_model.identity_sha256
-    enum = model._body(stored_images(bench)[0])["response_format"]["json_schema"]["schema"]["properties"]["answer"]
-    assert enum["enum"] == CLASS_NAMES and "response_format" not in text_model._body(stored_images(bench)[0])
+    enum = model.body(stored_images(bench)[0])["response_format"]["json_schema"]["schema"]["properties"]["answer"]
+    assert enum["enum"] == CLASS_NAMES and "response_format" not in text_model.body(stored_images(bench)[0])
 
     record = evaluate(tmp_path, bench, run)
     direct = evaluate(tmp_path, bench, served_run)
@@ -541,7 +542,7 @@ def test_rgb_serve_command_answers_on_localhost(tmp_path, bench, served_run):
         url = line.split(" at ")[1].split()[0]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/chat/completions")
         image = stored_images(bench)[0]
-        reply = httpx.post(url, json=classifier(url.removesuffix("/chat/completions"))._body(image), timeout=30)
+        reply = httpx.post(url, json=classifier(url.removesuffix("/chat/completions")).body(image), timeout=30)
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] in CLASS_NAMES
     finally:
         guard.cancel()
@@ -562,7 +563,7 @@ def test_the_reasoning_preset_sends_no_temperature_nor_max_tokens(tmp_path, benc
     assert api["request"] == {"max_completion_tokens": 2048, "reasoning_effort": "low"}
     assert api["temperature"] is None and api["max_tokens"] is None
     model = load(run)
-    body = model._body(stored_images(bench)[0])
+    body = model.body(stored_images(bench)[0])
     assert "temperature" not in body and "max_tokens" not in body and body["reasoning_effort"] == "low"
     assert model.client_settings.retry_max_tokens == 8192
 

@@ -1,4 +1,4 @@
-"""rgb-serve (rgb/serve.py, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
+"""rgb-serve (rgb/serve/app.py, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
 client, sync and async, streaming and not: the class answer, `n`, `logprobs`, usage by its stated rule, PNG/JPEG/
 WebP data URLs, `/v1/models`; every malformed body (sent with httpx, which the SDK would never produce) answered
 with a 400 in OpenAI's error shape while the server keeps serving; the concurrency limit; the Files and Batches
@@ -24,8 +24,8 @@ import torch
 from PIL import Image
 
 from helpers import REPO, compose_config, raises_one_line, serving
-from rgb.models.answers import choice_format
-from rgb.models.api_cost import image_tokens, text_tokens
+from rgb.endpoints.answers import choice_format
+from rgb.endpoints.cost import image_tokens, text_tokens
 from rgb.serve import Faults, Limits, ModelServer, ServeError
 
 NAME = "tiny"
@@ -138,7 +138,7 @@ def test_the_sdk_gets_the_class_n_choices_and_the_usage(client):
 
 
 def test_a_json_schema_enum_is_answered_with_a_json_object_naming_one_of_its_classes(client, server):
-    """model.answer_format=choice's request (rgb.models.answers.choice_format) as the SDK sends it: the answer is
+    """model.answer_format=choice's request (rgb.endpoints.answers.choice_format) as the SDK sends it: the answer is
     the object asked for, the class chosen among the enum's only; an enum naming no served class is a 400."""
     reply = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}),
                                            response_format=choice_format(CLASSES))
@@ -433,7 +433,7 @@ def test_without_the_serve_extra_the_command_names_the_pip_line(monkeypatch, tmp
         serve_command.serve_from_config(cfg)
 
 
-# -- the Files and Batches endpoints (rgb/serve_batch.py) ---------------------------------------------------
+# -- the Files and Batches endpoints (rgb/serve/batch.py) ---------------------------------------------------
 
 POLL_S = 0.05
 

@@ -15,9 +15,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.core.files import stable_id as stable_run_id
-from rgb.models.card import model_card  # W&B id from the run dir: a requeue continues its run
-from rgb.training.api_run import ApiRunRequest, export_api_run
+from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
+from rgb.models.card import model_card
+from rgb.training.endpoint_run import ApiRunRequest, export_api_run
 from rgb.commands.schema import DATA
 from rgb.training.config import RULES, TrainingError
 from rgb.training.datamodule import RGBDataModule
@@ -118,7 +118,7 @@ def export_api_config(cfg: DictConfig) -> None:
     export_api_run(api_run_request(cfg))
 
 
-# Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.api_run).
+# Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.endpoint_run).
 RECORD_ONLY = {"api": export_api_config}
 
 

@@ -35,12 +35,12 @@ from rgb.data.protocol import Protocol
 from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
-from rgb.evaluation.api_eval import ApiPredictor, cache_path, split_images
+from rgb.evaluation.endpoint_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
                                     ModelIdentity, ProtocolScore, ScoresRecord, TrainRun)
 from rgb.evaluation.scores import black_box_score
-from rgb.models.api_cache import AnswerCache
-from rgb.models.api_cost import model_price
+from rgb.endpoints.cache import AnswerCache
+from rgb.endpoints.cost import model_price
 from rgb.models.checks import check_model_fits
 from rgb.models.families import model_name
 from rgb.models.io import library_versions

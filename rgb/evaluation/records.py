@@ -23,6 +23,7 @@ from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
+from rgb.endpoints.client import RequestStats
 from rgb.runs.store import RunSummary, partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
@@ -304,42 +305,18 @@ class AttackSummary(JsonRecord, _KeptFromRun):
 
 
 @dataclass(frozen=True)
-class RequestCounts(JsonRecord):
-    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names, and the money of
-    rgb.evaluation.api_eval.ApiPredictor.money). Of the abstentions, `negations` and `alternatives` named a class
-    but denied it or offered it as one of several (0 when recorded before answer parser version 2)."""
-
-    images: int
-    requests: int
-    cached: int
-    retries: int
-    abstained: int
-    unanswered: int
-    prompt_tokens: int
-    completion_tokens: int
-    backoff_s: float
-    negations: int = 0
-    alternatives: int = 0
-    truncated: int = 0  # answers cut by the token limit before naming a class (counted in unanswered)
-    cached_prompt_tokens: int = 0  # the usage of the cached answers used (0 before it was recorded)
-    cached_completion_tokens: int = 0
-    spent: float | None = None      # USD billed for the answers this split is the first of its evaluation to use
-    list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
-
-
-@dataclass(frozen=True)
 class ApiUsage(JsonRecord):
     """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
     images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
     PARTIAL, and a re-run asks only the rest. `parser_version`: the answer parser that mapped the answers to
-    classes (rgb.models.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
+    classes (rgb.endpoints.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
 
     base_url: str
     api_model: str
-    per_split: dict[str, RequestCounts]
+    per_split: dict[str, RequestStats]  # rgb.endpoints.client's, one per split
     max_requests: int | None
     parser_version: int | None = None
-    price: dict | None = None  # rgb.models.api_cost.Price's fields (None: unknown, no money shown)
+    price: dict | None = None  # rgb.endpoints.cost.Price's fields (None: unknown, no money shown)
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost")
 
     def __post_init__(self):  # a record written before secrets were redacted is shown without them
@@ -348,7 +325,7 @@ class ApiUsage(JsonRecord):
     @property
     def total(self) -> dict[str, float | None]:
         """Each count summed over the splits (money: None when a split lacks it)."""
-        values = {f.name: [getattr(c, f.name) for c in self.per_split.values()] for f in fields(RequestCounts)}
+        values = {f.name: [getattr(c, f.name) for c in self.per_split.values()] for f in fields(RequestStats)}
         return {name: None if None in v else sum(v) for name, v in values.items()}
 
     @property

@@ -16,7 +16,7 @@ from pathlib import Path
 from rgb.core.classwise import DEFAULT_WORST_K
 from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
-from rgb.evaluation.api_eval import cache_path, request_budget
+from rgb.evaluation.endpoint_eval import cache_path, request_budget
 from rgb.evaluation.leaderboard import (
     Leaderboard,
     LeaderboardError,

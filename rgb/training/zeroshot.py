@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +21,18 @@ from rgb.training.config import ZEROSHOT, TrainingConfigError
 from rgb.training.rundir import RunManifest, start_record
 from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
 
-if TYPE_CHECKING:
-    from rgb.training.run import TrainRequest
-
 log = logging.getLogger(__name__)
+
+
+class ZeroShotRun(Protocol):
+    """What a zero-shot run reads of its training request (rgb.training.run.TrainRequest is one, which calls this
+    module): the resolved config, the run dir and names, and the builders of the data and the model."""
+
+    config: dict
+    run_dir: Path
+    names: dict
+    data: Callable[[], object]
+    model: Callable[[], torch.nn.Module]
 
 
 def check_zeroshot_capable(model: torch.nn.Module) -> None:
@@ -111,7 +121,7 @@ def check_zeroshot_config(config: dict) -> None:
                                   f"set monitor.metric to one of {list(ZEROSHOT_METRICS)}")
 
 
-def train_zeroshot(request: TrainRequest, threads: int, manifest: RunManifest, record: dict) -> float:
+def train_zeroshot(request: ZeroShotRun, threads: int, manifest: RunManifest, record: dict) -> float:
     """`strategy=zeroshot`: build the head (no gradient step), export the run dir like a trained run, return the
     monitored validation metric. Called under the run dir's lock, once run.json accepted the config: a re-run of
     an exported head changes nothing (attack runs of its weights stay valid)."""

@@ -15,7 +15,8 @@ from pathlib import Path
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import flatten
 from rgb.models import META_FILE, export_meta, export_model
-from rgb.models.api import ApiClassifier, split_config
+from rgb.endpoints.settings import split_config
+from rgb.models.chat import ApiClassifier
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.rundir import locked
 

@@ -30,7 +30,7 @@ What a client of OpenAI's chat-completions API gets here, and where it differs:
   (first come, first served); beyond that a request gets 429 `rate_limit_exceeded` with Retry-After: 1.
 
 - The Batch API: `/v1/files` (upload, retrieve, content) and `/v1/batches` (create, retrieve, cancel) run a JSONL
-  of chat-completions requests in the background through the same handler (rgb.serve_batch), so a client's
+  of chat-completions requests in the background through the same handler (rgb.serve.batch), so a client's
   Batch path is rehearsed locally; the files live in `batch_dir` (default: a temporary directory).
 
 For the tests it can misbehave on purpose (`faults`: 429 with Retry-After, 500, slow answers, malformed answers).
@@ -68,8 +68,8 @@ from starlette.requests import ClientDisconnect
 from rgb.core.errors import UserError
 from rgb.data.benchmark import decode_image, to_tensor
 from rgb.models import load_with_meta
-from rgb.models.api_cost import image_tokens, text_tokens
-from rgb.serve_batch import BatchStore, add_batch_routes
+from rgb.endpoints.cost import image_tokens, text_tokens
+from rgb.serve.batch import BatchRoutes, BatchStore
 
 log = logging.getLogger(__name__)
 # A body declared longer is refused (413) unread: a benchmark image is a few hundred KiB as a data URL.
@@ -458,7 +458,7 @@ async def _read_body(request: Request) -> bytes:
 
 def build_app(server: ModelServer) -> FastAPI:
     """The OpenAI-shaped routes of `server`: /v1/models (and /v1/models/{id}), /v1/chat/completions, and the
-    Files and Batches endpoints (rgb.serve_batch)."""
+    Files and Batches endpoints (rgb.serve.batch)."""
     app = FastAPI(title="rgb-serve", docs_url=None, redoc_url=None, openapi_url=None)
     turns = asyncio.Semaphore(server.limits.max_concurrency)
 
@@ -516,7 +516,7 @@ def build_app(server: ModelServer) -> FastAPI:
             return StreamingResponse(_chunks(completion, include_usage), media_type="text/event-stream")
         return completion
 
-    add_batch_routes(app, server.batches, authorize, complete_chat, ErrorReply)
+    BatchRoutes(server.batches, authorize, complete_chat, ErrorReply).add_to(app)
     return app
 
 
@@ -568,9 +568,3 @@ async def _complete(server: ModelServer, chat: ChatRequest, prompt: Prompt) -> d
         "usage": {"prompt_tokens": prompt.prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt.prompt_tokens + completion_tokens},
     }
-
-
-if __name__ == "__main__":  # `python -m rgb.serve`: the rgb-serve command
-    from rgb.commands.main import serve_main
-
-    serve_main()

@@ -13,11 +13,10 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rgb.models.api_client import ApiError
+from rgb.endpoints.client import ApiError
 
 PARSER_VERSION = 3  # AnswerParser; cached answers are re-parsed by the version that scores them
-ANSWER_FORMATS = ("text", "choice")  # free text, or a JSON object {CHOICE_FIELD: one of the class names}
-CHOICE_FIELD = "answer"
+CHOICE_FIELD = "answer"  # model.answer_format=choice: a JSON object {CHOICE_FIELD: one of the class names}
 
 _MARKDOWN = re.compile(r"[*_`#>~|\[\]()\"“”]")  # not "'": "isn't" must stay one word
 _ANSWER_MARK = re.compile(r"\b(?:answer|class|category|label|prediction)\s*(?:is|:|=|-)\s*(?:is\s*)?[:\-]?\s*(.+)",
