@@ -16,6 +16,8 @@ import logging
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from rgb.core.errors import UserError
+
 REDACTED = "REDACTED"
 
 # Query parameters and header names that carry a key, a token or a signature (matched whole, case-insensitive).
@@ -86,14 +88,18 @@ def redact(value):
     return value
 
 
+class MissingSecretError(UserError, ValueError):
+    """A recorded REDACTED value with no key in the environment to fill it."""
+
+
 def fill_secrets(url: str, headers: dict, key: str | None) -> tuple[str, dict, dict]:
     """(url without its query, query parameters, headers) to send, each REDACTED value (a secret query parameter,
     a secret header) filled with `key`, the API key from the environment. The query apart, as the SDK takes it
-    (`default_query`: it appends paths to the base URL). ValueError when a value is REDACTED and there is no key."""
+    (`default_query`: it appends paths to the base URL). MissingSecretError when a value is REDACTED and there is no key."""
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     if REDACTED in (*query.values(), *headers.values()) and not key:
-        raise ValueError("a secret query parameter or header of the endpoint is recorded as REDACTED; its value is "
+        raise MissingSecretError("a secret query parameter or header of the endpoint is recorded as REDACTED; its value is "
                          "read from the API key's environment variable, which is not set")
     filled = {k: key if v == REDACTED else v for k, v in query.items()}
     return (urlunsplit((parts.scheme, parts.netloc, parts.path, "", parts.fragment)), filled,
