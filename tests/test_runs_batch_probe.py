@@ -28,7 +28,7 @@ def test_probe_doubles_until_memory_runs_out_and_keeps_a_safety_share():
 
 
 def test_probe_stops_at_the_ceiling_and_refuses_when_nothing_fits():
-    assert batch_probe.largest_batch(FitsUpTo(10**6), (12,), torch.device("cpu"), ceiling=64) == 48
+    assert batch_probe.largest_batch(FitsUpTo(10**6), (12,), torch.device("cpu"), ceiling=64) == 64
     with pytest.raises(torch.OutOfMemoryError, match="not even one image"):
         batch_probe.largest_batch(FitsUpTo(0), (12,), torch.device("cpu"))
 

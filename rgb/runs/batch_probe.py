@@ -31,20 +31,22 @@ def probe_step(model: nn.Module, batch: torch.Tensor) -> None:
 
 def largest_batch(model: nn.Module, image_shape: tuple[int, ...], device: torch.device,
                   ceiling: int = CEILING) -> int:
-    """The largest power-of-two batch (at most `ceiling`) whose `probe_step` runs on `device`, times SAFETY."""
+    """The largest power-of-two batch (at most `ceiling`) whose `probe_step` runs on `device`, times SAFETY where
+    memory ran out (the ceiling itself where it did not)."""
     fits, size = 0, 1
     while size <= ceiling:
         try:
             probe_step(model, torch.rand((size, *image_shape), device=device))
         except torch.OutOfMemoryError:
-            break
+            if fits == 0:
+                raise torch.OutOfMemoryError(
+                    f"not even one image of shape {image_shape} fits an attack step on {device}") from None
+            return max(1, int(fits * SAFETY))
         finally:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         fits, size = size, size * 2
-    if fits == 0:
-        raise torch.OutOfMemoryError(f"not even one image of shape {image_shape} fits an attack step on {device}")
-    return max(1, int(fits * SAFETY))
+    return fits
 
 
 def device_key(device: torch.device) -> str:
