@@ -37,6 +37,7 @@ NON_NEGATIVE: Rule = (lambda v: number(v) and v >= 0, "a finite number >= 0")
 POSITIVE_INT: Rule = (lambda v: integer(v) and v >= 1, "an integer >= 1")
 NON_NEGATIVE_INT: Rule = (lambda v: integer(v) and v >= 0, "an integer >= 0")
 INT: Rule = (integer, "an integer")
+BOOL: Rule = (lambda v: isinstance(v, bool), "true or false")
 
 
 def flatten(node, prefix: str = "") -> dict:
