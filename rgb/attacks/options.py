@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, fields
 
 from rgb.attacks.registry import VERSIONS
 from rgb.core.errors import UserError
-from rgb.core.values import INT, NON_NEGATIVE_INT, POSITIVE_INT, Rule, one_of, optional, problems
+from rgb.core.values import BOOL, INT, NON_NEGATIVE_INT, POSITIVE_INT, Rule, one_of, optional, problems
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
 CAPTURES = ("auto", "eager", "trace")
 SCHEDULES = ("batch", "pooled")
@@ -57,6 +57,9 @@ class AttackOptions:
     # batches (rgb.runs.pooled). AutoAttack.run on one tensor is one pool either way. Other chunks draw other
     # random starts (never a weaker attack), so it is part of a run's identity once set.
     schedule: str = _option("batch", rule=one_of(SCHEDULES), identity=WHEN_SET)
+    # cudnn's benchmark mode (CUDA only) picks the fastest convolution algorithm per shape, by timing: another
+    # algorithm rounds differently (float rounding only, spec §6.3 item 6), so neither identity nor protocol.
+    cudnn_benchmark: bool = _option(False, rule=BOOL)
 
     def __post_init__(self):
         found = problems({name: getattr(self, name) for name in self.rules()}, self.rules())
@@ -69,8 +72,9 @@ class AttackOptions:
                 raise AttackOptionsError(f"attacks of version {self.version!r} must be a non-empty subset of {order}, got "
                                  f"{list(attacks)}")
             object.__setattr__(self, "attacks", attacks)
-        if self.capture == "trace" and self.precision != "fp32":
-            raise AttackOptionsError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
+        if self.capture == "trace" and self.precision == "bf16":
+            raise AttackOptionsError("capture='trace' needs precision='fp32' or 'tf32' (a trace does not follow "
+                                     "autocast)")
 
     @classmethod
     def rules(cls) -> dict[str, Rule]:
