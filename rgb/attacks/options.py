@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from rgb.attacks.registry import VERSIONS
-from rgb.core.values import INT, NON_NEGATIVE_INT, POSITIVE_INT, Rule, optional, problems
+from rgb.core.values import INT, NON_NEGATIVE_INT, POSITIVE_INT, ConfigValueError, Rule, optional, require
 
 PRECISIONS = ("fp32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
@@ -37,8 +37,8 @@ def _one_of(choices) -> Rule:
 
 @dataclass(frozen=True)
 class AttackOptions:
-    """What AutoAttack is asked to run, validated once when made (ValueError, one line). See `rgb.attacks.AutoAttack`
-    for what each option does; `attacks=None` is the version's whole cascade."""
+    """What AutoAttack is asked to run, validated once when made (ConfigValueError, one line). See
+    `rgb.attacks.AutoAttack` for what each option does; `attacks=None` is the version's whole cascade."""
 
     version: str = _option("standard", rule=_one_of(VERSIONS), identity=ALWAYS)
     seed: int = _option(0, rule=INT, identity=ALWAYS, feeds="generator")
@@ -58,18 +58,16 @@ class AttackOptions:
     schedule: str = _option("batch", rule=_one_of(SCHEDULES), identity=WHEN_SET)
 
     def __post_init__(self):
-        found = problems({name: getattr(self, name) for name in self.rules()}, self.rules())
-        if found:
-            raise ValueError("; ".join(found))
+        require({name: getattr(self, name) for name in self.rules()}, self.rules())
         order = VERSIONS[self.version].attacks
         if self.attacks is not None:
             attacks = tuple(str(a) for a in self.attacks)
             if not attacks or any(a not in order for a in attacks):
-                raise ValueError(f"attacks of version {self.version!r} must be a non-empty subset of {order}, got "
-                                 f"{list(attacks)}")
+                raise ConfigValueError(f"attacks of version {self.version!r} must be a non-empty subset of {order}, "
+                                       f"got {list(attacks)}")
             object.__setattr__(self, "attacks", attacks)
         if self.capture == "trace" and self.precision != "fp32":
-            raise ValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
+            raise ConfigValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
 
     @classmethod
     def rules(cls) -> dict[str, Rule]:

@@ -64,6 +64,13 @@ def problems(flat: dict, rules: dict[str, Rule]) -> list[str]:
     return found
 
 
+def require(values: dict, rules: dict[str, Rule], error: type[UserError] = ConfigValueError) -> None:
+    """Raise `error` naming every value of `values` that breaks its rule of `rules` (see `problems`), in one line."""
+    found = problems(values, rules)
+    if found:
+        raise error("; ".join(found))
+
+
 _UNSAFE = re.compile(r"[/\\\x00]")
 
 
