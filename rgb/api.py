@@ -23,8 +23,9 @@ from torch import nn
 
 from rgb.attacks.options import AttackOptions
 from rgb.core.configs import data_configs
+from rgb.core.files import unwritable
 from rgb.core.machine import configure_threads, resolve_device
-from rgb.core.values import path_name
+from rgb.core.values import POSITIVE_INT, optional, path_name, require
 from rgb.data.benchmark_data import BenchmarkData
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, RecordError, white_box_setting
@@ -87,6 +88,7 @@ def benchmark(
     if n_examples is not None and (isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples < 1):
         raise EvaluationError(f"n_examples must be a positive integer (the first N images of each split), got "
                               f"{n_examples!r}")
+    require({"batch_size": batch_size}, {"batch_size": optional(POSITIVE_INT)}, EvaluationError)
     options = AttackOptions(**attack_options)
     norms = [norm.key for setting, norm in ATTACK_SETTING_NORMS.items() if setting in chosen]
     try:
@@ -95,6 +97,9 @@ def benchmark(
     except ValueError as err:
         raise EvaluationError(str(err)) from err
     name = path_name(name or type(model).__name__)  # a directory name inside output_dir, never `../x` or `a/b`
+    unusable = unwritable(Path(output_dir))
+    if unusable:
+        raise EvaluationError(unusable)
     configure_threads(threads)
     test = datamodule.split("test")
     run_dir = output_dir_for(output_dir, "models", datamodule.dataset, name)

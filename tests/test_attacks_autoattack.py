@@ -11,6 +11,9 @@ import sys
 
 from rgb.attacks import ATTACKS, VERSIONS, AttackError, AttackResult, is_standard
 from rgb.attacks.autoattack import AutoAttack, check_threat_model, within_budget
+from rgb.attacks.common import AttackInputError
+from rgb.core.errors import UserError
+from helpers import raises_one_line
 from rgb.attacks.model_calls import attack_model
 from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import AttackEntry, Step
@@ -126,7 +129,7 @@ def test_mode_restored_and_bad_inputs_refused(trained_mlp, batch):
         AutoAttack(trained_mlp, "Linf", 0.01).run(x * 3 - 1, y)
     with pytest.raises(ValueError, match="norm must be one of"):
         AutoAttack(trained_mlp, "L3", 0.01)
-    with pytest.raises(ValueError, match="eps must be positive"):
+    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
         AutoAttack(trained_mlp, "L2", 0.0)
     with pytest.raises(ValueError, match="version must be one of"):
         AutoAttack(trained_mlp, "L2", 0.5, version="strongest")
@@ -550,3 +553,36 @@ def test_tf32_and_cudnn_benchmark_agree_with_fp32_on_the_cpu(trained_mlp, batch)
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark) == before
     check_result(trained_mlp, x, y, fast, "Linf", MIXED_EPS["Linf"])
     assert fast.precision == "tf32" and torch.equal(fast.robust, fp32.robust)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda m: AutoAttack(m, "Linf", float("nan")), r"Linf eps must be a finite number > 0 .* got nan"),
+    (lambda m: AutoAttack(m, "L2", float("inf")), r"L2 eps must be a finite number > 0 .* got inf"),
+    (lambda m: AutoAttack(m, "L1", -1.0), r"L1 eps must be a finite number > 0 .* got -1.0"),
+    (lambda m: AutoAttack(m, "Linf", "a"), r"Linf eps must be a finite number > 0 .* got 'a'"),
+    (lambda m: AutoAttack(m, "L3", 0.1), r"norm must be one of"),
+    (lambda m: AutoAttack(m, "Linf", 0.1, steps=0), r"steps must be an integer >= 1, got 0"),
+])
+def test_degenerate_budgets_and_options_are_one_line_user_errors(trained_mlp, make, message):
+    with raises_one_line(UserError, match=message):
+        make(trained_mlp)
+
+
+@pytest.mark.parametrize("inputs, batch_size, message", [
+    (lambda x, y: (x[:0], y[:0]), None, "no images to attack: x holds 0 images"),
+    (lambda x, y: (x[0], y), None, r"expected x \(N,C,H,W\) and y \(N,\)"),
+    (lambda x, y: (x, y[:3]), None, r"expected x \(N,C,H,W\) and y \(N,\), got \(32, 3, 8, 8\) and \(3,\)"),
+    (lambda x, y: (x, y.float()), None, "labels y must be integer class indices"),
+    (lambda x, y: (x * 255, y), None, r"inputs must lie in \[0, 1\], got values in \[48.65, 201.5\]"),
+    (lambda x, y: (x * float("nan"), y), None, r"inputs must lie in \[0, 1\], got NaN"),
+    (lambda x, y: (x.tolist(), y), None, "x and y must be torch tensors, got list and Tensor"),
+    (lambda x, y: (x, y), 0, "batch_size must be an integer >= 1, got 0"),
+    (lambda x, y: (x, y), -4, "batch_size must be an integer >= 1, got -4"),
+])
+def test_degenerate_inputs_to_run_are_one_line_user_errors(trained_mlp, batch, inputs, batch_size, message):
+    """Each once a traceback (an empty batch, a negative batch size) or silently taken (batch_size=0 ran at 500)."""
+    attack = AutoAttack(trained_mlp, "Linf", 0.01, attacks=["apgd-ce"])
+    with raises_one_line(AttackInputError, match=message):
+        attack.run(*inputs(*batch), batch_size=batch_size)
+    with raises_one_line(AttackInputError, match="batch_size must be an integer >= 1, got 0"):
+        AutoAttack(trained_mlp, "Linf", 0.01, attacks=["apgd-ce"], batch_size=0).run(*batch)

@@ -261,6 +261,24 @@ def test_every_error_class_of_rgb_is_a_user_error():
             if not issubclass(getattr(importlib.import_module(m), name), UserError)] == []
 
 
+def test_a_user_error_inside_hydras_instantiation_error_is_the_line_shown():
+    """Hydra wraps what a model or data class raises on its arguments (`model.weights=... model.pretrained=false`
+    was a 7-line report): the UserError inside is found."""
+    from hydra.errors import InstantiationException
+
+    from rgb.models import create_model
+    from rgb.models.factory import ModelLoadError
+
+    with pytest.raises(ModelLoadError) as refused:
+        create_model("test_resnet", 10, pretrained=False, weights="w.pt")
+    try:
+        raise InstantiationException("Error in call to target 'create_model'") from refused.value
+    except InstantiationException as wrapped:
+        assert cli._user_error_in(wrapped) is refused.value
+        assert cli._error_line(wrapped) == "weights='w.pt' given with pretrained=False; set pretrained=True to load them"
+    assert cli._user_error_in(RuntimeError("a bug")) is None
+
+
 def test_a_user_error_is_one_line_and_the_cli_prints_it_as_is():
     from rgb.core.errors import UserError
 

@@ -170,6 +170,9 @@ QUERY_FILE = ["text_robustness_options.queries=QUERIES"]
     (['{"query": "a seven"}', '{"text": "a one"}'], QUERY_FILE, "queries.jsonl:2: expected"),
     (['{"query": "a seven"}', "not json"], QUERY_FILE, "queries.jsonl:2: not valid JSON"),
     (['{"query": "a 7"}', "", '{"query": "a 7"}'], QUERY_FILE, "queries.jsonl:3: repeats the query of line 1"),
+    (['{"query": "a seven"}', '{"query": "a sevn", "class_name": "sevn"}'], QUERY_FILE,
+     "queries.jsonl:2: class_name 'sevn' is unknown; did you mean 'seven'? known: zero, one, two, three, four, ... "
+     "(10 in all)"),
     (["", "  "], QUERY_FILE, "empty query set"),
     (['{"query": "123"}'], [*QUERY_FILE, "text_robustness_options.types=[class_name_only,keyboard_typo]"],
      "empty query set: none of the types"),
@@ -228,7 +231,7 @@ def test_a_collection_needs_two_images(tiny_runs, mini_dir, tmp_path):
 def test_load_queries_keeps_order_and_class_names(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text('{"query": "b seven", "class_name": "seven"}\n{"query": "a cat"}\n')
-    assert [(q.text, q.class_name) for q in load_queries(path)] == [("b seven", "seven"), ("a cat", None)]
+    assert [(q.text, q.class_name) for q in load_queries(path, DIGITS)] == [("b seven", "seven"), ("a cat", None)]
 
 
 @pytest.mark.slow

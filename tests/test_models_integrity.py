@@ -20,7 +20,7 @@ from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_mod
 from rgb.evaluation.records import RecordError, white_box_setting
 from rgb.models import WEIGHTS_FILE, create_model, export_factory_model, load, write_export
 from rgb.models.factory import ModelLoadError
-from rgb.models.io import ExportConflictError
+from rgb.models.io import ExportConflictError, ExportNotFoundError
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import MANIFEST, RunDirectory
 from helpers import datamodule, raises_one_line
@@ -51,6 +51,32 @@ def test_benchmark_with_other_weights_is_refused_before_anything_is_written(mini
     with pytest.raises(ExportConflictError, match="holds an export of other weights"):
         rgb.benchmark(small_cnn(seed=1), "mini", **kwargs)
     assert files_under(tmp_path) == before  # the export and its scores.json untouched
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_size": 0}, "^batch_size must be null or an integer >= 1, got 0"),  # was run at the default batch size
+    ({"batch_size": -3}, "^batch_size must be null or an integer >= 1, got -3"),  # was torch's DataLoader traceback
+    ({"budgets": {"linf": float("nan")}}, r"Linf eps must be a finite number > 0 .* got nan"),  # was recorded
+    ({"budgets": {"l2": float("inf")}}, r"L2 eps must be a finite number > 0 .* got inf"),
+    ({"budgets": {"linf": 0.0}}, r"Linf eps must be a finite number > 0 .* got 0.0"),
+    ({"output_dir": "FILE/out"}, r"cannot create .*/a_file/out: .*/a_file is a file, not a directory"),
+    ({"device": "gpu0"}, "device='gpu0' names no torch device"),
+])
+def test_benchmark_turns_degenerate_arguments_into_one_line_before_writing(mini_dir, tmp_path, kwargs, message):
+    (tmp_path / "a_file").write_text("")
+    kwargs = {"output_dir": tmp_path / "out", **kwargs}
+    kwargs["output_dir"] = str(kwargs["output_dir"]).replace("FILE", str(tmp_path / "a_file"))
+    with raises_one_line(UserError, match=message):
+        rgb.benchmark(small_cnn(seed=0), "mini", source=str(mini_dir), settings=("test",), progress=False, **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("given", ["missing_dir", "a_dir_without_export", "weights.pt"])
+def test_load_model_of_no_export_is_a_one_line_user_error(tmp_path, given):
+    (tmp_path / "a_dir_without_export").mkdir()
+    torch.save({"w": torch.zeros(3)}, tmp_path / "weights.pt")
+    with raises_one_line(ExportNotFoundError, match="not found .rgb.models.load needs model.safetensors and model.json."):
+        rgb.load_model(tmp_path / given)
 
 
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640)])
@@ -129,7 +155,7 @@ def test_benchmark_takes_settings_in_any_case(mini_dir, tmp_path):
 ])
 def test_autoattack_refuses_labels_that_are_no_class_of_the_model(trained_mlp, labels, message):
     x, y = separable_data(8, seed=1)
-    with pytest.raises(ValueError, match=message):
+    with raises_one_line(UserError, match=message):
         AutoAttack(trained_mlp, "Linf", 0.01, attacks=["apgd-ce"]).run(x, labels(y))
 
 

@@ -257,6 +257,22 @@ def test_truncated_last_checkpoint_is_named_in_one_line(tmp_path, mini_dir):
     assert f"cannot read checkpoint {last}" in str(err.value) and "delete it" in str(err.value)
 
 
+class PickledThing:
+    """A Python object in a checkpoint: what a weights-only load refuses."""
+
+
+def test_a_checkpoint_that_pickles_objects_is_named_without_torchs_advice_to_unpickle_it(tmp_path):
+    from rgb.training.rundir import load_checkpoint_file
+
+    path = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}, "extra": PickledThing()}, path)
+    with raises_one_line(TrainingError) as err:
+        load_checkpoint_file(path)
+    assert str(err.value) == (f"cannot read checkpoint {path} (it pickles Python objects, which a weights-only load "
+                              f"refuses to run); it is truncated or not a checkpoint: delete it to start this run "
+                              f"over, or pass ckpt_path=<another checkpoint of this run>")
+
+
 # ---------------------------------------------------------------- 5. nonsense refused before anything starts
 
 
@@ -279,6 +295,7 @@ def test_truncated_last_checkpoint_is_named_in_one_line(tmp_path, mini_dir):
         (["effective_batch_size=100"], "effective_batch_size 100 must be a multiple of data.batch_size 16"),
         (["threads=0"], "threads must be auto or an integer >= 1"),
         (["monitor.mode=maximum"], "monitor.mode must be min or max"),
+        (["model.num_classes=5"], "model.num_classes 5 must equal data.num_classes 10"),
     ],
 )
 def test_nonsense_hyperparameters_are_refused_before_anything_starts(tmp_path, mini_dir, overrides, key):

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from rgb.attacks.common import AttackError, EvalCounter, Progress, check_eps, lp_norm
+from rgb.attacks.common import AttackError, AttackInputError, EvalCounter, Progress, lp_norm
 from rgb.attacks.model_calls import TracedModel, attack_model
 from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import ATTACKS, VERSIONS
-from rgb.core.threat import Norm, parse_norm
+from rgb.core.threat import Norm, ThreatModel, parse_norm
+from rgb.core.values import POSITIVE_INT, require
 
 # Budget tolerances of spec §8.1 (float32 rounding of the projections).
 RELATIVE_TOLERANCE = {Norm.L1: 1e-5, Norm.L2: 1e-5}
@@ -121,6 +122,28 @@ def check_threat_model(x: torch.Tensor, x_adv: torch.Tensor, norm: str | Norm, e
         raise AttackError("a robust point was returned perturbed")
 
 
+def checked_inputs(x, y) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x as fp32, y as int64, on the CPU) when x holds N >= 1 images (N,C,H,W) in [0,1] and y one integer class
+    index per image; else AttackInputError in one line. Nothing is cast silently (a float label is not truncated)."""
+    if not (torch.is_tensor(x) and torch.is_tensor(y)):
+        raise AttackInputError(f"x and y must be torch tensors, got {type(x).__name__} and {type(y).__name__}")
+    if x.dim() != 4 or y.shape != (x.shape[0],):
+        raise AttackInputError(f"expected x (N,C,H,W) and y (N,), got {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.shape[0] == 0:
+        raise AttackInputError("no images to attack: x holds 0 images")
+    if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+        raise AttackInputError(f"labels y must be integer class indices, got dtype {y.dtype}")
+    if x.is_complex() or x.dtype == torch.bool:
+        raise AttackInputError(f"images x must be real numbers in [0, 1], got dtype {x.dtype}")
+    x, y = x.detach().float().cpu(), y.detach().long().cpu()
+    if torch.isnan(x).any():
+        raise AttackInputError("inputs must lie in [0, 1], got NaN (normalisation belongs inside the model)")
+    if x.min() < 0 or x.max() > 1:
+        raise AttackInputError(f"inputs must lie in [0, 1], got values in [{float(x.min()):.4g}, {float(x.max()):.4g}] "
+                               f"(normalisation belongs inside the model)")
+    return x, y
+
+
 class AutoAttack:
     """`AutoAttack(model, norm, eps).run(x, y)` for any model mapping [0,1] images to logits; what it runs is an
     `rgb.attacks.options.AttackOptions` (its fields may be given as keywords instead).
@@ -187,17 +210,15 @@ class AutoAttack:
     ):
         """`options` (or, for convenience, its fields as keywords, which replace those of `options`): what to run."""
         self.model = model
-        self.norm = parse_norm(norm)
-        check_eps(eps)
-        if not float(eps) > 0:
-            raise ValueError(f"eps must be positive, got {eps}")
+        threat = ThreatModel(norm, eps)  # a finite eps > 0 and a known norm, or one line
+        self.norm = threat.norm
         options = options or AttackOptions()
         self.options = replace(options, **option_values) if option_values else options
         self.spec = VERSIONS[self.options.version]
         chosen = self.options.attacks
         self.steps = [step for step in self.spec.steps if chosen is None or step.attack in chosen]
         self.attacks = [step.attack for step in self.steps]
-        self.eps = float(eps)
+        self.eps = threat.eps
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.batch_size = int(batch_size)
         self.progress = progress
@@ -208,7 +229,8 @@ class AutoAttack:
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
-        batch_size = int(batch_size or self.batch_size)
+        batch_size = self.batch_size if batch_size is None else batch_size
+        require({"batch_size": batch_size}, {"batch_size": POSITIVE_INT}, AttackInputError)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -255,20 +277,14 @@ class AutoAttack:
     def clean_pass(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> CascadeState:
         """The clean predictions of images x (N,C,H,W) in [0,1] with labels y (N,), the model the attacks call and
         the reference's pre-checks: the state each `attack_stage` then advances."""
-        if x.dim() != 4 or y.shape != (x.shape[0],):
-            raise ValueError(f"expected x (N,C,H,W) and y (N,), got {tuple(x.shape)} and {tuple(y.shape)}")
-        if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():  # never truncated or cast silently
-            raise ValueError(f"labels y must be integer class indices, got dtype {y.dtype}")
-        x, y = x.detach().float().cpu(), y.detach().long().cpu()
-        if torch.isnan(x).any() or x.min() < 0 or x.max() > 1:
-            raise ValueError("inputs must lie in [0, 1] without NaN (normalisation belongs inside the model)")
+        x, y = checked_inputs(x, y)
         caught: list[str] = []
         clean_logits = self._logits(x, batch_size)
         outside = ((y < 0) | (y >= clean_logits.shape[1])).nonzero().flatten()
         if outside.numel():  # a label no logit stands for would count as a clean miss, never as an error
             i = int(outside[0])
-            raise ValueError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): y[{i}] = "
-                             f"{int(y[i])}, {outside.numel()} label(s) outside")
+            raise AttackInputError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): "
+                                   f"y[{i}] = {int(y[i])}, {outside.numel()} label(s) outside")
         probe = self._prepare(x, clean_logits, caught)
         caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
                                                   self.spec.deterministic_model))

@@ -53,6 +53,11 @@ class AttackError(UserError, RuntimeError):
     model's logits are not finite."""
 
 
+class AttackInputError(UserError, ValueError):
+    """Images or labels an attack cannot take (not (N,C,H,W) in [0,1], no images, labels not one integer class
+    index per image), or a batch size that is not a positive integer."""
+
+
 def lp_norm(delta: torch.Tensor, norm: str | Norm) -> torch.Tensor:
     """Per-sample norm of `delta` (leading batch dim, any trailing shape) -> shape (N,)."""
     flat = delta.flatten(1)

@@ -26,6 +26,7 @@ from rgb.commands import schema
 from rgb.commands.resolvers import register_resolvers
 from rgb.core.configs import config_dir, data_config_for, data_configs
 from rgb.core.errors import UserError, one_line
+from rgb.core.files import unwritable
 from rgb.core.secrets import redact_text
 from rgb.core.values import ConfigValueError
 
@@ -77,7 +78,7 @@ def _error_line(err: Exception) -> str | None:
         return one_line(err)
     if isinstance(err, OSError):
         return os_error_line(err)
-    cause = _value_error_in(err)
+    cause = _user_error_in(err)
     return one_line(cause) if cause is not None else None
 
 
@@ -254,7 +255,8 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             keep_freed_memory()
             threads = configure_threads(cfg.get("threads", "auto"))
             return body(cfg, threads)
-        except Exception as err:
+        except Exception as raised:
+            err = _user_error_in(raised) or raised
             if not isinstance(err, (UserError, OSError, InterpolationResolutionError)):
                 raise
             line = _error_line(err)
@@ -326,7 +328,7 @@ def _compose_error(config_name: str, argv: list[str]) -> str | None:
         refused = schema.refused_override(err)
         if refused:
             return schema.unknown_key(config_name, refused, _compose(config_name, _group_choices(overrides)))
-        cause = _value_error_in(err)
+        cause = _user_error_in(err)
         return one_line(cause) if cause else f"config: {one_line(err).split(' Config search path:')[0]}"
     return unwritable(run_dir)
 
@@ -382,25 +384,12 @@ def _unknown_keys(config_name: str, overrides: list[str], cfg: DictConfig) -> st
 OUTPUT_KEYS = ("output_dir", "attack_dir", "leaderboard_dir")
 
 
-def _value_error_in(err: BaseException) -> ConfigValueError | None:
-    """The ConfigValueError behind an interpolation error (`${rgb.path_name:...}` refusing a run name), if any."""
-    while err is not None and not isinstance(err, ConfigValueError):
+def _user_error_in(err: BaseException) -> UserError | None:
+    """The UserError behind a wrapping error, if any: an interpolation error (`${rgb.path_name:...}` refusing a
+    run name), or Hydra's InstantiationException around a model or data class refusing its arguments."""
+    while err is not None and not isinstance(err, UserError):
         err = err.__cause__ or err.__context__
     return err
-
-
-def unwritable(path: Path) -> str | None:
-    """Why the directory `path` cannot be created or written into (None when it can): said before Hydra
-    creates it, which would be a traceback."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"cannot create {path}: {existing} is a file, not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return (f"cannot create or write {path}: {existing} is not writable (read-only or no permission); point "
-                f"paths.output_dir (or output_dir) to a writable place")
-    return None
 
 
 def _missing_required(config_name: str, argv: list[str]) -> str | None:

@@ -25,6 +25,21 @@ class CorruptFileError(UserError, ValueError):
     """A file that is there but does not read whole (truncated, damaged, or not the format its name says)."""
 
 
+def unwritable(path: Path) -> str | None:
+    """Why the directory `path` cannot be created or written into (None when it can): said before anything is
+    written (Hydra creating a run dir, rgb.benchmark exporting weights), where it would be a traceback."""
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot create {path}: {existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return (f"cannot create or write {path}: {existing} is not writable (read-only or no permission); point "
+                f"paths.output_dir (or output_dir) to a writable place")
+    return None
+
+
 def new_file_mode() -> int:
     """The mode `open()` gives a new file: 0o666 less the process umask (read from /proc where it can be, since
     setting the umask to read it is not thread-safe)."""

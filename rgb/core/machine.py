@@ -24,6 +24,10 @@ def resolve_device(device: str) -> str:
     """`auto` -> cuda when visible, else cpu; an explicit cuda device without CUDA is an error."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DeviceError(f"device={device!r} names no torch device; use auto, cpu, cuda or cuda:N") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise DeviceError(f"device={device} but no CUDA device is visible")
     return device

@@ -13,8 +13,8 @@ from enum import Enum
 from rgb.core.errors import UserError
 
 
-class ThreatError(UserError, ValueError):
-    """A norm or budget the user named that is not one (a config, an AutoAttack argument)."""
+class ThreatModelError(UserError, ValueError):
+    """A norm or a budget that no threat model has (an unknown norm; eps not a finite number > 0)."""
 
 
 class Norm(str, Enum):
@@ -56,21 +56,27 @@ def parse_norm(norm: str | Norm) -> Norm:
         for candidate in Norm:
             if norm.lower() == candidate.key:
                 return candidate
-    raise ThreatError(f"norm must be one of {[n.value for n in Norm]} (any case), got {norm!r}")
+    raise ThreatModelError(f"norm must be one of {[n.value for n in Norm]} (any case), got {norm!r}")
 
 
 @dataclass(frozen=True)
 class ThreatModel:
-    """A white-box or transfer threat model: (norm, eps). `name` is the run-directory / config key."""
+    """A white-box or transfer threat model: (norm, eps). `name` is the run-directory / config key. Every budget a
+    user gives (rgb.AutoAttack's eps, rgb.benchmark's and a data config's budgets) is checked here: a finite
+    eps > 0 (a zero budget attacks nothing; nan or inf would be recorded as the run's budget)."""
 
     norm: Norm
     eps: float
 
     def __post_init__(self):
         object.__setattr__(self, "norm", parse_norm(self.norm))
-        eps = float(self.eps)
-        if not math.isfinite(eps) or eps < 0:
-            raise ThreatError(f"eps must be a finite number >= 0, got {self.eps!r}")
+        try:
+            eps = float(self.eps)
+        except (TypeError, ValueError):
+            eps = math.nan
+        if isinstance(self.eps, bool) or not math.isfinite(eps) or eps <= 0:
+            raise ThreatModelError(f"{self.norm.value} eps must be a finite number > 0 (in [0,1] pixel units), got "
+                                   f"{self.eps!r}")
         object.__setattr__(self, "eps", eps)
 
     @property

@@ -7,6 +7,7 @@ are absent are skipped (an absent key is the composition's to report). Plain Pyt
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable
@@ -102,6 +103,22 @@ def problems(flat: dict, rules: dict[str, Rule]) -> list[str]:
         keys = [k for k in flat if k.startswith(pattern[:-1])] if pattern.endswith(".*") else [pattern]
         found += [f"{key} must be {what}, got {flat[key]!r}" for key in keys if key in flat and not ok(flat[key])]
     return found
+
+
+def require(values: dict, rules: dict[str, Rule], error: type[UserError] = ConfigValueError) -> None:
+    """Raise `error` naming every value of `values` that breaks its rule of `rules` (see `problems`), in one line."""
+    found = problems(values, rules)
+    if found:
+        raise error("; ".join(found))
+
+
+def unknown_name(what: str, name: str, known: list[str]) -> str:
+    """`<what> 'name' is unknown; did you mean 'x'? known: a, b, c, ... (N)`: a name refused in one line, with
+    the closest known one and a few of the others, never the whole list of a 196-class dataset."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    shown = ", ".join(str(k) for k in known[:5]) + (f", ... ({len(known)} in all)" if len(known) > 5 else "")
+    return f"{what} {name!r} is unknown; {hint}known: {shown}"
 
 
 _UNSAFE = re.compile(r"[/\\\x00]")

@@ -12,7 +12,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from rgb.core.machine import available_cpus
-from rgb.core.threat import parse_norm
+from rgb.core.threat import ThreatModel, parse_norm
+from rgb.core.values import POSITIVE_INT, require
 from rgb.data.benchmark import ImageSplit, load_split
 from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, MINI, UnknownDatasetError
 from rgb.data.mini import IMAGE_SIZE as MINI_IMAGE_SIZE
@@ -53,8 +54,10 @@ class BenchmarkData:
         self.dataset = dataset
         self.image_size = int(image_size)
         self.num_classes = int(num_classes)
-        self.budgets = {parse_norm(k).key: float(v) for k, v in dict(budgets).items()}
+        self.budgets = {threat.name: threat.eps for threat in (ThreatModel(k, v) for k, v in dict(budgets).items())}
         self.transfer_budgets = {k: float(v) for k, v in dict(transfer_budgets or {}).items()}
+        require({"batch_size": batch_size, "eval_batch_size": eval_batch_size},
+                {"batch_size": POSITIVE_INT, "eval_batch_size": POSITIVE_INT})
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
@@ -82,7 +85,7 @@ class BenchmarkData:
         white_box = {**resolved_budgets("white_box", size), **{parse_norm(k).key: v for k, v in (budgets or {}).items()}}
         return cls(source=str(source or default_source), dataset=info.name, image_size=size,
                    num_classes=info.num_classes, budgets=white_box, transfer_budgets=resolved_budgets("transfer", size),
-                   eval_batch_size=int(eval_batch_size or batch), cache_dir=cache_dir,
+                   eval_batch_size=batch if eval_batch_size is None else eval_batch_size, cache_dir=cache_dir,
                    build_mini_if_missing=info is MINI)
 
     def split(self, split: str, surrogate: str | None = None) -> ImageSplit:

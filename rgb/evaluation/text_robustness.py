@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256
 from rgb.core.files import read_cached_tensors
 from rgb.core.files import read_jsonl
+from rgb.core.values import unknown_name
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
@@ -101,9 +102,11 @@ def zero_shot_record(meta: dict, run: Path) -> dict:
     return meta["zeroshot"]
 
 
-def load_queries(path: Path) -> list[Query]:
+def load_queries(path: Path, class_names: list[str]) -> list[Query]:
     """Free-text queries, one JSON object per line: {"query": text, "class_name": optional class name}; blank
-    lines skipped. A malformed or repeated line is named."""
+    lines skipped. A malformed or repeated line is named, and so is a class name that is none of `class_names`
+    (the model's, as its prompts spell them; `_` read as a space): a misspelt class would silently lose its
+    class-name edits."""
     queries, first_line = [], {}
     for number, record in read_jsonl(path, EvaluationError, "query file"):
         class_name = record.get("class_name") if isinstance(record, dict) else None
@@ -112,6 +115,10 @@ def load_queries(path: Path) -> list[Query]:
                 or not (class_name is None or isinstance(class_name, str) and class_name.strip())):
             raise EvaluationError(f"{path}:{number}: expected {{\"query\": non-empty text, \"class_name\": optional "
                                   f"non-empty text}}, got {json.dumps(record)[:80]}")
+        if class_name is not None:
+            class_name = class_name.replace("_", " ")
+            if class_name not in class_names:
+                raise EvaluationError(f"{path}:{number}: " + unknown_name("class_name", class_name, class_names))
         if record["query"] in first_line:
             raise EvaluationError(f"{path}:{number}: repeats the query of line {first_line[record['query']]}")
         first_line[record["query"]] = number
@@ -286,7 +293,8 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
                               f"{datamodule.dataset!r}")
     from_templates = options.queries is None
     templates = [t["template"] for t in record["templates"]]
-    queries = template_queries(templates, record["class_names"]) if from_templates else load_queries(options.queries)
+    queries = (template_queries(templates, record["class_names"]) if from_templates
+               else load_queries(options.queries, record["class_names"]))
     user_edits = load_user_edits(options.user_edits) if options.user_edits else None
     generated = generate(queries, options.types, options.seeds, user_edits)
     if not generated:

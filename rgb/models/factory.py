@@ -195,7 +195,7 @@ def create_model(
     """
     check_model_name(name)
     if weights is not None and not pretrained:
-        raise ModelSpecError(f"weights={weights!r} given with pretrained=False; set pretrained=True to load them")
+        raise ModelLoadError(f"weights={weights!r} given with pretrained=False; set pretrained=True to load them")
     if split_source(name)[0] is not None:
         if weights is not None:
             raise ModelSpecError(f"model {name} brings its own weights: drop weights={weights!r} (or use the architecture "

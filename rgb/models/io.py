@@ -33,6 +33,10 @@ def library_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "timm": timm.__version__, "rgb": rgb.__version__}
 
 
+class ExportNotFoundError(UserError, FileNotFoundError):
+    """A path given as an export (a run dir, or a weights file with its record beside it) that lacks one of them."""
+
+
 class ExportConflictError(UserError, FileExistsError):
     """An export directory that already holds other weights (and the results made for them)."""
 
@@ -119,7 +123,7 @@ def export_paths(run: str | Path) -> tuple[Path, Path]:
 
 def _required(file: Path) -> Path:
     if not file.is_file():
-        raise FileNotFoundError(f"{file} not found (rgb.models.load needs {WEIGHTS_FILE} and {META_FILE})")
+        raise ExportNotFoundError(f"{file} not found (rgb.models.load needs {WEIGHTS_FILE} and {META_FILE})")
     return file
 
 

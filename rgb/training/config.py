@@ -134,6 +134,10 @@ def validate_config(config: dict) -> None:
     warmup, epochs = flat.get("optim.warmup_epochs"), flat.get("trainer.max_epochs")
     if not problems and flat.get("optim.scheduler") and warmup is not None and warmup > epochs:
         problems.append(f"optim.warmup_epochs {warmup} must not exceed trainer.max_epochs {epochs}")
+    model_classes, data_classes = flat.get("model.num_classes"), flat.get("data.num_classes")
+    if not problems and None not in (model_classes, data_classes) and model_classes != data_classes:
+        problems.append(f"model.num_classes {model_classes} must equal data.num_classes {data_classes} (the classes of "
+                        f"the data's labels): leave model.num_classes at its default ${{data.num_classes}}")
     loss = LOSSES.get(flat.get("loss.name"))
     if not problems and loss is not None and loss.needs_prompt_head:
         if flat.get("head_init") is None and "head_init.name" not in flat:

@@ -25,7 +25,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback
 
 from rgb.core import atomic_write_bytes, atomic_write_json
-from rgb.core.files import flock
+from rgb.core.files import flock, tensor_file_problem
 from rgb.core.rundir import MANIFEST, IdentityManifest, changes_line, identity_changes
 from rgb.models import WEIGHTS_FILE
 from rgb.core.values import flatten
@@ -136,8 +136,10 @@ class RunManifest:
         return record
 
 
-def unreadable_checkpoint(path, err: BaseException) -> TrainingError:
-    reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+def unreadable_checkpoint(path) -> TrainingError:
+    """The file named, with why it does not read in a few words (rgb.core.files): never torch's advice to
+    unpickle it anyway."""
+    reason = tensor_file_problem(Path(path)) or "it does not read"
     return TrainingError(
         f"cannot read checkpoint {path} ({reason}); it is truncated or not a checkpoint: delete it to start this run "
         f"over, or pass ckpt_path=<another checkpoint of this run>"
@@ -150,8 +152,8 @@ def load_checkpoint_file(path, map_location="cpu") -> dict:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise
-    except Exception as err:  # truncated zip, foreign pickle, ...: name the file, never a 46-line traceback
-        raise unreadable_checkpoint(path, err) from err
+    except Exception:  # truncated zip, foreign pickle, ...: name the file, never a 46-line traceback
+        raise unreadable_checkpoint(path) from None
 
 
 class SameHyperparameters(Callback):
