@@ -18,7 +18,7 @@ INTERNAL = {
     **{f"rgb/attacks/square.py::{f}": _ATTACK_ARGS for f in ("square", "square_pattern")},
     **{f"rgb/attacks/fab.py::{f}": _ATTACK_ARGS
        for f in ("_check_hyperplane_args", "_clean_logits", "_validate", "fab_untargeted")},
-    **{f"rgb/attacks/autoattack.py::AutoAttack.{f}": _ATTACK_ARGS for f in ("__init__", "_step_params", "clean_pass")},
+    **{f"rgb/attacks/autoattack.py::AutoAttack.{f}": _ATTACK_ARGS for f in ("_step_params",)},
     **{f"rgb/attacks/common.py::{f}": _ATTACK_ARGS
        for f in ("EvalCounter.per_image", "check_eps", "per_sample", "runner_up_targets")},
     "rgb/attacks/losses.py::dlr_loss": _ATTACK_ARGS,
