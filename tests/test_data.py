@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from helpers import REPO, compose_config, raises_one_line
 from rgb.core.threat import Norm
 from rgb.data import BenchmarkError, ImageSplit, load_split, transfer_coverage
-from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
+from rgb.data.catalog import CORRUPTIONS, DATASETS, MINI, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.corruptions import corruption_of_row
 from rgb.data.mini import CLASS_NAMES, DATASET, HELD_OUT, TEST_SIZE, VALIDATION_SIZE, build_mini, digit_images, stratified_splits
 from rgb.commands.resolvers import register_resolvers
@@ -197,6 +197,16 @@ def test_data_configs_have_the_catalog_budgets_bit_for_bit(name):
     for norm, eps in WHITE_BOX_BUDGETS.items():
         assert data["budgets"][norm] == scale_budget(norm, eps, dim)
     assert set(data["budgets"]) == {n.key for n in Norm}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml") if p.stem != "custom"))
+def test_data_configs_take_their_class_count_from_the_catalog(name):
+    """The catalog owns each dataset's class count: a data config composes to it and writes no number of its own
+    (a count typed into a YAML drifts from the catalog unnoticed)."""
+    data = compose_data(f"data={name}")
+    info = MINI if data["dataset"] == MINI.name else DATASETS[data["dataset"]]
+    assert data["num_classes"] == info.num_classes
+    assert "num_classes" not in OmegaConf.load(REPO / "conf/data" / f"{name}.yaml")
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml") if p.stem != "custom"))
