@@ -27,6 +27,8 @@ from rgb.core.files import atomic_write_bytes, is_staging
 from rgb.evaluation.exports import write_exports
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
+    CLEAN_SETTING,
+    COMMON_SETTING,
     PARTIAL_SCORES_FILE,
     PROTOCOLS,
     SCORES_FILE,
@@ -34,6 +36,8 @@ from rgb.evaluation.records import (
     ProtocolScore,
     RecordError,
     ScoresRecord,
+    WHITE_BOX_NORMS,
+    attack_setting,
 )
 from rgb.evaluation.scores import BENCHMARK_DATASETS, OTHER_PROTOCOL, SumScore, borda_scores, sum_score
 
@@ -201,9 +205,9 @@ def model_info(record: ScoresRecord) -> dict:
         "name": record.model.run_name, "architecture": record.model.name, "family": record.model.family,
         "training": {"loss": record.model.loss, "strategy": record.model.strategy},
         "weights_sha256": record.model.weights_sha256, "dataset": record.dataset,
-        "clean_acc": accuracy["test"], "common_acc": accuracy["common"],
-        "autoattack_acc": {n: record.not_applicable("white_box") or accuracy[f"autoattack_{n}"]
-                           for n in ("l1", "l2", "linf")},
+        "clean_acc": accuracy[CLEAN_SETTING], "common_acc": accuracy[COMMON_SETTING],
+        "autoattack_acc": {n.key: record.not_applicable("white_box") or accuracy[attack_setting(n)]
+                           for n in WHITE_BOX_NORMS},
         "eps": record.eps, "seed": {n: a.seed for n, a in record.attacks.items()},
         "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.white_box.score,
         "partial": record.partial, "max_images": record.max_images,

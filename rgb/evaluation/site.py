@@ -37,7 +37,7 @@ from rgb.evaluation.leaderboard import (
     LeaderboardRow,
     sum_heading,
 )
-from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, SCORES_FILE, ScoresRecord
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, CLEAN_SETTING, PROTOCOLS, SCORES_FILE, ScoresRecord
 from rgb.runs.store import train_reference
 
 TEMPLATES = Path(__file__).with_name("site_templates")
@@ -45,7 +45,7 @@ ASSETS = ("site.css", "site.js")
 SITE_DIR = "site"
 # The column titles of the settings: the clean split, the attack settings by their norm; any other setting (common,
 # a black-box transfer split) shows its own name.
-SETTING_LABELS = {"test": "clean", **{setting: norm.value for setting, norm in ATTACK_SETTING_NORMS.items()}}
+SETTING_LABELS = {CLEAN_SETTING: "clean", **{setting: norm.value for setting, norm in ATTACK_SETTING_NORMS.items()}}
 # What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
 REPORT_FOLDERS = {"zeroshot_report": "zero-shot report", "text_robustness": "text robustness"}
 MISSING = "—"
@@ -370,7 +370,7 @@ def board_view(board: Leaderboard, boards: Sequence[Leaderboard], entries: dict[
 def _clean_mean(board: Leaderboard, index: int) -> Cell:
     """The clean accuracy a Sum is plotted against: the board's one clean number when the pool has one dataset,
     else the mean of the row's clean numbers (shown as computed here, the inputs being the board's)."""
-    cells = [setting_cell(board, index, d, "test") for d in board.datasets]
+    cells = [setting_cell(board, index, d, CLEAN_SETTING) for d in board.datasets]
     values = [c.value for c in cells if c.value is not None]
     if len(board.datasets) == 1:
         return cells[0]

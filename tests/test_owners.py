@@ -1,0 +1,45 @@
+"""One owner per concept, read from the source: where a second spelling of a name, a format or a primitive could
+creep back in unnoticed, a check here finds it (an AST walk over rgb/), and a check of the check shows it would.
+"""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RGB = REPO / "rgb"
+# Rewritten on another branch right now (the typed EvalRequest): it keeps its own "autoattack_" spellings until then.
+WHITE_BOX_SETTINGS_MOVING = {"rgb/evaluation/model_eval.py"}
+
+
+def _modules(root: Path = RGB):
+    for path in sorted(root.rglob("*.py")):
+        yield path.relative_to(root.parent).as_posix(), ast.parse(path.read_text(), filename=str(path))
+
+
+def white_box_setting_spellings(root: Path = RGB) -> list[str]:
+    """'file:line' of every white-box setting name written outside rgb.evaluation.records (its owner): a string
+    starting "autoattack_" (RobustBench's `autoattack_acc` key is a format's, not a setting), or a literal tuple or
+    list holding both "test" and "common"."""
+    found = []
+    for name, tree in _modules(root):
+        if name == "rgb/evaluation/records.py" or name in WHITE_BOX_SETTINGS_MOVING:
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("autoattack_")
+                    and node.value != "autoattack_acc"):
+                found.append(f"{name}:{node.lineno}")
+            elif isinstance(node, (ast.Tuple, ast.List)) and {"test", "common"} <= {
+                    e.value for e in node.elts if isinstance(e, ast.Constant)}:
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_white_box_settings_are_spelled_only_by_their_owner():
+    assert white_box_setting_spellings() == []
+
+
+def test_the_check_sees_a_white_box_setting_spelled_again(tmp_path):
+    module = tmp_path / "rgb" / "evaluation" / "board.py"
+    module.parent.mkdir(parents=True)
+    module.write_text('SETTINGS = ("test", "common", "l1")\nKEY = f"autoattack_{1}"\nACC = "autoattack_acc"\n')
+    assert white_box_setting_spellings(tmp_path / "rgb") == ["rgb/evaluation/board.py:1", "rgb/evaluation/board.py:2"]
