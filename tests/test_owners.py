@@ -43,3 +43,24 @@ def test_the_check_sees_a_white_box_setting_spelled_again(tmp_path):
     module.parent.mkdir(parents=True)
     module.write_text('SETTINGS = ("test", "common", "l1")\nKEY = f"autoattack_{1}"\nACC = "autoattack_acc"\n')
     assert white_box_setting_spellings(tmp_path / "rgb") == ["rgb/evaluation/board.py:1", "rgb/evaluation/board.py:2"]
+
+
+def file_moves(root: Path = RGB) -> list[str]:
+    """'file:line' of every os.replace / os.rename / shutil.move outside rgb.core.files, the one owner of putting
+    a file or a folder in place whole (atomic_output, atomic_write_json, replaced_whole)."""
+    moves = {("os", "replace"), ("os", "rename"), ("shutil", "move")}
+    return [f"{name}:{node.lineno}" for name, tree in _modules(root) if name != "rgb/core/files.py"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in moves]
+
+
+def test_files_and_folders_are_put_in_place_only_by_core_files():
+    assert file_moves() == []
+
+
+def test_the_check_sees_a_hand_written_replace(tmp_path):
+    module = tmp_path / "rgb" / "runs" / "writer.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import os, shutil\nos.replace('a.tmp', 'a')\nshutil.move('d.new', 'd')\n'x'.replace('a', 'b')\n")
+    assert file_moves(tmp_path / "rgb") == ["rgb/runs/writer.py:2", "rgb/runs/writer.py:3"]
