@@ -60,8 +60,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
-def atomic_write_json(path: Path, record) -> None:
-    atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
+def atomic_write_json(path: Path, record, indent: int = 2) -> None:
+    """`record` as indented JSON plus a newline, written whole (the one way rgb writes a JSON file)."""
+    atomic_write_bytes(path, (json.dumps(record, indent=indent) + "\n").encode())
 
 
 def _first_sentence(err: BaseException) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from rgb.core.errors import UserError
-from rgb.core.files import atomic_write_bytes, is_staging
+from rgb.core.files import atomic_write_bytes, atomic_write_json, is_staging
 from rgb.evaluation.exports import write_exports
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
@@ -353,12 +352,11 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out_dir / "leaderboard.md", to_markdown(board).encode())
     atomic_write_bytes(out_dir / "leaderboard.csv", to_csv(board).encode())
-    atomic_write_bytes(out_dir / "leaderboard.json", (json.dumps(board.to_json(), indent=2) + "\n").encode())
+    atomic_write_json(out_dir / "leaderboard.json", board.to_json())
     for record in pool.values():
         info = model_info(record)
         (out_dir / "model_info" / record.dataset).mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(out_dir / "model_info" / record.dataset / f"{info['name']}.json",
-                           (json.dumps(info, indent=2) + "\n").encode())
+        atomic_write_json(out_dir / "model_info" / record.dataset / f"{info['name']}.json", info)
     write_exports(pool.values(), out_dir)
     save(board_figure(board), out_dir / "leaderboard.png")
     return board
@@ -421,12 +419,12 @@ def write_seed_spread(spread: dict | None, out_dir: Path) -> None:
     """seeds.md and seeds.json beside the leaderboard; with no spread (the pool is not one recipe over seeds, or
     a job is missing), those of an earlier pool are removed: they would describe models no longer ranked."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("seeds.md", spread and seed_spread_markdown(spread)),
-                       ("seeds.json", spread and json.dumps(spread, indent=2) + "\n")):
-        if text:
-            atomic_write_bytes(out_dir / name, text.encode())
-        else:
-            (out_dir / name).unlink(missing_ok=True)
+    if spread:
+        atomic_write_bytes(out_dir / "seeds.md", seed_spread_markdown(spread).encode())
+        atomic_write_json(out_dir / "seeds.json", spread)
+        return
+    for name in ("seeds.md", "seeds.json"):
+        (out_dir / name).unlink(missing_ok=True)
 
 
 __all__ = ["OTHER_PROTOCOL", "Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard",

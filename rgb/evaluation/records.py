@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rgb.core.classwise import ClassWise
-from rgb.core.files import atomic_write_bytes
+from rgb.core.files import atomic_write_json
 from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, Norm, parse_norm
@@ -430,7 +430,7 @@ class ScoresRecord(JsonRecord):
             raise RecordError(f"unreadable scores record {path}: {err}") from err
 
     def save(self, path: Path) -> None:
-        atomic_write_bytes(Path(path), (json.dumps(self.to_json(), indent=2) + "\n").encode())
+        atomic_write_json(Path(path), self.to_json())
 
     @property
     def title(self) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 import jinja2
 
 from rgb.core.errors import UserError
-from rgb.core.files import atomic_write_bytes, distinct_name
+from rgb.core.files import atomic_write_bytes, atomic_write_json, distinct_name
 from rgb.core.secrets import redact, redact_text
 from rgb.core.threat import parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS, split_budget
@@ -515,8 +515,7 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
         shutil.copyfile(TEMPLATES / asset, out / asset)
     (out / "data").mkdir(exist_ok=True)
     for board in boards:
-        atomic_write_bytes(out / "data" / f"leaderboard.{board.protocol}.json",
-                           (json.dumps(board.to_json(), indent=2) + "\n").encode())
+        atomic_write_json(out / "data" / f"leaderboard.{board.protocol}.json", board.to_json())
     pages = page_names([*by_model, *(row.model for board in boards for row in board.rows)])
     views = [board_view(board, boards, by_model, pages) for board in boards]
     filters = {key: sorted({model_columns(e)[key] for e in by_model.values()}) for key in ("family", "loss", "strategy")}
