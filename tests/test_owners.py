@@ -99,3 +99,27 @@ def test_the_check_sees_a_hand_written_json_file(tmp_path):
                       "atomic_write_bytes(p, (json.dumps(r, indent=2) + '\\n').encode())\n"
                       "handle.write(json.dumps(line) + '\\n')\n")
     assert hand_written_json_files(tmp_path / "rgb") == [f"rgb/runs/writer.py:{n}" for n in (2, 3, 4)]
+
+
+def wandb_opens(root: Path = RGB) -> list[str]:
+    """'file:line' of every `wandb.init(` outside rgb.runs.wandb_report.wandb_run, the one helper that opens a
+    W&B run with the project's settings (directory, stable id, resume)."""
+    found = []
+    for name, tree in _modules(root):
+        helper = next((node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                       and name == "rgb/runs/wandb_report.py" and node.name == "wandb_run"), None)
+        inside = {id(n) for n in ast.walk(helper)} if helper else set()
+        found += [f"{name}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and ast.unparse(node.func) == "wandb.init" and id(node) not in inside]
+    return found
+
+
+def test_a_wandb_run_is_opened_only_by_the_one_helper():
+    assert wandb_opens() == []
+
+
+def test_the_check_sees_a_second_wandb_init(tmp_path):
+    module = tmp_path / "rgb" / "runs" / "wandb_report.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import wandb\ndef wandb_run():\n    wandb.init()\ndef other():\n    wandb.init()\n")
+    assert wandb_opens(tmp_path / "rgb") == ["rgb/runs/wandb_report.py:5"]
