@@ -123,3 +123,39 @@ def test_the_check_sees_a_second_wandb_init(tmp_path):
     module.parent.mkdir(parents=True)
     module.write_text("import wandb\ndef wandb_run():\n    wandb.init()\ndef other():\n    wandb.init()\n")
     assert wandb_opens(tmp_path / "rgb") == ["rgb/runs/wandb_report.py:5"]
+
+
+def folder_names_spelled_again(root: Path = RGB) -> list[str]:
+    """'file:line' of an output folder name written outside its owner: the run-directory layout's side folders
+    (rgb.runs.store), model_info (rgb.evaluation.exports), site (rgb.evaluation.site), as a path part (`x / "name"`)
+    or a module constant. (The same word as a config flag or a JSON key is another name and passes.)"""
+    from rgb.evaluation.exports import MODEL_INFO_DIR
+    from rgb.evaluation.site import SITE_DIR
+    from rgb.runs.store import PARTIAL_DIR, SWEEPS_DIR, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR
+
+    owners = {ZEROSHOT_REPORT_DIR: "rgb/runs/store.py", TEXT_ROBUSTNESS_DIR: "rgb/runs/store.py",
+              PARTIAL_DIR: "rgb/runs/store.py", SWEEPS_DIR: "rgb/runs/store.py",
+              MODEL_INFO_DIR: "rgb/evaluation/exports.py", SITE_DIR: "rgb/evaluation/site.py"}
+    found = []
+    for name, tree in _modules(root):
+        spelled = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                spelled += [node.left, node.right]
+            elif isinstance(node, ast.Assign) and node in tree.body:
+                spelled.append(node.value)
+        found += [f"{name}:{node.lineno}" for node in spelled if isinstance(node, ast.Constant)
+                  and owners.get(node.value, name) != name]
+    return found
+
+
+def test_output_folder_names_are_spelled_only_by_their_owners():
+    assert folder_names_spelled_again() == []
+
+
+def test_the_check_sees_a_folder_name_spelled_again(tmp_path):
+    module = tmp_path / "rgb" / "evaluation" / "report.py"
+    module.parent.mkdir(parents=True)
+    module.write_text('REPORT = "zeroshot_report"\nout = root / "text_robustness" / "site"\n'
+                      'def f(job_type="text_robustness"):\n    return {"partial": "model_info"}\n')
+    assert folder_names_spelled_again(tmp_path / "rgb") == [f"rgb/evaluation/report.py:{n}" for n in (1, 2, 2)]

@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.commands.evaluate import member, run_outputs
 from rgb.core.machine import resolve_device
-from rgb.evaluation.zeroshot_report import REPORT_DIR, ZeroShotReportOptions, ZeroShotReportRequest, zeroshot_reports
+from rgb.evaluation.zeroshot_report import ZeroShotReportOptions, ZeroShotReportRequest, zeroshot_reports
+from rgb.runs.store import ZEROSHOT_REPORT_DIR as REPORT_DIR
 
 
 def zeroshot_report_options(cfg: DictConfig) -> ZeroShotReportOptions:

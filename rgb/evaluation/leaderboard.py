@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json, is_staging
-from rgb.evaluation.exports import write_exports
+from rgb.evaluation.exports import MODEL_INFO_DIR, write_exports
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
     CLEAN_SETTING,
@@ -355,8 +355,8 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
     atomic_write_json(out_dir / "leaderboard.json", board.to_json())
     for record in pool.values():
         info = model_info(record)
-        (out_dir / "model_info" / record.dataset).mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out_dir / "model_info" / record.dataset / f"{info['name']}.json", info)
+        (out_dir / MODEL_INFO_DIR / record.dataset).mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out_dir / MODEL_INFO_DIR / record.dataset / f"{info['name']}.json", info)
     write_exports(pool.values(), out_dir)
     save(board_figure(board), out_dir / "leaderboard.png")
     return board

@@ -38,7 +38,7 @@ from rgb.evaluation.leaderboard import (
     sum_heading,
 )
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, CLEAN_SETTING, PROTOCOLS, SCORES_FILE, ScoresRecord
-from rgb.runs.store import train_reference
+from rgb.runs.store import TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR, train_reference
 
 TEMPLATES = Path(__file__).with_name("site_templates")
 ASSETS = ("site.css", "site.js")
@@ -47,7 +47,7 @@ SITE_DIR = "site"
 # a black-box transfer split) shows its own name.
 SETTING_LABELS = {CLEAN_SETTING: "clean", **{setting: norm.value for setting, norm in ATTACK_SETTING_NORMS.items()}}
 # What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
-REPORT_FOLDERS = {"zeroshot_report": "zero-shot report", "text_robustness": "text robustness"}
+REPORT_FOLDERS = {ZEROSHOT_REPORT_DIR: "zero-shot report", TEXT_ROBUSTNESS_DIR: "text robustness"}
 MISSING = "—"
 BOARD_TITLES = {"white_box": "White-box (AutoAttack)", "black_box": "Black-box (transfer from the card's surrogates)"}
 # The benchmark's own citation (the dataset card's), shown under the boards.

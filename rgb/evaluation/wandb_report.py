@@ -15,9 +15,11 @@ from pathlib import Path
 import wandb
 
 from rgb.core.files import distinct_name, file_sha256, sha256_alias
+from rgb.evaluation.exports import MODEL_INFO_DIR
 from rgb.evaluation.leaderboard import Leaderboard, table_rows
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, ScoresRecord
 from rgb.evaluation.scores import record_sum
+from rgb.evaluation.site import SITE_DIR
 from rgb.runs.store import wandb_run_under
 from rgb.runs.wandb_report import wandb_run
 
@@ -119,7 +121,7 @@ def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str, oth
         for name in LEADERBOARD_FILES:
             if (leaderboard_dir / name).is_file():
                 files.add_file(str(leaderboard_dir / name))
-        for folder in ("model_info", "site"):
+        for folder in (MODEL_INFO_DIR, SITE_DIR):
             if (leaderboard_dir / folder).is_dir():
                 files.add_dir(str(leaderboard_dir / folder), name=folder)
         run.log_artifact(files)
