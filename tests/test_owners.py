@@ -5,6 +5,8 @@ creep back in unnoticed, a check here finds it (an AST walk over rgb/), and a ch
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 RGB = REPO / "rgb"
 # Rewritten on another branch right now (the typed EvalRequest): they keep their own spellings until that lands.
@@ -12,6 +14,14 @@ WHITE_BOX_SETTINGS_MOVING = {"rgb/evaluation/model_eval.py"}
 JSON_WRITES_MOVING = {"rgb/evaluation/run.py"}
 # A whole file from one call: the writes a JSON record must not be hand-made with.
 FILE_WRITES = {"write_text", "write_bytes", "atomic_write_bytes"}
+
+
+def rgb_tree(tmp_path: Path, module: str, source: str) -> Path:
+    """A one-module rgb/ tree under tmp_path (module `module`, holding `source`): what a check is shown on."""
+    path = tmp_path / "rgb" / module
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    return tmp_path / "rgb"
 
 
 def _modules(root: Path = RGB):
@@ -37,15 +47,6 @@ def white_box_setting_spellings(root: Path = RGB) -> list[str]:
     return found
 
 
-def test_white_box_settings_are_spelled_only_by_their_owner():
-    assert white_box_setting_spellings() == []
-
-
-def test_the_check_sees_a_white_box_setting_spelled_again(tmp_path):
-    module = tmp_path / "rgb" / "evaluation" / "board.py"
-    module.parent.mkdir(parents=True)
-    module.write_text('SETTINGS = ("test", "common", "l1")\nKEY = f"autoattack_{1}"\nACC = "autoattack_acc"\n')
-    assert white_box_setting_spellings(tmp_path / "rgb") == ["rgb/evaluation/board.py:1", "rgb/evaluation/board.py:2"]
 
 
 def file_moves(root: Path = RGB) -> list[str]:
@@ -58,15 +59,6 @@ def file_moves(root: Path = RGB) -> list[str]:
             and isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in moves]
 
 
-def test_files_and_folders_are_put_in_place_only_by_core_files():
-    assert file_moves() == []
-
-
-def test_the_check_sees_a_hand_written_replace(tmp_path):
-    module = tmp_path / "rgb" / "runs" / "writer.py"
-    module.parent.mkdir(parents=True)
-    module.write_text("import os, shutil\nos.replace('a.tmp', 'a')\nshutil.move('d.new', 'd')\n'x'.replace('a', 'b')\n")
-    assert file_moves(tmp_path / "rgb") == ["rgb/runs/writer.py:2", "rgb/runs/writer.py:3"]
 
 
 def hand_written_json_files(root: Path = RGB) -> list[str]:
@@ -88,17 +80,6 @@ def hand_written_json_files(root: Path = RGB) -> list[str]:
     return found
 
 
-def test_json_files_are_written_only_by_atomic_write_json():
-    assert hand_written_json_files() == []
-
-
-def test_the_check_sees_a_hand_written_json_file(tmp_path):
-    module = tmp_path / "rgb" / "runs" / "writer.py"
-    module.parent.mkdir(parents=True)
-    module.write_text("import json\nPath('a').write_text(json.dumps({}) + '\\n')\njson.dump({}, handle)\n"
-                      "atomic_write_bytes(p, (json.dumps(r, indent=2) + '\\n').encode())\n"
-                      "handle.write(json.dumps(line) + '\\n')\n")
-    assert hand_written_json_files(tmp_path / "rgb") == [f"rgb/runs/writer.py:{n}" for n in (2, 3, 4)]
 
 
 def wandb_opens(root: Path = RGB) -> list[str]:
@@ -114,15 +95,6 @@ def wandb_opens(root: Path = RGB) -> list[str]:
     return found
 
 
-def test_a_wandb_run_is_opened_only_by_the_one_helper():
-    assert wandb_opens() == []
-
-
-def test_the_check_sees_a_second_wandb_init(tmp_path):
-    module = tmp_path / "rgb" / "runs" / "wandb_report.py"
-    module.parent.mkdir(parents=True)
-    module.write_text("import wandb\ndef wandb_run():\n    wandb.init()\ndef other():\n    wandb.init()\n")
-    assert wandb_opens(tmp_path / "rgb") == ["rgb/runs/wandb_report.py:5"]
 
 
 def folder_names_spelled_again(root: Path = RGB) -> list[str]:
@@ -149,13 +121,34 @@ def folder_names_spelled_again(root: Path = RGB) -> list[str]:
     return found
 
 
-def test_output_folder_names_are_spelled_only_by_their_owners():
-    assert folder_names_spelled_again() == []
+# Each check, and a small rgb/ tree it must flag: (check, module, source, what it reports).
+CHECKS = [
+    (white_box_setting_spellings, "evaluation/board.py",
+     'SETTINGS = ("test", "common", "l1")\nKEY = f"autoattack_{1}"\nACC = "autoattack_acc"\n',
+     ["rgb/evaluation/board.py:1", "rgb/evaluation/board.py:2"]),
+    (file_moves, "runs/writer.py",
+     "import os, shutil\nos.replace('a.tmp', 'a')\nshutil.move('d.new', 'd')\n'x'.replace('a', 'b')\n",
+     ["rgb/runs/writer.py:2", "rgb/runs/writer.py:3"]),
+    (hand_written_json_files, "runs/writer.py",
+     "import json\nPath('a').write_text(json.dumps({}) + '\\n')\njson.dump({}, handle)\n"
+     "atomic_write_bytes(p, (json.dumps(r, indent=2) + '\\n').encode())\n"
+     "handle.write(json.dumps(line) + '\\n')\n",
+     [f"rgb/runs/writer.py:{n}" for n in (2, 3, 4)]),
+    (wandb_opens, "runs/wandb_report.py",
+     "import wandb\ndef wandb_run():\n    wandb.init()\ndef other():\n    wandb.init()\n",
+     ["rgb/runs/wandb_report.py:5"]),
+    (folder_names_spelled_again, "evaluation/report.py",
+     'REPORT = "zeroshot_report"\nout = root / "text_robustness" / "site"\n'
+     'def f(job_type="text_robustness"):\n    return {"partial": "model_info"}\n',
+     [f"rgb/evaluation/report.py:{n}" for n in (1, 2, 2)]),
+]
 
 
-def test_the_check_sees_a_folder_name_spelled_again(tmp_path):
-    module = tmp_path / "rgb" / "evaluation" / "report.py"
-    module.parent.mkdir(parents=True)
-    module.write_text('REPORT = "zeroshot_report"\nout = root / "text_robustness" / "site"\n'
-                      'def f(job_type="text_robustness"):\n    return {"partial": "model_info"}\n')
-    assert folder_names_spelled_again(tmp_path / "rgb") == [f"rgb/evaluation/report.py:{n}" for n in (1, 2, 2)]
+@pytest.mark.parametrize("check", [c[0] for c in CHECKS], ids=lambda c: c.__name__)
+def test_each_concept_has_one_owner(check):
+    assert check() == []
+
+
+@pytest.mark.parametrize(("check", "module", "source", "expected"), CHECKS, ids=[c[0].__name__ for c in CHECKS])
+def test_the_check_sees_a_second_owner(tmp_path, check, module, source, expected):
+    assert check(rgb_tree(tmp_path, module, source)) == expected
