@@ -28,7 +28,7 @@ from rgb.core.machine import configure_threads, resolve_device
 from rgb.core.values import POSITIVE_INT, optional, path_name, require
 from rgb.data.benchmark_data import BenchmarkData
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.evaluation.records import ATTACK_SETTING_NORMS, RecordError, white_box_setting
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, WHITE_BOX_SETTING_NAMES, RecordError, white_box_setting
 from rgb.evaluation.run import EvalRequest, RunOutputs, evaluate
 from rgb.models import InMemoryModel, export_meta, write_export
 from rgb.models.checks import check_model_fits
@@ -37,7 +37,7 @@ from rgb.runs.runner import execute
 from rgb.runs.request import AttackRequest, white_box_budgets
 from rgb.runs.store import AttackRunError, first_images_dir, output_dir_for
 
-SETTINGS = ("test", "common", "l1", "l2", "linf")
+SETTINGS = WHITE_BOX_SETTING_NAMES
 
 
 def _dataset_id(dataset: str) -> str:

@@ -13,11 +13,11 @@ from omegaconf import OmegaConf
 from helpers import REPO, compose_config, raises_one_line
 from rgb.core.threat import Norm
 from rgb.data import BenchmarkError, ImageSplit, load_split, transfer_coverage
-from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
+from rgb.data.catalog import CORRUPTIONS, DATASETS, MINI, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.corruptions import corruption_of_row
 from rgb.data.mini import CLASS_NAMES, DATASET, HELD_OUT, TEST_SIZE, VALIDATION_SIZE, build_mini, digit_images, stratified_splits
 from rgb.commands.resolvers import register_resolvers
-from rgb.data.snapshot import png_bytes, write_readme, write_split
+from rgb.data.snapshot import build_staged, png_bytes, write_readme, write_split
 
 SPLIT_SIZES = {"train": 1797 - HELD_OUT - VALIDATION_SIZE, "validation": VALIDATION_SIZE, "test": TEST_SIZE,
                "common": TEST_SIZE, "random_linf_30": TEST_SIZE}
@@ -92,6 +92,35 @@ def test_force_rebuild_replaces_only_the_builders_files(mini_dir, tmp_path, caps
     assert (bench / "data" / DATASET / "mine" / "labels.csv").read_text() == "0,1\n"
     assert {rel: (bench / rel).read_bytes() for rel in built} == built  # the build itself byte for byte
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mini"]  # no staging folder left behind
+
+
+def test_a_staged_build_keeps_one_another_process_finished_first_and_leaves_no_staging(tmp_path, monkeypatch):
+    """build_staged is rgb.core.files.replaced_whole from an empty folder: a build another process moves in place
+    just before ours is kept when it is one (a user's folder would be refused); no staging folder stays behind."""
+    import os
+
+    import rgb.core.files
+
+    out = tmp_path / "mini"
+    replace = os.replace
+
+    def theirs_first(source, target):
+        if os.fspath(target) == str(out):  # the other process wins the race to the final rename
+            out.mkdir()
+            (out / "theirs").write_text("theirs")
+        return replace(source, target)
+
+    monkeypatch.setattr(rgb.core.files.os, "replace", theirs_first)
+    ours = lambda staging: (staging / "ours").write_text("ours")  # noqa: E731
+    assert build_staged(out, ours, lambda d: (d / "theirs").is_file()) == out
+    assert [p.name for p in out.iterdir()] == ["theirs"] and [p.name for p in tmp_path.iterdir()] == ["mini"]
+    shutil.rmtree(out)
+    with pytest.raises(OSError):
+        build_staged(out, ours, lambda d: False)
+    assert [p.name for p in tmp_path.iterdir()] == ["mini"]
+    monkeypatch.setattr(rgb.core.files.os, "replace", replace)
+    build_staged(out, ours, lambda d: False)  # over a finished build
+    assert [p.name for p in out.iterdir()] == ["ours"] and [p.name for p in tmp_path.iterdir()] == ["mini"]
 
 
 def test_misaligned_split_is_rejected_naming_split_and_id(mini_dir, tmp_path):
@@ -197,6 +226,16 @@ def test_data_configs_have_the_catalog_budgets_bit_for_bit(name):
     for norm, eps in WHITE_BOX_BUDGETS.items():
         assert data["budgets"][norm] == scale_budget(norm, eps, dim)
     assert set(data["budgets"]) == {n.key for n in Norm}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml") if p.stem != "custom"))
+def test_data_configs_take_their_class_count_from_the_catalog(name):
+    """The catalog owns each dataset's class count: a data config composes to it and writes no number of its own
+    (a count typed into a YAML drifts from the catalog unnoticed)."""
+    data = compose_data(f"data={name}")
+    info = MINI if data["dataset"] == MINI.name else DATASETS[data["dataset"]]
+    assert data["num_classes"] == info.num_classes
+    assert "num_classes" not in OmegaConf.load(REPO / "conf/data" / f"{name}.yaml")
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml") if p.stem != "custom"))

@@ -14,7 +14,7 @@ import torch
 from helpers import compose_config, raises_one_line
 from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
 from rgb.commands.evaluate import run_evaluation
-from rgb.evaluation.zeroshot_report import REPORT_DIR
+from rgb.runs.store import ZEROSHOT_REPORT_DIR
 from rgb.zeroshot import row_metrics
 from rgb.models import load_with_meta
 from rgb.commands.train import train
@@ -41,7 +41,7 @@ def evaluate_config(root: Path, mini_dir: Path, *overrides: str):
 
 def report_of(root: Path, mini_dir: Path, *overrides: str) -> tuple[dict, Path]:
     run_evaluation(evaluate_config(root, mini_dir, f"run={root / 'run'}", "zeroshot_report=true", *overrides))
-    out = root / "out" / "eval" / "digits" / "run" / REPORT_DIR
+    out = root / "out" / "eval" / "digits" / "run" / ZEROSHOT_REPORT_DIR
     return json.loads((out / "comparison.json").read_text()), out
 
 
@@ -118,13 +118,13 @@ def test_reports_are_averaged_over_a_pool(cpe_run, mini_dir):
     saved = out.parent / "saved.json"
     shutil.copy(out / "comparison.json", saved)
     run_evaluation(evaluate_config(cpe_run, mini_dir, f"pool=[{saved},{cpe_run / 'run'}]", "zeroshot_report=true"))
-    pool = json.loads((cpe_run / "out" / "leaderboard" / REPORT_DIR / "comparison.json").read_text())
+    pool = json.loads((cpe_run / "out" / "leaderboard" / ZEROSHOT_REPORT_DIR / "comparison.json").read_text())
     rows = by_ensemble(report)
     assert [r["ensemble"] for r in pool["rows"]] == list(rows)
     for averaged in pool["rows"]:
         assert averaged["datasets"] == 2
         assert {m: averaged[m] for m in METRICS} == pytest.approx({m: rows[averaged["ensemble"]][m] for m in METRICS})
-    assert "averaged over 2 reports" in (cpe_run / "out" / "leaderboard" / REPORT_DIR / "comparison.md").read_text()
+    assert "averaged over 2 reports" in (cpe_run / "out" / "leaderboard" / ZEROSHOT_REPORT_DIR / "comparison.md").read_text()
 
 
 def test_the_unlabelled_split_option_changes_the_weights_and_never_the_scoring(cpe_run, mini_dir):

@@ -24,9 +24,10 @@ def _output_dir(root, kind, dataset, name) -> str:
 
 def _data_resolvers() -> dict:
     """The data configs' budgets and a local snapshot's shape (rgb.data.resolvers), so no number is written twice."""
-    from rgb.data.resolvers import snapshot_classes, snapshot_image_size, transfer_budget, white_box_budget
+    from rgb.data.resolvers import (catalog_classes, snapshot_classes, snapshot_image_size, transfer_budget,
+                                    white_box_budget)
 
-    return {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget,
+    return {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget, "rgb.num_classes": catalog_classes,
             "rgb.snapshot_classes": snapshot_classes, "rgb.snapshot_image_size": snapshot_image_size}
 
 

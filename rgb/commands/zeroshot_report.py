@@ -13,7 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.commands.evaluate import member, run_outputs
 from rgb.core.machine import resolve_device
 from rgb.core.values import EXISTING_FILE, NON_NEGATIVE, TEXT, list_of, one_of, optional
-from rgb.evaluation.zeroshot_report import REPORT_DIR, ZeroShotReportOptions, ZeroShotReportRequest, zeroshot_reports
+from rgb.evaluation.zeroshot_report import ZeroShotReportOptions, ZeroShotReportRequest, zeroshot_reports
+from rgb.runs.store import ZEROSHOT_REPORT_DIR as REPORT_DIR
 from rgb.zeroshot.ensembles import CMM_UNITS, ENSEMBLES
 
 # The `zeroshot_report_options` block of conf/evaluate.yaml (rgb.commands.schema).

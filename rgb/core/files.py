@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -75,8 +75,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
-def atomic_write_json(path: Path, record) -> None:
-    atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
+def atomic_write_json(path: Path, record, indent: int = 2) -> None:
+    """`record` as indented JSON plus a newline, written whole (the one way rgb writes a JSON file)."""
+    atomic_write_bytes(path, (json.dumps(record, indent=indent) + "\n").encode())
 
 
 def _first_sentence(err: BaseException) -> str:
@@ -166,27 +167,34 @@ def sha256_alias(sha256: str) -> str:
 
 
 @contextlib.contextmanager
-def replaced_whole(directory: Path):
+def replaced_whole(directory: Path, *, start_empty: bool = False, keep_theirs: Callable[[Path], bool] | None = None):
     """A staging copy of `directory` to write into: when the block ends normally it replaces `directory`, after an
     error (a full disk while copying or writing) `directory` is left exactly as it was, never half-updated.
-    Staging copies a killed process left beside it are removed first (readers skip them: `is_staging`)."""
+    Staging copies a killed process left beside it are removed first (readers skip them: `is_staging`).
+
+    `start_empty`: the staging folder starts empty, not as a copy (a build that writes all of it). `keep_theirs`:
+    when another process put a `directory` in place while this one wrote, keep it where this says it may stand for
+    ours (the same build) instead of raising."""
     directory = Path(directory)
     staging = directory.with_name(f".{directory.name}.new.{os.getpid()}")
     retired = directory.with_name(f".{directory.name}.old.{os.getpid()}")
     remove_dead_staging(directory)
     try:
         shutil.rmtree(staging, ignore_errors=True)
-        if directory.is_dir():
+        if directory.is_dir() and not start_empty:
             _copy_tree(directory, staging)
         else:
             staging.mkdir(parents=True)
         yield staging
-    except BaseException:
+        if directory.exists():
+            os.replace(directory, retired)
+        try:
+            os.replace(staging, directory)
+        except OSError:
+            if keep_theirs is None or not keep_theirs(directory):
+                raise
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if directory.exists():
-        os.replace(directory, retired)
-    os.replace(staging, directory)
     shutil.rmtree(retired, ignore_errors=True)
 
 

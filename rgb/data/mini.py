@@ -10,7 +10,6 @@ user's notes, transfer splits added with rgb-transfer) stays, and the README dec
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from rgb.core.files import atomic_write_bytes
 from rgb.data.catalog import MINI
 from rgb.data.errors import BenchmarkError
 from rgb.data.layout import is_mini_build
@@ -104,7 +104,7 @@ def rebuild_in_place(out_dir: Path) -> Path:
         for built in sorted(p for p in staging.rglob("*") if p.is_file() and p.name != "README.md"):
             target = out_dir / built.relative_to(staging)
             target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(built, target)
+            atomic_write_bytes(target, built.read_bytes())
         write_readme(out_dir, MINI.title)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,5 +1,6 @@
 """The values behind the data configs' resolvers: their budgets from the catalog, so no number is written twice.
 
+    num_classes: ${rgb.num_classes:${.dataset}}              # the catalog's classes of this dataset
     budgets:
       linf: ${rgb.budget:linf,${..image_size}}           # WHITE_BOX_BUDGETS["linf"] at this image size
     transfer_budgets:
@@ -13,7 +14,7 @@ rgb.commands.resolvers registers them with OmegaConf (the entry points, and test
 from __future__ import annotations
 
 from rgb.core.threat import parse_norm
-from rgb.data.catalog import TRANSFER_BUDGETS, WHITE_BOX_BUDGETS, scale_budget, split_budget
+from rgb.data.catalog import MINI, TRANSFER_BUDGETS, WHITE_BOX_BUDGETS, check_dataset, scale_budget, split_budget
 from rgb.data.snapshot import snapshot_shape
 
 
@@ -40,6 +41,12 @@ def white_box_budget(norm: str, image_size: int) -> float:
 def transfer_budget(split: str, image_size: int) -> float:
     """The eps of transfer split `split` (l1_75 ... linf_30) at this image size."""
     return split_budget(split, image_dim(image_size))[1]
+
+
+def catalog_classes(dataset: str) -> int:
+    """Classes of a catalog dataset (the card's six, the mini benchmark): the catalog owns the count, the data
+    configs read it."""
+    return MINI.num_classes if dataset == MINI.name else check_dataset(dataset).num_classes
 
 
 def snapshot_classes(source: str, dataset: str) -> int:

@@ -9,9 +9,6 @@ generated as the card does); `build_staged` puts a build in place only once it i
 from __future__ import annotations
 
 import io
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +19,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 from tqdm import tqdm
 
-from rgb.core.files import atomic_output, atomic_write_bytes
+from rgb.core.files import atomic_output, atomic_write_bytes, replaced_whole
 from rgb.data.catalog import CORRUPTION_SEVERITY
 from rgb.data.corruptions import apply_corruption, corruption_of_row
 
@@ -152,28 +149,10 @@ def write_dataset(root: Path, dataset: str, class_names: list[str], splits: dict
 
 
 def build_staged(out_dir: Path, write: Callable[[Path], None], replaceable: Callable[[Path], bool]) -> Path:
-    """Run `write(staging folder)` next to `out_dir`, then move the finished build into place: nothing half-written
-    is ever at `out_dir`. A previous build there (`replaceable`) is moved aside first and deleted only after."""
+    """Run `write(staging folder)` next to `out_dir`, then move the finished build into place (rgb.core.files'
+    `replaced_whole`, from an empty folder): nothing half-written is ever at `out_dir`. A build another process
+    finished there first is kept where `replaceable` says it is one."""
     out_dir = Path(out_dir).expanduser()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-    try:
+    with replaced_whole(out_dir, start_empty=True, keep_theirs=replaceable) as staging:
         write(staging)
-        _install(staging, out_dir, replaceable)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
-
-
-def _install(staging: Path, out_dir: Path, replaceable: Callable[[Path], bool]) -> None:
-    previous = None
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        previous = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.previous-", dir=out_dir.parent)) / out_dir.name
-        os.rename(out_dir, previous)
-    try:
-        os.rename(staging, out_dir)
-    except OSError:
-        if not replaceable(out_dir):  # another process finished the same build first: keep it
-            raise
-    if previous is not None:
-        shutil.rmtree(previous.parent, ignore_errors=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 from rgb.core.files import atomic_write_json, safe_name
 from rgb.core.threat import NORMS
 from rgb.data.protocol import budget_text
-from rgb.evaluation.records import Accuracy, ScoresRecord
+from rgb.evaluation.records import CLEAN_SETTING, Accuracy, ScoresRecord, attack_setting
 from rgb.evaluation.scores import OTHER_PROTOCOL, record_sum
 from rgb.zeroshot import ZEROSHOT
 
@@ -53,7 +53,7 @@ def robustbench_entries(record: ScoresRecord) -> tuple[dict[str, dict], list[str
     if refusal:
         return {}, [refusal]
     settings = record.white_box.settings
-    if settings.get("test") is None:
+    if settings.get(CLEAN_SETTING) is None:
         return {}, ["no clean test accuracy"]
     status = record_sum(record, "white_box")
     card = record.train.card if record.train else {}
@@ -64,7 +64,7 @@ def robustbench_entries(record: ScoresRecord) -> tuple[dict[str, dict], list[str
                      if pretraining else "Extra data not stated in a model card.")
     entries, skipped = {}, []
     for norm in NORMS:
-        robust = settings.get(f"autoattack_{norm.key}")
+        robust = settings.get(attack_setting(norm))
         if robust is None:
             skipped.append(f"{norm.value}: no AutoAttack number")
             continue
@@ -82,7 +82,7 @@ def robustbench_entries(record: ScoresRecord) -> tuple[dict[str, dict], list[str
             "venue": card.get("venue", "N/A"),
             "architecture": record.model.name or record.model.family or "",
             "eps": budget_text(norm, record.protocol.budgets[norm.key]),
-            "clean_acc": percent(settings["test"]),
+            "clean_acc": percent(settings[CLEAN_SETTING]),
             "reported": percent(robust),  # no paper number in the card: the measured one
             "autoattack_acc": percent(robust),
             "footnote": " ".join([*notes, evaluated]),
@@ -96,15 +96,15 @@ def clip_benchmark_result(record: ScoresRecord) -> tuple[dict | None, str | None
     if record.model.strategy != ZEROSHOT:
         return None, None
     refusal = export_refusal(record)
-    test = record.white_box.settings.get("test")
+    test = record.white_box.settings.get(CLEAN_SETTING)
     if refusal or test is None:
         return None, refusal or "no clean test accuracy"
     if record.protocol.input_differences():
         return None, f"{OTHER_PROTOCOL}: {'; '.join(record.protocol.input_differences())}"
     pretraining = record.train.pretraining if record.train else {}
     metrics = {"acc1": test.value}
-    if "test" in record.class_wise:
-        metrics["mean_per_class_recall"] = record.class_wise["test"].mean  # over the classes in the split
+    if CLEAN_SETTING in record.class_wise:
+        metrics["mean_per_class_recall"] = record.class_wise[CLEAN_SETTING].mean  # over the classes in the split
     return {
         "dataset": record.dataset,
         "model": record.model.name or "",

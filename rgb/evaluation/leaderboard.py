@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,10 +22,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from rgb.core.errors import UserError
-from rgb.core.files import atomic_write_bytes, is_staging
-from rgb.evaluation.exports import write_exports
+from rgb.core.files import atomic_write_bytes, atomic_write_json, is_staging
+from rgb.evaluation.exports import MODEL_INFO_DIR, write_exports
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
+    CLEAN_SETTING,
+    COMMON_SETTING,
     PARTIAL_SCORES_FILE,
     PROTOCOLS,
     SCORES_FILE,
@@ -34,6 +35,8 @@ from rgb.evaluation.records import (
     ProtocolScore,
     RecordError,
     ScoresRecord,
+    WHITE_BOX_NORMS,
+    attack_setting,
 )
 from rgb.evaluation.scores import BENCHMARK_DATASETS, OTHER_PROTOCOL, SumScore, borda_scores, sum_score
 
@@ -201,9 +204,9 @@ def model_info(record: ScoresRecord) -> dict:
         "name": record.model.run_name, "architecture": record.model.name, "family": record.model.family,
         "training": {"loss": record.model.loss, "strategy": record.model.strategy},
         "weights_sha256": record.model.weights_sha256, "dataset": record.dataset,
-        "clean_acc": accuracy["test"], "common_acc": accuracy["common"],
-        "autoattack_acc": {n: record.not_applicable("white_box") or accuracy[f"autoattack_{n}"]
-                           for n in ("l1", "l2", "linf")},
+        "clean_acc": accuracy[CLEAN_SETTING], "common_acc": accuracy[COMMON_SETTING],
+        "autoattack_acc": {n.key: record.not_applicable("white_box") or accuracy[attack_setting(n)]
+                           for n in WHITE_BOX_NORMS},
         "eps": record.eps, "seed": {n: a.seed for n, a in record.attacks.items()},
         "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.white_box.score,
         "partial": record.partial, "max_images": record.max_images,
@@ -349,12 +352,11 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out_dir / "leaderboard.md", to_markdown(board).encode())
     atomic_write_bytes(out_dir / "leaderboard.csv", to_csv(board).encode())
-    atomic_write_bytes(out_dir / "leaderboard.json", (json.dumps(board.to_json(), indent=2) + "\n").encode())
+    atomic_write_json(out_dir / "leaderboard.json", board.to_json())
     for record in pool.values():
         info = model_info(record)
-        (out_dir / "model_info" / record.dataset).mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(out_dir / "model_info" / record.dataset / f"{info['name']}.json",
-                           (json.dumps(info, indent=2) + "\n").encode())
+        (out_dir / MODEL_INFO_DIR / record.dataset).mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out_dir / MODEL_INFO_DIR / record.dataset / f"{info['name']}.json", info)
     write_exports(pool.values(), out_dir)
     save(board_figure(board), out_dir / "leaderboard.png")
     return board
@@ -417,12 +419,12 @@ def write_seed_spread(spread: dict | None, out_dir: Path) -> None:
     """seeds.md and seeds.json beside the leaderboard; with no spread (the pool is not one recipe over seeds, or
     a job is missing), those of an earlier pool are removed: they would describe models no longer ranked."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("seeds.md", spread and seed_spread_markdown(spread)),
-                       ("seeds.json", spread and json.dumps(spread, indent=2) + "\n")):
-        if text:
-            atomic_write_bytes(out_dir / name, text.encode())
-        else:
-            (out_dir / name).unlink(missing_ok=True)
+    if spread:
+        atomic_write_bytes(out_dir / "seeds.md", seed_spread_markdown(spread).encode())
+        atomic_write_json(out_dir / "seeds.json", spread)
+        return
+    for name in ("seeds.md", "seeds.json"):
+        (out_dir / name).unlink(missing_ok=True)
 
 
 __all__ = ["OTHER_PROTOCOL", "Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard",

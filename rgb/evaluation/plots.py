@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from rgb.evaluation.records import BlackBoxScore, ScoresRecord  # noqa: E402
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, BlackBoxScore, ScoresRecord  # noqa: E402
 
 ZERO_SLIVER = 0.006  # height (in accuracy units) that keeps a zero bar visible
 
@@ -232,7 +232,7 @@ def record_figures(record: ScoresRecord, class_names: list[str], out: Path) -> l
     title = record.title
     settings = {s: (a.value if a else None) for s, a in record.white_box.settings.items()}
     na = record.not_applicable("white_box")
-    absent = {s: na for s in settings if na and s.startswith("autoattack_")}
+    absent = {s: na for s in settings if na and s in ATTACK_SETTING_NORMS}
     figures = [save(settings_figure({record.dataset: settings}, f"five settings: {title}", absent),
                     out / "settings.png")]
     stages = {n: a.accuracy_after for n, a in record.attacks.items()}
@@ -240,7 +240,7 @@ def record_figures(record: ScoresRecord, class_names: list[str], out: Path) -> l
     if stages:
         figures.append(save(attack_stages_figure(stages, f"AutoAttack stages: {title}"), out / "attack_stages.png"))
     per_class = {k: v.per_class for k, v in record.class_wise.items()
-                 if k in ("test", "common") or k.startswith("autoattack")}
+                 if k in WHITE_BOX_SETTINGS}
     figures.append(save(class_accuracy_figure(per_class, class_names, f"per-class accuracy: {title}"),
                         out / "class_accuracy.png"))
     if record.severity_sweep:

@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rgb.core.classwise import ClassWise
-from rgb.core.files import atomic_write_bytes
+from rgb.core.files import atomic_write_json
 from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.secrets import redact_url
-from rgb.core.threat import NORMS, parse_norm
+from rgb.core.threat import NORMS, Norm, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
 from rgb.endpoints.client import RequestStats
@@ -28,8 +28,23 @@ from rgb.runs.store import RunSummary, partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
 SCORES_SCHEMA = 3
-WHITE_BOX_SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoattack_linf")
-BLACK_BOX_SETTINGS = ("test", "common", *TRANSFER_SPLITS)
+# The settings' names in scores.json, owned here: clean test split, common corruptions, AutoAttack per norm.
+CLEAN_SETTING = "test"
+COMMON_SETTING = "common"
+ATTACK_SETTING_PREFIX = "autoattack_"
+# The white-box norms in the protocol's column order (smallest ball first).
+WHITE_BOX_NORMS = (Norm.L1, Norm.L2, Norm.LINF)
+
+
+def attack_setting(norm: str | Norm) -> str:
+    """The white-box setting of AutoAttack at `norm` ("linf", "Linf", Norm.LINF -> "autoattack_linf")."""
+    return ATTACK_SETTING_PREFIX + parse_norm(norm).key
+
+
+WHITE_BOX_SETTINGS = (CLEAN_SETTING, COMMON_SETTING, *map(attack_setting, WHITE_BOX_NORMS))
+# The same five as users write them (`rgb.benchmark(settings=...)`, error messages): an attack setting by its norm key.
+WHITE_BOX_SETTING_NAMES = (CLEAN_SETTING, COMMON_SETTING, *(norm.key for norm in WHITE_BOX_NORMS))
+BLACK_BOX_SETTINGS = (CLEAN_SETTING, COMMON_SETTING, *TRANSFER_SPLITS)
 PROTOCOLS = {"white_box": WHITE_BOX_SETTINGS, "black_box": BLACK_BOX_SETTINGS}
 # A complete evaluation writes SCORES_FILE (what a leaderboard pool collects); a PARTIAL one (max_images) writes
 # PARTIAL_SCORES_FILE in rgb.runs.store.partial_dir, so it never replaces the complete record nor enters a pool unasked.
@@ -38,7 +53,7 @@ PARTIAL_SCORES_FILE = "scores.partial.json"
 
 
 # The AutoAttack settings of WHITE_BOX_SETTINGS and the norm each is run at.
-ATTACK_SETTING_NORMS = {f"autoattack_{norm.key}": norm for norm in NORMS}
+ATTACK_SETTING_NORMS = {attack_setting(norm): norm for norm in NORMS}
 
 
 def white_box_setting(name: str) -> str:
@@ -48,9 +63,10 @@ def white_box_setting(name: str) -> str:
     if key in WHITE_BOX_SETTINGS:
         return key
     try:
-        return f"autoattack_{parse_norm(key.removeprefix('autoattack_')).key}"
+        return attack_setting(key.removeprefix(ATTACK_SETTING_PREFIX))
     except ValueError:
-        raise RecordError(f"unknown white-box setting {name!r}: one of test, common, l1, l2, linf (any case)") from None
+        raise RecordError(f"unknown white-box setting {name!r}: one of {', '.join(WHITE_BOX_SETTING_NAMES)} "
+                          f"(any case)") from None
 
 
 @dataclass(frozen=True)
@@ -391,7 +407,7 @@ class ScoresRecord(JsonRecord):
             raise RecordError(f"unreadable scores record {path}: {err}") from err
 
     def save(self, path: Path) -> None:
-        atomic_write_bytes(Path(path), (json.dumps(self.to_json(), indent=2) + "\n").encode())
+        atomic_write_json(Path(path), self.to_json())
 
     @property
     def title(self) -> str:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from rgb.data.catalog import DATASETS, TRANSFER_SPLITS
-from rgb.evaluation.records import PROTOCOLS, Accuracy, BlackBoxScore, JsonRecord, ProtocolScore, ScoresRecord
+from rgb.evaluation.records import (CLEAN_SETTING, COMMON_SETTING, PROTOCOLS, Accuracy, BlackBoxScore, JsonRecord,
+                                    ProtocolScore, ScoresRecord)
 
 # The benchmark Sum is over the card's six datasets (x five white-box settings = 30).
 BENCHMARK_DATASETS = tuple(DATASETS)
@@ -150,7 +151,7 @@ def black_box_score(
     part of it makes the setting PARTIAL. Others are reported beside. None (a dataset the card does not
     describe): every surrogate found counts. `own`: surrogates that are the evaluated model itself.
     """
-    settings: dict[str, Accuracy | None] = {"test": clean, "common": common}
+    settings: dict[str, Accuracy | None] = {CLEAN_SETTING: clean, COMMON_SETTING: common}
     chosen, by, absent, not_asked, others = {}, {}, {}, {}, {}
     for split in TRANSFER_SPLITS:
         found = transfer.get(split, {})

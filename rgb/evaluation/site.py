@@ -24,7 +24,7 @@ from pathlib import Path
 import jinja2
 
 from rgb.core.errors import UserError
-from rgb.core.files import atomic_write_bytes, distinct_name
+from rgb.core.files import atomic_write_bytes, atomic_write_json, distinct_name
 from rgb.core.secrets import redact, redact_text
 from rgb.core.threat import parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS, split_budget
@@ -37,17 +37,17 @@ from rgb.evaluation.leaderboard import (
     LeaderboardRow,
     sum_heading,
 )
-from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, SCORES_FILE, ScoresRecord
-from rgb.runs.store import train_reference
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, CLEAN_SETTING, PROTOCOLS, SCORES_FILE, ScoresRecord
+from rgb.runs.store import TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR, train_reference
 
 TEMPLATES = Path(__file__).with_name("site_templates")
 ASSETS = ("site.css", "site.js")
 SITE_DIR = "site"
 # The column titles of the settings: the clean split, the attack settings by their norm; any other setting (common,
 # a black-box transfer split) shows its own name.
-SETTING_LABELS = {"test": "clean", **{setting: norm.value for setting, norm in ATTACK_SETTING_NORMS.items()}}
+SETTING_LABELS = {CLEAN_SETTING: "clean", **{setting: norm.value for setting, norm in ATTACK_SETTING_NORMS.items()}}
 # What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
-REPORT_FOLDERS = {"zeroshot_report": "zero-shot report", "text_robustness": "text robustness"}
+REPORT_FOLDERS = {ZEROSHOT_REPORT_DIR: "zero-shot report", TEXT_ROBUSTNESS_DIR: "text robustness"}
 MISSING = "—"
 BOARD_TITLES = {"white_box": "White-box (AutoAttack)", "black_box": "Black-box (transfer from the card's surrogates)"}
 # The benchmark's own citation (the dataset card's), shown under the boards.
@@ -370,7 +370,7 @@ def board_view(board: Leaderboard, boards: Sequence[Leaderboard], entries: dict[
 def _clean_mean(board: Leaderboard, index: int) -> Cell:
     """The clean accuracy a Sum is plotted against: the board's one clean number when the pool has one dataset,
     else the mean of the row's clean numbers (shown as computed here, the inputs being the board's)."""
-    cells = [setting_cell(board, index, d, "test") for d in board.datasets]
+    cells = [setting_cell(board, index, d, CLEAN_SETTING) for d in board.datasets]
     values = [c.value for c in cells if c.value is not None]
     if len(board.datasets) == 1:
         return cells[0]
@@ -515,8 +515,7 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
         shutil.copyfile(TEMPLATES / asset, out / asset)
     (out / "data").mkdir(exist_ok=True)
     for board in boards:
-        atomic_write_bytes(out / "data" / f"leaderboard.{board.protocol}.json",
-                           (json.dumps(board.to_json(), indent=2) + "\n").encode())
+        atomic_write_json(out / "data" / f"leaderboard.{board.protocol}.json", board.to_json())
     pages = page_names([*by_model, *(row.model for board in boards for row in board.rows)])
     views = [board_view(board, boards, by_model, pages) for board in boards]
     filters = {key: sorted({model_columns(e)[key] for e in by_model.values()}) for key in ("family", "loss", "strategy")}

@@ -39,6 +39,7 @@ from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.run import RunOutputs
+from rgb.runs.store import TEXT_ROBUSTNESS_DIR
 from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
 from rgb.brittleness.metrics import DEFAULT_KS, DEFAULT_P, classification_view, query_table, summarize
@@ -60,7 +61,6 @@ from rgb.zeroshot.text import TextFeatureCache
 
 log = logging.getLogger(__name__)
 
-RESULTS_DIR = "text_robustness"
 QUERY_FILE_FIELDS = ("query", "class_name")  # class_name optional: it enables class_name_only and keeps its words
 POOL_METRICS = {"instability_mean": "mean instability", "brittleness_mean": "mean finite B"}
 
@@ -343,7 +343,7 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
                                                          query_features, perturbations, perturbed_features)
         timings["classification_s"] = time.perf_counter() - started
 
-    out = Path(out_dir) / RESULTS_DIR
+    out = Path(out_dir) / TEXT_ROBUSTNESS_DIR
     out.mkdir(parents=True, exist_ok=True)
     _write_table(reported, out / "queries")
     _write_table(_rows_table(summary), out / "summary")

@@ -14,11 +14,14 @@ from pathlib import Path
 
 import wandb
 
-from rgb.core.files import distinct_name, file_sha256, sha256_alias, stable_id
+from rgb.core.files import distinct_name, file_sha256, sha256_alias
+from rgb.evaluation.exports import MODEL_INFO_DIR
 from rgb.evaluation.leaderboard import Leaderboard, table_rows
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, ScoresRecord
 from rgb.evaluation.scores import record_sum
+from rgb.evaluation.site import SITE_DIR
 from rgb.runs.store import wandb_run_under
+from rgb.runs.wandb_report import wandb_run
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +71,9 @@ def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: 
     """Log one scores record (its `metrics()` as the run summary, with each protocol's status beside its score as
     the leaderboard marks it); returns the local W&B run directory. `train`: the training run it scores (its
     dir, W&B id, sweep, weights hash), in the config."""
-    run = wandb.init(project=project, name=f"{record.model.run_name}@{record.dataset}", group=record.dataset,
-                     job_type=job_type, dir=str(out_dir), id=stable_id(out_dir), resume="allow",
-                     config={"model": record.model.to_json(), "eps": record.eps, "train": train})
-    try:
+    config = {"model": record.model.to_json(), "eps": record.eps, "train": train}
+    with wandb_run(project, out_dir, name=f"{record.model.run_name}@{record.dataset}", job_type=job_type,
+                   group=record.dataset, config=config) as run:
         statuses = {protocol: record_sum(record, protocol).status_line() for protocol in PROTOCOLS
                     if record.score_under(protocol) is not None}
         run.summary.update({**record.metrics(), **{f"{protocol}/status": s for protocol, s in statuses.items()}})
@@ -92,8 +94,6 @@ def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: 
         run.log_artifact(scores, aliases=["latest", sha256_alias(file_sha256(out_dir / record.file_name))])
         log.info("%s", SKIPPED)
         return Path(run.dir).parent
-    finally:
-        run.finish()
 
 
 def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str, others: Sequence[Leaderboard] = (),
@@ -102,12 +102,10 @@ def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str, oth
     Borda of each model in the summary, and its files (and site/, when written) as a `leaderboard` artifact; the
     pool's other boards (the other protocol) as tables `boards/<protocol>` and summaries `<protocol>/<model>/...`.
     `inputs`: the scores artifacts the pool read (use_inputs)."""
-    run = wandb.init(project=project, name=f"leaderboard:{board.protocol}", job_type="leaderboard",
-                     group=LEADERBOARD_GROUP, tags=[board.protocol, *board.datasets][:64],
-                     dir=str(leaderboard_dir), id=stable_id(leaderboard_dir), resume="allow",
-                     config={"protocol": board.protocol, "datasets": board.datasets, "rank_by": board.rank_by,
-                             "boards": [board.protocol, *(other.protocol for other in others)]})
-    try:
+    config = {"protocol": board.protocol, "datasets": board.datasets, "rank_by": board.rank_by,
+              "boards": [board.protocol, *(other.protocol for other in others)]}
+    with wandb_run(project, leaderboard_dir, name=f"leaderboard:{board.protocol}", job_type="leaderboard",
+                   group=LEADERBOARD_GROUP, tags=[board.protocol, *board.datasets][:64], config=config) as run:
         logged = {}
         for shown in (board, *others):
             columns, rows = table_rows(shown)
@@ -123,25 +121,22 @@ def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str, oth
         for name in LEADERBOARD_FILES:
             if (leaderboard_dir / name).is_file():
                 files.add_file(str(leaderboard_dir / name))
-        for folder in ("model_info", "site"):
+        for folder in (MODEL_INFO_DIR, SITE_DIR):
             if (leaderboard_dir / folder).is_dir():
                 files.add_dir(str(leaderboard_dir / folder), name=folder)
         run.log_artifact(files)
         log.info("%s", SKIPPED)
         return Path(run.dir).parent
-    finally:
-        run.finish()
 
 
 def log_text_robustness(result, project: str) -> Path:
     """Log one model's text robustness (rgb.evaluation.text_robustness.TextRobustnessResult): the summary and
     classification view as tables, their numbers as the run summary, the plots as images."""
     out_dir = result.out_dir
-    run = wandb.init(project=project, name=f"{result.model}@text_robustness", group=result.record["dataset"],
-                     job_type="text_robustness", dir=str(out_dir), id=stable_id(out_dir), resume="allow",
-                     config={key: result.record[key] for key in ("model", "weights_sha256", "dataset", "split",
-                                                                 "queries", "types", "seeds", "ks", "p")})
-    try:
+    config = {key: result.record[key] for key in ("model", "weights_sha256", "dataset", "split", "queries", "types",
+                                                  "seeds", "ks", "p")}
+    with wandb_run(project, out_dir, name=f"{result.model}@text_robustness", job_type="text_robustness",
+                   group=result.record["dataset"], config=config) as run:
         run.summary.update({f"text_robustness/{row['perturbation_type']}/{key}": value
                             for row in result.summary for key, value in row.items()
                             if key not in ("perturbation_class", "perturbation_type")})
@@ -156,5 +151,3 @@ def log_text_robustness(result, project: str) -> Path:
             logged[f"text_robustness/plots/{Path(plot).stem}"] = wandb.Image(str(plot))
         run.log(logged)
         return Path(run.dir).parent
-    finally:
-        run.finish()

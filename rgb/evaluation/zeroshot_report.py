@@ -33,6 +33,7 @@ from rgb.core.configs import describe_data_config
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.run import RunOutputs
+from rgb.runs.store import ZEROSHOT_REPORT_DIR
 from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
 from rgb.zeroshot import (
@@ -53,7 +54,6 @@ from rgb.zeroshot.head import describe_classes, described_label, enrich_worst_cl
 
 log = logging.getLogger(__name__)
 
-REPORT_DIR = "zeroshot_report"
 EXPORTED = "exported"  # the row of the run's own head, as model.safetensors holds it
 CLASS_NAMES = "clip (class names)"  # the seed's CLIP row: the class name alone (template `{}`)
 DESCRIPTOR = "descriptor"
@@ -228,7 +228,7 @@ def zeroshot_report(model, meta: dict, weights_path: Path, datamodule, options: 
                  if pretraining_record else ""),
               f"run's own head: {record.get('label') or record['ensemble']}"
               + (f"; descriptions {descriptions_path}" if descriptions_path else "")]
-    out = Path(out_dir) / REPORT_DIR
+    out = Path(out_dir) / ZEROSHOT_REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     result = {
         "model": run_name, "weights_sha256": file_sha256(weights_path), "dataset": datamodule.dataset,

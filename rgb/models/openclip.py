@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rgb.core.errors import UserError
-from rgb.core.files import corrupt_file_named
+from rgb.core.files import atomic_write_json, corrupt_file_named
 from rgb.models.factory import ModelSpecError, Normalize, WeightsMismatchError, weights_must_fit
 from rgb.models.hub import HF_HUB, LOCAL_DIR, hub_file, hub_files, source_record, split_revision, split_source
 
@@ -125,7 +125,7 @@ def register_architecture(name: str, config: dict) -> None:
         return  # hub / local-dir names: open_clip reads their config itself
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.json"
-        path.write_text(json.dumps(config))
+        atomic_write_json(path, config)
         open_clip.add_model_config(path)
 
 

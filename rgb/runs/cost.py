@@ -14,7 +14,6 @@ measured at the run's full batch size.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from rgb.attacks.autoattack import AutoAttack
+from rgb.core.files import atomic_write_json
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.records import load_images
 from rgb.runs.runner import Target
@@ -136,7 +136,7 @@ def estimate(request: AttackRequest) -> dict:
               "budgets": [asdict(c) for c in costs]}
     path = Path(request.output_dir) / COST_ESTIMATE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    atomic_write_json(path, record, indent=1)
     log.info("%s", cost_table(record))
     log.info("estimate written to %s (a prediction: attack.py without dry_run measures it)", path)
     return record

@@ -63,6 +63,9 @@ def standard_run(version: str, attacks: list[str], precision: str) -> bool:
 OUTPUT_KINDS = ("train", "models", "attack", "eval", "transfer")
 SWEEPS_DIR = "multirun"  # attack.py's multiruns, under a dataset's attack outputs
 PARTIAL_DIR = "partial"  # a PARTIAL evaluation's record, beside the complete one
+# evaluate.py's other reports: side folders of an evaluation (and of a leaderboard, for a pool's), shown by the site.
+ZEROSHOT_REPORT_DIR = "zeroshot_report"
+TEXT_ROBUSTNESS_DIR = "text_robustness"
 
 
 def output_dir_for(root: str | Path, kind: str, dataset: str, name: str) -> Path:

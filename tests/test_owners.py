@@ -1,0 +1,154 @@
+"""One owner per concept, read from the source: where a second spelling of a name, a format or a primitive could
+creep back in unnoticed, a check here finds it (an AST walk over rgb/), and a check of the check shows it would.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RGB = REPO / "rgb"
+# Rewritten on another branch right now (the typed EvalRequest): they keep their own spellings until that lands.
+WHITE_BOX_SETTINGS_MOVING = {"rgb/evaluation/model_eval.py"}
+JSON_WRITES_MOVING = {"rgb/evaluation/run.py"}
+# A whole file from one call: the writes a JSON record must not be hand-made with.
+FILE_WRITES = {"write_text", "write_bytes", "atomic_write_bytes"}
+
+
+def rgb_tree(tmp_path: Path, module: str, source: str) -> Path:
+    """A one-module rgb/ tree under tmp_path (module `module`, holding `source`): what a check is shown on."""
+    path = tmp_path / "rgb" / module
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    return tmp_path / "rgb"
+
+
+def _modules(root: Path = RGB):
+    for path in sorted(root.rglob("*.py")):
+        yield path.relative_to(root.parent).as_posix(), ast.parse(path.read_text(), filename=str(path))
+
+
+def white_box_setting_spellings(root: Path = RGB) -> list[str]:
+    """'file:line' of every white-box setting name written outside rgb.evaluation.records (its owner): a string
+    starting "autoattack_" (RobustBench's `autoattack_acc` key is a format's, not a setting), or a literal tuple or
+    list holding both "test" and "common"."""
+    found = []
+    for name, tree in _modules(root):
+        if name == "rgb/evaluation/records.py" or name in WHITE_BOX_SETTINGS_MOVING:
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("autoattack_")
+                    and node.value != "autoattack_acc"):
+                found.append(f"{name}:{node.lineno}")
+            elif isinstance(node, (ast.Tuple, ast.List)) and {"test", "common"} <= {
+                    e.value for e in node.elts if isinstance(e, ast.Constant)}:
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+
+
+def file_moves(root: Path = RGB) -> list[str]:
+    """'file:line' of every os.replace / os.rename / shutil.move outside rgb.core.files, the one owner of putting
+    a file or a folder in place whole (atomic_output, atomic_write_json, replaced_whole)."""
+    moves = {("os", "replace"), ("os", "rename"), ("shutil", "move")}
+    return [f"{name}:{node.lineno}" for name, tree in _modules(root) if name != "rgb/core/files.py"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in moves]
+
+
+
+
+def hand_written_json_files(root: Path = RGB) -> list[str]:
+    """'file:line' of every JSON file written by hand outside rgb.core.files (its `atomic_write_json` is the one
+    way: indented, newline-terminated, whole): json.dump to a handle, or json.dumps handed to a whole-file write.
+    Appending one line to a JSONL log (`handle.write`) is another format and passes."""
+    found = []
+    for name, tree in _modules(root):
+        if name == "rgb/core/files.py" or name in JSON_WRITES_MOVING:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = ast.unparse(node.func)
+            if called == "json.dump" or called.split(".")[-1] in FILE_WRITES and any(
+                    isinstance(n, ast.Call) and ast.unparse(n.func) == "json.dumps"
+                    for arg in node.args for n in ast.walk(arg)):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+
+
+def wandb_opens(root: Path = RGB) -> list[str]:
+    """'file:line' of every `wandb.init(` outside rgb.runs.wandb_report.wandb_run, the one helper that opens a
+    W&B run with the project's settings (directory, stable id, resume)."""
+    found = []
+    for name, tree in _modules(root):
+        helper = next((node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                       and name == "rgb/runs/wandb_report.py" and node.name == "wandb_run"), None)
+        inside = {id(n) for n in ast.walk(helper)} if helper else set()
+        found += [f"{name}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and ast.unparse(node.func) == "wandb.init" and id(node) not in inside]
+    return found
+
+
+
+
+def folder_names_spelled_again(root: Path = RGB) -> list[str]:
+    """'file:line' of an output folder name written outside its owner: the run-directory layout's side folders
+    (rgb.runs.store), model_info (rgb.evaluation.exports), site (rgb.evaluation.site), as a path part (`x / "name"`)
+    or a module constant. (The same word as a config flag or a JSON key is another name and passes.)"""
+    from rgb.evaluation.exports import MODEL_INFO_DIR
+    from rgb.evaluation.site import SITE_DIR
+    from rgb.runs.store import PARTIAL_DIR, SWEEPS_DIR, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR
+
+    owners = {ZEROSHOT_REPORT_DIR: "rgb/runs/store.py", TEXT_ROBUSTNESS_DIR: "rgb/runs/store.py",
+              PARTIAL_DIR: "rgb/runs/store.py", SWEEPS_DIR: "rgb/runs/store.py",
+              MODEL_INFO_DIR: "rgb/evaluation/exports.py", SITE_DIR: "rgb/evaluation/site.py"}
+    found = []
+    for name, tree in _modules(root):
+        spelled = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                spelled += [node.left, node.right]
+            elif isinstance(node, ast.Assign) and node in tree.body:
+                spelled.append(node.value)
+        found += [f"{name}:{node.lineno}" for node in spelled if isinstance(node, ast.Constant)
+                  and owners.get(node.value, name) != name]
+    return found
+
+
+# Each check, and a small rgb/ tree it must flag: (check, module, source, what it reports).
+CHECKS = [
+    (white_box_setting_spellings, "evaluation/board.py",
+     'SETTINGS = ("test", "common", "l1")\nKEY = f"autoattack_{1}"\nACC = "autoattack_acc"\n',
+     ["rgb/evaluation/board.py:1", "rgb/evaluation/board.py:2"]),
+    (file_moves, "runs/writer.py",
+     "import os, shutil\nos.replace('a.tmp', 'a')\nshutil.move('d.new', 'd')\n'x'.replace('a', 'b')\n",
+     ["rgb/runs/writer.py:2", "rgb/runs/writer.py:3"]),
+    (hand_written_json_files, "runs/writer.py",
+     "import json\nPath('a').write_text(json.dumps({}) + '\\n')\njson.dump({}, handle)\n"
+     "atomic_write_bytes(p, (json.dumps(r, indent=2) + '\\n').encode())\n"
+     "handle.write(json.dumps(line) + '\\n')\n",
+     [f"rgb/runs/writer.py:{n}" for n in (2, 3, 4)]),
+    (wandb_opens, "runs/wandb_report.py",
+     "import wandb\ndef wandb_run():\n    wandb.init()\ndef other():\n    wandb.init()\n",
+     ["rgb/runs/wandb_report.py:5"]),
+    (folder_names_spelled_again, "evaluation/report.py",
+     'REPORT = "zeroshot_report"\nout = root / "text_robustness" / "site"\n'
+     'def f(job_type="text_robustness"):\n    return {"partial": "model_info"}\n',
+     [f"rgb/evaluation/report.py:{n}" for n in (1, 2, 2)]),
+]
+
+
+@pytest.mark.parametrize("check", [c[0] for c in CHECKS], ids=lambda c: c.__name__)
+def test_each_concept_has_one_owner(check):
+    assert check() == []
+
+
+@pytest.mark.parametrize(("check", "module", "source", "expected"), CHECKS, ids=[c[0].__name__ for c in CHECKS])
+def test_the_check_sees_a_second_owner(tmp_path, check, module, source, expected):
+    assert check(rgb_tree(tmp_path, module, source)) == expected
