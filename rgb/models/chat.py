@@ -319,7 +319,7 @@ class ApiFamily:
         """Refused: an endpoint model has no head to train.
 
         Args:
-            model: An `ApiClassifier`.
+            model: An `ApiClassifier` (answered by its endpoint; a head cannot be probed there).
 
         Returns:
             Never returns.
@@ -336,7 +336,7 @@ class ApiFamily:
             model: An `ApiClassifier`.
 
         Returns:
-            Never returns.
+            Never returns: nothing here is an optimiser's to walk.
 
         Raises:
             InferenceOnlyError: Always.
