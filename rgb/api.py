@@ -67,18 +67,54 @@ def benchmark(
     n_examples: int | None = None,
     **attack_options,
 ):
-    """Score `model` on one dataset: clean and common accuracy, and standard AutoAttack at the norms named in
-    `settings` (any of l1, l2, linf; any case, as rgb.core.threat reads norms), over whole splits. Returns the
-    scores record that evaluate.py writes (`<output_dir>/eval/<dataset id>/<name>/scores.json`); settings left out
-    are reported missing, never guessed.
-    `n_examples`: score only the first N images of each split (attacked in a run directory of their own), to
-    iterate fast: the record is PARTIAL (no Sum, ranked apart) and goes to `.../<name>/partial/scores.partial.json`,
-    beside a complete one. `budgets`: other white-box eps for some norms (e.g. {"linf": 8/255}), which makes the
-    record one of another threat model; `batch_size`: the attack and evaluation batch (part of a run's identity);
-    `threads`: on the CPU, the single-threaded attack workers (this process and forks of it; "auto": the usable
-    cores), afterwards this process's torch threads. Any other keyword is a field of rgb.attacks.AttackOptions,
-    e.g. `seed` or `capture` (how the attacks call the model: "auto", a checked TorchScript trace on the CPU;
-    "eager" for a model that keeps Python-side state between calls; see rgb.attacks.AutoAttack)."""
+    """Score `model` on one dataset under the benchmark's protocol, as evaluate.py does.
+
+    Clean and common-corruption accuracy, and standard AutoAttack at the norms named in `settings`, over whole
+    splits. The model's weights are exported first (under `<output_dir>/models/<dataset id>/<name>`), so every
+    result is tied to them; the attacks go through the same resumable run store as attack.py, so calling again
+    resumes. Settings left out are reported missing, never guessed.
+
+    Args:
+        model: An `nn.Module` mapping [0,1] images (N,3,H,W) to logits (normalisation inside the model).
+        dataset: A dataset id (`digits`, `flowers-102`, ...) or the name of its data config (`mini`,
+            `flowers102`, ...).
+        source: Where the benchmark data lies (a folder or hub dataset); None: the data config's default
+            (data/mini for `mini`, else $RGB_BENCHMARK or the RobustGenBench hub dataset).
+        settings: Which of "test", "common", "l1", "l2", "linf" to score (any case; at least one).
+        name: The model's name in the results and its directory name; None: the class name of `model`.
+        output_dir: The root under which models/, attack/ and eval/ are written.
+        device: "auto", "cpu", "cuda" or "cuda:N".
+        batch_size: The attack and evaluation batch (part of an attack run's identity); None: the data config's
+            (50 for `mini`, 256 otherwise).
+        threads: On the CPU, the single-threaded attack workers (this process and forks of it; "auto": the
+            usable cores), afterwards this process's torch threads.
+        progress: Show the attacks' progress bars.
+        budgets: Other white-box eps for some norms (e.g. {"linf": 8/255}), which makes the record one of
+            another threat model.
+        n_examples: Score only the first N images of each split, attacked in a run directory of their own: the
+            record is PARTIAL (no Sum, ranked apart) and goes to `.../<name>/partial/scores.partial.json`,
+            beside a complete one.
+        **attack_options: Fields of `rgb.attacks.AttackOptions`, e.g. `seed` or `capture` (how the attacks call
+            the model: "auto", a checked TorchScript trace on the CPU; "eager" for a model that keeps Python-side
+            state between calls; see `rgb.attacks.AutoAttack`).
+
+    Returns:
+        The scores record evaluate.py writes (`<output_dir>/eval/<dataset id>/<name>/scores.json`):
+        `record.white_box` is e.g. "2.3000 / 5", or the partial sum over the settings scored and why.
+
+    Raises:
+        EvaluationError: `settings` is empty or names no known setting, `n_examples` is not a positive integer,
+            the dataset is unknown or its data cannot be read, the model does not fit the dataset (class count,
+            image size), the attack run cannot be set up, or its results must not be scored.
+        AttackOptionsError: An attack option has a value AutoAttack cannot run.
+        TypeError: A keyword that is neither a parameter here nor a field of `AttackOptions`.
+        ConfigValueError: `name` cannot name a directory.
+        DeviceError: `device` asks for CUDA where none is visible, or `threads` is not a positive integer or
+            "auto".
+        ExportConflictError: `<output_dir>/models/<dataset id>/<name>` holds an export of other weights (another
+            model under the old name): give this one another `name`.
+        AttackError: A returned adversarial image breaks the threat model, or the model's logits are not finite.
+    """
     try:
         chosen = {white_box_setting(s) for s in settings}
     except RecordError:

@@ -145,8 +145,10 @@ def checked_inputs(x, y) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class AutoAttack:
-    """`AutoAttack(model, norm, eps).run(x, y)` for any model mapping [0,1] images to logits; what it runs is an
-    `rgb.attacks.options.AttackOptions` (its fields may be given as keywords instead).
+    """AutoAttack of any model mapping [0,1] images to logits: `AutoAttack(model, norm, eps).run(x, y)`.
+
+    What it runs is an `rgb.attacks.options.AttackOptions` (its fields may be given as keywords instead); the
+    paragraphs below say what each option does.
 
     `version` names an entry of `rgb.attacks.registry.VERSIONS`: "standard" runs the spec's table for `norm`
     (L1: 5 APGD-CE restarts and 5 APGD-T targets with the 3-2-1 eps schedule, Square-L1 included); "plus" runs
@@ -208,7 +210,27 @@ class AutoAttack:
         on_leave: Callable[[int], None] | None = None,
         **option_values,
     ):
-        """`options` (or, for convenience, its fields as keywords, which replace those of `options`): what to run."""
+        """Set up the cascade; nothing is run until `run` (or the stage API: `clean_pass`, `attack_stage`, `finish`).
+
+        Args:
+            model: An `nn.Module` mapping [0,1] images (N,C,H,W) to logits (normalisation inside the model).
+            norm: "Linf", "L2" or "L1" (any case), or a `rgb.core.threat.Norm`.
+            eps: The budget: a positive number in the norm's units on [0,1] images.
+            options: What to run; None: `AttackOptions()` (standard AutoAttack).
+            device: Where the attacks run; None: the device of the model's first parameter (the CPU without any).
+            batch_size: Images per batch when `run` is given none.
+            progress: Called as `progress(name)` when attack `name` starts on a batch, then `progress(name,
+                *position)` at most every `progress_interval` seconds (see the class docstring).
+            progress_interval: Seconds between two step reports to `progress`.
+            on_leave: Called as `on_leave(n)` with how many images just left the cascade (see the class docstring).
+            **option_values: Fields of `AttackOptions`, replacing those of `options`.
+
+        Raises:
+            ThreatError: `norm` names no norm.
+            ValueError: `eps` is not a positive number.
+            AttackOptionsError: An option in `**option_values` has a value AutoAttack cannot run.
+            TypeError: A keyword that is not a field of `AttackOptions`.
+        """
         self.model = model
         threat = ThreatModel(norm, eps)  # a finite eps > 0 and a known norm, or one line
         self.norm = threat.norm
@@ -229,6 +251,26 @@ class AutoAttack:
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
+        """Run the whole cascade on images x with labels y; the model is put in eval mode and back as it was.
+
+        Args:
+            x: Images (N,C,H,W) in [0,1] on any device (read as fp32; the result is on the CPU).
+            y: Integer class labels (N,), each in [0, number of logits).
+            batch_size: Images per batch; None: the instance's `batch_size`.
+
+        Returns:
+            The per-image outcome (`AutoAttackResult`: adversarial images, robust flags, which attack fooled each
+            image, the rows spent) with the warnings of the reference's checks, which are also issued with
+            `warnings.warn`.
+
+        Raises:
+            AttackInputError: batch_size is not an integer >= 1, x is empty or not (N,C,H,W) in [0,1] without
+                NaN, or y is not (N,) integer labels within the model's logits.
+            ValueError: An attack of the cascade needs more classes than the model has, or the model refuses
+                `input_format="channels_last"` / `capture="trace"`.
+            AttackError: The model's logits are not finite, or a returned adversarial image breaks the threat
+                model (budget, [0,1] box, NaN) or the cascade rule.
+        """
         batch_size = self.batch_size if batch_size is None else batch_size
         require({"batch_size": batch_size}, {"batch_size": POSITIVE_INT}, AttackInputError)
         was_training = self.model.training
@@ -256,9 +298,20 @@ class AutoAttack:
         return params
 
     def worst_case_rows(self, n_classes: int) -> tuple[int, int]:
-        """The (forward, backward) rows this AutoAttack spends on an image no attack fools, the clean pass and each
-        attack's verification forward included: the cost model of docs/performance.md, from each attack's
-        `worst_rows` (rgb.attacks.registry) at this norm, options and class count."""
+        """The (forward, backward) rows this AutoAttack spends on an image no attack fools.
+
+        The clean pass and each attack's verification forward included: the cost model of docs/performance.md, from
+        each attack's `worst_rows` (rgb.attacks.registry) at this norm, options and class count.
+
+        Args:
+            n_classes: The model's number of logits.
+
+        Returns:
+            (forward rows, backward rows) per image.
+
+        Raises:
+            ValueError: An attack of the cascade needs more classes than `n_classes`.
+        """
         forward, backward = 1, 0
         for name, params in self._step_params(n_classes, []).items():
             entry = ATTACKS[name]
@@ -275,8 +328,22 @@ class AutoAttack:
         return self.finish(state, batch_size)
 
     def clean_pass(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> CascadeState:
-        """The clean predictions of images x (N,C,H,W) in [0,1] with labels y (N,), the model the attacks call and
-        the reference's pre-checks: the state each `attack_stage` then advances."""
+        """The first stage: clean predictions, the model the attacks call, and the reference's pre-checks.
+
+        Args:
+            x: Images (N,C,H,W) in [0,1].
+            y: Integer class labels (N,), each in [0, number of logits).
+            batch_size: Images per batch.
+
+        Returns:
+            The state each `attack_stage` then advances (images misclassified clean are no longer robust).
+
+        Raises:
+            AttackInputError: As `run` raises: bad x or y.
+            ValueError: Too few classes for an attack of the cascade, or a model that refuses the chosen input
+                format or capture.
+            AttackError: The model's logits are not finite.
+        """
         x, y = checked_inputs(x, y)
         caught: list[str] = []
         clean_logits = self._logits(x, batch_size)
@@ -315,10 +382,24 @@ class AutoAttack:
         return probe
 
     def entering_stage(self, x: torch.Tensor, y: torch.Tensor, clean_logits: torch.Tensor) -> CascadeState:
-        """The state of images x (labels y, clean logits) that enter a stage still robust, gathered from the clean
-        passes of other batches (the pooled schedule, rgb.runs.pooled): no clean pass again. The model the attacks
-        call is prepared once per instance (a resumed process's first chunk); that probe's few rows are not counted,
-        so a chunk's rows never depend on which process ran it."""
+        """The state of images that enter a stage still robust, gathered from the clean passes of other batches.
+
+        The pooled schedule (rgb.runs.pooled) uses it: no clean pass again. The model the attacks call is prepared
+        once per instance (a resumed process's first chunk); that probe's few rows are not counted, so a chunk's rows
+        never depend on which process ran it.
+
+        Args:
+            x: Images (N,C,H,W) in [0,1], all still robust.
+            y: Their labels (N,).
+            clean_logits: Their clean logits (N, number of classes).
+
+        Returns:
+            A state in which every image is robust and no rows are spent yet.
+
+        Raises:
+            ValueError: An attack of the cascade needs more classes than the logits have, or the model refuses the
+                chosen input format or capture.
+        """
         caught: list[str] = []
         if self.attack_model is None:
             self._prepare(x, clean_logits, caught)
@@ -331,9 +412,21 @@ class AutoAttack:
         )
 
     def attack_stage(self, stage: int, state: CascadeState, rows: torch.Tensor, batch_size: int) -> None:
-        """Attack number `stage` (1-based, in cascade order) over the images `rows` of `state` (indices of points
-        still robust), cut into batches of `batch_size` in the order given; every success is re-verified in fp32
-        before it is recorded in `state` (its code, x_adv, prediction and the rows it cost)."""
+        """Run one attack of the cascade over some still-robust images of `state`, updating `state` in place.
+
+        Every success is re-verified in fp32 before it is recorded in `state` (its code, x_adv, prediction and the
+        rows it cost).
+
+        Args:
+            stage: The attack's number, 1-based, in cascade order.
+            state: The cascade's state (from `clean_pass` or `entering_stage`).
+            rows: Indices into `state` of images still robust, attacked in this order.
+            batch_size: Images per batch.
+
+        Raises:
+            AttackError: `rows` holds an image an earlier attack already fooled, or the model's logits are not
+                finite.
+        """
         name = self.attacks[stage - 1]
         if not bool(state.robust[rows].all()):
             raise AttackError(f"{name} was given images that an earlier attack already fooled")
@@ -361,8 +454,20 @@ class AutoAttack:
         state.accuracy_after[name] = float(state.robust.float().mean())
 
     def finish(self, state: CascadeState, batch_size: int) -> AutoAttackResult:
-        """The result once every stage has run: the masking checks, the final threat-model and cascade checks,
-        and the warnings raised."""
+        """The result once every stage has run: the masking checks, the final threat-model and cascade checks.
+
+        Args:
+            state: The cascade's state after its last `attack_stage`.
+            batch_size: Images per batch of the fp32 re-evaluation.
+
+        Returns:
+            The per-image outcome; each warning of the checks is also issued with `warnings.warn`.
+
+        Raises:
+            AttackError: An adversarial image breaks the threat model (budget, [0,1] box, NaN), a robust image was
+                returned perturbed, or the robust flags disagree with an fp32 re-evaluation (deterministic
+                versions), or the model's logits are not finite.
+        """
         caught = state.warnings + self._caveated(self._masking_checks(state.accuracy_after))
         x, x_adv = state.x, state.x_adv
         self._final_checks(x, state.y, x_adv, state.robust, batch_size)

@@ -38,8 +38,29 @@ class AttackOptionsError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class AttackOptions:
-    """What AutoAttack is asked to run, validated once when made (AttackOptionsError, one line). See `rgb.attacks.AutoAttack`
-    for what each option does; `attacks=None` is the version's whole cascade."""
+    """What AutoAttack is asked to run, validated once when made.
+
+    See `rgb.attacks.AutoAttack` for what each option does. Options marked "not the protocol's" make a run whose
+    number is not the benchmark's (`off_protocol`).
+
+    Args:
+        version: "standard", "plus", "fast" or "rand" (`rgb.attacks.registry.VERSIONS`).
+        seed: The seed of every attack's random starts.
+        attacks: A non-empty subset of the version's attacks, run in the version's order (diagnostics: not
+            AutoAttack); None: the version's whole cascade.
+        precision: "fp32", or "bf16" (attacks under bf16 autocast; every success re-verified in fp32).
+        steps: Iterations of each gradient attack (not the protocol's unless 100).
+        fab_steps: Iterations of FAB and FAB-T; None: `steps` (not the protocol's when set).
+        queries: Square's query budget (not the protocol's unless 5000).
+        tail_rows: > 0 runs the targets left of APGD-T and FAB-T side by side once they fit in that many rows.
+        input_format: "auto", "contiguous" or "channels_last": the memory format of the attacks' model calls.
+        capture: "auto", "eager" or "trace": whether the attacks call a TorchScript trace of the model.
+        schedule: "batch" or "pooled": how an attack run (rgb.runs) orders the cascade over its images.
+
+    Raises:
+        AttackOptionsError: A value outside its rule (one line naming the option, its rule and the value),
+            `attacks` not a non-empty subset of the version's, or capture="trace" without precision="fp32".
+    """
 
     version: str = _option("standard", rule=one_of(VERSIONS), identity=ALWAYS)
     seed: int = _option(0, rule=INT, identity=ALWAYS, feeds="generator")

@@ -58,8 +58,36 @@ class RunOutputs:
 
 @dataclass(frozen=True)
 class EvalRequest:
-    """evaluate.py run=DIR (or rgb.benchmark): one model scored from its attack runs and clean predictions. The
-    defaults are what rgb.benchmark asks for; evaluate.py sets every field from its config."""
+    """evaluate.py run=DIR (or rgb.benchmark): one model scored from its attack runs and clean predictions.
+
+    The defaults are what rgb.benchmark asks for; evaluate.py sets every field from its config. `evaluate` runs it.
+
+    Args:
+        model: The model to score and where its outputs go.
+        attack_dir: The attack run directory its white-box results are read from.
+        data: Builds the data module (rgb.data.BenchmarkData) when the scoring needs it.
+        device: As configured ("auto" is resolved when scoring).
+        batch_size: The evaluation batch.
+        protocol: "white_box", or "black_box" (also scores the black-box protocol, as transfer).
+        transfer: Also score the transfer splits.
+        severity_sweep: Also the accuracy under each corruption at severities 1-5, made on the fly.
+        allow_partial: Accept part of a split (then the record is PARTIAL).
+        max_images: Score the first N images of each split only (needs `allow_partial`).
+        worst_k: The k of the worst-k class accuracies.
+        api_cache_dir: The answer cache of an endpoint model; None: no cache.
+        max_requests: Cap on an endpoint model's requests (then the record may be partial).
+        max_tokens_total: Cap on its tokens.
+        max_cost: Cap on its cost.
+        prices: {api_model: price} for endpoint models whose `model.price` is null.
+        dry_run: Plan an endpoint model's requests and cost without sending any.
+        wandb_project: Log the record to this W&B project; None: nothing logged.
+        output_root: paths.output_dir: records name the train run relative to it.
+
+    Raises:
+        Nothing when made; `evaluate` raises EvaluationError for results that must not be scored (another
+        model, dataset, split size or budget; partial without `allow_partial`; caps or a dry run for a model that
+        sends no requests).
+    """
 
     model: RunOutputs
     attack_dir: Path
@@ -84,8 +112,25 @@ class EvalRequest:
 
 @dataclass(frozen=True)
 class PoolRequest:
-    """evaluate.py pool=[...]: a trained model of an entry is evaluated first (one EvalRequest each, as run=DIR
-    would be), a dir of scores.json files (a Path) is taken as it is; then the leaderboard."""
+    """evaluate.py pool=[...]: each entry's scores, then the leaderboard (and mean +- std over seeds).
+
+    A trained model of an entry is evaluated first (one EvalRequest each, as run=DIR would be); a dir of
+    scores.json files (a Path) is taken as it is. `evaluate_pool` runs it.
+
+    Args:
+        entries: EvalRequests of trained models, or dirs of scores.json files.
+        protocol: The protocol the board ranks ("white_box" or "black_box").
+        leaderboard_dir: Where the leaderboard is written (replaced whole).
+        datasets: The datasets of the board; None: the card's six.
+        rank_by: How complete entries are ranked ("borda" or "sum", rgb.evaluation.leaderboard).
+        site: Also write the static site (rgb.evaluation.site) in `<leaderboard_dir>/site`.
+        wandb_project: Log the board's table and files to this W&B project; None: nothing logged.
+        missing_jobs: Sweep jobs without a model: no mean +- std over part of a sweep.
+
+    Raises:
+        Nothing when made; `evaluate_pool` raises EvaluationError for an entry that must not be scored or records
+        that make no leaderboard.
+    """
 
     entries: tuple[EvalRequest | Path, ...]
     protocol: str

@@ -374,8 +374,21 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
 
 @dataclass(frozen=True)
 class TextRobustnessRequest:
-    """evaluate.py text_robustness=true: one zero-shot run, or a pool of them side by side (each measured where
-    evaluate writes its outputs), and how to measure them."""
+    """evaluate.py text_robustness=true: one zero-shot run, or a pool of them side by side, and how to measure them.
+
+    Each run is measured where evaluate writes its outputs. `text_robustness` runs it.
+
+    Args:
+        options: How to measure (split, perturbation types, seeds, ks, ...).
+        models: The zero-shot runs to measure.
+        data: Builds the data module (rgb.data.BenchmarkData).
+        pool_dir: A pool: where the side-by-side comparison goes; None: one model.
+        wandb_project: Log the results to this W&B project; None: nothing logged.
+
+    Raises:
+        Nothing when made; `text_robustness` raises EvaluationError for a run that is not a zero-shot (openclip)
+        model with a prompt-built head.
+    """
 
     options: TextRobustnessOptions
     models: tuple[RunOutputs, ...]

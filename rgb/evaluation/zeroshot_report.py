@@ -287,7 +287,20 @@ def write_pool(reports: list[dict], pool_dir: Path) -> list[dict]:
 
 @dataclass(frozen=True)
 class ZeroShotReportRequest:
-    """evaluate.py zeroshot_report=true: one zero-shot run, or a pool of runs and earlier reports averaged."""
+    """evaluate.py zeroshot_report=true: one zero-shot run, or a pool of runs and earlier reports averaged.
+
+    `zeroshot_reports` runs it.
+
+    Args:
+        options: What the report measures.
+        entries: Runs (reported where evaluate writes their outputs), or earlier reports' comparison.json files.
+        data: Builds the data module (rgb.data.BenchmarkData).
+        pool_dir: A pool: where the average goes; None: one run.
+
+    Raises:
+        Nothing when made; `zeroshot_reports` raises EvaluationError for a report that is missing or not a
+        comparison.json, or a run made for another dataset.
+    """
 
     options: ZeroShotReportOptions
     entries: tuple[RunOutputs | Path, ...]  # runs (where evaluate writes their outputs), or comparison.json files

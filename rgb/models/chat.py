@@ -250,28 +250,97 @@ def from_record(record: dict) -> ApiClassifier:
 
 @dataclass(frozen=True)
 class ApiFamily:
-    """No weights, no head: the record alone rebuilds the model (`weights = False` for rgb.models.load)."""
+    """The `api` family: a classifier answered by a chat-completions endpoint.
+
+    No weights, no head: the record alone rebuilds the model (`weights = False` for rgb.models.load).
+    """
 
     name: str = "api"
     weights: bool = False
     text_tower: bool = False
 
     def describe(self, model: ApiClassifier) -> dict:
+        """model.json fields of an endpoint model: its settings, client settings, class names and dataset.
+
+        Args:
+            model: An `ApiClassifier`.
+
+        Returns:
+            The record's fields.
+
+        Raises:
+            Nothing of its own.
+        """
         return model.describe()
 
     def model_name(self, record: dict) -> str | None:
+        """The record's `api_model`.
+
+        Args:
+            record: An `api` model.json.
+
+        Returns:
+            The endpoint's model name.
+
+        Raises:
+            Nothing of its own.
+        """
         return record.get("api_model")
 
     def num_classes(self, model: ApiClassifier) -> int:
+        """How many class names the model answers with.
+
+        Args:
+            model: An `ApiClassifier`.
+
+        Returns:
+            The class count.
+
+        Raises:
+            Nothing of its own.
+        """
         return len(model.class_names)
 
     def rebuild(self, record: dict) -> ApiClassifier:
+        """The classifier the record's settings describe (no weights: ready to ask the endpoint).
+
+        Args:
+            record: An `api` model.json (`api`, `client`, `class_names`, `dataset`).
+
+        Returns:
+            The `ApiClassifier`.
+
+        Raises:
+            ConfigValueError: A setting of the record has an invalid value.
+        """
         return from_record(record)
 
     def head(self, model: ApiClassifier):
+        """Refused: an endpoint model has no head to train.
+
+        Args:
+            model: An `ApiClassifier` (answered by its endpoint; a head cannot be probed there).
+
+        Returns:
+            Never returns.
+
+        Raises:
+            InferenceOnlyError: Always.
+        """
         raise InferenceOnlyError("an api model has no head to train: it is evaluated by inference only")
 
     def backbone(self, model: ApiClassifier):
+        """Refused: an endpoint model has no parameters to train.
+
+        Args:
+            model: An `ApiClassifier`.
+
+        Returns:
+            Never returns: nothing here is an optimiser's to walk.
+
+        Raises:
+            InferenceOnlyError: Always.
+        """
         raise InferenceOnlyError("an api model has no parameters to train: it is evaluated by inference only")
 
 

@@ -19,29 +19,106 @@ from rgb.models.factory import ModelLoadError
 
 
 class ModelFamily(Protocol):
+    """What `rgb.models.load`, export and training ask of a family of models; one instance per family in `FAMILIES`.
+
+    A new family is one module with a `FAMILY` (an object with these attributes and methods) and one entry in
+    `FAMILIES`; callers go through the family, never through a family's attributes or names.
+
+    Attributes:
+        name: The `family` of model.json.
+        weights: False for a model behind an endpoint (`api`): model.json alone rebuilds it.
+        text_tower: True for CLIP (`openclip`): heads can be built from prompts, texts perturbed.
+    """
+
     name: str
     weights: bool  # False (`api`: a model behind an endpoint): model.json alone rebuilds it
     text_tower: bool  # True (`openclip`): heads can be built from prompts, texts perturbed
 
     def describe(self, model: nn.Module) -> dict:
-        """model.json fields from which `rebuild` makes the same architecture."""
+        """The model.json fields from which `rebuild` makes the same architecture.
+
+        Args:
+            model: A model of this family.
+
+        Returns:
+            The record's fields (JSON values), without weights.
+
+        Raises:
+            ModelSpecError: The family cannot describe the model (a factory model is exported with
+                `rgb.models.export_factory_model` instead).
+        """
 
     def rebuild(self, record: dict) -> nn.Module:
-        """The architecture of an export record, weights not loaded yet."""
+        """The architecture of an export record, weights not loaded yet.
+
+        Args:
+            record: A model.json of this family.
+
+        Returns:
+            The model, with freshly initialised weights (or, without weights, ready to use).
+
+        Raises:
+            ModelLoadError: The record cannot be rebuilt (a module handed to rgb.benchmark in memory).
+            ModelSpecError: The model the record names cannot be made (an unknown architecture, a factory that does not
+                import or returns no module).
+        """
 
     def model_name(self, record: dict) -> str | None:
-        """The model's name in scores.json and summary.json: what its record says was built (a timm or open_clip
-        architecture, a factory, an endpoint's model, a class)."""
+        """The model's name in scores.json and summary.json.
+
+        What its record says was built: a timm or open_clip architecture, a factory, an endpoint's model, a class.
+
+        Args:
+            record: A model.json of this family.
+
+        Returns:
+            The name, or None where the record gives none.
+
+        Raises:
+            Nothing of its own.
+        """
 
     def num_classes(self, model: nn.Module) -> int:
-        """How many logits the model gives (the width of its head)."""
+        """How many logits the model gives (the width of its head).
+
+        Args:
+            model: A model of this family.
+
+        Returns:
+            The class count.
+
+        Raises:
+            ModelSpecError: A factory model whose `classifier` has no `out_features`.
+        """
 
     def head(self, model: nn.Module) -> nn.Module:
-        """The classification head (what linear probing trains)."""
+        """The classification head (what linear probing trains).
+
+        Args:
+            model: A model of this family.
+
+        Returns:
+            The head module.
+
+        Raises:
+            ModelSpecError: A factory model without a `classifier` submodule.
+            InferenceOnlyError: An endpoint model, which has no head.
+        """
 
     def backbone(self, model: nn.Module) -> nn.Module:
-        """The module holding every trainable parameter, head included (what the optimiser walks; the names its
-        `no_weight_decay()` lists are relative to it); what is outside it (normalisation) never trains."""
+        """The module holding every trainable parameter, head included (what the optimiser walks).
+
+        The names its `no_weight_decay()` lists are relative to it; what is outside it (normalisation) never trains.
+
+        Args:
+            model: A model of this family.
+
+        Returns:
+            The module.
+
+        Raises:
+            InferenceOnlyError: An endpoint model, which has no parameters to train.
+        """
 
 
 FAMILIES: dict[str, ModelFamily] = {

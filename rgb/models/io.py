@@ -180,5 +180,23 @@ def origin_line(meta: dict) -> str | None:
 
 
 def load(path: str | Path) -> nn.Module:
-    """Eval-mode model for [0,1] inputs from a train run dir or an exported `model.safetensors`."""
+    """Load an exported model: the architecture its model.json describes, with its weights, in eval mode.
+
+    The model takes [0,1] images (normalisation inside). Which family rebuilds it is the record's `family`
+    (timm for a record written before families existed); an endpoint (`api`) model is rebuilt from the record alone.
+
+    Args:
+        path: A train run dir (holding model.safetensors and model.json), or an exported weights file with its
+            record beside it under the same stem (`x.safetensors`, `x.json`).
+
+    Returns:
+        The model, in eval mode.
+
+    Raises:
+        FileNotFoundError: The record or the weights file is missing.
+        ExportFileError: The record or the weights file does not read (truncated, not JSON / safetensors).
+        ModelLoadError: The record names no family this rgb can rebuild (unknown, or a module handed to
+            rgb.benchmark in memory, which records no code to rebuild it).
+        ModelSpecError: A factory record whose `module:function` does not import or returns no module.
+    """
     return load_with_meta(path)[0]

@@ -420,11 +420,27 @@ def _vision_tower(config: dict) -> nn.Module:
 
 @dataclass(frozen=True)
 class OpenCLIPFamily:
+    """The `openclip` family: a CLIP image tower with a linear head; its text tower builds heads from prompts.
+    """
+
     name: str = "openclip"
     weights: bool = True
     text_tower: bool = True
 
     def describe(self, model: OpenCLIPClassifier) -> dict:
+        """model.json fields of a CLIP classifier: open_clip name and config, weights, preprocessing, class count.
+
+        The text tower's weights, the towers' origins and the source are added where recorded.
+
+        Args:
+            model: An `OpenCLIPClassifier`.
+
+        Returns:
+            The record's fields, with the open_clip version.
+
+        Raises:
+            Nothing of its own.
+        """
         import open_clip
 
         recipe = model.recipe
@@ -438,6 +454,17 @@ class OpenCLIPFamily:
         }
 
     def rebuild(self, record: dict) -> OpenCLIPClassifier:
+        """The image tower of the recorded open_clip config with a head of `num_classes`, weights not loaded.
+
+        Args:
+            record: An openclip model.json (`openclip_name`, `open_clip_config`, `preprocess`, `num_classes`).
+
+        Returns:
+            The `OpenCLIPClassifier`.
+
+        Raises:
+            Nothing of its own.
+        """
         recipe = {"name": record["openclip_name"], "pretrained": record.get("pretrained"),
                   "weights": record.get("clip_weights"), "text_weights": record.get("text_weights"),
                   "towers": record.get("towers"), "source": record.get("source"),
@@ -446,15 +473,59 @@ class OpenCLIPFamily:
         return OpenCLIPClassifier(_vision_tower(record["open_clip_config"]), record["num_classes"], recipe)
 
     def model_name(self, record: dict) -> str | None:
+        """The record's `openclip_name`.
+
+        Args:
+            record: An openclip model.json.
+
+        Returns:
+            The open_clip architecture's name.
+
+        Raises:
+            Nothing of its own.
+        """
         return record.get("openclip_name")
 
     def num_classes(self, model: OpenCLIPClassifier) -> int:
+        """The recipe's class count.
+
+        Args:
+            model: An `OpenCLIPClassifier`.
+
+        Returns:
+            The number of logits.
+
+        Raises:
+            Nothing of its own.
+        """
         return model.recipe["num_classes"]
 
     def head(self, model: OpenCLIPClassifier) -> nn.Module:
+        """The model's `classifier`.
+
+        Args:
+            model: An `OpenCLIPClassifier`.
+
+        Returns:
+            The head module.
+
+        Raises:
+            Nothing of its own.
+        """
         return model.classifier
 
     def backbone(self, model: OpenCLIPClassifier) -> nn.Module:
+        """The model's `backbone` (the image tower and head; normalisation outside).
+
+        Args:
+            model: An `OpenCLIPClassifier`.
+
+        Returns:
+            The module.
+
+        Raises:
+            Nothing of its own.
+        """
         return model.backbone
 
 

@@ -11,13 +11,30 @@ from rgb.models.factory import NormalizedClassifier, create_model
 
 @dataclass(frozen=True)
 class TimmFamily:
+    """The `timm` family: a `NormalizedClassifier` rebuilt from its timm name, class count and timm kwargs.
+
+    The family of a record without `family` (written before families existed).
+    """
+
     name: str = "timm"
     weights: bool = True
     text_tower: bool = False
 
     def describe(self, model: NormalizedClassifier) -> dict:
-        """`timm_name` is always a registry architecture; a model made from an `hf-hub:` / `local-dir:` name adds
-        `source` (that name, and the hub commit or folder it was loaded from)."""
+        """model.json fields of a timm model: `timm_name`, `num_classes`, `timm_kwargs`, `mean`, `std`.
+
+        `timm_name` is always a registry architecture; a model made from an `hf-hub:` / `local-dir:` name adds `source`
+        (that name, and the hub commit or folder it was loaded from).
+
+        Args:
+            model: A `NormalizedClassifier` made by `rgb.models.create_model`.
+
+        Returns:
+            The record's fields.
+
+        Raises:
+            Nothing of its own.
+        """
         source = model.recipe.get("source")
         return {
             "timm_name": model.recipe["name"],
@@ -29,10 +46,21 @@ class TimmFamily:
         }
 
     def rebuild(self, record: dict) -> NormalizedClassifier:
-        """The registry architecture, weights not loaded; a hub / local-dir `source` stays in the recipe, so the
-        export of a rebuilt model (training exports its best weights that way) still says where they came from.
-        A `num_classes` among the kwargs is the hub model's own head, which earlier rgb recorded there: the head
-        exported is `record["num_classes"]`."""
+        """The registry architecture, weights not loaded.
+
+        A hub / local-dir `source` stays in the recipe, so the export of a rebuilt model (training exports its best
+        weights that way) still says where they came from. A `num_classes` among the kwargs is the hub model's own
+        head, which earlier rgb recorded there: the head exported is `record["num_classes"]`.
+
+        Args:
+            record: A timm model.json (`timm_name`, `num_classes`, `timm_kwargs`).
+
+        Returns:
+            The `NormalizedClassifier`, randomly initialised.
+
+        Raises:
+            ModelSpecError: `timm_name` is not a timm architecture.
+        """
         kwargs = {k: v for k, v in record["timm_kwargs"].items() if k != "num_classes"}
         model = create_model(record["timm_name"], record["num_classes"], pretrained=False, **kwargs)
         if record.get("source"):
@@ -40,15 +68,59 @@ class TimmFamily:
         return model
 
     def model_name(self, record: dict) -> str | None:
+        """The record's `timm_name`.
+
+        Args:
+            record: A timm model.json.
+
+        Returns:
+            The timm architecture's name.
+
+        Raises:
+            Nothing of its own.
+        """
         return record.get("timm_name")
 
     def num_classes(self, model: NormalizedClassifier) -> int:
+        """The recipe's class count.
+
+        Args:
+            model: A timm model.
+
+        Returns:
+            The number of logits.
+
+        Raises:
+            Nothing of its own.
+        """
         return model.recipe["num_classes"]
 
     def head(self, model: NormalizedClassifier) -> nn.Module:
+        """The model's `classifier`.
+
+        Args:
+            model: A timm model.
+
+        Returns:
+            The head module.
+
+        Raises:
+            Nothing of its own.
+        """
         return model.classifier
 
     def backbone(self, model: NormalizedClassifier) -> nn.Module:
+        """The model's `backbone` (the timm module, head included; normalisation outside).
+
+        Args:
+            model: A timm model.
+
+        Returns:
+            The module.
+
+        Raises:
+            Nothing of its own.
+        """
         return model.backbone
 
 

@@ -38,21 +38,68 @@ def build_from_factory(spec: str, kwargs: dict | None = None) -> nn.Module:
 
 @dataclass(frozen=True)
 class FactoryFamily:
+    """The `factory` family: any user `nn.Module` on [0,1] images, rebuilt by calling `module:function(**kwargs)`.
+    """
+
     name: str = "factory"
     weights: bool = True
     text_tower: bool = False
 
     def describe(self, model: nn.Module) -> dict:
-        """Factory models carry no recipe: `export_factory_model` is told the factory instead."""
+        """Refused: factory models carry no recipe; `export_factory_model` is told the factory instead.
+
+        Args:
+            model: Any module.
+
+        Returns:
+            Never returns.
+
+        Raises:
+            ModelSpecError: Always, saying to export with `rgb.models.export_factory_model`.
+        """
         raise ModelSpecError("a factory model is exported with rgb.models.export_factory_model(model, out_dir, factory=...)")
 
     def rebuild(self, record: dict) -> nn.Module:
+        """The module `factory(**kwargs)` builds, weights not loaded.
+
+        Args:
+            record: A factory model.json (`factory`: "module:function", `kwargs`).
+
+        Returns:
+            The module the factory returns.
+
+        Raises:
+            ModelSpecError: The factory is not "module:function", does not import, is not callable, or returns no
+                `nn.Module`.
+        """
         return build_from_factory(record["factory"], record.get("kwargs") or {})
 
     def model_name(self, record: dict) -> str | None:
+        """The record's `factory`.
+
+        Args:
+            record: A factory model.json.
+
+        Returns:
+            The "module:function" spec.
+
+        Raises:
+            Nothing of its own.
+        """
         return record.get("factory")
 
     def num_classes(self, model: nn.Module) -> int:
+        """The `out_features` of the model's `classifier`.
+
+        Args:
+            model: A factory model.
+
+        Returns:
+            The number of logits.
+
+        Raises:
+            ModelSpecError: The model has no `classifier` submodule, or it has no integer `out_features`.
+        """
         classes = getattr(self.head(model), "out_features", None)
         if not isinstance(classes, int):
             raise ModelSpecError(f"factory model {type(model).__name__}: its `classifier` has no `out_features` (an "
@@ -60,13 +107,34 @@ class FactoryFamily:
         return classes
 
     def head(self, model: nn.Module) -> nn.Module:
+        """The model's `classifier` submodule.
+
+        Args:
+            model: A factory model.
+
+        Returns:
+            The head module.
+
+        Raises:
+            ModelSpecError: The model declares no `classifier` submodule.
+        """
         head = getattr(model, "classifier", None)
         if not isinstance(head, nn.Module):
             raise ModelSpecError(f"factory model {type(model).__name__} declares no head (a `classifier` submodule)")
         return head
 
     def backbone(self, model: nn.Module) -> nn.Module:
-        """The whole module: a user model has no normalisation of ours outside it."""
+        """The whole module: a user model has no normalisation of ours outside it.
+
+        Args:
+            model: A factory model.
+
+        Returns:
+            `model` itself.
+
+        Raises:
+            Nothing of its own.
+        """
         return model
 
 
@@ -75,16 +143,40 @@ FAMILY = FactoryFamily()
 
 @dataclass(frozen=True)
 class InMemoryFamily(FactoryFamily):
-    """A module handed to rgb.benchmark in memory: its export ties the results to the weights, but no code that
-    rebuilds the module is recorded, so loading it by path says how to make an export that can be loaded."""
+    """The `python` family: a module handed to rgb.benchmark in memory.
+
+    Its export ties the results to the weights, but no code that rebuilds the module is recorded, so loading it by
+    path says how to make an export that can be loaded. Otherwise as the factory family.
+    """
 
     name: str = "python"
 
     def model_name(self, record: dict) -> str | None:
-        """`module.Class` of the module handed over (rgb.benchmark records it as `name`)."""
+        """`module.Class` of the module handed over (rgb.benchmark records it as `name`).
+
+        Args:
+            record: A `python` model.json.
+
+        Returns:
+            The class's qualified name.
+
+        Raises:
+            Nothing of its own.
+        """
         return record.get("name")
 
     def rebuild(self, record: dict) -> nn.Module:
+        """Refused: no code that rebuilds the module is recorded.
+
+        Args:
+            record: A `python` model.json.
+
+        Returns:
+            Never returns.
+
+        Raises:
+            ModelLoadError: Always, saying how to make an export that can be loaded.
+        """
         raise ModelLoadError(f"{record.get('name') or 'this model'} was handed to rgb.benchmark in memory and its "
                              f"export records no code to rebuild it; {REBUILD_HINT}")
 

@@ -32,8 +32,37 @@ class Budget:
 
 @dataclass(frozen=True)
 class AttackRequest:
-    """One attack run (attack.py, rgb-transfer, rgb.benchmark): everything it needs, validated, picklable (it travels
-    to spawned per-GPU processes)."""
+    """One attack run (attack.py, rgb-transfer, rgb.benchmark): everything it needs, validated, picklable.
+
+    Picklable because it travels to spawned per-GPU processes. Make it with `create`, which validates; the fields
+    are its arguments after validation.
+
+    Args:
+        run: The model: a train output dir or an exported .safetensors file.
+        run_name: The model's name in the run's outputs.
+        data: Builds the data module (a picklable functools.partial: each worker builds its own).
+        budgets: The threat models to attack, one run directory each.
+        options: What AutoAttack runs.
+        batch_size: Images per batch (part of a run's identity).
+        device: The resolved device ("cpu", "cuda", "cuda:N").
+        compile: torch.compile the model before attacking it.
+        channels_last: Give the model channels-last images.
+        shard_index: This node's shard, in [0, shard_count).
+        shard_count: How many shards the images are cut into.
+        processes: Worker processes on this node.
+        merge_only: Only merge the shards already there; attack nothing.
+        export: Export the adversarial images as benchmark splits.
+        export_dir: Where they are exported.
+        surrogate: The surrogate's name in exported splits.
+        output_dir: The run's directory.
+        progress: Show progress bars.
+        impl: "ours", or another implementation of `rgb.runs.implementations`.
+        threads: CPU threads this run may use.
+        max_images: Attack the first N test images only (rgb.benchmark(n_examples=N)): a PARTIAL run.
+
+    Raises:
+        Nothing when made directly; `create` validates (AttackRunError).
+    """
 
     run: Path
     run_name: str
@@ -66,9 +95,40 @@ class AttackRequest:
                merge_only: bool = False, export: bool = False, export_dir: str | Path | None = None,
                progress: bool = True, impl: str = "ours", threads: int = 1, max_images: int | None = None
                ) -> AttackRequest:
-        """The validated request from plain values and the (already validated) attack options (attack.py's config is
-        mapped onto these by rgb.commands.attack; rgb.benchmark passes them directly). `data` builds the data module in
-        whichever process attacks."""
+        """The validated request from plain values and the (already validated) attack options.
+
+        attack.py's config is mapped onto these by rgb.commands.attack; rgb.benchmark passes them directly.
+
+        Args:
+            run: The model: a train output dir or an exported .safetensors file.
+            data: Builds the data module in whichever process attacks.
+            budgets: The threat models to attack (`white_box_budgets`).
+            batch_size: Images per batch, >= 1.
+            output_dir: The run's directory.
+            surrogate: The surrogate's name in exported splits.
+            run_name: The model's name; None: `rgb.runs.store.run_name_for(run)`.
+            options: What AutoAttack runs.
+            device: "auto", "cpu", "cuda" or "cuda:N".
+            compile: torch.compile the model before attacking it.
+            channels_last: Give the model channels-last images.
+            shard_index: This node's shard; None: from the SLURM array, else 0.
+            shard_count: How many shards; None: from the SLURM array, else 1.
+            devices: Worker processes: "auto" (one per visible GPU, or one per thread on the CPU) or a count.
+            merge_only: Only merge the shards already there.
+            export: Export the adversarial images as benchmark splits.
+            export_dir: Where; None: `<output_dir>/adversarial`.
+            progress: Show progress bars.
+            impl: "ours", or another implementation of `rgb.runs.implementations`.
+            threads: CPU threads this run may use.
+            max_images: Attack the first N test images only: a PARTIAL run.
+
+        Returns:
+            The request, with the device resolved and the shard and process counts fixed.
+
+        Raises:
+            AttackRunError: No `run`, or it does not exist; `batch_size` < 1; an unknown `impl`; a shard outside
+                [0, shard_count); a device count < 1; or `device` asks for CUDA where none is visible.
+        """
         if run is None:
             raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
         run = Path(str(run))
