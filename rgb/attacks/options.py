@@ -48,7 +48,8 @@ class AttackOptions:
         seed: The seed of every attack's random starts.
         attacks: A non-empty subset of the version's attacks, run in the version's order (diagnostics: not
             AutoAttack); None: the version's whole cascade.
-        precision: "fp32", or "bf16" (attacks under bf16 autocast; every success re-verified in fp32).
+        precision: "fp32", or "tf32" / "bf16" (attacks under TF32 matmuls / bf16 autocast; every success
+            re-verified in fp32; not the protocol's).
         steps: Iterations of each gradient attack (not the protocol's unless 100).
         fab_steps: Iterations of FAB and FAB-T; None: `steps` (not the protocol's when set).
         queries: Square's query budget (not the protocol's unless 5000).
@@ -56,6 +57,7 @@ class AttackOptions:
         input_format: "auto", "contiguous" or "channels_last": the memory format of the attacks' model calls.
         capture: "auto", "eager" or "trace": whether the attacks call a TorchScript trace of the model.
         schedule: "batch" or "pooled": how an attack run (rgb.runs) orders the cascade over its images.
+        cudnn_benchmark: cudnn picks the fastest convolution algorithm per shape (CUDA only; rounding only).
 
     Raises:
         AttackOptionsError: A value outside its rule (one line naming the option, its rule and the value),
