@@ -28,7 +28,7 @@ ALLOWED = {
     "training": {"core", "data", "models", "attacks", "zeroshot"},
     "evaluation": {"core", "data", "models", "zeroshot", "brittleness", "runs"},
     # the command layer: the console scripts' mains and each command's config half (and rgb.serve's server)
-    "commands": {"core", "data", "models", "attacks", "brittleness", "runs", "training", "evaluation",
+    "commands": {"core", "data", "models", "attacks", "zeroshot", "brittleness", "runs", "training", "evaluation",
                  "serve"},
 }
 ENTRY_POINTS = {"api", "serve", "serve_batch"}

@@ -131,7 +131,7 @@ VALUE_RULES: dict[str, dict[str, Rule]] = {
         "text_robustness_options.ks": _ints(POSITIVE_INT), "text_robustness_options.seeds": _ints(INT),
         "text_robustness_options.p": (lambda v: number(v) and 0 < v < 1, "a number in (0, 1)"),
     },
-    "train": DATA_RULES,  # the rest by rgb.training.config.validate_config, which train() runs first
+    "train": DATA_RULES,  # the rest by rgb.commands.train_config.validate_config, run first
 }
 
 

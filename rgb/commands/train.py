@@ -15,12 +15,23 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from rgb.commands.train_config import training_identity, validate_config
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.training.api_run import ApiRunRequest, export_api_run
-from rgb.training.config import TrainingError
+from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.datamodule import RGBDataModule
-from rgb.training.run import TrainRequest
+from rgb.training.request import (
+    DataSection,
+    LoggingSection,
+    LossSection,
+    ModelSection,
+    OptimSection,
+    StrategySection,
+    TrainerSection,
+    TrainRequest,
+)
 from rgb.training.run import train as train_request
+from rgb.zeroshot.head import PromptSettings
 
 
 def run_names(cfg: DictConfig) -> dict:
@@ -83,17 +94,44 @@ def lightning_data(data: DictConfig) -> L.LightningDataModule:
     return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
 
 
+def optim_section(optim: dict) -> OptimSection:
+    """The `optim` group as AdamW's settings; a key it does not know is named (it used to fail in the fit)."""
+    known = OptimSection.__dataclass_fields__
+    unknown = sorted(set(optim) - set(known))
+    if unknown:
+        raise TrainingConfigError(f"unknown optim key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return OptimSection(**optim)
+
+
 def training_request(cfg: DictConfig) -> TrainRequest:
-    """The run of `cfg`: resolved once (an interpolation that fails is named here, before anything starts)."""
+    """The run of `cfg` as typed sections: resolved once (an interpolation that fails is named here, before
+    anything starts) and validated; its identity is the resolved config minus the resumable keys."""
     config = OmegaConf.to_container(cfg, resolve=True)
+    validate_config(config)
     run_dir = Path(config["run_dir"])
+    loss = dict(config["loss"])
     return TrainRequest(
-        config=config, run_dir=run_dir, names=run_names(cfg),
-        data=partial(hydra.utils.instantiate, cfg.data), fit_data=partial(lightning_data, cfg.data),
-        model=partial(hydra.utils.instantiate, cfg.model), callbacks=partial(instantiate_callbacks, cfg.get("callbacks")),
-        loggers=partial(build_loggers, cfg.get("logger"), run_dir),
-        trainer=partial(hydra.utils.instantiate, cfg.get("trainer")),
-        hydra_record=hydra_record(cfg),
+        run_dir=run_dir, names=run_names(cfg), identity=training_identity(config), seed=config["seed"],
+        data=DataSection(batch_size=config["data"]["batch_size"], build=partial(hydra.utils.instantiate, cfg.data),
+                         build_fit=partial(lightning_data, cfg.data)),
+        model=ModelSection(
+            build=partial(hydra.utils.instantiate, cfg.model),
+            head_init=(config.get("head_init") or {}).get("name"),
+            prompts=PromptSettings.from_config(config["prompts"]) if config.get("prompts") else None,
+            channels_last=config["channels_last"], compile=config["compile"],
+        ),
+        loss=LossSection(name=loss.pop("name"), attack=loss.pop("attack", None), options=loss),
+        strategy=StrategySection(name=config["strategy"]["name"]),
+        optim=optim_section(config["optim"]),
+        trainer=TrainerSection(
+            build=partial(hydra.utils.instantiate, cfg.get("trainer")),
+            callbacks=partial(instantiate_callbacks, cfg.get("callbacks")),
+            precision=config["trainer"]["precision"], effective_batch_size=config["effective_batch_size"],
+            ckpt_path=config["ckpt_path"], threads=config.get("threads", "auto"),
+        ),
+        logging=LoggingSection(loggers=partial(build_loggers, cfg.get("logger"), run_dir),
+                               monitor=config["monitor"]["metric"], hyperparameters=config,
+                               hydra_record=hydra_record(cfg)),
     )
 
 
