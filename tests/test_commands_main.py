@@ -341,7 +341,7 @@ def test_evaluate_writes_into_a_staging_copy_then_replaces(monkeypatch, tmp_path
     request = run_module.EvalRequest(
         model=run_module.RunOutputs(run, "model", out), attack_dir=tmp_path / "attack", data=lambda: None,
         protocol="white_box", transfer=False, severity_sweep=False, allow_partial=False, max_images=None,
-        worst_k=(1,), device="cpu", batch_size=8, api_cache_dir=tmp_path / "cache", max_requests=None,
+        worst_k=(1,), device="cpu", batch_size=8, api_cache_dir=tmp_path / "cache",
         dry_run=False, wandb_project=None)
     with pytest.raises(OSError):
         run_module.evaluate(request)

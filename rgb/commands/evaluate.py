@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.core.configs import config_dir
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate, evaluate_pool
+from rgb.models.api_client import RequestCaps
 from rgb.runs.store import missing_sweep_jobs, train_runs
 
 # Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
@@ -38,6 +39,11 @@ def price_table() -> dict:
     return OmegaConf.to_container(OmegaConf.load(config_dir() / "prices.yaml"))
 
 
+def request_caps(cfg: DictConfig) -> RequestCaps:
+    """The API caps, each read from its key of conf/evaluate.yaml by its field's name."""
+    return RequestCaps(**{name: cfg.get(name) for name in RequestCaps.names()})
+
+
 def eval_request(cfg: DictConfig) -> EvalRequest:
     tracking = cfg.wandb
     return EvalRequest(
@@ -45,8 +51,7 @@ def eval_request(cfg: DictConfig) -> EvalRequest:
         protocol=str(cfg.protocol), transfer=bool(cfg.transfer), severity_sweep=bool(cfg.severity_sweep),
         allow_partial=bool(cfg.allow_partial), max_images=cfg.max_images,
         worst_k=tuple(OmegaConf.to_container(cfg.worst_k)), device=str(cfg.device), batch_size=int(cfg.batch_size),
-        api_cache_dir=Path(str(cfg.api_cache_dir)), max_requests=cfg.get("max_requests"),
-        max_tokens_total=cfg.get("max_tokens_total"), max_cost=cfg.get("max_cost"), prices=price_table(),
+        api_cache_dir=Path(str(cfg.api_cache_dir)), caps=request_caps(cfg), prices=price_table(),
         dry_run=bool(cfg.get("dry_run")), wandb_project=str(tracking.project) if tracking.enabled else None,
     )
 

@@ -33,7 +33,7 @@ def request_budget(model: ApiClassifier, options) -> RequestBudget:
     """What the evaluation may spend (its caps, priced by model.price or conf/prices.yaml): made before anything is
     asked, so a cap it cannot honour (max_cost, no price) is refused first."""
     price = model_price(model.client_settings.price, model.settings.api_model, options.prices)
-    return RequestBudget(options.max_requests, options.max_tokens_total, options.max_cost, price)
+    return RequestBudget.of(options.caps, price)
 
 
 class ApiPredictor:
@@ -81,7 +81,7 @@ class ApiPredictor:
     def usage(self) -> ApiUsage:
         price = self.budget.price
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
-                        self.options.max_requests, PARSER_VERSION, None if price is None else asdict(price))
+                        self.options.caps.max_requests, PARSER_VERSION, None if price is None else asdict(price))
 
     def close(self) -> None:
         self.cache.close()

@@ -39,6 +39,7 @@ from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Ac
                                     ModelIdentity, ProtocolScore, ScoresRecord)
 from rgb.evaluation.scores import black_box_score
 from rgb.models.api_cache import AnswerCache
+from rgb.models.api_client import RequestCaps
 from rgb.models.api_cost import model_price
 from rgb.models.checks import check_model_fits
 from rgb.models.families import model_name
@@ -69,15 +70,8 @@ class EvalOptions:
     device: str = "cpu"
     batch_size: int = 256
     api_cache_dir: Path | None = None  # API models: where their answer caches live (one file per model identity)
-    max_requests: int | None = None    # API models: new requests this evaluation may send (then partial)
-    max_tokens_total: int | None = None  # API models: tokens of new answers this evaluation may spend (then partial)
-    max_cost: float | None = None      # API models: USD of new answers this evaluation may spend (then partial)
+    caps: RequestCaps = RequestCaps()  # API models: what this evaluation may send and spend (then partial)
     prices: dict = field(default_factory=dict)  # api_model: {input, output, cached_input} (conf/prices.yaml)
-
-    @property
-    def capped(self) -> bool:
-        """An API model's requests are capped: a split may stay unasked (missing, never 0)."""
-        return any(c is not None for c in (self.max_requests, self.max_tokens_total, self.max_cost))
 
 
 @dataclass(frozen=True)
@@ -160,7 +154,7 @@ def predictor_for(model, options: EvalOptions):
 
 
 def _accuracy(flags: np.ndarray, full_size: int, options: EvalOptions, what: str) -> Accuracy | None:
-    if len(flags) == 0 and options.capped:
+    if len(flags) == 0 and options.caps.capped:
         return None  # nothing of this split answered yet: missing, never 0
     partial = len(flags) < full_size
     if partial and not options.allow_partial:

@@ -39,6 +39,7 @@ from rgb.evaluation.model_eval import (
 from rgb.evaluation.records import PROTOCOLS, SCORES_FILE, RecordError, ScoresRecord
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
 from rgb.models import InMemoryModel, export_paths, load_with_meta
+from rgb.models.api_client import RequestCaps
 from rgb.models.io import origin_line
 from rgb.runs.store import attack_dir_read, train_reference
 
@@ -72,9 +73,7 @@ class EvalRequest:
     max_images: int | None = None
     worst_k: tuple = DEFAULT_WORST_K
     api_cache_dir: Path | None = None  # None: no answer cache (a tensor model sends no requests)
-    max_requests: int | None = None
-    max_tokens_total: int | None = None
-    max_cost: float | None = None
+    caps: RequestCaps = RequestCaps()  # API models: what the evaluation may send and spend (then partial)
     prices: dict = field(default_factory=dict)  # api_model: price, for API models whose model.price is null
     dry_run: bool = False
     wandb_project: str | None = None  # None: nothing logged to W&B
@@ -169,13 +168,12 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
         severity_sweep=request.severity_sweep, allow_partial=request.allow_partial,
         max_images=request.max_images, worst_k=request.worst_k,
         device=resolve_device(request.device), batch_size=request.batch_size,
-        api_cache_dir=request.api_cache_dir, max_requests=request.max_requests,
-        max_tokens_total=request.max_tokens_total, max_cost=request.max_cost, prices=request.prices,
+        api_cache_dir=request.api_cache_dir, caps=request.caps, prices=request.prices,
     )
-    if (request.dry_run or options.capped) and not api_model:
-        raise EvaluationError(f"dry_run, max_requests, max_tokens_total and max_cost count API requests; {run} holds "
+    if (request.dry_run or request.caps.capped) and not api_model:
+        raise EvaluationError(f"dry_run, {', '.join(RequestCaps.names())} count API requests; {run} holds "
                               f"a model of family {meta['family']!r}")
-    options = replace(options, allow_partial=options.allow_partial or options.capped)  # a capped run may be partial
+    options = replace(options, allow_partial=options.allow_partial or options.caps.capped)  # a capped run may be partial
     out_dir = options.out_dir
     if api_model:
         request_budget(model, options)  # a cap it cannot honour is refused before anything is asked
