@@ -35,13 +35,13 @@ from hydra import compose, initialize_config_dir
 from rgb.commands.resolvers import register_resolvers
 from rgb.core import atomic_write_json
 from rgb.data.export import noise_transfer_splits
-from rgb.evaluation.api_eval import cache_path, split_images
+from rgb.evaluation.endpoint_eval import cache_path, split_images
 from rgb.evaluation.records import ScoresRecord
 from rgb.commands.evaluate import run_evaluation
 from rgb.models import library_versions, load_with_meta
-from rgb.models.answers import parse_answer
-from rgb.models.api import ApiClassifier
-from rgb.models.api_cache import AnswerCache
+from rgb.endpoints.answers import parse_answer
+from rgb.models.chat import ApiClassifier
+from rgb.endpoints.cache import AnswerCache
 from rgb.serve import make_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def client_overhead(model, server, images: list[bytes]) -> dict:
     with model.endpoint.session() as sdk:
         for image in images:
             start = time.perf_counter()
-            body = model._body(image)
+            body = model.body(image)
             json.dumps(body)
             encode.append(time.perf_counter() - start)
             start = time.perf_counter()

@@ -87,10 +87,7 @@ def benchmark(
     if n_examples is not None and (isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples < 1):
         raise EvaluationError(f"n_examples must be a positive integer (the first N images of each split), got "
                               f"{n_examples!r}")
-    try:
-        options = AttackOptions(**attack_options)
-    except ValueError as err:
-        raise EvaluationError(str(err)) from err
+    options = AttackOptions(**attack_options)
     norms = [norm.key for setting, norm in ATTACK_SETTING_NORMS.items() if setting in chosen]
     try:
         datamodule = BenchmarkData.for_dataset(_dataset_id(dataset), source, eval_batch_size=batch_size,

@@ -537,3 +537,16 @@ def test_a_global_module_hook_keeps_capture_auto_eager():
         handle.remove()
     assert result.capture == "eager" and sum(seen) >= 20
     assert any("global forward hook" in w for w in result.warnings)
+
+
+def test_tf32_and_cudnn_benchmark_agree_with_fp32_on_the_cpu(trained_mlp, batch):
+    """The CPU has no TF32 and no cudnn: the opt-ins must give fp32's results there (on a GPU, robust accuracy
+    may not exceed fp32's by more than the agreement allowance: tests/test_gpu.py), and leave torch's flags."""
+    x, y = batch
+    fp32 = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], attacks=["apgd-ce", "apgd-t"]).run(x, y)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark
+    fast = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], precision="tf32", cudnn_benchmark=True,
+                      attacks=["apgd-ce", "apgd-t"]).run(x, y)
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark) == before
+    check_result(trained_mlp, x, y, fast, "Linf", MIXED_EPS["Linf"])
+    assert fast.precision == "tf32" and torch.equal(fast.robust, fp32.robust)

@@ -62,3 +62,16 @@ def test_fab_steps_reach_fab_only_and_default_to_steps():
     assert tuned.identity(WHEN_SET) == {"steps": 50, "fab_steps": 20} and tuned.off_protocol() == ["steps", "fab_steps"]
     with pytest.raises(ValueError, match="fab_steps must be null or an integer >= 1, got 0"):
         AttackOptions(fab_steps=0)
+
+
+def test_tf32_and_cudnn_benchmark_rules():
+    """tf32 is a precision: in the identity, never the protocol's number; cudnn's benchmark mode rounds only."""
+    tf32 = AttackOptions(precision="tf32", capture="trace")  # a trace follows TF32 flags (no autocast)
+    assert tf32.identity(ALWAYS)["precision"] == "tf32"
+    from rgb.runs.store import standard_run
+
+    assert not standard_run("standard", list(tf32.attacks or ["apgd-ce", "apgd-t", "fab-t", "square"]), "tf32")
+    benchmark = AttackOptions(cudnn_benchmark=True)
+    assert benchmark.identity(WHEN_SET) == {} and benchmark.off_protocol() == []
+    with pytest.raises(ValueError, match="cudnn_benchmark must be true or false"):
+        AttackOptions(cudnn_benchmark="yes")

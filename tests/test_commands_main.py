@@ -231,7 +231,7 @@ FORMER_USER_ERRORS = [
     ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
     ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.core.jsonrecord", "RecordError"),
     ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
-    ("rgb.models.api_client", "ApiError"), ("rgb.models.api_cache", "CacheError"), ("rgb.serve", "ServeError"),
+    ("rgb.endpoints.client", "ApiError"), ("rgb.endpoints.cache", "CacheError"), ("rgb.serve", "ServeError"),
 ]
 
 

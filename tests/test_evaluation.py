@@ -52,7 +52,7 @@ def test_class_wise_metrics_on_hand_made_predictions():
 def test_worst_k_has_one_rule_which_the_command_line_check_calls(k):
     """worst@k's entries are read and checked in rgb.core.classwise alone: what the class-wise metrics refuse the
     commands refuse before anything runs ("100%" included: worst@100% is the mean, not a worst-k)."""
-    from rgb.commands import main as cli
+    from rgb.commands import evaluate as cli
 
     with pytest.raises(ValueError, match="worst-k needs a class count >= 1 or a percentage below 100%"):
         worst_k_count(k, 10)
@@ -233,6 +233,8 @@ def test_attack_wandb_offline_run_logs_stages_and_names_the_train_run(tmp_path, 
     wandb.teardown()
     assert run_dir.name.endswith(stable_id(tmp_path / "attack"))  # a requeued merge continues this run
     records = next(run_dir.rglob("*.wandb")).read_bytes()
+    train_dir = tiny_run if tiny_run.is_dir() else tiny_run.parent
     for key in (b"linf/accuracy_after/apgd-ce", b"linf/images_per_second", b"linf/robust_accuracy",
-                stable_id(tiny_run).encode(), summary.weights_sha256.encode()):  # the train run it attacked
+                str(train_dir.resolve()).encode(), summary.weights_sha256.encode()):  # the train run it attacked
         assert key in records
+    assert stable_id(train_dir).encode() not in records  # trained without W&B: no id of a run that does not exist

@@ -241,7 +241,7 @@ def test_zero_bars_are_visible_and_every_bar_labelled():
     ax = fig.axes[0]
     heights = [p.get_height() for p in ax.patches]
     assert len(heights) == 3 and min(heights) > 0  # the zero and the missing bar are drawn
-    assert {"0.90", "0.00", "missing"} <= set(_texts(ax))
+    assert {"0.9000", "0.0000", "missing"} <= set(_texts(ax))
 
 
 def test_class_ticks_are_integers_and_model_names_get_their_own_rows():

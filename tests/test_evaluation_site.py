@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import shutil
 from dataclasses import replace
@@ -117,9 +118,9 @@ def test_every_number_of_the_site_is_leaderboard_json(site, tiny_run):
                 protocol, path = attrs["data-json"].split(":", 1)
                 assert float(attrs["data-value"]) == _at(boards[protocol], path), (page.name, path)
                 checked += 1
-        for attrs, text in parsed.cells:
+        for attrs, text in parsed.cells:  # in %, 2 decimals (RobustBench's format); fractions in the JSON
             if attrs.get("data-json", "").endswith("/accuracy"):
-                assert text.split()[0] == f"{float(attrs['data-value']):.4f}"
+                assert text.split()[0] == f"{100 * float(attrs['data-value']):.2f}%"
     assert checked > 50
     index = (site / "site" / "index.html").read_text()
     rows = {row["model"]: row for row in boards["white_box"]["rows"]}
@@ -159,7 +160,7 @@ def test_every_number_under_another_protocol_says_so(site):
         assert len(bars) == 5 and all(title.endswith("(other protocol)") for title in bars), bars
     index_html = (site / "site" / "index.html").read_text()
     other_group = index_html.split("<h3>Under another protocol")[1].split("</table>")[0]
-    assert "<th>sum (not a Sum /5)</th>" in other_group and "Sum (/5)" not in other_group
+    assert ">sum (not a Sum /5)</th>" in other_group and "Sum (/5)" not in other_group
     assert "<h3>white_box: other protocol (digits: L2 1, card 0.2857)</h3>" in page.read_text()
 
 
@@ -195,8 +196,8 @@ def test_models_whose_names_differ_only_in_unsafe_characters_get_a_page_each(tmp
     assert sorted(pages) == sorted(values) and len(set(pages.values())) == 3
     for name, page in pages.items():
         html = page.read_text()
-        assert f"<h1>{escape(name)}</h1>" in html and f"{values[name]:.4f}" in html, name
-        assert not any(f"{v:.4f}" in html for other, v in values.items() if other != name), name
+        assert f"<h1>{escape(name)}</h1>" in html and f"{100 * values[name]:.2f}%" in html, name
+        assert not any(f"{100 * v:.2f}%" in html for other, v in values.items() if other != name), name
         copied = json.loads((page.with_suffix("") / "digits" / "scores.json").read_text())
         assert copied["model"]["run_name"] == name
     write_site([board], [SiteEntry(file, r) for file, r in pool.items()], tmp_path / "again")
@@ -232,11 +233,12 @@ def test_the_site_in_headless_chromium(site, tmp_path):
                 return [float(v) for v in ranked.locator(f"tbody tr td:nth-child({column + 1})").evaluate_all(
                     "cells => cells.map(c => c.dataset.value)")]
 
-            header.click()
-            assert clean_column() == sorted(clean_column()) and len(clean_column()) == 2
-            header.click()
-            assert clean_column() == sorted(clean_column(), reverse=True)
+            header.click()  # the first click on an accuracy sorts best first
+            assert clean_column() == sorted(clean_column(), reverse=True) and len(clean_column()) == 2
             assert header.get_attribute("aria-sort") == "descending"
+            header.click()
+            assert clean_column() == sorted(clean_column())
+            assert "sort=digits%2Ftest&dir=ascending" in page.url
 
             page.select_option("select[data-filter-row=loss]", "trades")
             visible = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
@@ -245,7 +247,45 @@ def test_the_site_in_headless_chromium(site, tmp_path):
             page.select_option("select[data-filter-column=setting]", "autoattack_linf")
             shown = [t.strip() for t in ranked.locator("thead th:visible").all_inner_texts()]
             assert "digits Linf" in shown and "digits clean" not in shown
+            assert shown[:4] == ["rank", "model", "Sum (/5)", "Borda"]  # the ranking keys before the settings
+            # a transfer split: the white-box board's tables go (no Sum left over a setting it does not have)
+            page.select_option("select[data-filter-column=setting]", "linf_30")
+            assert page.locator("section#white_box table:visible").count() == 0
+            assert page.locator("section#white_box .filtered-out").is_visible()
+            page.select_option("select[data-filter-column=setting]", "")
+
+            page.fill("#search", "TRA")  # the search box: model names (and recipe columns), any case
+            all_visible = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
+            assert all_visible == ["trades"]
+            page.select_option("select[data-filter-row=loss]", "ce")
+            page.fill("#search", "")
+            page.select_option("#show", "10")
+            shared = page.url  # a filtered, sorted view, as a user copies it
+            assert "loss=ce" in shared and "show=10" in shared
+            expected = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
+            assert "trades" not in expected and expected
+
+            fresh = browser.new_page()
+            fresh.goto(shared)  # the shared link restores the view
+            assert fresh.locator("select[data-filter-row=loss]").input_value() == "ce"
+            assert fresh.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts() == expected
+            restored = fresh.locator("section#white_box table.sortable").first
+            assert restored.locator("thead th", has_text="digits clean").get_attribute("aria-sort") == "ascending"
+            fresh.close()
+
+            page.goto(index.as_uri())
+            page.set_viewport_size({"width": 700, "height": 900})
+            scroller = page.locator("section#white_box .scroll").first
+            model_cell = page.locator("section#white_box tbody td.sticky").first
+            before = model_cell.bounding_box()["x"]
+            scroller.evaluate("el => { el.scrollLeft = 600; }")
+            assert scroller.evaluate("el => el.scrollLeft") > 0  # the table is wider than the page
+            assert abs(model_cell.bounding_box()["x"] - min(before, scroller.bounding_box()["x"])) < 2  # sticky
+            page.set_viewport_size({"width": 1400, "height": 900})
+            page.goto(index.as_uri())
             page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
+            if os.environ.get("RGB_SITE_SCREENSHOT"):  # docs/leaderboard-site.png is this view
+                page.screenshot(path=os.environ["RGB_SITE_SCREENSHOT"], full_page=False)
 
             pages = [index, *sorted((site / "site" / "models").glob("*.html"))]
             for html in pages:
@@ -265,3 +305,114 @@ def test_the_site_in_headless_chromium(site, tmp_path):
             browser.close()
     assert errors == []
     assert (tmp_path / "index.png").stat().st_size > 10_000 and (tmp_path / "model.png").stat().st_size > 10_000
+
+
+def _headers(html: str) -> list[str]:
+    """The column titles of the first leaderboard table of a page."""
+    head = html.split('<table class="sortable leaderboard">')[1].split("</thead>")[0]
+    return [re.sub(r"<[^>]+>", "", th).strip() for th in re.findall(r"<th[^>]*>(.*?)</th>", head)]
+
+
+def test_each_board_states_its_budgets_ranking_keys_first_and_the_citation(site):
+    # no epsilon anywhere; Sum and Borda were the last of ~40 columns; no BibTeX for the benchmark
+    index = (site / "site" / "index.html").read_text()
+    card = card_protocol("digits", image_size=32).budgets
+    white = index.split('<section class="board" id="white_box"')[1].split("</section>")[0]
+    assert "<h2>White-box (AutoAttack): digits, L1, L2, Linf</h2>" in white
+    assert (f"<li>digits, L1, eps = {card['l1']:.4g}; L2, eps = {card['l2']:.4g} (big-eps: eps = 1); "
+            f"Linf, eps = 4/255</li>") in white
+    assert _headers(white)[:6] == ["rank", "model", "Sum (/5)", "Borda", "digits clean", "digits common"]
+    assert "@inproceedings{heuillet2026robustgenbench" in index and "RobustGenBench: A Benchmark" in index
+
+
+def _pool_site(tmp_path: Path, entries: list[SiteEntry]) -> Path:
+    """The site of a small pool (both boards) written from its SiteEntry list."""
+    pool = {e.file: e.record for e in entries}
+    boards = [build_leaderboard(pool, protocol, datasets=["digits"]) for protocol in ("white_box", "black_box")]
+    write_site(boards, entries, tmp_path / "site")
+    return tmp_path / "site"
+
+
+def _entries(tmp_path: Path, records) -> list[SiteEntry]:
+    save_pool(records, tmp_path / "eval")
+    return [SiteEntry(file, r) for file, r in find_records([tmp_path / "eval"]).items()]
+
+
+def test_scatter_labels_both_of_two_models_at_equal_scores_and_clean_is_read_across_boards(tmp_path):
+    from rgb.data.catalog import TRANSFER_SPLITS
+    from rgb.evaluation.scores import black_box_score
+
+    protocol = card_protocol("digits", image_size=32)
+    transfer = {split: {"clip": Accuracy(40, 100)} for split in TRANSFER_SPLITS}
+    with_transfer = record("transfer", "digits", [0.9, 0.8, 0.5, 0.5, 0.5], protocol=protocol,
+                           black_box=black_box_score(Accuracy(90, 100), Accuracy(80, 100), transfer, None))
+    twins = [record(name, "digits", [0.7, 0.6, 0.3, 0.3, 0.3], protocol=protocol) for name in ("twin-a", "twin-b")]
+    out = _pool_site(tmp_path, _entries(tmp_path, [with_transfer, *twins]))
+    index = (out / "index.html").read_text()
+    scatter = index[index.index("Sum vs clean accuracy (white_box"):].split("</svg>")[0]
+    labels = re.findall(r'<text x="([\d.]+)" y="([\d.]+)" class="point-label">([^<]*)</text>', scatter)
+    assert sorted(label for _, _, label in labels) == ["transfer", "twin-a", "twin-b"]
+    spots = {label: (x, y) for x, y, label in labels}
+    assert spots["twin-a"] != spots["twin-b"]  # stacked, never one label drawn over the other
+    circles = re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)"', scatter)
+    assert len(set(circles)) == 3
+    # the black-box board said "digits clean: missing" for a model evaluated without transfer
+    black = index.split('<section class="board" id="black_box"')[1].split("</section>")[0]
+    assert "<li>digits, L1, eps = " in black and "Linf, eps = 4/255, 8/255, 30/255" in black
+    board = json.loads((out / "data" / "leaderboard.white_box.json").read_text())
+    row = next(i for i, r in enumerate(board["rows"]) if r["model"] == "twin-a")
+    clean = re.search(rf'data-setting="test" data-json="(white_box:rows/{row}/[^"]*)" data-value="([^"]*)">([^<]*)<',
+                      black)
+    assert clean and clean.group(3) == "70.00%" and _at(board, clean.group(1).split(":", 1)[1]) == 0.7
+
+
+def test_model_page_shows_parameters_card_rendered_report_and_one_sha(tmp_path):
+    made = record("carded", "digits", [0.5950, 0.5, 0.4, 0.3, 0.2], protocol=card_protocol("digits", image_size=32))
+    made = replace(made, model=replace(made.model, weights_sha256="ab12" * 16))
+    (entry,) = _entries(tmp_path, [made])
+    report = entry.file.parent / "zeroshot_report"
+    report.mkdir()
+    from rgb.evaluation.leaderboard import markdown_table
+
+    (report / "report.md").write_text("\n".join(["# Zero-shot prompt ensembles: carded", "", "- weights: `x`", "",
+                                                 *markdown_table(["ensemble", "acc"], [["cpe", "0.5"]],
+                                                                 ["---", "---:"])]) + "\n")
+    card = {"title": "A paper", "authors": ["A. One", "B. Two"], "venue": "NeurIPS", "url": "https://example.org",
+            "additional_data": False, "bibtex": "@article{one2026, title={A paper}}"}
+    meta = {"parameters": {"total": 1234567, "trainable": 4321}, "model_card": card}
+    out = _pool_site(tmp_path, [replace(entry, meta=meta)])
+    html = _model_pages(out)["carded"].read_text()
+    assert "total 1,234,567, trainable 4,321" in html
+    for text in ("A paper", "A. One, B. Two", "NeurIPS", '<a href="https://example.org">', "@article{one2026"):
+        assert text in html, text
+    assert html.count(made.model.weights_sha256) == 1  # listed twice (columns and provenance)
+    assert '<table class="report"><thead><tr><th>ensemble</th><th>acc</th>' in html and "<pre>#" not in html
+    assert "<li>weights: <code>x</code></li>" in html
+    index = (out / "index.html").read_text()
+    assert "total 1,234,567, trainable 4,321" in index  # the parameters column
+    bare = _pool_site(tmp_path / "bare", _entries(tmp_path / "bare", [made]))
+    assert "no model card recorded" in _model_pages(bare)["carded"].read_text()
+
+
+def test_a_pool_of_eval_folders_shows_what_the_records_train_run_carries(tmp_path):
+    """No model.json at hand (a pool of eval folders): parameters, card, epochs, pretraining and the train run
+    come from the scores record's `train` (TrainRun), not "—"."""
+    from rgb.evaluation.records import TrainRun
+
+    made = record("carried", "digits", [0.6, 0.5, 0.4, 0.3, 0.2], protocol=card_protocol("digits", image_size=32))
+    train = TrainRun.of({"run_name": "carried", "run_dir": "train/digits/carried", "wandb_id": None},
+                        {"epochs": 7, "parameters": {"total": 2048, "trainable": 1024, "non_trainable": 1024},
+                         "card": {"title": "Carried paper"},
+                         "training": {"identity": {"model.pretrained": "laion2b"}}})
+    out = _pool_site(tmp_path, _entries(tmp_path, [replace(made, train=train)]))
+    html = _model_pages(out)["carried"].read_text()
+    for text in ("total 2,048, trainable 1,024", "Carried paper", "pretrained=laion2b", "train/digits/carried"):
+        assert text in html, text
+    assert re.search(r"epochs</t[hd]>\s*<td>7<", html), "epochs"
+
+
+def test_settings_png_labels_keep_four_decimals():
+    from rgb.evaluation.plots import settings_figure
+
+    texts = [t.get_text() for t in settings_figure({"digits": {"test": 0.5950, "common": 0.5}}, "t").axes[0].texts]
+    assert "0.5950" in texts and "0.59" not in texts  # 0.5950 printed as 0.59

@@ -68,3 +68,16 @@ def test_training_steps_with_bf16_autocast():
     assert trainer.global_step == 4
     assert any(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, model.parameters()))
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_fast_precisions_are_never_more_robust_than_fp32_beyond_the_allowance(trained_mlp, precision):
+    """The opt-ins outside the protocol: every success is fp32-verified, so a weaker attack can only leave more
+    points robust; by no more than the agreement allowance (5 points in 100, as between CPU and CUDA above)."""
+    model = trained_mlp.to("cuda")
+    x, y = separable_data(64, seed=1)
+    fp32 = AutoAttack(model, "Linf", EPS["Linf"], device="cuda").run(x, y)
+    fast = AutoAttack(model, "Linf", EPS["Linf"], device="cuda", precision=precision, cudnn_benchmark=True).run(x, y)
+    trained_mlp.to("cpu")
+    assert fast.precision == precision
+    assert fast.robust_accuracy <= fp32.robust_accuracy + 0.05

@@ -32,9 +32,34 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
         norms = entry["result"]["norms"]
         assert [n["norm"] for n in norms] == ["linf", "l2", "l1"]
         assert all(n["wall_seconds"] > 0 and n["forward_rows_per_image"] >= 1 for n in norms)
+    assert report["gpu_attack"] == {"skipped": "the --cpu plan leaves benchmarks/gpu_attack.py --cpu to its own test"}
     assert report["full_size"] == {"skipped": "the --cpu plan leaves the rehearsal to tests/test_full_size.py"}
     assert report["pooled_schedule"] == {"skipped": "the --cpu plan leaves the schedule to its tests"}
     assert (tmp_path / "gpu_check.log").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_gpu_attack_runs_every_part_on_cpu(tmp_path):
+    out = tmp_path / "gpu_attack_cpu.json"
+    done = subprocess.run([sys.executable, "benchmarks/gpu_attack.py", "--out", str(out), "--cpu"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    parts = report["parts"]
+    assert list(parts) == ["fixture_test_resnet", "fixture_test_vit", "throughput_test_resnet", "throughput_test_vit",
+                           "versus_authors"]
+    assert all(part["returncode"] == 0 and part["seconds"] > 0 for part in parts.values())
+    vit = parts["fixture_test_vit"]["result"]
+    assert vit["input_contraction"] == 20 and vit["survived"] == 1.0  # the ViT fixture survives APGD-CE
+    for model in ("test_resnet", "test_vit"):
+        throughput = parts[f"throughput_{model}"]["result"]
+        assert throughput["flop_per_row"] > 0 and throughput["largest_batch_that_fits"] == 2
+        assert [(r["batch"], r["precision"]) for r in throughput["rows"]] == [(2, "fp32"), (2, "bf16")]
+        assert all(r["rows_per_s"] > 0 and r["flop_per_s"] > 0 and r["share_of_peak"] is None
+                   for r in throughput["rows"])
+    versus = parts["versus_authors"]["result"]
+    assert versus["ours"]["seconds"] > 0 and versus["ours"]["robust_accuracy"] == 1.0
+    assert "seconds" in versus["authors"] or "skipped" in versus["authors"]
 
 
 @pytest.mark.slow

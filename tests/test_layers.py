@@ -1,5 +1,6 @@
-"""The house's layers, read from the imports themselves: no package of rgb imports one above its own, and no
-module of rgb imports itself back through others at module level (an import cycle).
+"""The house's layers, read from the imports themselves, every one of them (at module level, inside functions,
+under TYPE_CHECKING): no package of rgb imports one above its own, and no module of rgb imports itself back
+through others (an import cycle).
 
 The table is the one place the allowed arrows are written down, each one in use; docs/design.md draws the same
 picture.
@@ -20,18 +21,22 @@ RGB = Path(__file__).resolve().parents[1] / "rgb"
 ALLOWED = {
     "core": set(),
     "data": {"core"},
-    "models": {"core", "data"},
+    # the chat-completions protocol (client, cache, prices, Batch, answer parser), apart from any model
+    "endpoints": {"core"},
+    "models": {"core", "data", "endpoints"},
     "attacks": {"core"},
     "zeroshot": {"core", "data", "models"},
     "brittleness": {"core"},
     "runs": {"core", "data", "models", "attacks"},
-    "training": {"core", "data", "models", "attacks", "zeroshot"},
-    "evaluation": {"core", "data", "models", "zeroshot", "brittleness", "runs"},
-    # the command layer: the console scripts' mains and each command's config half (and rgb.serve's server)
-    "commands": {"core", "data", "models", "attacks", "zeroshot", "brittleness", "runs", "training", "evaluation",
-                 "serve"},
+    "training": {"core", "data", "endpoints", "models", "attacks", "zeroshot"},
+    "evaluation": {"core", "data", "endpoints", "models", "zeroshot", "brittleness", "runs"},
+    # an entry room: rgb-serve's server (plain arguments), imported by the command layer, never importing it
+    "serve": {"core", "data", "endpoints", "models"},
+    # the command layer: the console scripts' mains and each command's config half
+    "commands": {"core", "data", "endpoints", "models", "attacks", "zeroshot", "brittleness", "runs", "training",
+                 "evaluation", "serve"},
 }
-ENTRY_POINTS = {"api", "serve", "serve_batch"}
+ENTRY_POINTS = {"api"}
 # Hydra and OmegaConf live at the edge: rgb/commands/ (each command's config becomes one typed request) and the
 # thin train.py / attack.py / evaluate.py outside rgb/.
 CONFIG_PACKAGE = "rgb/commands/"
@@ -116,7 +121,7 @@ def test_every_allowed_arrow_is_in_use():
                   if (package, imported) not in used) == []
 
 
-# -- import cycles: no module of rgb imports itself back at module level -------------------------------------
+# -- import cycles: no module of rgb imports itself back, through any import ----------------------------------
 
 
 def _module_name(path: Path) -> str:
@@ -124,29 +129,21 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _module_level_imports(tree: ast.Module):
-    """The imports that run when the module is imported: not those inside functions (deferred on purpose) nor
-    those under `if TYPE_CHECKING:`."""
-    pending = list(tree.body)
-    while pending:
-        node = pending.pop(0)
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            pending.extend(node.orelse)
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            pending.extend(ast.iter_child_nodes(node))
+def _every_import(tree: ast.Module):
+    """Every import of the module: at module level, inside functions (deferred, yet an arrow all the same) and
+    under `if TYPE_CHECKING:` (an annotation's dependency is a dependency)."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def _module_graph() -> dict[str, list[str]]:
-    """{rgb module: the rgb modules it imports at module level} (`from rgb.a import b` names module rgb.a.b when
+    """{rgb module: the rgb modules it imports, by any import} (`from rgb.a import b` names module rgb.a.b when
     there is one, else rgb.a; relative imports resolved)."""
     modules = {_module_name(path): path for path in sorted(RGB.rglob("*.py"))}
     graph = {}
     for name, path in modules.items():
         here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
         targets = set()
-        for node in _module_level_imports(ast.parse(path.read_text(), filename=str(path))):
+        for node in _every_import(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names}
                 continue
@@ -159,7 +156,7 @@ def _module_graph() -> dict[str, list[str]]:
 
 
 def _cycles() -> list[str]:
-    """Each module-level import cycle, as `a -> b -> a` (found by a depth-first walk)."""
+    """Each import cycle, as `a -> b -> a` (found by a depth-first walk)."""
     graph, state, found = _module_graph(), {}, []
 
     def visit(module: str, path: list[str]) -> None:
@@ -179,23 +176,43 @@ def _cycles() -> list[str]:
     return found
 
 
-def test_no_module_level_import_cycle():
+def test_no_import_cycle():
     assert _cycles() == []
 
 
 def test_the_check_sees_an_import_cycle(tmp_path, monkeypatch):
-    """The checker itself: a cycle through a relative import is reported; an import deferred into a function
-    (or under TYPE_CHECKING) is not one."""
+    """The checker itself: a cycle through a relative import is reported, and so are those closed by an import
+    deferred into a function or made under TYPE_CHECKING."""
     fake = tmp_path / "rgb"
     (fake / "data").mkdir(parents=True)
     (fake / "data" / "__init__.py").write_text("")
     (fake / "data" / "a.py").write_text("from rgb.data.b import f\n")
-    (fake / "data" / "b.py").write_text("from typing import TYPE_CHECKING\nfrom . import c\n"
-                                        "if TYPE_CHECKING:\n    from rgb.data import d\n")
-    (fake / "data" / "c.py").write_text("import rgb.data.a\n\n\ndef g():\n    from rgb.data import d\n")
-    (fake / "data" / "d.py").write_text("from rgb.data.c import g\n")
+    (fake / "data" / "b.py").write_text("from . import c\n")
+    (fake / "data" / "c.py").write_text("import rgb.data.a\n")
+    (fake / "data" / "d.py").write_text("def g():\n    from rgb.data import e\n")
+    (fake / "data" / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    from rgb.data.d import g\n")
     monkeypatch.setattr(sys.modules[__name__], "RGB", fake)
-    assert _cycles() == ["rgb.data.a -> rgb.data.b -> rgb.data.c -> rgb.data.a"]
+    assert _cycles() == ["rgb.data.a -> rgb.data.b -> rgb.data.c -> rgb.data.a",
+                         "rgb.data.d -> rgb.data.e -> rgb.data.d"]
+
+
+def _api_names(root: Path) -> list[str]:
+    """Modules and packages of rgb whose name says "api" other than rgb/api.py (the public `rgb.benchmark` door):
+    the chat-completions protocol is rgb.endpoints, its model family rgb.models.chat."""
+    return sorted({str(p.relative_to(root.parent)) for p in root.rglob("*.py")
+                   if "api" in str(p.relative_to(root).with_suffix("")) and p != root / "api.py"})
+
+
+def test_only_rgb_api_says_api_in_its_name():
+    assert _api_names(RGB) == []
+
+
+def test_the_check_sees_a_module_named_api(tmp_path):
+    (tmp_path / "rgb" / "models").mkdir(parents=True)
+    for name in ("api.py", "models/api_client.py", "models/chat.py"):
+        (tmp_path / "rgb" / name).write_text("")
+    assert _api_names(tmp_path / "rgb") == ["rgb/models/api_client.py"]
 
 
 # -- tests/ and benchmarks/: test modules import no test module and no benchmark; benchmarks nothing of tests/ ---

@@ -1,14 +1,16 @@
-"""The answer parser (rgb.models.answers.AnswerParser, version 2) on a table of answers over class lists like the
-benchmark's: which class each answer names, or why it abstains (no class, several, negation, alternative)."""
+"""The answer parser (rgb.endpoints.answers.AnswerParser, version 3) on a table of answers over class lists like the
+benchmark's: which class each answer names, or why it abstains (no class, several, negation, alternative, or an
+answer in a script whose denials it cannot read that is not a bare class name: unjudged)."""
 
 import pytest
 
 from helpers import raises_one_line
 from rgb.data.mini import CLASS_NAMES as MINI
 from rgb.commands import main as cli
-from rgb.models.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, parse_answer
-from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
-from rgb.models.api_client import ApiError
+from rgb.endpoints.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, Parsed, parse_answer, parse_choice
+from rgb.endpoints.settings import ApiSettings, ClientSettings
+from rgb.models.chat import ApiClassifier
+from rgb.endpoints.client import ApiError
 
 DIGITS = [str(i) for i in range(10)]
 UC_MERCED = ["agricultural", "airplane", "baseballdiamond", "beach", "buildings", "chaparral", "denseresidential",
@@ -29,7 +31,9 @@ SCRIPTS = ["狗", "猫", "金鱼", "собака", "кошка", "σκύλος",
 THINGS = ["hot dog", "dog", "cat", "wild cat", "Grey whale", "colour", "tyre", "jewellery", "aeroplane", "glass",
           "glasses", "sea_lion", "Boeing 747-400"]
 LISTS = {"mini": MINI, "digits": DIGITS, "ucm": UC_MERCED, "caltech": CALTECH, "pets": PETS, "cars": CARS,
-         "scripts": SCRIPTS, "things": THINGS, "tires": ["tire", "tyres"]}
+         "scripts": SCRIPTS, "things": THINGS, "tires": ["tire", "tyres"], "zh": ["狗", "猫", "鸟"],
+         "ja": ["犬", "ネコ", "鳥"], "ko": ["개", "고양이", "새"], "th": ["หมา", "แมว", "นก"],
+         "accents": ["café", "Pyrénées", "São Paulo", "crème brûlée", "Ελλάδα"]}
 
 # (class list, answer, the class it names or None, why: "class" or the reason of the abstention)
 TABLE = [
@@ -105,20 +109,65 @@ TABLE = [
     ("things", "a glass", "glass", "class"), ("things", "It is a Sea Lion!", "sea_lion", "class"),
     ("things", "boeing 747 400", "Boeing 747-400", "class"), ("things", "a cat next to a sea lion", None, "several"),
     ("tires", "tyre", None, "several"),  # one word that fits two classes
+    # parser 3 (each row read otherwise by version 2): a Chinese class name inside a longer word names no class
+    # (熊猫 panda, 猫头鹰 owl, 海狗 fur seal, 子犬 puppy), only the word a frame holds (KEPT below: "是一只猫")
+    ("zh", "熊猫", None, "no class"), ("zh", "猫头鹰", None, "no class"), ("zh", "这是熊猫。", None, "no class"),
+    ("zh", "一只海狗", None, "no class"), ("zh", "答案：熊猫", None, "no class"),
+    ("zh", "是一只猫头鹰吧", None, "no class"), ("ja", "子犬", None, "no class"),
+    # scripts whose denials the parser cannot read (kana, Hangul, Thai): only a bare class name counts
+    ("ja", "ネコではありません", None, "unjudged"), ("ja", "犬じゃない", None, "unjudged"),
+    ("ja", "これはネコです", None, "unjudged"), ("ko", "고양이 아니에요", None, "unjudged"),
+    ("ko", "개 아님", None, "unjudged"), ("ko", "새 고양이", None, "unjudged"), ("th", "แมวน้ำ", None, "unjudged"),
+    ("th", "ไม่ใช่แมว", None, "unjudged"), ("th", "นกฮูก", None, "unjudged"),
+    # accents and diacritics may be dropped
+    ("accents", "cafe", "café", "class"), ("accents", "Pyrenees", "Pyrénées", "class"),
+    ("accents", "sao paulo", "São Paulo", "class"), ("accents", "A creme brulee.", "crème brûlée", "class"),
+    ("accents", "ΕΛΛΑΔΑ", "Ελλάδα", "class"), ("pets", "Great Pyrénées", "great_pyrenees", "class"),
+    ("accents", "It is not a cafe", None, "negation"),
+    # class names that are ordinary words: the pronoun "one", counts, modifiers, denials, a corrected first line
+    ("mini", "This one is blurry", None, "no class"), ("mini", "It could be any one of them", None, "no class"),
+    ("digits", "this is one of the digits", None, "no class"), ("digits", "Anything but 3.", None, "negation"),
+    ("digits", "Unlikely to be a 3.", None, "negation"), ("mini", "Other than 7, nothing fits", None, "negation"),
+    ("digits", "3\nActually, it's 8", None, "several"), ("mini", "Answer: 3\nActually, it's 8", None, "several"),
+    ("mini", "three\nWait, no: eight", None, "negation"), ("caltech", "bass guitar", None, "no class"),
+    ("caltech", "a bass guitar on a stand", None, "no class"), ("things", "hot dog stand", None, "no class"),
+]
+# Answers both versions read alike, kept here so that parser 3's stricter rules are seen not to over-reach.
+KEPT = [
+    ("zh", "猫", "猫", "class"), ("zh", "这是猫。", "猫", "class"), ("zh", "是一只猫", "猫", "class"),
+    ("zh", "图中是一只鸟。", "鸟", "class"), ("zh", "可能是狗", "狗", "class"), ("zh", "不是狗", None, "negation"),
+    ("zh", "狗或猫", None, "alternative"), ("zh", "这是一只猫头鹰，不是鸟", None, "negation"),
+    ("ja", "ネコ", "ネコ", "class"), ("ja", "**犬**", "犬", "class"), ("ko", "고양이.", "고양이", "class"),
+    ("ko", "Answer: 개", "개", "class"), ("th", "แมว", "แมว", "class"), ("caltech", "a bass", "bass", "class"),
+    ("caltech", "bass fish", "bass", "class"), ("things", "a cat sitting on a mat", "cat", "class"),
+    ("mini", "It is the digit one.", "one", "class"), ("mini", "The number one", "one", "class"),
+    ("mini", "Answer: 8\nIt has two loops", "eight", "class"),
+    ("digits", "I think it's a 7 because of the loop", "7", "class"), ("pets", "a Siamese kitten", "Siamese", "class"),
 ]
 
 
 def test_the_table_is_large_and_covers_every_reason():
     assert len(TABLE) >= 80 and {row[3] for row in TABLE} == set(REASONS) and set(REFUSALS) < set(REASONS)
-    assert PARSER_VERSION == 2
+    assert PARSER_VERSION == 3
 
 
-@pytest.mark.parametrize("names, text, expected, reason", TABLE)
+@pytest.mark.parametrize("names, text, expected, reason", TABLE + KEPT)
 def test_answers_map_to_their_class_or_abstain_with_a_reason(names, text, expected, reason):
     classes = LISTS[names]
     parsed = AnswerParser(classes).parse(text)
     assert (parsed.pred, parsed.reason) == (None if expected is None else classes.index(expected), reason)
     assert parse_answer(text, classes) == parsed.pred
+
+
+@pytest.mark.parametrize("text, expected, reason", [
+    ('{"answer": "three"}', "three", "class"), ('{"answer":"seven"}', "seven", "class"),
+    ('{"answer": "Three."}', "three", "class"), ('{"answer": "not 3"}', None, "negation"),
+    ("3", "three", "class"), ("It is not 3.", None, "negation"), ('{"label": "three"}', "three", "class"),
+    ('["three"]', "three", "class"), ("", None, "no class"), (None, None, "no class"),
+])
+def test_a_choice_answer_is_its_json_value_else_the_text_parser_reads_it(text, expected, reason):
+    parser = AnswerParser(MINI)
+    assert parse_choice(parser, text) == Parsed(None if expected is None else MINI.index(expected), reason)
 
 
 @pytest.mark.parametrize("names", [["sea_lion", "sea lion"], ["golfcourse", "Golf Course"], ["Cat", "cat"],

@@ -5,7 +5,9 @@ evaluate.py of the served model, dry_run / max_requests, and a key that never re
 
 import hashlib
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,19 +26,22 @@ from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import CONTROL_SPLIT, TRANSFER_SPLITS
 from rgb.data.mini import CLASS_NAMES, DATASET
 from rgb.data.snapshot import write_readme, write_split
-from rgb.evaluation.api_eval import cache_path, split_images
+from rgb.evaluation.endpoint_eval import cache_path, split_images
 from rgb.evaluation.leaderboard import build_leaderboard, find_records, to_markdown
 from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.commands.evaluate import request_caps, run_evaluation
 from rgb.models import load_with_meta
-from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
-from rgb.models.api_cache import AnswerCache, CacheError
-from rgb.models.api_client import ApiError, RateLimiter, RequestBudget, RequestCaps
+from rgb.endpoints.answers import PARSER_VERSION
+from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
+from rgb.models.chat import ApiClassifier
+from rgb.endpoints.cache import AnswerCache, CacheError
+from rgb.endpoints.client import ApiError, RateLimiter, RequestBudget, RequestCaps
 from rgb.commands import main as cli
+from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError, partial_dir
-from rgb.serve import Faults, make_server
+from rgb.serve import MALFORMED_ANSWER, Faults, make_server
 from rgb.commands.train import train
 from rgb.data.export import noise_transfer_splits
 
@@ -75,13 +80,15 @@ def test_a_record_without_its_answer_is_one_line_naming_the_file_and_line(tmp_pa
 
 # ----------------------------------------------------------------------------------------------- the settings
 @pytest.mark.parametrize("settings, message", [
-    (dict(base_url="ftp://host/v1"), "model.base_url must be an http(s) URL ending in /v1, got 'ftp://host/v1'"),
+    (dict(base_url="ftp://host/v1"), "model.base_url must be an http(s) URL ending in /v1"),
+    (dict(base_url="ftp://host/v1"), "got 'ftp://host/v1'"),
     (dict(base_url="127.0.0.1:8000/v1"), "model.base_url must be an http(s) URL"),
     (dict(base_url="http://"), "model.base_url must be an http(s) URL"),
     (dict(api_model=""), "model.api_model must be the endpoint's model name"),
     (dict(api_model="  "), "model.api_model must be the endpoint's model name"),
     (dict(max_tokens=0), "model.max_tokens must be null or an integer >= 1, got 0"),
     (dict(temperature=-1.0), "model.temperature must be null or a finite number >= 0"),
+    (dict(answer_format="json"), "model.answer_format must be text or choice, got 'json'"),
 ])
 def test_bad_api_settings_are_one_line_naming_the_key(settings, message):
     with raises_one_line(ConfigValueError) as refused:
@@ -128,22 +135,6 @@ def test_a_prompt_with_an_unknown_placeholder_is_one_line():
     with pytest.raises(ConfigValueError, match=r"model.prompt may hold only \{dataset\} and \{classes\}"):
         ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny", prompt="Which {thing}?"), ClientSettings(),
                       CLASS_NAMES, DATASET)
-
-
-@pytest.mark.parametrize("overrides, message", [
-    (["model.max_concurrency=0"], "model.max_concurrency must be an integer >= 1, got 0"),
-    (["model.base_url=ftp://host/v1", "model.api_model=tiny"], "model.base_url must be an http(s) URL"),
-    (["model.api_model=''"], "model.api_model must be the endpoint's model name"),
-])
-def test_train_py_shows_a_bad_model_value_in_one_line(overrides, message, tmp_path, bench):
-    given = {o.split("=")[0] for o in overrides}
-    defaults = [o for o in ("model.base_url=http://127.0.0.1:1/v1", "model.api_model=tiny")
-                if o.split("=")[0] not in given]
-    cfg = compose_config("train", tmp_path, bench, "model=api_chat", *defaults, *overrides, f"run_dir={tmp_path / 'r'}")
-    with pytest.raises(Exception) as refused:
-        train(cfg)
-    line = cli._error_line(refused.value)  # what the entry point prints instead of a traceback
-    assert line is not None and message in line and "\n" not in line
 
 
 def test_rate_limiter_holds_requests_to_the_window():
@@ -441,8 +432,39 @@ def test_spent_is_what_was_sent_each_answer_once_and_a_resumed_run_totals_as_an_
     assert saved["api"]["spent"] == pytest.approx(sent) and saved["api"]["per_split"]["test"]["spent"] > 0
 
 
+# ------------------------------------------------------------------------------ answer_format=choice
+def test_answer_format_choice_asks_rgb_serve_for_an_enum_and_scores_what_the_served_model_scores(
+        tmp_path, bench, served_run, server):
+    """model.answer_format=choice through the SDK path evaluate.py uses: each request carries the class names'
+    json_schema enum, rgb-serve answers the JSON object, read without parsing; another identity (and answer cache)
+    than the free-text model's; a reply that ignores the format falls back to the text parser."""
+    text_run = api_run(tmp_path, bench, server.base_url)
+    run = api_run(tmp_path, bench, server.base_url, "api_tiny_choice", "model.answer_format=choice")
+    model, meta = load_with_meta(run)
+    text_model, _ = load_with_meta(text_run)
+    assert meta["api"]["answer_format"] == "choice" and "answer_format" not in text_model.describe()["api"]
+    assert model.identity_sha256 != text_model.identity_sha256
+    enum = model.body(stored_images(bench)[0])["response_format"]["json_schema"]["schema"]["properties"]["answer"]
+    assert enum["enum"] == CLASS_NAMES and "response_format" not in text_model.body(stored_images(bench)[0])
+
+    record = evaluate(tmp_path, bench, run)
+    direct = evaluate(tmp_path, bench, served_run)
+    assert record.black_box.complete and record.black_box.score == pytest.approx(direct.black_box.score)
+    assert record.api.total["abstained"] == 0 and record.api.total["requests"] == distinct_images(bench)
+    ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
+    theirs = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / served_run.name / "predictions.parquet")
+    assert [json.loads(a) for a in ours["answer_test"]] == [{"answer": CLASS_NAMES[p]} for p in theirs["pred_test"]]
+    assert ours["pred_test"].tolist() == theirs["pred_test"].tolist()
+
+    with Running(served_run, faults=Faults(malformed_every=2)) as running:  # every other reply ignores the format
+        fallback = ApiClassifier(ApiSettings(running.base_url, "tiny", answer_format="choice"),
+                                 ClientSettings(max_concurrency=1), CLASS_NAMES, DATASET)
+        answers, _ = fallback.answer(stored_images(bench)[:4], AnswerCache(tmp_path / "fallback.jsonl"))
+    assert [a.reason for a in answers] == ["class", "no class"] * 2 and answers[1].text == MALFORMED_ANSWER
+
+
 # --------------------------------------------------------------------------------- re-parsing cached answers
-def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tmp_path, bench, server):
+def test_a_cache_written_under_parser_1_is_rescored_by_the_current_one_without_a_request(tmp_path, bench, server):
     """An API run made by parser version 1 (its model.json says so) with every answer cached: scoring it again
     re-parses the cached texts with the current parser, asks nothing, and records the version that scored."""
     run = api_run(tmp_path, bench, server.base_url)
@@ -451,7 +473,8 @@ def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tm
     meta["api"]["parser_version"] = 1
     (run / "model.json").write_text(json.dumps(meta))
     model, _ = load_with_meta(run)
-    texts = ["It is not seven.", "3", "seven or three", "Answer: **Eight**"]  # v1: seven, none, none, eight
+    # v1: seven, none, none, eight, one (v2 too: "one"; v3: the pronoun names no class)
+    texts = ["It is not seven.", "3", "seven or three", "Answer: **Eight**", "This one is blurry."]
     images = list(dict.fromkeys(all_images(bench)))
     answer_of = {model.request_key(image): texts[i % len(texts)] for i, image in enumerate(images)}
     cache = AnswerCache(cache_path(tmp_path / "outputs" / "api_cache", model))
@@ -462,18 +485,18 @@ def test_a_cache_written_under_parser_1_is_rescored_under_2_without_a_request(tm
     before = server.requests.count()
     record = evaluate(tmp_path, bench, run)
     assert server.requests.count() == before and record.api.total["requests"] == 0
-    assert record.api.parser_version == 2 and record.black_box.complete
+    assert record.api.parser_version == PARSER_VERSION == 3 and record.black_box.complete
     asked = [answer_of[model.request_key(image)] for image in all_images(bench)]
     assert record.api.total["negations"] == asked.count(texts[0]) > 0
     assert record.api.total["alternatives"] == asked.count(texts[2]) > 0
-    assert record.api.total["abstained"] == asked.count(texts[0]) + asked.count(texts[2])
+    assert record.api.total["abstained"] == asked.count(texts[0]) + asked.count(texts[2]) + asked.count(texts[4])
     ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
-    parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight"}
+    parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight", texts[4]: None}
     assert [None if pd.isna(p) else p for p in ours["parsed_test"]] == [parsed[t] for t in ours["answer_test"]]
     negated, offered = asked.count(texts[0]), asked.count(texts[2])
-    assert f"({negated} denying a class, {offered} alternatives; parser v2)" in format_table(record)
+    assert f"({negated} denying a class, {offered} alternatives; parser v3)" in format_table(record)
     saved = json.loads((tmp_path / "outputs" / "eval" / DATASET / run.name / SCORES_FILE).read_text())
-    assert saved["api"]["parser_version"] == 2 and saved["api"]["per_split"]["test"]["negations"] > 0
+    assert saved["api"]["parser_version"] == 3 and saved["api"]["per_split"]["test"]["negations"] > 0
 
 
 # ------------------------------------------------------------------------------------------ kill -9, resume
@@ -533,7 +556,7 @@ def test_rgb_serve_command_answers_on_localhost(tmp_path, bench, served_run):
         url = line.split(" at ")[1].split()[0]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/chat/completions")
         image = stored_images(bench)[0]
-        reply = httpx.post(url, json=classifier(url.removesuffix("/chat/completions"))._body(image), timeout=30)
+        reply = httpx.post(url, json=classifier(url.removesuffix("/chat/completions")).body(image), timeout=30)
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] in CLASS_NAMES
     finally:
         guard.cancel()
@@ -554,6 +577,106 @@ def test_the_reasoning_preset_sends_no_temperature_nor_max_tokens(tmp_path, benc
     assert api["request"] == {"max_completion_tokens": 2048, "reasoning_effort": "low"}
     assert api["temperature"] is None and api["max_tokens"] is None
     model = load(run)
-    body = model._body(stored_images(bench)[0])
+    body = model.body(stored_images(bench)[0])
     assert "temperature" not in body and "max_tokens" not in body and body["reasoning_effort"] == "low"
     assert model.client_settings.retry_max_tokens == 8192
+
+
+# ----------------------------------------------------------------------------------- no secret on disk (issue 44)
+SECRET = "SECRET123"
+
+
+def test_a_key_in_a_query_parameter_is_sent_and_never_written(tmp_path, bench, served_run, monkeypatch, caplog):
+    """A real API run end to end with `?api_key=...` in base_url (allowed, as some gateways want it): train,
+    evaluate with W&B offline, the pool's leaderboard and site (of records as they were written before the key was
+    redacted, too); no file it writes and no log line holds the key.
+    model.json records it as REDACTED and a request sends the key of api_key_env in its place."""
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    import wandb
+
+    with Running(served_run, api_key=SECRET) as running, caplog.at_level(logging.DEBUG):
+        url = f"{running.base_url}?api_key={SECRET}&api-version=2024"
+        # quoted: Hydra's override grammar reads '=' and '&'
+        run = api_run(tmp_path, bench, f"'{url}'", "api_query", f"model.api_key_env={KEY_ENV}",
+                      f"model.headers={{X-Team: vision, X-Api-Key: {SECRET}}}")
+        model, meta = load_with_meta(run)
+        assert meta["api"]["base_url"] == f"{running.base_url}?api_key=REDACTED&api-version=2024"
+        assert meta["client"]["headers"] == {"X-Team": "vision", "X-Api-Key": "REDACTED"}
+        assert model.endpoint.address() == (running.base_url, {"api_key": SECRET, "api-version": "2024"},
+                                            {"X-Team": "vision", "X-Api-Key": SECRET})
+        record = evaluate(tmp_path, bench, run, "max_images=4", "allow_partial=true", "wandb.enabled=true",
+                          "wandb.project=rgb-tests")
+        assert record.api.total["requests"] > 0 and SECRET not in record.api.base_url
+        scored = partial_dir(tmp_path / "outputs" / "eval" / DATASET / run.name) / PARTIAL_SCORES_FILE
+        wandb.teardown()
+        assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+        # records written before the redaction (the key in model.json and scores.json) are published without it
+        old_records = [scored, run / "model.json"]
+        for old in old_records:
+            old.write_text(old.read_text().replace("REDACTED", SECRET))
+        run_evaluation(compose_config("evaluate", tmp_path, bench, f"pool=[{scored}]",
+                                      "protocol=black_box", f"leaderboard_datasets=[{DATASET}]", "site=true",
+                                      "allow_partial=true", "wandb.enabled=true", "wandb.project=rgb-tests"))
+    wandb.teardown()  # W&B's service has written its files
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "index.html" for p in written) and any(p.suffix == ".wandb" for p in written)
+    assert any(p.name == "model.json" for p in written) and any(p.name == SCORES_FILE for p in written)
+    assert not [p for p in written if p not in old_records and SECRET.encode() in p.read_bytes()]
+    assert SECRET not in caplog.text
+
+
+def test_a_key_recorded_as_redacted_needs_its_variable(monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    model = ApiClassifier(ApiSettings(f"http://127.0.0.1:1/v1?key={SECRET}", "tiny"),
+                          ClientSettings(api_key_env=KEY_ENV), CLASS_NAMES, DATASET)
+    with raises_one_line(ApiError, match=f"recorded as REDACTED.*set {KEY_ENV}"):
+        model.endpoint.address()
+
+
+@pytest.mark.slow
+def test_credentials_in_the_url_are_refused_in_one_line_without_showing_them(tmp_path, bench):
+    """`train.py model=api_chat model.base_url=http://user:pw@host/v1`, the real command: one line naming the key
+    and where credentials belong, the password not shown, nothing written."""
+    shown = subprocess.run([sys.executable, str(REPO / "train.py"), "model=api_chat", "model.api_model=tiny",
+                            f"model.base_url=http://user:{SECRET}@127.0.0.1:1/v1", f"paths.mini_dir={bench}",
+                            f"paths.output_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = [line for line in (shown.stdout + shown.stderr).splitlines() if line.strip()]
+    assert shown.returncode != 0 and len(lines) == 1, lines[-5:]
+    assert "model.base_url" in lines[0] and "user:password@" in lines[0] and "model.api_key_env" in lines[0]
+    assert SECRET not in lines[0]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    with raises_one_line(ConfigValueError, match="without user:password@") as refused:  # and on a model.json's load
+        ApiSettings(f"https://key:{SECRET}@api.example.com/v1", "tiny")
+    assert SECRET not in str(refused.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.max_concurrency=0"], "model.max_concurrency must be an integer >= 1, got 0"),
+    (["model.base_url=ftp://host/v1"], "model.base_url must be an http(s) URL"),
+    (["model.api_model=''"], "model.api_model must be the endpoint's model name"),
+])
+def test_train_py_refuses_a_bad_model_value_as_a_user_error(overrides, message, tmp_path, bench):
+    """The entry point prints only a UserError as one line (anything else keeps its traceback)."""
+    given = {o.split("=")[0] for o in overrides}
+    defaults = [o for o in ("model.base_url=http://127.0.0.1:1/v1", "model.api_model=tiny")
+                if o.split("=")[0] not in given]
+    cfg = compose_config("train", tmp_path, bench, "model=api_chat", *defaults, *overrides, f"run_dir={tmp_path / 'r'}")
+    with raises_one_line(UserError, match=re.escape(message)):
+        train(cfg)
+
+
+def test_the_readmes_request_and_headers_overrides_compose():
+    """README's `model.request='{...}'` and `model.headers='{...}'` (the shell drops the quotes), through the
+    command's own compose check and then Hydra's compose."""
+    argv = ["model=api_chat", "model.base_url=http://127.0.0.1:8000/v1", "model.api_model=zs_cpe",
+            "model.request={max_completion_tokens: 2048, reasoning_effort: low}", "model.headers={X-Team: vision}"]
+    assert cli._compose_error("train", argv) is None
+    cfg = helpers.compose_config("train", *argv)
+    settings, client = split_config(helpers.resolved(cfg.model))
+    assert settings.request == {"max_completion_tokens": 2048, "reasoning_effort": "low"}
+    assert client.headers == {"X-Team": "vision"}
+    plain = split_config(helpers.resolved(helpers.compose_config("train", *argv[:3]).model))
+    assert plain[0].request == {} and plain[1].headers == {}  # the defaults: none

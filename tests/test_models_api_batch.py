@@ -1,4 +1,4 @@
-"""The `api` family's Batch path (rgb/models/api_batch.py, `model.batch=true`) against a real rgb-serve on 127.0.0.1
+"""The `api` family's Batch path (rgb/endpoints/batch.py, `model.batch=true`) against a real rgb-serve on 127.0.0.1
 and its Files and Batches endpoints: the same predictions and the same cache records as the online path; a run
 killed after the upload or after the batch's creation resumes it without submitting an image twice; lines the
 batch failed and answers cut by the token limit are not cached (unanswered, asked again by the next run); requests
@@ -13,11 +13,12 @@ import torch
 from PIL import Image
 
 from helpers import raises_one_line, serving
-from rgb.models import api_batch
-from rgb.models.api import ApiClassifier, ApiSettings, ClientSettings
-from rgb.models.api_cache import AnswerCache, CacheError
-from rgb.models.api_client import ApiError, RequestBudget
-from rgb.models.api_cost import Price
+from rgb.endpoints import batch as api_batch
+from rgb.endpoints.settings import ApiSettings, ClientSettings
+from rgb.models.chat import ApiClassifier
+from rgb.endpoints.cache import AnswerCache, CacheError
+from rgb.endpoints.client import ApiError, RequestBudget
+from rgb.endpoints.cost import Price
 from rgb.serve import Faults, ModelServer
 
 NAME = "tiny"

@@ -21,11 +21,12 @@ openai_types = pytest.importorskip("openai.types.chat")
 
 from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
-from rgb.evaluation.records import ApiUsage, RequestCounts  # noqa: E402
-from rgb.models.api import COMPLETION_ESTIMATE, ApiClassifier, ApiSettings, ClientSettings  # noqa: E402
-from rgb.models.api_cache import AnswerCache  # noqa: E402
-from rgb.models.api_client import ApiError, RequestBudget  # noqa: E402
-from rgb.models.api_cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
+from rgb.evaluation.records import ApiUsage  # noqa: E402
+from rgb.endpoints.settings import ApiSettings, ClientSettings  # noqa: E402
+from rgb.models.chat import COMPLETION_ESTIMATE, ApiClassifier  # noqa: E402
+from rgb.endpoints.cache import AnswerCache  # noqa: E402
+from rgb.endpoints.client import ApiError, RequestBudget, RequestStats  # noqa: E402
+from rgb.endpoints.cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))  # sent as stored: the endpoint never decodes it here
@@ -245,15 +246,15 @@ def test_prompt_cached_tokens_are_billed_at_the_cached_price_and_recorded_per_an
 
 
 def test_the_usage_record_totals_spent_and_list_cost_and_reads_back():
-    counts = RequestCounts(images=3, requests=1, cached=2, retries=0, abstained=0, unanswered=0, prompt_tokens=20,
-                           completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6,
-                           spent=0.05, list_cost=0.08)
+    counts = RequestStats(images=3, requests=1, cached=2, retries=0, abstained=0, unanswered=0, prompt_tokens=20,
+                          completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6,
+                          spent=0.05, list_cost=0.08)
     usage = ApiUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts, "common": counts}, None, 2,
                      {"input": 1000.0, "output": 2000.0, "cached_input": None})
     assert (usage.spent, usage.list_cost) == pytest.approx((0.1, 0.16))
     assert ApiUsage.from_json(usage.to_json()) == usage
     assert ApiUsage("u", "vlm", {"test": counts}, None).spent is None  # unknown price: no money
-    before = RequestCounts(**{**counts.to_json(), "spent": None, "list_cost": None})  # recorded before it was kept
+    before = RequestStats(**{**counts.to_json(), "spent": None, "list_cost": None})  # recorded before it was kept
     assert ApiUsage("u", "vlm", {"test": counts, "old": before}, None, 2, usage.price).spent is None
 
 

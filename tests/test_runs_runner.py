@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from helpers import REPO, compose_config, head_of_test_split
+from rgb.attacks.options import AttackOptionsError
 from rgb.core.files import flock
 from rgb.data import load_split
 from rgb.data.mini import CLASS_NAMES, DATASET
@@ -230,9 +231,9 @@ def test_targets_side_by_side_keep_the_fab_t_flags_and_are_recorded(surrogate, s
     assert runs[1000]["tail_rows"] == 1000 and runs[0]["tail_rows"] == 0 and runs[1000]["standard"] is False
     assert results(tmp_path / "tail-1000")["robust"].equals(results(tmp_path / "tail-0")["robust"])
     assert runs[0]["input_format"] == "auto" and runs[0]["capture"] == "auto"
-    with pytest.raises(AttackRunError, match="input_format must be one of"):
+    with pytest.raises(AttackOptionsError, match="input_format must be one of"):
         attack(overrides(surrogate, small_bench, tmp_path / "bad", "input_format=nhwc"))
-    with pytest.raises(AttackRunError, match="capture must be one of"):
+    with pytest.raises(AttackOptionsError, match="capture must be one of"):
         attack(overrides(surrogate, small_bench, tmp_path / "bad", "capture=script", "impl=reference"))
     assert not (tmp_path / "bad").exists()
 

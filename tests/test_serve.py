@@ -1,4 +1,4 @@
-"""rgb-serve (rgb/serve.py, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
+"""rgb-serve (rgb/serve/app.py, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
 client, sync and async, streaming and not: the class answer, `n`, `logprobs`, usage by its stated rule, PNG/JPEG/
 WebP data URLs, `/v1/models`; every malformed body (sent with httpx, which the SDK would never produce) answered
 with a 400 in OpenAI's error shape while the server keeps serving; the concurrency limit; the Files and Batches
@@ -24,7 +24,8 @@ import torch
 from PIL import Image
 
 from helpers import REPO, compose_config, raises_one_line, serving
-from rgb.models.api_cost import image_tokens, text_tokens
+from rgb.endpoints.answers import choice_format
+from rgb.endpoints.cost import image_tokens, text_tokens
 from rgb.serve import Faults, Limits, ModelServer, ServeError
 
 NAME = "tiny"
@@ -134,6 +135,24 @@ def test_the_sdk_gets_the_class_n_choices_and_the_usage(client):
     prompt = text_tokens(QUESTION) + image_tokens(8, 8)
     assert reply.usage.prompt_tokens == prompt and reply.usage.completion_tokens == 3 * text_tokens("bright")
     assert reply.usage.total_tokens == prompt + 3 * text_tokens("bright") and reply.model == NAME
+
+
+def test_a_json_schema_enum_is_answered_with_a_json_object_naming_one_of_its_classes(client, server):
+    """model.answer_format=choice's request (rgb.endpoints.answers.choice_format) as the SDK sends it: the answer is
+    the object asked for, the class chosen among the enum's only; an enum naming no served class is a 400."""
+    reply = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}),
+                                           response_format=choice_format(CLASSES))
+    assert json.loads(reply.choices[0].message.content) == {"answer": "bright"}
+    dark_only = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), n=2,
+                                               temperature=1.5, seed=0, response_format=choice_format(["dark"]),
+                                               logprobs=True, top_logprobs=2)
+    assert [json.loads(c.message.content) for c in dark_only.choices] == [{"answer": "dark"}] * 2
+    assert [t.token for t in dark_only.choices[0].logprobs.content[0].top_logprobs] == ["dark"]
+    before = server.requests.count()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}),
+                                       response_format=choice_format(["cat", "dog"]))
+    assert refused.value.body["param"] == "response_format" and server.requests.count() == before
 
 
 def test_usage_counts_every_text_and_image_of_the_request(client):
@@ -414,7 +433,7 @@ def test_without_the_serve_extra_the_command_names_the_pip_line(monkeypatch, tmp
         serve_command.serve_from_config(cfg)
 
 
-# -- the Files and Batches endpoints (rgb/serve_batch.py) ---------------------------------------------------
+# -- the Files and Batches endpoints (rgb/serve/batch.py) ---------------------------------------------------
 
 POLL_S = 0.05
 

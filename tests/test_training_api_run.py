@@ -97,3 +97,20 @@ def test_the_default_run_name_tells_endpoints_apart(tmp_path, mini_dir):
              ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1", "https://user:secret@api.example.com/v1")]
     assert names == ["api-tiny@127.0.0.1_8000", "api-tiny@127.0.0.1_8001", "api-tiny@api.example.com"]
     assert all(path_name(name) == name for name in names)
+
+
+def test_a_model_json_written_before_the_move_to_rgb_endpoints_loads_as_the_same_model(tmp_path):
+    """tests/records/chat_model_before_issue45/model.json was written by export_model before the family moved from
+    rgb/models/api.py to rgb/models/chat.py (and its settings to rgb.endpoints): family `api`, the same settings,
+    the same answer-cache identity, and written back byte for byte."""
+    from rgb.models import export_model, load_with_meta
+
+    old = helpers.REPO / "tests" / "records" / "chat_model_before_issue45"
+    model, meta = load_with_meta(old)
+    assert meta["family"] == "api" and model.family == "api" and model.class_names == ["bright", "dark"]
+    assert (model.settings.answer_format, model.settings.request, model.client_settings.max_concurrency) == (
+        "choice", {"seed": 7}, 2)
+    assert model.identity_sha256 == "ff78c0a8518d5498c2e917dd84de92c0e2002db68e9ba871bb820b98198890f3"
+    written = export_model(model, tmp_path, {"task": meta["task"], "run_name": meta["run_name"]})
+    assert json.loads(written.read_text()) == {**json.loads((old / "model.json").read_text()),
+                                               "versions": json.loads(written.read_text())["versions"]}

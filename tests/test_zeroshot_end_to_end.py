@@ -67,6 +67,11 @@ def test_zero_shot_export_loads_and_is_scored_without_attacks(tmp_path, mini_dir
     assert (scores["model"]["family"], scores["model"]["name"], scores["model"]["strategy"]) == (
         "openclip", EMBEDDED_ARCH, "zeroshot")
     assert (board["name"], board["architecture"], board["family"]) == (RUN_NAME, EMBEDDED_ARCH, "openclip")
+    # its CLIP_benchmark export (rgb.evaluation.exports): the same numbers, as fractions, no acc5
+    export, = (tmp_path / "outputs" / "leaderboard" / "clip_benchmark" / RUN_NAME).glob("*.json")
+    clip = json.loads(export.read_text())
+    assert (clip["dataset"], clip["model"], clip["task"]) == ("digits", EMBEDDED_ARCH, "zeroshot_classification")
+    assert clip["metrics"] == {"acc1": settings["test"]["correct"] / 200, "mean_per_class_recall": class_wise["mean"]}
 
 
 @pytest.mark.slow

@@ -132,8 +132,11 @@ class AutoAttack:
     passes per gradient and skips the randomness check, so its flags are only as stable as the model's
     randomness allows. "fast" (screening, never the benchmark's number) runs APGD-CE as standard, then APGD-T
     over the MALT targets (`rgb.attacks.malt`), without FAB-T and Square. `attacks` picks a subset in the version's order (for diagnostics; a subset is not
-    AutoAttack and is labelled as such by the caller). `precision="bf16"` runs the attacks under bf16 autocast;
-    a success only counts after an fp32 re-verification, which every success gets anyway. `steps`: iterations
+    AutoAttack and is labelled as such by the caller). `precision="bf16"` runs the attacks under bf16 autocast,
+    "tf32" with TF32 matrix products and convolutions on CUDA (fp32 on the CPU); either way a success only counts
+    after an fp32 re-verification, which every success gets anyway, so a point the attack cannot verify stays
+    robust; neither is the protocol's number (spec §6.3 item 10). `cudnn_benchmark` lets cudnn time its
+    convolution algorithms per shape (float rounding only). `steps`: iterations
     of each gradient attack; `queries`: Square's query budget.
 
     `progress(name, *position)`, if given, hears `progress(name)` when attack `name` starts on a batch and then,
@@ -365,7 +368,7 @@ class AutoAttack:
         entry = ATTACKS[name]
         available = {"clean_logits": clean_logits, **self.options.cascade_inputs(name)}
         inputs = {key: value for key, value in available.items() if key in entry.inputs}
-        with self._autocast():
+        with self._attack_numerics():
             out = entry.attack(self.attack_model, x, y, norm=self.norm, eps=self.eps, counter=counter,
                                progress=self._step_reporter(name), **inputs, **params)
         return torch.where(out.fooled.view(-1, 1, 1, 1), out.x_adv.float(), x).cpu()
@@ -394,10 +397,23 @@ class AutoAttack:
         """The version's caveat on each warning of the reference's checks (a cheap version cannot settle them)."""
         return [f"{message} ({self.spec.caveat})" if self.spec.caveat else message for message in found]
 
-    def _autocast(self):
-        if self.options.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _attack_numerics(self):
+        """What the attacks run under (never the fp32 verification): bf16 autocast, TF32 matrix products and
+        convolutions (CUDA only; the CPU has none, so there tf32 is fp32) or neither, and cudnn's benchmark mode;
+        torch's flags are restored afterwards."""
+        backends = torch.backends
+        saved = backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark
+        backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = self.options.precision == "tf32"
+        backends.cudnn.benchmark = self.options.cudnn_benchmark
+        try:
+            if self.options.precision == "bf16":
+                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                    yield
+            else:
+                yield
+        finally:
+            backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = saved
 
     @torch.inference_mode()
     def _logits(self, x: torch.Tensor, batch_size: int) -> torch.Tensor:

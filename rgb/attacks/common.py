@@ -79,6 +79,13 @@ def as_column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(-1, *([1] * (like.dim() - 1)))
 
 
+def host_reads_are_free(device: torch.device) -> bool:
+    """Whether a loop may read a device value on the host (a Python bool of a tensor) at no cost: only on the
+    CPU. Elsewhere each read waits for the device to drain its queue, so attack iterations never read there
+    (tests/test_attacks_syncs.py counts the reads with this set to False)."""
+    return device.type == "cpu"
+
+
 def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Tensor], bool]):
     """The largest entries of each row of `values` (N, D) in decreasing order with their indices, (N, k) each,
     for the smallest k in 64, 256, ... , D at which `enough(top, order)` (a Python bool: a host read) holds.
@@ -88,7 +95,7 @@ def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Te
     the whole row is sorted at once (no host sync). Tied values may come in either order.
     """
     width = values.shape[1]
-    if values.device.type != "cpu":
+    if not host_reads_are_free(values.device):
         return values.sort(dim=1, descending=True)
     k = min(width, 64)
     while True:

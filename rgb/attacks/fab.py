@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rgb.attacks import common
 from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, check_eps, first_success,
                                 largest_first, lp_norm, make_generator, nested, runner_up_targets, side_by_side,
                                 unfinished)
@@ -28,7 +29,7 @@ _NORM_FLOOR = 1e-8
 # With early stopping, finished rows are dropped from the batch every this many iterations (one host sync).
 _COMPACT_EVERY = 10
 # Newton steps of the Linf/L2 projections' level search before any bisection, and the host check of
-# convergence every this many steps.
+# convergence every this many steps (on the CPU only: elsewhere all steps and the bisection run, no host read).
 _NEWTON_STEPS = 16
 _NEWTON_CHECK_EVERY = 4
 
@@ -82,8 +83,9 @@ def _saturation_level(breaks: torch.Tensor, weights: torch.Tensor, target: torch
     sorting the breaks (the reference does; on a small CNN a sort per FAB step costs as much as the model's
     backward pass), Newton steps from lam = 0 use the slope right of lam (the weights of the breaks above it):
     by concavity each step stays at or below the root, and once no kink lies between a step and the root the
-    step lands on it, which is seen as an unchanged slope (typically within a few steps; the host reads that
-    every few steps). Rows still short of it after _NEWTON_STEPS are finished by bisecting the floats between
+    step lands on it, which is seen as an unchanged slope (typically within a few steps; on the CPU the host
+    reads that every few steps, elsewhere it never reads: settled rows keep their level, so the result is the
+    same). Rows still short of it after _NEWTON_STEPS are finished by bisecting the floats between
     their Newton point and max(breaks) down to adjacent floats, where g is linear. Returns (lam, feasible),
     where feasible is False when even lam = max(breaks) cannot reach the target.
     """
@@ -102,13 +104,14 @@ def _saturation_level(breaks: torch.Tensor, weights: torch.Tensor, target: torch
     lam = torch.zeros_like(target)
     value, slope = value_and_slope(lam)
     settled = torch.zeros_like(feasible)
+    check_every = _NEWTON_CHECK_EVERY if common.host_reads_are_free(lam.device) else _NEWTON_STEPS + 1
     for step in range(1, _NEWTON_STEPS + 1):
         rise = torch.where(slope > 0, (goal - value) / slope.clamp_min(torch.finfo(slope.dtype).tiny), 0.0)
         lam = torch.where(settled, lam, lam + rise.clamp_min(0.0))
         previous = slope
         value, slope = value_and_slope(lam)
         settled = settled | (slope == previous)
-        if step % _NEWTON_CHECK_EVERY == 0 and bool(settled.all()):
+        if step % check_every == 0 and bool(settled.all()):
             return lam, feasible.squeeze(1)
     # Rare: many kinks between the start and the root. Bisect the rest of the way on the unsettled rows.
     hi = breaks.amax(dim=1, keepdim=True) if breaks.shape[1] else lam

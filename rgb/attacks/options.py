@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from rgb.attacks.registry import VERSIONS
-from rgb.core.values import INT, NON_NEGATIVE_INT, POSITIVE_INT, Rule, optional, problems
+from rgb.core.errors import UserError
+from rgb.core.values import BOOL, INT, NON_NEGATIVE_INT, POSITIVE_INT, Rule, one_of, optional, problems
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
 CAPTURES = ("auto", "eager", "trace")
 SCHEDULES = ("batch", "pooled")
@@ -31,45 +32,49 @@ def _option(default, **metadata):
     return field(default=default, metadata=metadata)
 
 
-def _one_of(choices) -> Rule:
-    return (lambda v: isinstance(v, str) and v in choices, f"one of {tuple(choices)}")
+class AttackOptionsError(UserError, ValueError):
+    """Options AutoAttack cannot run (one line naming the option, its rule and the value)."""
 
 
 @dataclass(frozen=True)
 class AttackOptions:
-    """What AutoAttack is asked to run, validated once when made (ValueError, one line). See `rgb.attacks.AutoAttack`
+    """What AutoAttack is asked to run, validated once when made (AttackOptionsError, one line). See `rgb.attacks.AutoAttack`
     for what each option does; `attacks=None` is the version's whole cascade."""
 
-    version: str = _option("standard", rule=_one_of(VERSIONS), identity=ALWAYS)
+    version: str = _option("standard", rule=one_of(VERSIONS), identity=ALWAYS)
     seed: int = _option(0, rule=INT, identity=ALWAYS, feeds="generator")
     attacks: tuple[str, ...] | None = _option(None, identity=ALWAYS)
-    precision: str = _option("fp32", rule=_one_of(PRECISIONS), identity=ALWAYS)
+    precision: str = _option("fp32", rule=one_of(PRECISIONS), identity=ALWAYS)
     steps: int = _option(100, rule=POSITIVE_INT, identity=WHEN_SET, protocol=True, feeds="n_iter")
     fab_steps: int | None = _option(None, rule=optional(POSITIVE_INT), identity=WHEN_SET, protocol=True,
                                     feeds="n_iter", only=("fab", "fab-t"))
     queries: int = _option(5000, rule=POSITIVE_INT, identity=WHEN_SET, protocol=True, feeds="n_queries")
     tail_rows: int = _option(0, rule=NON_NEGATIVE_INT, identity=WHEN_SET, feeds="tail_rows")
-    input_format: str = _option("auto", rule=_one_of(INPUT_FORMATS))
-    capture: str = _option("auto", rule=_one_of(CAPTURES))
+    input_format: str = _option("auto", rule=one_of(INPUT_FORMATS))
+    capture: str = _option("auto", rule=one_of(CAPTURES))
     # How an attack run (rgb.runs) orders the cascade over its images: "batch" runs the whole cascade on one batch
     # after another; "pooled" runs each stage over the survivors of all of a shard's batches, re-cut into full
     # batches (rgb.runs.pooled). AutoAttack.run on one tensor is one pool either way. Other chunks draw other
     # random starts (never a weaker attack), so it is part of a run's identity once set.
-    schedule: str = _option("batch", rule=_one_of(SCHEDULES), identity=WHEN_SET)
+    schedule: str = _option("batch", rule=one_of(SCHEDULES), identity=WHEN_SET)
+    # cudnn's benchmark mode (CUDA only) picks the fastest convolution algorithm per shape, by timing: another
+    # algorithm rounds differently (float rounding only, spec §6.3 item 6), so neither identity nor protocol.
+    cudnn_benchmark: bool = _option(False, rule=BOOL)
 
     def __post_init__(self):
         found = problems({name: getattr(self, name) for name in self.rules()}, self.rules())
         if found:
-            raise ValueError("; ".join(found))
+            raise AttackOptionsError("; ".join(found))
         order = VERSIONS[self.version].attacks
         if self.attacks is not None:
             attacks = tuple(str(a) for a in self.attacks)
             if not attacks or any(a not in order for a in attacks):
-                raise ValueError(f"attacks of version {self.version!r} must be a non-empty subset of {order}, got "
+                raise AttackOptionsError(f"attacks of version {self.version!r} must be a non-empty subset of {order}, got "
                                  f"{list(attacks)}")
             object.__setattr__(self, "attacks", attacks)
-        if self.capture == "trace" and self.precision != "fp32":
-            raise ValueError("capture='trace' needs precision='fp32' (a trace does not follow autocast)")
+        if self.capture == "trace" and self.precision == "bf16":
+            raise AttackOptionsError("capture='trace' needs precision='fp32' or 'tf32' (a trace does not follow "
+                                     "autocast)")
 
     @classmethod
     def rules(cls) -> dict[str, Rule]:

@@ -91,14 +91,16 @@ def _margin(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.T
     return margin.clone(), predicted.clone()
 
 
-def _windows(uniform: torch.Tensor, side: int, h: int, w: int, count: int) -> list[tuple]:
-    """`count` side x side windows with corners floor(U * (h - side)), floor(U * (w - side)) from the uniforms
-    (top, left, top, left, ...; h - side is never drawn), as index tuples. The corners are read on the host once
-    per query (the reference reads more), so every window operation touches the window only."""
-    tops = (uniform[0:2 * count:2] * (h - side)).long()
-    lefts = (uniform[1:2 * count:2] * (w - side)).long()
-    return [(..., slice(top, top + side), slice(left, left + side))
-            for top, left in torch.stack([tops, lefts], dim=1).tolist()]
+def _windows(uniforms: torch.Tensor, sides: list[int], h: int, w: int, count: int) -> list[list[tuple]]:
+    """Per query, `count` side x side windows (side from `sides`) with corners floor(U * (h - side)),
+    floor(U * (w - side)) from that query's uniforms (top, left, top, left, ...; h - side is never drawn), as
+    index tuples. All queries' corners are read on the host at once (one device read per run, none per query),
+    so every window operation touches the window only."""
+    spans = torch.tensor([[h - side, w - side] * count for side in sides], dtype=uniforms.dtype,
+                         device=uniforms.device).view(len(sides), 2 * count)
+    corners = (uniforms[:, :2 * count] * spans).long().view(len(sides), count, 2).tolist()
+    return [[(..., slice(top, top + side), slice(left, left + side)) for top, left in query]
+            for query, side in zip(corners, sides)]
 
 
 def _overlap(first: tuple, second: tuple) -> tuple | None:
@@ -215,8 +217,9 @@ def square(
     Every row is attacked; callers pass the points that are still correctly classified. `generator` is a
     torch.Generator on x's device, an int seed for a fresh one, or None for the device's global RNG.
     `early_stop` drops fooled points from the batch and ends the loop once all are fooled (a host sync
-    every few iterations); without it the loop keeps fixed shapes. Results are identical. Either way each query
-    reads its window corners on the host (one small read: windows are slices, not full-image masks).
+    every few iterations); without it the loop keeps fixed shapes. Results are identical. Either way the window
+    corners of all queries are read on the host once, before the first query (windows are slices, not
+    full-image masks), so no query waits for the device.
     `progress` hears (queries done, n_queries) after every query.
     """
     norm = parse_norm(norm)
@@ -245,24 +248,27 @@ def square(
         rows["lower"], rows["upper"] = linf_box(x, eps)
     state = LiveRows(rows, outputs=("best", "predicted", "queries"))
     patterns = {}
+    # Every query's random numbers are drawn before the loop: a whole draw gives the numbers of one draw per
+    # query on the CPU (on other devices other numbers, as another batch would), and the window corners are read
+    # on the host once (see _windows).
+    sides = [square_window(square_p(iteration, p_init), h, w, norm) for iteration in range(n_queries)]
+    per_query = 2 + c if norm == "Linf" else 5 + n * c
+    uniforms = torch.rand(n_queries, per_query, generator=generator, device=x.device)
+    windows = _windows(uniforms, sides, h, w, 1 if norm == "Linf" else 2)
     for iteration in range(n_queries):
         if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["margin"] > 0) == 0:
             break
 
-        side = square_window(square_p(iteration, p_init), h, w, norm)
+        side, uniform = sides[iteration], uniforms[iteration]
         if norm == "Linf":
-            uniform = torch.rand(2 + c, generator=generator, device=x.device)
-            (window,) = _windows(uniform, side, h, w, 1)
-            candidate = _propose_linf(state["lower"], state["upper"], state["best"], window, eps,
+            candidate = _propose_linf(state["lower"], state["upper"], state["best"], windows[iteration][0], eps,
                                       _signs(uniform[2:]).view(c, 1, 1))
         else:
-            uniform = torch.rand(5 + n * c, generator=generator, device=x.device)
             signs = _signs(uniform[5:].view(n, c))[state.positions]
             if side not in patterns:
                 patterns[side] = square_pattern(side, norm).to(x)
             pattern = torch.where(uniform[4] < 0.5, patterns[side].T, patterns[side])  # random orientation
-            candidate = _propose_lp(state["x"], state["best"], _windows(uniform, side, h, w, 2), eps, norm, signs,
-                                    pattern)
+            candidate = _propose_lp(state["x"], state["best"], windows[iteration], eps, norm, signs, pattern)
 
         candidate_margin, candidate_predicted = _margin(model, candidate, state["y"])
         counter.forward(len(state))

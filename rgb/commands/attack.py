@@ -11,9 +11,21 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.attacks.options import AttackOptions
+from rgb.commands.schema import DATA, MACHINE, RUN, WANDB
+from rgb.core.values import AUTO_OR_COUNT, BOOL, NON_NEGATIVE_INT, NORM, POSITIVE_INT, list_of, one_of, optional
 from rgb.data.benchmark_data import BenchmarkData
+from rgb.runs.implementations import IMPLEMENTATIONS
 from rgb.runs.request import AttackRequest, Budget, white_box_budgets
 from rgb.runs.store import AttackRunError, RunSummary, first_images_dir, run_name_for
+
+# What an attack run reads of conf/attack.yaml and conf/transfer.yaml (AttackOptions declares its options' rules).
+ATTACK_RUN = {
+    **DATA, **MACHINE, **RUN, **AttackOptions.rules(), "impl": one_of(IMPLEMENTATIONS), "batch_size": POSITIVE_INT,
+    "shard.index": optional(NON_NEGATIVE_INT), "shard.count": optional(POSITIVE_INT), "shard.devices": AUTO_OR_COUNT,
+    "compile": BOOL, "channels_last": BOOL, "merge_only": BOOL, "export_adversarial": BOOL, "progress": BOOL,
+}
+# conf/attack.yaml's schema (rgb.commands.schema).
+SCHEMA = {**ATTACK_RUN, **WANDB, "norms": list_of(NORM), "max_images": optional(POSITIVE_INT), "dry_run": BOOL}
 
 
 def data_factory(data: DictConfig) -> Callable[[], BenchmarkData]:
@@ -27,10 +39,8 @@ def attack_request(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets: 
     """conf/attack.yaml (or conf/transfer.yaml) mapped onto the attack run's request."""
     if cfg.get("run") is None or OmegaConf.is_missing(cfg, "run"):
         raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
-    try:  # every option by its name; a config without one keeps its default
-        options = AttackOptions(**{name: cfg[name] for name in AttackOptions.names() if name in cfg})
-    except ValueError as err:
-        raise AttackRunError(str(err)) from err
+    # every option by its name; a config without one keeps its default
+    options = AttackOptions(**{name: cfg[name] for name in AttackOptions.names() if name in cfg})
     max_images = cfg.get("max_images")
     output_dir = str(cfg.output_dir) if max_images is None else first_images_dir(str(cfg.output_dir), max_images)
     return AttackRequest.create(

@@ -4,6 +4,7 @@ and placed as run=DIR would be."""
 
 from __future__ import annotations
 
+import glob
 import importlib
 from functools import partial
 from pathlib import Path
@@ -11,16 +12,45 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rgb.commands.schema import DATA, MACHINE, RUN, WANDB
+from rgb.core.classwise import check_worst_k
 from rgb.core.configs import config_dir
+from rgb.core.values import BOOL, POSITIVE_INT, TEXT, list_of, one_of, optional
+from rgb.endpoints.client import RequestCaps
+from rgb.evaluation.leaderboard import RANK_KEYS
 from rgb.evaluation.model_eval import EvaluationError
+from rgb.evaluation.records import PROTOCOLS
 from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate, evaluate_pool
-from rgb.models.api_client import RequestCaps
 from rgb.runs.store import missing_sweep_jobs, train_runs
 
 # Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
 REPORTS = {
     "text_robustness": ("rgb.commands.text_robustness", "run_text_robustness"),
     "zeroshot_report": ("rgb.commands.zeroshot_report", "run_zeroshot_report"),
+}
+
+
+
+def _worst_k(value) -> bool:
+    try:
+        check_worst_k(value)
+    except ValueError:
+        return False
+    return True
+
+
+# A pool entry: a train run or sweep dir, a dir of scores.json files, a comparison.json, or a glob of run dirs.
+POOL_ENTRY = (lambda v: isinstance(v, str) and bool(glob.glob(v) if glob.has_magic(v) else Path(v).exists()),
+              "existing directories or files (or globs matching some)")
+# conf/evaluate.yaml's schema (rgb.commands.schema; the reports of REPORTS add theirs).
+SCHEMA = {
+    **DATA, **MACHINE, **WANDB, "run": optional(RUN["run"]), "pool": optional(list_of(POOL_ENTRY)),
+    "protocol": one_of(PROTOCOLS), "rank_by": one_of(RANK_KEYS), "batch_size": POSITIVE_INT,
+    **dict.fromkeys(("transfer", "severity_sweep", "text_robustness", "zeroshot_report", "allow_partial", "dry_run",
+                     "site"), BOOL),
+    "max_images": optional(POSITIVE_INT), **RequestCaps.rules(),
+    "worst_k": (_worst_k, "a non-empty list of class counts >= 1 or percentages ('10%')"),
+    "leaderboard_datasets": optional(list_of(TEXT)),
 }
 
 
@@ -53,6 +83,7 @@ def eval_request(cfg: DictConfig) -> EvalRequest:
         worst_k=tuple(OmegaConf.to_container(cfg.worst_k)), device=str(cfg.device), batch_size=int(cfg.batch_size),
         api_cache_dir=Path(str(cfg.api_cache_dir)), caps=request_caps(cfg), prices=price_table(),
         dry_run=bool(cfg.get("dry_run")), wandb_project=str(tracking.project) if tracking.enabled else None,
+        output_root=Path(str(cfg.paths.output_dir)),
     )
 
 
@@ -72,8 +103,8 @@ def pool_request(cfg: DictConfig) -> PoolRequest:
 
 
 def run_evaluation(cfg: DictConfig) -> float | None:
-    """Returns the score of the model, for sweepers (white-box; black-box for an API model); None in pool mode,
-    for a dry run or while incomplete."""
+    """Returns the score of the model, for sweepers: the `protocol`'s (black-box also for an API model, which has
+    no white-box one); None in pool mode, for a dry run or while incomplete."""
     asked = [flag for flag in REPORTS if cfg.get(flag)]
     if len(asked) > 1:
         raise EvaluationError(f"{' and '.join(asked)} are separate reports: set one of them per command")
@@ -87,4 +118,4 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     record = evaluate(eval_request(cfg))[0]
     if record is None:  # dry_run: nothing scored
         return None
-    return record.black_box.score if record.white_box_na else record.white_box.score
+    return record.black_box.score if record.white_box_na or cfg.protocol == "black_box" else record.white_box.score

@@ -22,22 +22,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from rgb.commands import schema
 from rgb.commands.resolvers import register_resolvers
 from rgb.core.configs import config_dir, data_config_for, data_configs
 from rgb.core.errors import UserError, one_line
-from rgb.core.values import (
-    INT,
-    NON_NEGATIVE_INT,
-    POSITIVE,
-    POSITIVE_INT,
-    ConfigValueError,
-    Rule,
-    flatten,
-    integer,
-    number,
-    optional,
-    problems,
-)
+from rgb.core.secrets import redact_text
+from rgb.core.values import ConfigValueError
 
 log = logging.getLogger("rgb")
 CONFIG_DIR = str(config_dir())
@@ -94,76 +84,6 @@ def _error_line(err: Exception) -> str | None:
 def program(default: str) -> str:
     """The command as the user typed it: `rgb-attack` or `attack.py`."""
     return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else default
-
-
-# Values a user types that every command reads: numbers checked before anything runs (rgb.core.values).
-def _worst_k(value) -> bool:
-    from rgb.core.classwise import check_worst_k  # the owner of the worst@k rule (and numpy: not for --help)
-
-    try:
-        check_worst_k(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _ints(rule: Rule) -> Rule:
-    ok, what = rule
-    return (lambda v: isinstance(v, list) and bool(v) and all(ok(x) for x in v), f"a non-empty list of {what}s")
-
-
-DATA_RULES: dict[str, Rule] = {
-    "data.budgets.*": POSITIVE, "data.transfer_budgets.*": POSITIVE, "data.image_size": POSITIVE_INT,
-    "data.batch_size": POSITIVE_INT, "data.eval_batch_size": POSITIVE_INT, "data.num_workers": NON_NEGATIVE_INT,
-}
-# (attack.py's options are checked by the rules AttackOptions declares: `_rules`)
-ATTACK_RULES: dict[str, Rule] = {
-    **DATA_RULES, "batch_size": POSITIVE_INT, "max_images": optional(POSITIVE_INT),
-    "shard.index": optional(NON_NEGATIVE_INT), "shard.count": optional(POSITIVE_INT),
-    "shard.devices": (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1"),
-}
-VALUE_RULES: dict[str, dict[str, Rule]] = {
-    "attack": ATTACK_RULES,
-    "transfer": ATTACK_RULES,
-    "evaluate": {
-        **DATA_RULES, "batch_size": POSITIVE_INT, "max_images": optional(POSITIVE_INT), "max_images": optional(POSITIVE_INT),
-        "worst_k": (_worst_k, "a non-empty list of class counts >= 1 or percentages ('10%')"),
-        "text_robustness_options.ks": _ints(POSITIVE_INT), "text_robustness_options.seeds": _ints(INT),
-        "text_robustness_options.p": (lambda v: number(v) and 0 < v < 1, "a number in (0, 1)"),
-    },
-    "train": DATA_RULES,  # the rest by rgb.commands.train_config.validate_config, run first
-}
-
-
-def _values(cfg: DictConfig, rules: dict[str, Rule]) -> dict:
-    """{dotted key: resolved value} of the keys the rules name (the rest of the config is not resolved here)."""
-    flat = {}
-    for key in rules:
-        prefix = key.removesuffix(".*")
-        node = OmegaConf.select(cfg, prefix, default=rules)  # `rules`: a marker for an absent key
-        if node is rules:
-            continue
-        value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-        flat.update(flatten(value, prefix) if key.endswith(".*") else {key: value})
-    return flat
-
-
-def _rules(config_name: str) -> dict[str, Rule]:
-    """The command's value rules: VALUE_RULES, and for the attack commands AttackOptions' own."""
-    rules = VALUE_RULES.get(config_name, {})
-    if rules is ATTACK_RULES:
-        from rgb.attacks.options import AttackOptions  # torch: not for --help
-
-        rules = {**rules, **AttackOptions.rules()}
-    return rules
-
-
-def check_values(config_name: str, cfg: DictConfig) -> None:
-    """ConfigValueError naming every value of the command's config that breaks its rule (VALUE_RULES)."""
-    rules = _rules(config_name)
-    found = problems(_values(cfg, rules), rules)
-    if found:
-        raise ConfigValueError("invalid value: " + "; ".join(found))
 
 
 # Overrides (and environment variables) that choose where the data is read from: the user's choice beats the run's.
@@ -275,15 +195,15 @@ def _expand_runs(argv: list[str]) -> list[str]:
     if not given:
         return argv
     if not any(a in ("-m", "--multirun") for a in argv):
-        raise ValueError("runs= attacks every model of a sweep as one multirun: add -m (and attack=slurm for SLURM)")
+        raise ConfigValueError("runs= attacks every model of a sweep as one multirun: add -m (and attack=slurm for SLURM)")
     from rgb.runs.store import model_record, train_runs
 
     runs = train_runs(given[-1])
     if not runs:
-        raise ValueError(f"runs={given[-1]} names no trained model (no model.json in it or in its job dirs)")
+        raise ConfigValueError(f"runs={given[-1]} names no trained model (no model.json in it or in its job dirs)")
     odd = [str(r) for r in runs if not re.fullmatch(r"[\w./-]+", str(r))]  # one Hydra sweep value each
     if odd:
-        raise ValueError(f"runs=: rename {odd[0]}: a run path may hold letters, digits, '/', '-', '_' and '.'")
+        raise ConfigValueError(f"runs=: rename {odd[0]}: a run path may hold letters, digits, '/', '-', '_' and '.'")
     sweep = (model_record(runs[0]) or {}).get("sweep") or {}
     label = sweep.get("name") or Path(given[-1].rstrip("/*")).name
     return [*argv, "run=" + ",".join(str(r) for r in runs),
@@ -312,7 +232,8 @@ def _log_to_files(cfg: DictConfig) -> None:
         composed = OmegaConf.to_yaml(cfg, resolve=True)
     except Exception:  # an interpolation only the command itself can report (it will): the config as written
         composed = OmegaConf.to_yaml(cfg)
-    record = logging.LogRecord(log.name, logging.INFO, __file__, 0, "composed config:\n%s", (composed,), None)
+    record = logging.LogRecord(log.name, logging.INFO, __file__, 0, "composed config:\n%s", (redact_text(composed),),
+                               None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
@@ -327,7 +248,7 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
 
         _log_to_files(cfg)
         try:
-            check_values(config_name, cfg)
+            schema.check(config_name, cfg)
             if _source_note:
                 log.info("data source: %s (%s)", cfg.data.source, _source_note[0])
             keep_freed_memory()
@@ -360,6 +281,9 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
         if infer_data:
             sys.argv[1:] = _infer_from_run(sys.argv[1:])
         argv = sys.argv[1:]
+        if any(a in ("--help", "-h") for a in argv):
+            print(command_help(config_name, program(name)))
+            return
         if not _asks_for_help(argv):
             register_resolvers()
             inspecting = any(a in INSPECTION_FLAGS for a in argv)
@@ -387,21 +311,71 @@ def _compose_error(config_name: str, argv: list[str]) -> str | None:
         if key.lstrip("+~") == "data" and value.startswith("_"):
             return (f"data={value} holds the settings shared by the real datasets and is not one: use one of "
                     f"{', '.join(sorted(data_configs().values()))}")
-    from hydra import compose, initialize_config_dir
-
     try:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name=config_name):
-            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+        cfg = _compose(config_name, overrides)
+        unknown = _unknown_keys(config_name, overrides, cfg)
+        if unknown:
+            return unknown
         if "data" in cfg:  # rgb-serve has none
             OmegaConf.to_container(cfg.data, resolve=True)
         run_dir = Path(str(cfg.hydra.run.dir))
         for key in OUTPUT_KEYS:  # a run name that cannot name a directory fails here, before anything is written
             OmegaConf.select(cfg, key)
-        check_values(config_name, cfg)
+        schema.check(config_name, cfg)
     except Exception as err:  # any composition failure is the user's config: shown, not raised
+        refused = schema.refused_override(err)
+        if refused:
+            return schema.unknown_key(config_name, refused, _compose(config_name, _group_choices(overrides)))
         cause = _value_error_in(err)
         return one_line(cause) if cause else f"config: {one_line(err).split(' Config search path:')[0]}"
     return unwritable(run_dir)
+
+
+def command_help(config_name: str, program_name: str) -> str:
+    """`--help`: the usage lines of conf/<command>.yaml, the config groups its defaults list takes, and its config
+    (Hydra's own help lists every group of conf/, train's included; `--hydra-help` still shows Hydra's flags)."""
+    text = (config_dir() / f"{config_name}.yaml").read_text()
+    lines = text.splitlines()
+    header = [line.removeprefix("#").removeprefix(" ")
+              for line in lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), 0)]]
+    groups = []
+    for entry in yaml.safe_load(text).get("defaults", []):
+        group = next(iter(entry)).removeprefix("optional ") if isinstance(entry, dict) else None
+        if group and group != "hydra" and (config_dir() / group).is_dir():
+            options = sorted(p.stem for p in (config_dir() / group).glob("*.yaml") if not p.stem.startswith("_"))
+            groups += [f"{group}: {', '.join(options)}"] if options else []
+    cfg = _compose(config_name, [])
+    body = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]))
+    return "\n".join([f"{program_name}: {header[0] if header else config_name}", *header[1:], "",
+                      "== Configuration groups (group=option) ==", *groups, "",
+                      "== Config (override any key: key=value; --hydra-help: Hydra's flags) ==", body])
+
+
+def _compose(config_name: str, overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name=config_name):
+        return compose(config_name, overrides=overrides, return_hydra_config=True)
+
+
+def _config_groups() -> set[str]:
+    return {path.name for path in config_dir().iterdir() if path.is_dir()}
+
+
+def _group_choices(overrides: list[str]) -> list[str]:
+    """The overrides that choose config groups (data=, +experiment=, ...): what decides which keys exist."""
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in _config_groups()]
+
+
+def _unknown_keys(config_name: str, overrides: list[str], cfg: DictConfig) -> str | None:
+    """A top-level key a `+key=` override adds that the command's YAML (with the chosen groups) has not: refused
+    with the closest key it has (a typo would otherwise be carried along unread)."""
+    added = [k for k in schema.added_keys(overrides, _config_groups()) if "." not in k]
+    if not added:
+        return None
+    known = _compose(config_name, _group_choices(overrides))
+    unknown = [k for k in added if k not in known]
+    return schema.unknown_key(config_name, unknown[0], known) if unknown else None
 
 
 # Output places of the commands' configs, resolved by the check before a command starts.

@@ -9,14 +9,26 @@ from importlib.util import find_spec
 
 from omegaconf import DictConfig
 
+from rgb.commands.schema import MACHINE, RUN
 from rgb.core.errors import UserError
 from rgb.core.machine import resolve_device
+from rgb.core.values import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, TEXT, integer, optional
 
 log = logging.getLogger("rgb.serve")
 
 
 class ServeExtraMissing(UserError, ImportError):
     """rgb-serve's server framework is not installed (one line: the pip command)."""
+
+# conf/serve.yaml's schema (rgb.commands.schema).
+SCHEMA = {
+    **MACHINE, **RUN, "host": TEXT, "port": (lambda v: integer(v) and 0 <= v <= 65535, "an integer in [0, 65535]"),
+    "served_name": TEXT, "api_key_env": optional(TEXT), "image_size": optional(POSITIVE_INT), "batch_dir": optional(TEXT),
+    "limits.max_concurrency": POSITIVE_INT, "limits.max_queue": NON_NEGATIVE_INT,
+    "faults.rate_limit_every": NON_NEGATIVE_INT, "faults.error_every": NON_NEGATIVE_INT,
+    "faults.slow_every": NON_NEGATIVE_INT, "faults.malformed_every": NON_NEGATIVE_INT,
+    "faults.retry_after_s": NON_NEGATIVE, "faults.slow_s": NON_NEGATIVE,
+}
 
 
 def serve_from_config(cfg: DictConfig) -> None:

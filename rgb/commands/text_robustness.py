@@ -9,11 +9,20 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.brittleness.perturb import DEFAULT_TYPES, PerturbationError
+from rgb.brittleness.perturb import DEFAULT_TYPES, PERTURBATION_TYPES, PerturbationError
 from rgb.commands.evaluate import member, run_outputs
 from rgb.core.machine import resolve_device
+from rgb.core.values import EXISTING_FILE, INT, POSITIVE_INT, TEXT, list_of, number, one_of, optional
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.text_robustness import TextRobustnessOptions, TextRobustnessRequest, text_robustness
+
+# The `text_robustness_options` block of conf/evaluate.yaml (rgb.commands.schema).
+SCHEMA = {
+    "text_robustness_options.split": TEXT, "text_robustness_options.types": optional(list_of(one_of(PERTURBATION_TYPES))),
+    "text_robustness_options.seeds": list_of(INT), "text_robustness_options.ks": list_of(POSITIVE_INT),
+    "text_robustness_options.p": (lambda v: number(v) and 0 < v < 1, "a number in (0, 1)"),
+    "text_robustness_options.queries": optional(EXISTING_FILE), "text_robustness_options.user_edits": optional(EXISTING_FILE),
+}
 
 
 def text_robustness_options(cfg: DictConfig) -> TextRobustnessOptions:

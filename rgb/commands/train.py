@@ -15,9 +15,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.commands.train_config import training_identity, validate_config
+from rgb.commands.schema import DATA
+from rgb.commands.train_config import RULES, training_identity, validate_config
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
-from rgb.training.api_run import ApiRunRequest, export_api_run
+from rgb.models.card import model_card
+from rgb.training.endpoint_run import ApiRunRequest, export_api_run
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.datamodule import RGBDataModule
 from rgb.training.request import (
@@ -32,6 +34,9 @@ from rgb.training.request import (
 )
 from rgb.training.run import train as train_request
 from rgb.zeroshot.head import PromptSettings
+
+# conf/train.yaml's schema (rgb.commands.schema): the data config's and the training sections' (train_config.RULES).
+SCHEMA = {**DATA, **RULES}
 
 
 def run_names(cfg: DictConfig) -> dict:
@@ -103,6 +108,12 @@ def optim_section(optim: dict) -> OptimSection:
     return OptimSection(**optim)
 
 
+def card_of(cfg: DictConfig) -> dict:
+    """The model card of `model_card=FILE` and `card.<key>=...` (read before anything starts: a bad file stops it)."""
+    fields = cfg.get("card")
+    return model_card(cfg.get("model_card"), OmegaConf.to_container(fields, resolve=True) if fields else None)
+
+
 def training_request(cfg: DictConfig) -> TrainRequest:
     """The run of `cfg` as typed sections: resolved once (an interpolation that fails is named here, before
     anything starts) and validated; its identity is the resolved config minus the resumable keys."""
@@ -118,7 +129,7 @@ def training_request(cfg: DictConfig) -> TrainRequest:
             build=partial(hydra.utils.instantiate, cfg.model),
             head_init=(config.get("head_init") or {}).get("name"),
             prompts=PromptSettings.from_config(config["prompts"]) if config.get("prompts") else None,
-            channels_last=config["channels_last"], compile=config["compile"],
+            channels_last=config["channels_last"], compile=config["compile"], card=card_of(cfg),
         ),
         loss=LossSection(name=loss.pop("name"), attack=loss.pop("attack", None), options=loss),
         strategy=StrategySection(name=config["strategy"]["name"]),
@@ -131,6 +142,7 @@ def training_request(cfg: DictConfig) -> TrainRequest:
         ),
         logging=LoggingSection(loggers=partial(build_loggers, cfg.get("logger"), run_dir),
                                monitor=config["monitor"]["metric"], hyperparameters=config,
+                               log_weights=bool((config.get("wandb") or {}).get("log_weights")),
                                hydra_record=hydra_record(cfg)),
     )
 
@@ -138,14 +150,14 @@ def training_request(cfg: DictConfig) -> TrainRequest:
 def api_run_request(cfg: DictConfig) -> ApiRunRequest:
     return ApiRunRequest(model=OmegaConf.to_container(cfg.model, resolve=True),
                          data=partial(hydra.utils.instantiate, cfg.data), run_dir=str(cfg.run_dir),
-                         names=run_names(cfg), seed=cfg.seed)
+                         names=run_names(cfg), seed=cfg.seed, card=card_of(cfg))
 
 
 def export_api_config(cfg: DictConfig) -> None:
     export_api_run(api_run_request(cfg))
 
 
-# Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.api_run).
+# Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.endpoint_run).
 RECORD_ONLY = {"api": export_api_config}
 
 

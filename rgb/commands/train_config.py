@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
-from rgb.core import parse_norm
 from rgb.core.values import (
+    AUTO_OR_COUNT,
+    NORM,
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
     PATH_NAME,
@@ -25,10 +26,11 @@ from rgb.core.values import (
     optional,
 )
 from rgb.core.values import problems as check
-from rgb.training.config import ZEROSHOT, TrainingConfigError
+from rgb.training.config import TrainingConfigError
 from rgb.training.losses import LOSSES
 from rgb.training.module import STRATEGIES
 from rgb.training.optim import SCHEDULERS
+from rgb.zeroshot import ZEROSHOT  # strategy=zeroshot; the fine-tuning strategies are rgb.training.module.STRATEGIES
 
 
 # Keys that may differ between starts of one run: they change where a run runs, writes or logs, or how fast, never
@@ -43,6 +45,9 @@ RESUMABLE_KEYS = (
     "compile",
     "paths.*",
     "logger.*",
+    "wandb.*",
+    "model_card",  # the card describes the weights, never changes them
+    "card.*",
     "data._target_",  # the class that reads the data config (rgb.data.RGBDataModule before BenchmarkData), not the data
     "data.num_workers",
     "data.pin_memory",
@@ -75,14 +80,6 @@ def training_identity(config: dict) -> dict:
 
 # ---------------------------------------------------------------- validation
 
-def _norm(value) -> bool:
-    try:
-        parse_norm(value)
-    except ValueError:
-        return False
-    return True
-
-
 # key -> (rule, what the rule says). Missing keys are skipped: the instantiation names those.
 RULES: dict[str, Rule] = {
     # The new head starts random: it must learn. A zero backbone lr keeps the backbone weights (its BN statistics
@@ -98,7 +95,7 @@ RULES: dict[str, Rule] = {
     "loss.name": (lambda v: v in LOSSES, f"one of {sorted(LOSSES)}"),
     # beta = 0 is plain CE on clean images (with a wasted inner attack): allowed, the limit of the family.
     "loss.beta": NON_NEGATIVE,
-    "loss.attack.norm": (_norm, "Linf, L2 or L1"),
+    "loss.attack.norm": NORM,
     "loss.attack.eps": POSITIVE,
     "loss.attack.n_iter": POSITIVE_INT,
     "loss.attack.step_size": optional(POSITIVE),
@@ -106,11 +103,11 @@ RULES: dict[str, Rule] = {
     "data.batch_size": POSITIVE_INT,
     "data.eval_batch_size": POSITIVE_INT,
     "trainer.max_epochs": POSITIVE_INT,
-    "effective_batch_size": (lambda v: v is None or (integer(v) and v >= 1), "null or an integer >= 1"),
+    "effective_batch_size": optional(POSITIVE_INT),
     "seed": (lambda v: v is None or integer(v), "null or an integer"),
     "monitor.mode": (lambda v: v in ("min", "max"), "min or max"),
     "monitor.metric": (lambda v: isinstance(v, str) and bool(v), "a metric name"),
-    "threads": (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1"),
+    "threads": AUTO_OR_COUNT,
     "run_name": PATH_NAME,
     # The prompt ensembles (strategy=zeroshot, head_init=zeroshot): CPE's worst-k fraction, the temperature.
     "prompts.k": (lambda v: number(v) and 0 < v <= 1, "a fraction in (0, 1]"),
@@ -129,6 +126,10 @@ def validate_config(config: dict) -> None:
     warmup, epochs = flat.get("optim.warmup_epochs"), flat.get("trainer.max_epochs")
     if not problems and flat.get("optim.scheduler") and warmup is not None and warmup > epochs:
         problems.append(f"optim.warmup_epochs {warmup} must not exceed trainer.max_epochs {epochs}")
+    model_classes, data_classes = flat.get("model.num_classes"), flat.get("data.num_classes")
+    if not problems and None not in (model_classes, data_classes) and model_classes != data_classes:
+        problems.append(f"model.num_classes {model_classes} must equal data.num_classes {data_classes} (the classes of "
+                        f"the data's labels): leave model.num_classes at its default ${{data.num_classes}}")
     loss = LOSSES.get(flat.get("loss.name"))
     if not problems and loss is not None and loss.needs_prompt_head:
         if flat.get("head_init") is None and "head_init.name" not in flat:

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rgb.commands.attack import attack_request, data_factory
+from rgb.commands.attack import ATTACK_RUN, attack_request, data_factory
+from rgb.core.values import TEXT, list_of, optional
 from rgb.runs.request import transfer_budgets
 from rgb.runs.store import RunSummary
+
+# conf/transfer.yaml's schema (rgb.commands.schema).
+SCHEMA = {**ATTACK_RUN, "splits": optional(list_of(TEXT)), "surrogate": TEXT}
 
 
 def transfer_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:

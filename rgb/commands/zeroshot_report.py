@@ -12,7 +12,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.commands.evaluate import member, run_outputs
 from rgb.core.machine import resolve_device
+from rgb.core.values import EXISTING_FILE, NON_NEGATIVE, TEXT, list_of, one_of, optional
 from rgb.evaluation.zeroshot_report import REPORT_DIR, ZeroShotReportOptions, ZeroShotReportRequest, zeroshot_reports
+from rgb.zeroshot.ensembles import CMM_UNITS, ENSEMBLES
+
+# The `zeroshot_report_options` block of conf/evaluate.yaml (rgb.commands.schema).
+SCHEMA = {
+    "zeroshot_report_options.ensembles": list_of(one_of(ENSEMBLES)),
+    "zeroshot_report_options.unlabelled_split": optional(TEXT),
+    "zeroshot_report_options.cmm_units": optional(one_of(CMM_UNITS)),
+    "zeroshot_report_options.mad_t": optional(NON_NEGATIVE),
+    "zeroshot_report_options.zpe_pretraining_features": optional(EXISTING_FILE),
+    "zeroshot_report_options.descriptions": optional(EXISTING_FILE),
+}
 
 
 def zeroshot_report_options(cfg: DictConfig) -> ZeroShotReportOptions:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rgb.core.jsonrecord import JsonRecord
+from rgb.core.values import ConfigValueError
 
 DEFAULT_WORST_K = (1, 5, 10)
 
@@ -55,7 +56,7 @@ def worst_k_entry(k) -> int | float:
         return share
     if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
         return k
-    raise ValueError(f"worst-k needs a class count >= 1 or a percentage below 100%, got {k!r}")
+    raise ConfigValueError(f"worst-k needs a class count >= 1 or a percentage below 100%, got {k!r}")
 
 
 def worst_k_count(k: int | float | str, num_classes: int) -> int | None:
@@ -71,9 +72,9 @@ def check_worst_k(worst_k) -> tuple:
     """The configured worst-k list, each entry checked (one line for a bad one): the one validation of worst_k,
     which the commands' value check (rgb.commands.main) and the zero-shot report both call."""
     if not isinstance(worst_k, (list, tuple)):
-        raise ValueError(f"worst_k must be a list of ks (e.g. [1, 5, 10]), got {worst_k!r}")
+        raise ConfigValueError(f"worst_k must be a list of ks (e.g. [1, 5, 10]), got {worst_k!r}")
     if not worst_k:
-        raise ValueError("worst_k is empty: give at least one k (e.g. [1, 5, 10])")
+        raise ConfigValueError("worst_k is empty: give at least one k (e.g. [1, 5, 10])")
     for k in worst_k:
         worst_k_entry(k)
     return tuple(worst_k)

@@ -144,6 +144,12 @@ def stable_id(path: Path) -> str:
     return hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]
 
 
+def sha256_alias(sha256: str) -> str:
+    """The W&B alias of an artifact version by the hash of what it holds (a train run's weights, an evaluation's
+    scores.json), so that a reader declares the very file it read (`<artifact>:<alias>`), not the latest one."""
+    return f"sha256-{sha256[:12]}"
+
+
 @contextlib.contextmanager
 def replaced_whole(directory: Path):
     """A staging copy of `directory` to write into: when the block ends normally it replaces `directory`, after an

@@ -10,6 +10,12 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from rgb.core.errors import UserError
+
+
+class ThreatError(UserError, ValueError):
+    """A norm or budget the user named that is not one (a config, an AutoAttack argument)."""
+
 
 class Norm(str, Enum):
     LINF = "Linf"
@@ -50,7 +56,7 @@ def parse_norm(norm: str | Norm) -> Norm:
         for candidate in Norm:
             if norm.lower() == candidate.key:
                 return candidate
-    raise ValueError(f"norm must be one of {[n.value for n in Norm]} (any case), got {norm!r}")
+    raise ThreatError(f"norm must be one of {[n.value for n in Norm]} (any case), got {norm!r}")
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ class ThreatModel:
         object.__setattr__(self, "norm", parse_norm(self.norm))
         eps = float(self.eps)
         if not math.isfinite(eps) or eps < 0:
-            raise ValueError(f"eps must be a finite number >= 0, got {self.eps!r}")
+            raise ThreatError(f"eps must be a finite number >= 0, got {self.eps!r}")
         object.__setattr__(self, "eps", eps)
 
     @property

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from rgb.core.errors import UserError
+from rgb.core.threat import parse_norm
 
 Rule = tuple[Callable[[object], bool], str]
 
@@ -37,6 +39,44 @@ NON_NEGATIVE: Rule = (lambda v: number(v) and v >= 0, "a finite number >= 0")
 POSITIVE_INT: Rule = (lambda v: integer(v) and v >= 1, "an integer >= 1")
 NON_NEGATIVE_INT: Rule = (lambda v: integer(v) and v >= 0, "an integer >= 0")
 INT: Rule = (integer, "an integer")
+BOOL: Rule = (lambda v: isinstance(v, bool), "true or false")
+TEXT: Rule = (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
+AUTO_OR_COUNT: Rule = (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1")
+
+
+def _norm(value) -> bool:
+    try:
+        parse_norm(value)
+    except ValueError:
+        return False
+    return True
+
+
+NORM: Rule = (_norm, "Linf, L2 or L1 (any case)")
+
+
+def one_of(choices) -> Rule:
+    """An enum: one of `choices` (its text names them all)."""
+    choices = tuple(choices)
+    return (lambda v: isinstance(v, str) and v in choices, f"one of {', '.join(map(str, choices))}")
+
+
+def list_of(rule: Rule) -> Rule:
+    """A non-empty list (`[a,b]` on the command line) whose every item keeps `rule`: a bare string is refused, never
+    iterated over as its characters."""
+    ok, what = rule
+    return (lambda v: isinstance(v, list) and bool(v) and all(ok(x) for x in v),
+            f"a non-empty list ([a,b,...]), each {what}")
+
+
+def _existing(value) -> bool:
+    return isinstance(value, str) and bool(value) and Path(value).expanduser().exists()
+
+
+EXISTING_PATH: Rule = (_existing, "an existing file or directory")
+EXISTING_FILE: Rule = (lambda v: _existing(v) and Path(v).expanduser().is_file(), "an existing file")
+# A model to load: a train run dir (model.safetensors + model.json) or an exported weights file (its record beside).
+EXISTING_RUN: Rule = (_existing, "a run directory or exported .safetensors file that exists")
 
 
 def flatten(node, prefix: str = "") -> dict:

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from rgb.core.machine import available_cpus
 from rgb.core.threat import parse_norm
 from rgb.data.benchmark import ImageSplit, load_split
-from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, MINI
+from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, MINI, UnknownDatasetError
 from rgb.data.mini import IMAGE_SIZE as MINI_IMAGE_SIZE
 from rgb.data.mini import ensure_mini
 from rgb.data.resolvers import budgets as resolved_budgets
@@ -78,7 +78,7 @@ class BenchmarkData:
             info, size, batch = DATASETS[dataset], 224, 256
             default_source = os.environ.get("RGB_BENCHMARK", DEFAULT_REPO_ID)
         else:
-            raise ValueError(f"unknown dataset {dataset!r}; dataset ids: {sorted([*DATASETS, MINI.name])}")
+            raise UnknownDatasetError(f"unknown dataset {dataset!r}; dataset ids: {sorted([*DATASETS, MINI.name])}")
         white_box = {**resolved_budgets("white_box", size), **{parse_norm(k).key: v for k, v in (budgets or {}).items()}}
         return cls(source=str(source or default_source), dataset=info.name, image_size=size,
                    num_classes=info.num_classes, budgets=white_box, transfer_budgets=resolved_budgets("transfer", size),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rgb.core.errors import UserError
 from rgb.core.threat import Norm, parse_norm
 
 DEFAULT_REPO_ID = "legolasflagstaff/RobustGenBench"
@@ -53,6 +54,10 @@ TRANSFER_BUDGETS = {
 WHITE_BOX_BUDGETS = {Norm.L1.key: 75.0, Norm.L2.key: 2.0, Norm.LINF.key: 4 / 255}
 # How a budget grows with the number of values d of an image at a fixed per-pixel budget: eps * (d/d_ref)**k.
 BUDGET_DIM_EXPONENT = {Norm.L1: 1.0, Norm.L2: 0.5, Norm.LINF: 0.0}
+
+
+class UnknownDatasetError(UserError, ValueError):
+    """A dataset or transfer split the catalog does not hold."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,7 @@ def transfer_coverage(dataset: str) -> dict[str, tuple[str, ...]]:
 
 def check_dataset(dataset: str) -> DatasetInfo:
     if dataset not in DATASETS:
-        raise ValueError(f"unknown RobustGenBench dataset {dataset!r}; available: {', '.join(DATASETS)}")
+        raise UnknownDatasetError(f"unknown RobustGenBench dataset {dataset!r}; available: {', '.join(DATASETS)}")
     return DATASETS[dataset]
 
 
@@ -125,7 +130,7 @@ def split_budget(split: str, scale_dim: int = REFERENCE_DIM) -> tuple[str, float
     The per-pixel budget is kept: L2 scales with sqrt(d), L1 with d, Linf not at all.
     """
     if split not in TRANSFER_BUDGETS:
-        raise ValueError(f"unknown transfer split {split!r}; available: {', '.join(TRANSFER_BUDGETS)}")
+        raise UnknownDatasetError(f"unknown transfer split {split!r}; available: {', '.join(TRANSFER_BUDGETS)}")
     norm, eps = TRANSFER_BUDGETS[split]
     return norm, scale_budget(norm, eps, scale_dim)
 

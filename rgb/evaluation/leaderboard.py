@@ -7,7 +7,8 @@ Complete entries (every setting a full number) are ranked first, by `rank_by` (B
 both are shown) with Borda among themselves; incomplete ones (a setting missing, or scored over part of a split:
 PARTIAL) are ranked apart, below them, with their own Borda over the pairs they share: a skim never crowns an
 entry that was not fully scored. Output: leaderboard.md (one row per model, then the accuracies per setting),
-.csv, .json, .png and one model_info JSON per (model, dataset).
+.csv, .json, .png and one model_info JSON per (model, dataset) in rgb's format, plus the exports for other boards
+(rgb.evaluation.exports: RobustBench's model_info/<dataset>/<norm>/, CLIP_benchmark's JSON of zero-shot models).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import ClassVar
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, is_staging
+from rgb.evaluation.exports import write_exports
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
     PARTIAL_SCORES_FILE,
@@ -191,7 +193,8 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = "white_
 
 
 def model_info(record: ScoresRecord) -> dict:
-    """One RobustBench-style record per (model, dataset)."""
+    """rgb's record of one (model, dataset): every setting as a fraction (RobustBench's own format:
+    rgb.evaluation.exports)."""
     wb = record.white_box.settings
     accuracy = {s: (a.value if a else None) for s, a in wb.items()}
     return {
@@ -352,6 +355,7 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
         (out_dir / "model_info" / record.dataset).mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(out_dir / "model_info" / record.dataset / f"{info['name']}.json",
                            (json.dumps(info, indent=2) + "\n").encode())
+    write_exports(pool.values(), out_dir)
     save(board_figure(board), out_dir / "leaderboard.png")
     return board
 

@@ -13,6 +13,7 @@ import logging
 import math
 import platform
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -34,13 +35,13 @@ from rgb.data.protocol import Protocol
 from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
-from rgb.evaluation.api_eval import ApiPredictor, cache_path, split_images
+from rgb.evaluation.endpoint_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
-                                    ModelIdentity, ProtocolScore, ScoresRecord)
+                                    ModelIdentity, ProtocolScore, ScoresRecord, TrainRun)
 from rgb.evaluation.scores import black_box_score
-from rgb.models.api_cache import AnswerCache
-from rgb.models.api_client import RequestCaps
-from rgb.models.api_cost import model_price
+from rgb.endpoints.cache import AnswerCache
+from rgb.endpoints.client import RequestCaps
+from rgb.endpoints.cost import model_price
 from rgb.models.checks import check_model_fits
 from rgb.models.families import model_name
 from rgb.models.io import library_versions
@@ -72,6 +73,8 @@ class EvalOptions:
     api_cache_dir: Path | None = None  # API models: where their answer caches live (one file per model identity)
     caps: RequestCaps = RequestCaps()  # API models: what this evaluation may send and spend (then partial)
     prices: dict = field(default_factory=dict)  # api_model: {input, output, cached_input} (conf/prices.yaml)
+    # The model's training run, carried into the record, from the hash of the weights scored (None: unknown)
+    train: Callable[[str], TrainRun] | None = None
 
 
 @dataclass(frozen=True)
@@ -343,6 +346,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
         protocol=Protocol.of(datamodule.dataset, datamodule.image_size, datamodule.budgets,
                              source=_resolved_source(datamodule.source)),
         control=_accuracy(per_sample[CONTROL_SPLIT], len(control_split), options, CONTROL_SPLIT),
+        train=options.train(weights_sha256) if options.train else None,
     )
     record = replace(record, protocol=replace(record.protocol, whole_splits=not record.partial))
     n_rows = len(test) if options.max_images is None else min(options.max_images, len(test))

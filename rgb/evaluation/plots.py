@@ -60,7 +60,7 @@ def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float | N
                 patch.set_hatch("..")
             elif value == 0:
                 patch.set_edgecolor(color)  # a sliver with an outline stays visible at any size
-        labels = (texts or {}).get(name) or ["missing" if v is None else f"{v:.2f}" for v in values]
+        labels = (texts or {}).get(name) or ["missing" if v is None else f"{v:.4f}" for v in values]
         ax.bar_label(bars, list(labels), padding=2, fontsize=7, rotation=0 if horizontal else 90)
     (ax.set_yticks if horizontal else ax.set_xticks)(np.arange(len(groups)), groups)
     (ax.set_xlim if horizontal else ax.set_ylim)(0, 1.15 * limit)  # headroom for the labels above bars near 1
@@ -92,7 +92,7 @@ def settings_figure(per_group: dict[str, dict[str, float | None]], title: str,
     absent_text = absent_text or {}
 
     def text(value: float | None, setting: str) -> str:
-        return absent_text.get(setting, "missing") if value is None else f"{value:.2f}"
+        return absent_text.get(setting, "missing") if value is None else f"{value:.4f}"  # as the tables print it
 
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(settings) / 2), 4.2))
     handles = grouped_bars(ax, groups, {s: [per_group[g].get(s) for g in groups] for s in settings},

@@ -19,9 +19,11 @@ import numpy as np
 from rgb.core.classwise import ClassWise
 from rgb.core.files import atomic_write_bytes
 from rgb.core.jsonrecord import JsonRecord, RecordError
+from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, parse_norm
 from rgb.data.catalog import TRANSFER_SPLITS
 from rgb.data.protocol import Protocol
+from rgb.endpoints.client import RequestStats
 from rgb.runs.store import RunSummary, partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
@@ -98,6 +100,37 @@ class ModelIdentity(JsonRecord):
         """`name`: the one its family gives the model (rgb.models.model_name, as summary.json has it)."""
         return cls(meta.get("run_name"), meta.get("family"), name, meta.get("loss"), meta.get("strategy"),
                    weights_sha256)
+
+
+# The training identity's keys that say what a model started from (pretrained weights, a tag, a local file).
+PRETRAINING_KEYS = ("model.pretrained", "model.pretrained_tag", "model.weights")
+
+
+@dataclass(frozen=True)
+class TrainRun(JsonRecord):
+    """The training run of the scored model as its model.json and W&B know it, carried by the record so that a
+    pool of eval folders (no train run at hand) still shows it: the run (its dir relative to the output root), the
+    W&B run and `model` artifact when they exist, epochs, what it started from, its parameter counts and card."""
+
+    run_name: str | None
+    run_dir: str | None
+    sweep: dict | None
+    wandb_id: str | None
+    model_artifact: str | None
+    epochs: int | None
+    pretraining: dict[str, Any]
+    parameters: dict[str, int] | None
+    card: dict[str, Any]
+
+    @classmethod
+    def of(cls, reference: dict, meta: dict) -> TrainRun:
+        """`reference`: rgb.runs.store.train_reference of the run; `meta`: its model.json."""
+        identity = (meta.get("training") or {}).get("identity") or {}
+        pretraining = {key.removeprefix("model."): Path(str(value)).name if key == "model.weights" else value
+                       for key, value in identity.items() if key in PRETRAINING_KEYS and value not in (None, "")}
+        return cls(reference.get("run_name"), reference.get("run_dir"), reference.get("sweep"),
+                   reference.get("wandb_id"), reference.get("model_artifact"), meta.get("epochs"), pretraining,
+                   meta.get("parameters"), dict(meta.get("card") or {}))
 
 
 @dataclass(frozen=True)
@@ -272,48 +305,27 @@ class AttackSummary(JsonRecord, _KeptFromRun):
 
 
 @dataclass(frozen=True)
-class RequestCounts(JsonRecord):
-    """What one split cost an API model (rgb.models.api_client.RequestStats, same field names, and the money of
-    rgb.evaluation.api_eval.ApiPredictor.money). Of the abstentions, `negations` and `alternatives` named a class
-    but denied it or offered it as one of several (0 when recorded before answer parser version 2)."""
-
-    images: int
-    requests: int
-    cached: int
-    retries: int
-    abstained: int
-    unanswered: int
-    prompt_tokens: int
-    completion_tokens: int
-    backoff_s: float
-    negations: int = 0
-    alternatives: int = 0
-    truncated: int = 0  # answers cut by the token limit before naming a class (counted in unanswered)
-    cached_prompt_tokens: int = 0  # the usage of the cached answers used (0 before it was recorded)
-    cached_completion_tokens: int = 0
-    spent: float | None = None      # USD billed for the answers this split is the first of its evaluation to use
-    list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
-
-
-@dataclass(frozen=True)
 class ApiUsage(JsonRecord):
     """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
     images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
     PARTIAL, and a re-run asks only the rest. `parser_version`: the answer parser that mapped the answers to
-    classes (rgb.models.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
+    classes (rgb.endpoints.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
 
     base_url: str
     api_model: str
-    per_split: dict[str, RequestCounts]
+    per_split: dict[str, RequestStats]  # rgb.endpoints.client's, one per split
     max_requests: int | None
     parser_version: int | None = None
-    price: dict | None = None  # rgb.models.api_cost.Price's fields (None: unknown, no money shown)
+    price: dict | None = None  # rgb.endpoints.cost.Price's fields (None: unknown, no money shown)
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost")
+
+    def __post_init__(self):  # a record written before secrets were redacted is shown without them
+        object.__setattr__(self, "base_url", redact_url(self.base_url))
 
     @property
     def total(self) -> dict[str, float | None]:
         """Each count summed over the splits (money: None when a split lacks it)."""
-        values = {f.name: [getattr(c, f.name) for c in self.per_split.values()] for f in fields(RequestCounts)}
+        values = {f.name: [getattr(c, f.name) for c in self.per_split.values()] for f in fields(RequestStats)}
         return {name: None if None in v else sum(v) for name, v in values.items()}
 
     @property
@@ -357,6 +369,7 @@ class ScoresRecord(JsonRecord):
     api: ApiUsage | None = None
     protocol: Protocol | None = None  # required (checked): a default only because the fields above have one
     control: Accuracy | None = None  # random_linf_30, the card's control: shown, never summed
+    train: TrainRun | None = None  # the model's training run (None: a model scored without its run record)
     DERIVED: ClassVar[tuple[str, ...]] = ("partial", "protocol_differences")
 
     def __post_init__(self):

@@ -10,12 +10,14 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from rgb.core.classwise import DEFAULT_WORST_K
 from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
-from rgb.evaluation.api_eval import cache_path, request_budget
+from rgb.endpoints.client import RequestCaps
+from rgb.evaluation.endpoint_eval import cache_path, request_budget
 from rgb.evaluation.leaderboard import (
     Leaderboard,
     LeaderboardError,
@@ -36,10 +38,9 @@ from rgb.evaluation.model_eval import (
     plan_table,
     request_plan,
 )
-from rgb.evaluation.records import PROTOCOLS, SCORES_FILE, RecordError, ScoresRecord
+from rgb.evaluation.records import PROTOCOLS, SCORES_FILE, RecordError, ScoresRecord, TrainRun
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
 from rgb.models import InMemoryModel, export_paths, load_with_meta
-from rgb.models.api_client import RequestCaps
 from rgb.models.io import origin_line
 from rgb.runs.store import attack_dir_read, train_reference
 
@@ -77,6 +78,7 @@ class EvalRequest:
     prices: dict = field(default_factory=dict)  # api_model: price, for API models whose model.price is null
     dry_run: bool = False
     wandb_project: str | None = None  # None: nothing logged to W&B
+    output_root: Path | None = None  # paths.output_dir: records name the train run relative to it
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,9 @@ def evaluate_pool(request: PoolRequest) -> None:
             board = write_leaderboard(records, staging, request.protocol,
                                       None if request.datasets is None else list(request.datasets), request.rank_by)
             write_seed_spread(spread, staging)
+            boards = both_boards(board, records) if request.site or request.wandb_project else [board]
             if request.site:
-                site = write_pool_site(board, records, runs, staging / SITE_DIR)
+                site = write_pool_site(boards, records, runs, staging / SITE_DIR)
     except (LeaderboardError, RecordError) as err:
         raise EvaluationError(str(err)) from err
     log.info("%s", to_markdown(board).rstrip("\n"))
@@ -128,25 +131,37 @@ def evaluate_pool(request: PoolRequest) -> None:
         log.info("%s", seed_spread_markdown(spread).rstrip("\n"))
     log.info("leaderboard written to %s", request.leaderboard_dir)
     if request.wandb_project is not None:
-        from rgb.evaluation.wandb_report import log_leaderboard
+        from rgb.evaluation.wandb_report import log_leaderboard, logged_scores
 
-        log_leaderboard(board, request.leaderboard_dir, request.wandb_project)
+        log_leaderboard(board, request.leaderboard_dir, request.wandb_project,
+                        others=[b for b in boards if b is not board], inputs=logged_scores(records))
     if request.site:
         index = (request.leaderboard_dir / site.relative_to(staging)).resolve()
         log.info("leaderboard site written to %s (open %s in a browser; it needs no server)", index.parent,
                  index.as_uri())
 
 
-def write_pool_site(board: Leaderboard, records: dict[Path, ScoresRecord], runs: dict, out: Path) -> Path:
-    """The site of a pool: `board` (what leaderboard.json holds) and the board of the other protocol, built from
-    the same records; each record with its train run, model.json and attack dir when the pool evaluated it."""
+def both_boards(board: Leaderboard, records: dict[Path, ScoresRecord]) -> list[Leaderboard]:
+    """`board` (what leaderboard.json holds) and the board of the other protocol from the same records, in
+    PROTOCOLS order."""
     other = next(p for p in PROTOCOLS if p != board.protocol)
     boards = [board, build_leaderboard(records, other, board.datasets, board.rank_by)]
+    return sorted(boards, key=lambda b: list(PROTOCOLS).index(b.protocol))
+
+
+def write_pool_site(boards: list[Leaderboard], records: dict[Path, ScoresRecord], runs: dict, out: Path) -> Path:
+    """The site of a pool's boards (both_boards); each record with its train run, model.json and attack dir when
+    the pool evaluated it."""
     entries = []
     for file, record in records.items():
         entry, meta = runs.get(file.resolve(), (None, None))
         entries.append(SiteEntry(file, record, entry and entry.model.run, meta, entry and entry.attack_dir))
-    return write_site(sorted(boards, key=lambda b: list(PROTOCOLS).index(b.protocol)), entries, out)
+    return write_site(boards, entries, out)
+
+
+def train_run(run: Path, meta: dict, root: Path | None, weights_sha256: str) -> TrainRun:
+    """The training run of the model in `run` as its scores record carries it."""
+    return TrainRun.of(train_reference(run, weights_sha256, root), meta)
 
 
 def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[ScoresRecord | None, dict]:
@@ -191,7 +206,8 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
         return None, meta
     with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
         weights, _ = export_paths(run)
-        record = evaluate_model(model, meta, weights, request.data(), replace(options, out_dir=staging))
+        train = partial(train_run, run, meta, request.output_root)
+        record = evaluate_model(model, meta, weights, request.data(), replace(options, out_dir=staging, train=train))
     if record.partial:  # named once the staging copy has replaced out_dir: a path that exists
         log.warning("PARTIAL evaluation (%s): written to %s; %s", partial_reason(record),
                     record.folder(out_dir) / record.file_name, "the whole-split record beside it is kept"
@@ -202,5 +218,5 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
         from rgb.evaluation.wandb_report import log_evaluation
 
         log_evaluation(record, record.folder(out_dir), request.wandb_project,
-                       train=train_reference(run, record.model.weights_sha256))
+                       train=train_reference(run, record.model.weights_sha256, request.output_root))
     return record, meta

@@ -4,13 +4,17 @@ one page per model, every script and stylesheet inside the folder, readable from
 One owner for the numbers: the site is drawn from the in-memory `Leaderboard` rows that leaderboard.json is written
 from (never recomputed). Every number it shows carries `data-json="<protocol>:<path>"`, the place of that number in
 the board's JSON (leaderboard.json for the pool's protocol, `site/data/leaderboard.<protocol>.json` for both), so a
-test can check the site against the JSON number by number. Plots are inline SVG whose marks carry `<title>`
-tooltips and the same `data-json` paths. Templates and assets are package data (rgb/evaluation/site_templates).
+test can check the site against the JSON number by number. Accuracies show in % with 2 decimals (the JSON keeps
+fractions). Each board states the threat model of its numbers ("digits, Linf, eps = 4/255"), read from every
+record's protocol. Plots are inline SVG whose marks carry `<title>` tooltips and the same `data-json` paths.
+Templates and assets are package data (rgb/evaluation/site_templates); site.js adds search, "show N entries",
+sorting and filters whose state lives in the URL's hash, so a filtered view can be shared, from file:// too.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +25,11 @@ import jinja2
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, distinct_name
+from rgb.core.secrets import redact, redact_text
+from rgb.core.threat import parse_norm
+from rgb.data.catalog import TRANSFER_SPLITS, split_budget
+from rgb.data.protocol import budget_text
+from rgb.data.resolvers import transfer_budget
 from rgb.evaluation.leaderboard import (
     INCOMPLETE_HEADING,
     OTHER_PROTOCOL_HEADING,
@@ -28,7 +37,7 @@ from rgb.evaluation.leaderboard import (
     LeaderboardRow,
     sum_heading,
 )
-from rgb.evaluation.records import ATTACK_SETTING_NORMS, SCORES_FILE, ScoresRecord
+from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, SCORES_FILE, ScoresRecord
 from rgb.runs.store import train_reference
 
 TEMPLATES = Path(__file__).with_name("site_templates")
@@ -40,6 +49,11 @@ SETTING_LABELS = {"test": "clean", **{setting: norm.value for setting, norm in A
 # What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
 REPORT_FOLDERS = {"zeroshot_report": "zero-shot report", "text_robustness": "text robustness"}
 MISSING = "—"
+BOARD_TITLES = {"white_box": "White-box (AutoAttack)", "black_box": "Black-box (transfer from the card's surrogates)"}
+# The benchmark's own citation (the dataset card's), shown under the boards.
+CITATION = TEMPLATES / "robustgenbench.bib"
+# What a model card may hold (`model_card=FILE` or fields at train time), in the order the model page lists them.
+CARD_FIELDS = ("title", "authors", "venue", "url", "additional_data", "bibtex")
 
 
 class SiteError(UserError, ValueError):
@@ -77,6 +91,11 @@ def setting_label(setting: str) -> str:
     return SETTING_LABELS.get(setting, setting)
 
 
+def percent(value: float) -> str:
+    """An accuracy as the site shows it: in %, 2 decimals (RobustBench's format)."""
+    return f"{100 * value:.2f}%"
+
+
 def _text(value) -> str:
     """A recipe field as the records hold it (the loss is a dict in model.json: its name), or the missing mark."""
     if isinstance(value, dict):
@@ -84,12 +103,44 @@ def _text(value) -> str:
     return MISSING if value is None or value == "" else str(value)
 
 
-def _pretraining(meta: dict | None) -> str:
-    """The pretrained weights the run started from, as its training identity records them."""
-    identity = ((meta or {}).get("training") or {}).get("identity") or {}
-    parts = [f"{k.removeprefix('model.')}={v}" for k, v in sorted(identity.items())
-             if k in ("model.pretrained", "model.weights", "model.pretrained_tag") and v not in (None, "")]
-    return ", ".join(parts) or MISSING
+def _pretraining(entries: Sequence[SiteEntry], meta: dict) -> str:
+    """The pretrained weights the run started from, as its training identity records them (or, for a pool of
+    eval folders, as the scores record's train run carries them)."""
+    identity = (meta.get("training") or {}).get("identity") or {}
+    parts = {k.removeprefix("model."): v for k, v in identity.items()
+             if k in ("model.pretrained", "model.weights", "model.pretrained_tag") and v not in (None, "")}
+    parts = parts or recorded(entries, "pretraining") or {}
+    return ", ".join(f"{k}={v}" for k, v in sorted(parts.items())) or MISSING
+
+
+def recorded(entries: Sequence[SiteEntry], *names: str):
+    """A field recorded at train time (parameter counts, the model card) wherever the records keep it: the scores
+    record's model identity, the record itself or the run's model.json; None when none holds it."""
+    for entry in entries:
+        for name in names:
+            for value in (getattr(entry.record.model, name, None), getattr(entry.record, name, None),
+                          (entry.meta or {}).get(name), getattr(entry.record.train, name, None)):
+                if value not in (None, "", {}, []):
+                    return value.to_json() if hasattr(value, "to_json") else value
+    return None
+
+
+def _parameters(value) -> str:
+    """Parameter counts as recorded: a number, or {"total": n, "trainable": m}."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in value.items()) or MISSING
+    return f"{value:,}" if isinstance(value, int) else _text(value)
+
+
+def model_card(entries: Sequence[SiteEntry]) -> dict[str, str]:
+    """The model card's fields (paper title, authors, venue, url, extra data, BibTeX) the records hold; {} if none."""
+    card = recorded(entries, "model_card", "card") or {}
+    shown = {}
+    for key in (*CARD_FIELDS, *sorted(set(card) - set(CARD_FIELDS))):
+        value = card.get(key)
+        if value not in (None, "", []):
+            shown[key] = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return shown
 
 
 def model_columns(entries: Sequence[SiteEntry]) -> dict[str, str]:
@@ -97,9 +148,10 @@ def model_columns(entries: Sequence[SiteEntry]) -> dict[str, str]:
     record = entries[0].record
     meta = next((e.meta for e in entries if e.meta), None) or {}
     return {"architecture": _text(record.model.name), "family": _text(record.model.family),
-            "parameters": _text(meta.get("num_parameters")), "pretraining": _pretraining(meta),
+            "parameters": _parameters(recorded(entries, "parameters", "num_parameters")),
+            "pretraining": _pretraining(entries, meta),
             "loss": _text(record.model.loss), "strategy": _text(record.model.strategy),
-            "epochs": _text(meta.get("epochs")), "weights_sha256": record.model.weights_sha256,
+            "epochs": _text(recorded(entries, "epochs")), "weights_sha256": record.model.weights_sha256,
             "rgb": _text(record.versions.get("rgb"))}
 
 
@@ -120,8 +172,73 @@ def setting_cell(board: Leaderboard, index: int, dataset: str, setting: str) -> 
     if accuracy is None:
         return Cell("missing", None, "")
     path = f"{board.protocol}:rows/{index}/per_dataset/{dataset}/settings/{setting}/accuracy"
-    return Cell(row.sum.marked(f"{accuracy.value:.4f}" + (" PARTIAL" if accuracy.partial else "")), accuracy.value,
+    return Cell(row.sum.marked(percent(accuracy.value) + (" PARTIAL" if accuracy.partial else "")), accuracy.value,
                 path)
+
+
+def shared_cell(boards: Sequence[Leaderboard], board: Leaderboard, index: int, dataset: str, setting: str) -> Cell:
+    """`setting_cell`, where a setting both protocols share (clean, common) that this board has no number for is
+    read from the board that has it: a model evaluated without transfer has no black-box score, yet its clean
+    accuracy is the white-box board's (and its `data-json` points there)."""
+    cell = setting_cell(board, index, dataset, setting)
+    model = board.rows[index].model
+    for other in boards:
+        if cell.value is not None or other is board or setting not in other.settings or dataset not in other.datasets:
+            continue
+        found = next((i for i, r in enumerate(other.rows) if r.model == model), None)
+        if found is not None and other.rows[found].per_dataset.get(dataset) is not None:
+            cell = setting_cell(other, found, dataset, setting)
+    return cell
+
+
+def setting_norm(setting: str) -> str | None:
+    """The norm an attack setting is made at ("Linf": white-box AutoAttack or a transfer split); None for clean
+    and common."""
+    if setting in ATTACK_SETTING_NORMS:
+        return ATTACK_SETTING_NORMS[setting].value
+    return parse_norm(split_budget(setting)[0]).value if setting in TRANSFER_SPLITS else None
+
+
+def board_norms(board: Leaderboard) -> list[str]:
+    """The norms of a board's attack settings, in its column order."""
+    return list(dict.fromkeys(filter(None, map(setting_norm, board.settings))))
+
+
+def record_budgets(protocol: str, record: ScoresRecord) -> list[tuple[str, str]]:
+    """(norm, eps text) of every budget behind a record's numbers under `protocol`: its white-box budgets
+    (`protocol.budgets`), or the transfer splits' at its image size."""
+    if protocol == "white_box":
+        return [(norm.value, budget_text(norm.key, record.protocol.budgets[norm.key]))
+                for norm in ATTACK_SETTING_NORMS.values() if norm.key in record.protocol.budgets]
+    return [(setting_norm(split), budget_text(split_budget(split)[0], transfer_budget(split, record.protocol.image_size)))
+            for split in PROTOCOLS[protocol] if split in TRANSFER_SPLITS]
+
+
+def threat_lines(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> list[str]:
+    """What a board's numbers were made under, RobustBench-style: one line per dataset, "digits, L1, eps = 2.5;
+    L2, eps = 0.2857; Linf, eps = 4/255", from every record the board shows; a budget only some records were
+    attacked at names them ("L2, eps = 0.2857 (big-eps: eps = 1)")."""
+    lines = []
+    for dataset in board.datasets:
+        by_norm: dict[str, dict[str, list[str]]] = {}
+        for row in board.rows:
+            for entry in entries.get(row.model, []):
+                if entry.record.dataset == dataset and entry.record.score_under(board.protocol) is not None:
+                    for norm, eps in record_budgets(board.protocol, entry.record):
+                        models = by_norm.setdefault(norm, {}).setdefault(eps, [])
+                        models += [] if row.model in models else [row.model]
+        if not by_norm:
+            continue
+        parts = []
+        for norm in (n for n in board_norms(board) if n in by_norm):
+            ordered = sorted(by_norm[norm].items(), key=lambda item: -len(item[1]))  # the most used budget first
+            if board.protocol == "black_box":
+                parts.append(f"{norm}, eps = {', '.join(eps for eps, _ in ordered)}")
+                continue
+            others = "; ".join(f"{', '.join(models)}: eps = {eps}" for eps, models in ordered[1:])
+            parts.append(f"{norm}, eps = {ordered[0][0]}" + (f" ({others})" if others else ""))
+        lines.append(f"{dataset}, " + "; ".join(parts))
+    return lines
 
 
 def sum_cell(board: Leaderboard, index: int) -> Cell:
@@ -179,9 +296,11 @@ def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: st
 
 def scatter_svg(points: Sequence[tuple[str, Cell, Cell]], x_label: str, y_label: str, y_max: float,
                 title: str) -> str:
-    """One point per (label, x in [0, 1], y in [0, y_max]); the point's label and both numbers in its <title>."""
+    """One point per (label, x in [0, 1], y in [0, y_max]), labelled beside it, its numbers in its <title>. Points
+    that coincide are set side by side and their labels stacked, so that two models at equal scores both show."""
     width, height, left, top = 360, 220, 44, 24
-    parts = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width + left + 10}" '
+    label_width = 7 * max((len(label) for label, _, _ in points), default=0)
+    parts = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width + left + 10 + label_width}" '
              f'height="{top + height + 36}" role="img" aria-label="{escape(title)}">',
              f'<text x="4" y="14" class="plot-title">{escape(title)}</text>',
              f'<line x1="{left}" x2="{left + width}" y1="{top + height}" y2="{top + height}" class="axis"/>',
@@ -189,28 +308,36 @@ def scatter_svg(points: Sequence[tuple[str, Cell, Cell]], x_label: str, y_label:
              f'<text x="{left + width / 2}" y="{top + height + 30}" class="tick">{escape(x_label)}</text>',
              f'<text x="{left + 4}" y="{top + 10}" class="tick">{escape(y_label)} (max {y_max:g})</text>']
     for tick in (0, 0.5, 1):
-        parts.append(f'<text x="{left + width * tick - 6:.0f}" y="{top + height + 14}" class="tick">{tick:g}</text>'
+        parts.append(f'<text x="{left + width * tick - 6:.0f}" y="{top + height + 14}" class="tick">{tick * 100:g}%</text>'
                      f'<text x="{left - 30}" y="{top + height * (1 - tick) + 4:.0f}" class="tick">'
                      f'{y_max * tick:g}</text>')
+    placed: dict[tuple[int, int], int] = {}  # how many points already sit at one spot (rounded to pixels)
     for label, x, y in points:
         if x.value is None or y.value is None:
             continue
         cx, cy = left + width * x.value, top + height * (1 - y.value / y_max)
-        parts.append(f'<circle cx="{cx:.2f}" cy="{cy:.2f}" r="5" class="point"{_svg_attrs(y)}>'
+        k = placed.get((round(cx), round(cy)), 0)
+        placed[round(cx), round(cy)] = k + 1
+        parts.append(f'<circle cx="{cx + 7 * k:.2f}" cy="{cy:.2f}" r="5" class="point"{_svg_attrs(y)}>'
                      f'<title>{escape(label)}: {escape(x_label)} {escape(x.text)}, {escape(y_label)} '
-                     f'{escape(y.text)}</title></circle>')
+                     f'{escape(y.text)}</title></circle>'
+                     f'<text x="{cx + 9:.2f}" y="{cy + 4 + 12 * k:.2f}" class="point-label">{escape(label)}</text>')
     return "".join(parts) + "</svg>"
 
 
-def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]], pages: dict[str, str]) -> dict:
-    """What a board's templates show: its groups (as leaderboard.md groups them), each row's cells and plots."""
+def board_view(board: Leaderboard, boards: Sequence[Leaderboard], entries: dict[str, list[SiteEntry]],
+               pages: dict[str, str]) -> dict:
+    """What a board's templates show: its title and budgets, its groups (as leaderboard.md groups them), each
+    row's cells and plots."""
     settings = board.settings
 
     def row_view(index: int, row: LeaderboardRow) -> dict:
         columns = model_columns(entries[row.model]) if row.model in entries else {}
         return {"row": row, "rank": row.rank or MISSING, "page": f"models/{pages[row.model]}.html",
                 "columns": columns, "sum": sum_cell(board, index), "borda": borda_cell(board, index),
-                "cells": [(d, s, setting_cell(board, index, d, s)) for d in board.datasets for s in settings]}
+                "cells": [(d, s, shared_cell(boards, board, index, d, s)) for d in board.datasets for s in settings],
+                "search": " ".join([row.model, *(columns.get(k, "") for k in ("architecture", "family", "loss",
+                                                                              "strategy", "pretraining"))]).lower()}
 
     rows = {row.model: row_view(i, row) for i, row in enumerate(board.rows)}
     max_sum = len(settings) * len(board.datasets)
@@ -219,9 +346,10 @@ def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]], pages: d
         (INCOMPLETE_HEADING, board.incomplete_rows, True), (OTHER_PROTOCOL_HEADING, board.other_protocol_rows, False))
         if members]
     index = {r.model: i for i, r in enumerate(board.rows)}
+    has_numbers = any(score is not None for r in board.rows for score in r.per_dataset.values())
     plots = []
-    for dataset in board.datasets:
-        series = {r.sum.marked(r.model): [setting_cell(board, index[r.model], dataset, s) for s in settings]
+    for dataset in board.datasets if has_numbers else ():
+        series = {r.sum.marked(r.model): [shared_cell(boards, board, index[r.model], dataset, s) for s in settings]
                   for r in board.rows}
         if any(c.value is not None for cells in series.values() for c in cells):
             plots.append(bars_svg([setting_label(s) for s in settings], series,
@@ -232,9 +360,10 @@ def board_view(board: Leaderboard, entries: dict[str, list[SiteEntry]], pages: d
     if any(x.value is not None for _, x, _ in sums):
         plots.append(scatter_svg(sums, "clean accuracy (mean over datasets)", "Sum", board.rows[0].sum.max,
                                  f"Sum vs clean accuracy ({board.protocol}; complete entries)"))
-    return {"board": board, "groups": groups, "plots": plots,
+    return {"board": board, "groups": groups, "plots": plots, "threats": threat_lines(board, entries),
+            "title": f"{BOARD_TITLES[board.protocol]}: {', '.join(board.datasets)}, {', '.join(board_norms(board))}",
             "settings": [(s, setting_label(s)) for s in settings], "max_sum": max_sum,
-            "has_numbers": any(c.value is not None for r in rows.values() for _, _, c in r["cells"]),
+            "has_numbers": has_numbers,
             "not_applicable": sorted(board.not_applicable.items())}
 
 
@@ -245,7 +374,63 @@ def _clean_mean(board: Leaderboard, index: int) -> Cell:
     values = [c.value for c in cells if c.value is not None]
     if len(board.datasets) == 1:
         return cells[0]
-    return Cell(f"{sum(values) / len(values):.4f}", sum(values) / len(values), "") if values else Cell("", None, "")
+    return Cell(percent(sum(values) / len(values)), sum(values) / len(values), "") if values else Cell("", None, "")
+
+
+def setting_groups(boards: Sequence[Leaderboard]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The setting filter's option groups: the settings every board has (clean, common), then each board's own
+    (white-box AutoAttack, transfer), so that choosing one says which board it belongs to."""
+    shared = [s for s in boards[0].settings if all(s in b.settings for b in boards)]
+    groups = [("every board", shared)] + [(BOARD_TITLES[b.protocol], [s for s in b.settings if s not in shared])
+                                          for b in boards]
+    return [(title, [(s, setting_label(s)) for s in settings]) for title, settings in groups if settings]
+
+
+_TABLE_RULE = re.compile(r"^\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?$")
+
+
+def _inline(text: str) -> str:
+    """Markdown's inline code and emphasis of our reports, escaped."""
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+
+
+def markdown_html(text: str) -> str:
+    """The Markdown rgb's reports write (headings, bullet lists, pipe tables, paragraphs; see
+    leaderboard.markdown_table) as HTML, so a report reads as tables on a model page, not as raw text."""
+    html, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        line = lines[i].strip()
+        if line.startswith("|") and i + 1 < len(lines) and _TABLE_RULE.match(lines[i + 1].strip()):
+            def cells(row: str) -> list[str]:
+                return [c.strip() for c in row.strip().strip("|").split("|")]
+            align = ["right" if a.endswith(":") else "left" for a in cells(lines[i + 1])]
+            rows = []
+            i += 2
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                rows.append("<tr>" + "".join(f'<td style="text-align:{a}">{_inline(c)}</td>'
+                                             for c, a in zip(cells(lines[i]), align)) + "</tr>")
+                i += 1
+            html.append('<table class="report"><thead><tr>' + "".join(f"<th>{_inline(c)}</th>" for c in cells(line))
+                        + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+            continue
+        if line.startswith("#"):
+            level = min(len(line) - len(line.lstrip("#")) + 3, 6)  # under the page's own h1-h3
+            html.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].strip().startswith("- "):
+                items.append(f"<li>{_inline(lines[i].strip()[2:])}</li>")
+                i += 1
+            html.append("<ul>" + "".join(items) + "</ul>")
+            continue
+        elif line:
+            html.append(f"<p>{_inline(line)}</p>")
+        i += 1
+    return "\n".join(html)
+
+
+TEXT_FILES = (".json", ".md", ".csv", ".txt")
 
 
 def _copy(source: Path, target: Path) -> str | None:
@@ -254,7 +439,10 @@ def _copy(source: Path, target: Path) -> str | None:
     if not source.is_file():
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, target)
+    if source.suffix in TEXT_FILES:  # a record written before secrets were redacted is published without them
+        atomic_write_bytes(target, redact_text(source.read_text()).encode())
+    else:
+        shutil.copyfile(source, target)
     models = next(p for p in target.parents if p.name == "models")
     return target.relative_to(models).as_posix()
 
@@ -278,7 +466,8 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
             copied = {p.name: _copy(p, files_dir / sub / p.name) for p in found if p.suffix in (".md", ".png", ".csv")}
             if copied:
                 reports.append({"title": title, "files": copied,
-                                "text": "\n\n".join(p.read_text() for p in found if p.suffix == ".md")})
+                                "html": "\n".join(markdown_html(redact_text(p.read_text()))
+                                                  for p in found if p.suffix == ".md")})
         tables = []
         for board in boards:
             index = next((i for i, r in enumerate(board.rows) if r.model == name), None)
@@ -290,7 +479,9 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
                 continue
             cells = [(s, setting_cell(board, index, record.dataset, s),
                       score.settings.get(s) if score else None) for s in board.settings]
+            budgets = "; ".join(f"{n}, eps = {eps}" for n, eps in record_budgets(board.protocol, record))
             tables.append({"protocol": board.protocol, "status": row.sum.status_line(), "cells": cells,
+                           "threat": f"{record.dataset}, {budgets}",
                            "plot": bars_svg([setting_label(s) for s, _, _ in cells],
                                             {row.sum.marked(name): [c for _, c, _ in cells]},
                                             f"{record.dataset}: {board.protocol}")})
@@ -298,18 +489,18 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
                          "tables": tables, "class_wise": record.class_wise, "entry": entry})
     meta = next((e.meta for e in entries if e.meta), None)
     run = next((e for e in entries if e.run is not None), None)
-    provenance = {"train run": None, "W&B id of the train run": None}
+    train = next((e.record.train for e in entries if e.record.train is not None), None)
+    provenance = {"train run": train and train.run_dir, "W&B id of the train run": train and train.wandb_id}
     if run is not None:
         reference = train_reference(run.run, run.record.model.weights_sha256)
         provenance = {"train run": reference["run_dir"], "W&B id of the train run": reference["wandb_id"]}
     record = entries[0].record
-    provenance.update({"sweep": (meta or {}).get("sweep"), "weights sha256": record.model.weights_sha256,
-                       "data source": record.source, "seed": (meta or {}).get("seed"),
+    provenance.update({"sweep": (meta or {}).get("sweep"), "data source": record.source, "seed": (meta or {}).get("seed"),
                        "versions": ", ".join(f"{k} {v}" for k, v in sorted(record.versions.items())) or None})
     config = {k: v for k, v in (meta or {}).items() if k not in ("training", "class_names", "zeroshot")}
-    return {"name": name, "columns": model_columns(entries), "datasets": datasets,
+    return {"name": name, "columns": model_columns(entries), "datasets": datasets, "card": model_card(entries),
             "provenance": {k: _text(v) for k, v in provenance.items()},
-            "config": json.dumps(config or record.model.to_json(), indent=2, sort_keys=True, default=str)}
+            "config": json.dumps(redact(config or record.model.to_json()), indent=2, sort_keys=True, default=str)}
 
 
 def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out: Path) -> Path:
@@ -327,14 +518,13 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
         atomic_write_bytes(out / "data" / f"leaderboard.{board.protocol}.json",
                            (json.dumps(board.to_json(), indent=2) + "\n").encode())
     pages = page_names([*by_model, *(row.model for board in boards for row in board.rows)])
-    views = [board_view(board, by_model, pages) for board in boards]
+    views = [board_view(board, boards, by_model, pages) for board in boards]
     filters = {key: sorted({model_columns(e)[key] for e in by_model.values()}) for key in ("family", "loss", "strategy")}
     datasets = sorted({d for board in boards for d in board.datasets})
-    settings = list(dict.fromkeys((s, setting_label(s)) for board in boards for s in board.settings))
     index = out / "index.html"
     atomic_write_bytes(index, env.get_template("index.html.j2").render(
-        boards=views, filters=filters, datasets=datasets, settings=settings, missing=MISSING,
-        label=setting_label).encode())
+        boards=views, filters=filters, datasets=datasets, setting_groups=setting_groups(boards), missing=MISSING,
+        label=setting_label, citation=CITATION.read_text()).encode())
     (out / "models").mkdir(exist_ok=True)
     for name, model_entries in sorted(by_model.items()):
         view = model_view(name, model_entries, boards, out / "models" / pages[name])

@@ -1,5 +1,6 @@
 """Send an evaluation to Weights & Biases: every number of the scores record, a settings table, the plots and
-scores.json as an artifact; and a pool's leaderboard: its table and its files (the site too) as an artifact.
+scores.json as an artifact (using the train run's `model` artifact); and a pool's leaderboard: both boards as tables and
+its files (the site too) as an artifact (using the scores artifacts it read).
 
 Works offline (WANDB_MODE=offline writes real run files to sync later); the run id derives from the output
 directory, so re-evaluating the same model (or re-ranking the same pool) updates the same W&B run.
@@ -8,22 +9,56 @@ directory, so re-evaluating the same model (or re-ranking the same pool) updates
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import wandb
 
-from rgb.core.files import distinct_name, stable_id
+from rgb.core.files import distinct_name, file_sha256, sha256_alias, stable_id
 from rgb.evaluation.leaderboard import Leaderboard, table_rows
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, ScoresRecord
 from rgb.evaluation.scores import record_sum
+from rgb.runs.store import wandb_run_under
 
 log = logging.getLogger(__name__)
 
-# What the W&B reports leave out, said once per run that logs artifacts. No train run logs its export as an
-# artifact, so there is none to `use_artifact` (W&B refuses use_artifact offline anyway): the scores artifact's
-# metadata names the weights' sha256 and the train run (its dir and W&B id) instead.
-SKIPPED = ("W&B skipped: model weights are not uploaded (the scores artifact's metadata names their sha256 and the "
-           "train run), attack results stay on disk (their summaries are in the attack runs)")
+# What the W&B reports leave out, said once per run that logs artifacts.
+SKIPPED = ("W&B skipped: model weights are not uploaded (the train run's `model` artifact holds them by reference; "
+           "log_weights=true at train time uploads them), attack results stay on disk (their summaries are in the "
+           "attack runs)")
+LEADERBOARD_GROUP = "leaderboard"
+
+
+def use_inputs(run, inputs: list[str]) -> list[str]:
+    """Declare the artifacts (`name:alias`) this run read: its lineage. Online, each is a `use_artifact`; offline W&B
+    refuses use_artifact, so the intent is kept in the run's config (`inputs`, always written) and declared when the
+    same command runs online after `wandb sync` (the run id is the same: it resumes the synced run)."""
+    inputs = [name for name in dict.fromkeys(inputs) if name]
+    if not inputs:
+        return []
+    run.config.update({"inputs": inputs}, allow_val_change=True)
+    if run.offline:
+        log.info("W&B offline: inputs %s recorded in the config; after `wandb sync`, run the command again online "
+                 "to declare them", ", ".join(inputs))
+        return inputs
+    for name in inputs:
+        try:
+            run.use_artifact(name)
+        except (wandb.errors.CommError, ValueError) as err:  # not synced yet, or logged to another project
+            log.warning("W&B: input %s not found (%s): sync its run, then run this command again", name, err)
+    return inputs
+
+
+def scores_artifact(record: ScoresRecord) -> str:
+    """The name of the artifact an evaluation logs its scores.json as."""
+    return f"scores-{distinct_name(record.model.run_name or '?', record.dataset)}"
+
+
+def logged_scores(records: dict[Path, ScoresRecord]) -> list[str]:
+    """`name:alias` of the scores artifacts of a pool's records that were logged (their eval folder holds the W&B
+    run that logged them), aliased by the file's hash: the very version read."""
+    return [f"{scores_artifact(record)}:{sha256_alias(file_sha256(file))}" for file, record in records.items()
+            if wandb_run_under(file.parent)]
 LEADERBOARD_FILES = ("leaderboard.md", "leaderboard.csv", "leaderboard.json", "leaderboard.png", "seeds.md",
                      "seeds.json")
 
@@ -49,28 +84,40 @@ def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: 
         for plot in record.plots:
             logged[f"plots/{Path(plot).stem}"] = wandb.Image(str(out_dir / plot))
         run.log(logged)
-        scores = wandb.Artifact(f"scores-{distinct_name(record.model.run_name or '?', record.dataset)}",
-                                type="scores", metadata={"weights_sha256": record.model.weights_sha256,
-                                                         "train": train, "partial": record.partial})
+        scores = wandb.Artifact(scores_artifact(record), type="scores",
+                                metadata={"weights_sha256": record.model.weights_sha256, "train": train,
+                                          "partial": record.partial})
         scores.add_file(str(out_dir / record.file_name))
-        run.log_artifact(scores)
+        use_inputs(run, [(train or {}).get("model_artifact")])
+        run.log_artifact(scores, aliases=["latest", sha256_alias(file_sha256(out_dir / record.file_name))])
         log.info("%s", SKIPPED)
         return Path(run.dir).parent
     finally:
         run.finish()
 
 
-def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str) -> Path:
+def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str, others: Sequence[Leaderboard] = (),
+                    inputs: Sequence[str] = ()) -> Path:
     """Log a pool's leaderboard: its rows as a W&B table (leaderboard.csv's columns and numbers), the Sum and
-    Borda of each model in the summary, and its files (and site/, when written) as a `leaderboard` artifact."""
+    Borda of each model in the summary, and its files (and site/, when written) as a `leaderboard` artifact; the
+    pool's other boards (the other protocol) as tables `boards/<protocol>` and summaries `<protocol>/<model>/...`.
+    `inputs`: the scores artifacts the pool read (use_inputs)."""
     run = wandb.init(project=project, name=f"leaderboard:{board.protocol}", job_type="leaderboard",
+                     group=LEADERBOARD_GROUP, tags=[board.protocol, *board.datasets][:64],
                      dir=str(leaderboard_dir), id=stable_id(leaderboard_dir), resume="allow",
-                     config={"protocol": board.protocol, "datasets": board.datasets, "rank_by": board.rank_by})
+                     config={"protocol": board.protocol, "datasets": board.datasets, "rank_by": board.rank_by,
+                             "boards": [board.protocol, *(other.protocol for other in others)]})
     try:
-        columns, rows = table_rows(board)
-        run.log({"leaderboard": wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])})
-        run.summary.update({f"{row.model}/{key}": value for row in board.rows for key, value in (
-            ("partial_sum", row.sum.partial_sum), ("borda", row.borda), ("status", row.sum.status_line()))})
+        logged = {}
+        for shown in (board, *others):
+            columns, rows = table_rows(shown)
+            key = "leaderboard" if shown is board else f"boards/{shown.protocol}"
+            logged[key] = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
+            prefix = "" if shown is board else f"{shown.protocol}/"
+            run.summary.update({f"{prefix}{row.model}/{key}": value for row in shown.rows for key, value in (
+                ("partial_sum", row.sum.partial_sum), ("borda", row.borda), ("status", row.sum.status_line()))})
+        run.log(logged)
+        use_inputs(run, list(inputs))
         files = wandb.Artifact(f"leaderboard-{board.protocol}", type="leaderboard",
                                metadata={"datasets": board.datasets, "rank_by": board.rank_by})
         for name in LEADERBOARD_FILES:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, tensor_file_problem
 from rgb.core.templates import check_templates, fill, prompt_class_names
+from rgb.models.factory import ModelSpecError
 from rgb.models.openclip import load_clip, register_architecture
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ def embedded_clip_classifier(name: str, num_classes: int, clip_dir: str, mini_di
         register_embedded_architecture()
         return create_openclip_classifier(EMBEDDED_ARCH, num_classes, weights=weights, text_weights=text_weights)
     if captions not in CAPTION_SETS:
-        raise ValueError(f"unknown embedded CLIP captions {captions!r}; choose one of {', '.join(CAPTION_SETS)}")
+        raise ModelSpecError(f"unknown embedded CLIP captions {captions!r}; choose one of {', '.join(CAPTION_SETS)}")
     embedded = str(ensure_embedded_clip(clip_dir, mini_dir, CAPTION_SETS[captions]))
     if weights is None:
         return create_openclip_classifier(EMBEDDED_ARCH, num_classes, weights=embedded, text_weights=text_weights)

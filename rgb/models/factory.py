@@ -23,6 +23,11 @@ class WeightsMismatchError(UserError, ValueError):
     """Pretrained weights whose keys or shapes do not fit the model (never loaded silently)."""
 
 
+class ModelSpecError(UserError, ValueError):
+    """A model the user named that cannot be made: an unknown timm or open_clip name or tag, a factory spec that
+    does not import or returns no model, weights that contradict the name."""
+
+
 class ModelLoadError(UserError, ValueError):
     """An export record that names no family this rgb can rebuild (unknown, or an in-memory `python` module)."""
 
@@ -78,12 +83,12 @@ def check_model_name(name: str) -> None:
     architecture, _, tag = name.partition(".")
     if not timm.is_model(architecture):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
-        raise ValueError(f"unknown timm model {name!r}; close matches: {', '.join(close) or 'none'}")
+        raise ModelSpecError(f"unknown timm model {name!r}; close matches: {', '.join(close) or 'none'}")
     if tag:
         tagged = timm.list_pretrained(f"{architecture}.*")
         if name not in tagged:
             close = difflib.get_close_matches(name, tagged, n=5, cutoff=0.0)
-            raise ValueError(f"unknown pretrained tag in {name!r}; close matches: {', '.join(close) or 'none'}")
+            raise ModelSpecError(f"unknown pretrained tag in {name!r}; close matches: {', '.join(close) or 'none'}")
 
 
 def _weights_file_state_dict(path: Path) -> dict:
@@ -190,10 +195,10 @@ def create_model(
     """
     check_model_name(name)
     if weights is not None and not pretrained:
-        raise ValueError(f"weights={weights!r} given with pretrained=False; set pretrained=True to load them")
+        raise ModelSpecError(f"weights={weights!r} given with pretrained=False; set pretrained=True to load them")
     if split_source(name)[0] is not None:
         if weights is not None:
-            raise ValueError(f"model {name} brings its own weights: drop weights={weights!r} (or use the architecture "
+            raise ModelSpecError(f"model {name} brings its own weights: drop weights={weights!r} (or use the architecture "
                              "name with the weights file)")
         backbone, sourced = _create_from_source(name, pretrained, timm_kwargs)
         backbone.reset_classifier(num_classes)

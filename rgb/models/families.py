@@ -14,7 +14,7 @@ from typing import Protocol
 
 from torch import nn
 
-from rgb.models import api, openclip, timm_family, user_factory
+from rgb.models import chat, openclip, timm_family, user_factory
 from rgb.models.factory import ModelLoadError
 
 
@@ -47,7 +47,7 @@ class ModelFamily(Protocol):
 FAMILIES: dict[str, ModelFamily] = {
     family.name: family
     for family in (timm_family.FAMILY, openclip.FAMILY, user_factory.FAMILY, user_factory.IN_MEMORY_FAMILY,
-                   api.FAMILY)
+                   chat.FAMILY)
 }
 DEFAULT_FAMILY = "timm"
 

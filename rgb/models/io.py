@@ -74,6 +74,14 @@ def export_meta(datamodule, names: dict, **fields) -> dict:
             "num_classes": len(class_names), "image_size": datamodule.image_size, **fields}
 
 
+def parameter_counts(model: nn.Module, trained: bool = True) -> dict[str, int]:
+    """Total, trainable and non-trainable parameters, as lightning-hydra-template logs them (`model/params/*`):
+    trainable are those that require grad when the run trains (`trained=False`, a head built from prompts: none)."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if trained else 0
+    return {"total": total, "trainable": trainable, "non_trainable": total - trainable}
+
+
 def export_model(model: nn.Module, out_dir: str | Path, meta: dict) -> Path:
     """Write `model.safetensors` and `model.json` (family, its rebuild fields, versions, plus the caller's `meta`).
     A family without weights (`api`) gets the record alone; its path is returned then."""

@@ -26,7 +26,7 @@ from torch import nn
 
 from rgb.core.errors import UserError
 from rgb.core.files import corrupt_file_named
-from rgb.models.factory import Normalize, WeightsMismatchError, weights_must_fit
+from rgb.models.factory import ModelSpecError, Normalize, WeightsMismatchError, weights_must_fit
 from rgb.models.hub import HF_HUB, LOCAL_DIR, hub_file, hub_files, source_record, split_revision, split_source
 
 INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear", "random": "bicubic"}
@@ -136,12 +136,12 @@ def check_architecture(name: str, pretrained: str | None) -> None:
     models = open_clip.list_models()
     if name not in models:
         close = difflib.get_close_matches(name, models, n=5, cutoff=0.5)
-        raise ValueError(f"unknown open_clip architecture {name!r}; close matches: {', '.join(close) or 'none'}")
+        raise ModelSpecError(f"unknown open_clip architecture {name!r}; close matches: {', '.join(close) or 'none'}")
     if pretrained:
         tags = open_clip.list_pretrained_tags_by_model(name)
         if pretrained not in tags:
             close = difflib.get_close_matches(pretrained, tags, n=5, cutoff=0.0)
-            raise ValueError(
+            raise ModelSpecError(
                 f"unknown pretrained tag {pretrained!r} for open_clip {name!r}; close matches: {', '.join(close) or 'none'}"
             )
 
@@ -288,9 +288,9 @@ def _check_source(name: str, pretrained: str | None, text_weights: str | None) -
     extra = {"model.pretrained": pretrained, "model.text_weights": text_weights}
     given = [f"{key}={value}" for key, value in extra.items() if value]
     if given:
-        raise ValueError(f"open_clip {name} brings both towers' weights: drop {', '.join(given)}")
+        raise ModelSpecError(f"open_clip {name} brings both towers' weights: drop {', '.join(given)}")
     if source == HF_HUB and split_revision(rest)[1]:
-        raise ValueError(f"open_clip's hf-hub: loader takes no @revision ({name}); the revision loaded is recorded "
+        raise ModelSpecError(f"open_clip's hf-hub: loader takes no @revision ({name}); the revision loaded is recorded "
                          "in model.json")
     if source == LOCAL_DIR and not (Path(rest).expanduser() / "open_clip_config.json").is_file():
         raise FileNotFoundError(f"open_clip {name}: {Path(rest) / 'open_clip_config.json'} not found (a local-dir: "
@@ -321,18 +321,18 @@ def _weights_plan(name: str, source: str | None, pretrained: str | None, weights
         image_state = image_tower_state(state)
         if image_state is None:  # the whole CLIP
             if source is not None:
-                raise ValueError(f"{weights} holds both towers but open_clip {name} loads its own: give the "
+                raise ModelSpecError(f"{weights} holds both towers but open_clip {name} loads its own: give the "
                                  "architecture's name with model.weights, or an image-tower-only file")
             if text_weights:
-                raise ValueError(f"{weights} holds both towers: drop model.text_weights={text_weights}")
+                raise ModelSpecError(f"{weights} holds both towers: drop model.text_weights={text_weights}")
             return str(weights), None, {"image": f"file {weights}", "text": f"file {weights}"}
         if source is None and not pretrained and not text_weights:
-            raise ValueError(
+            raise ModelSpecError(
                 f"{weights} holds the image tower only: give the text tower with model.pretrained=TAG "
                 f"(tags of {name}: {', '.join(_tags(name)) or 'none'}) or model.text_weights=PATH"
             )
     elif text_weights:
-        raise ValueError(f"model.text_weights={text_weights} needs model.weights=PATH (an image-tower checkpoint)")
+        raise ModelSpecError(f"model.text_weights={text_weights} needs model.weights=PATH (an image-tower checkpoint)")
     if text_weights:
         if not Path(text_weights).is_file():
             raise OpenCLIPWeightsError(f"CLIP text weights file {text_weights} does not exist")

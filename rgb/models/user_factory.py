@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from rgb.models.factory import ModelLoadError
+from rgb.models.factory import ModelLoadError, ModelSpecError
 
 REBUILD_HINT = ("to load it by path, export the module with rgb.models.export_factory_model(model, out_dir, "
                 "factory='module:function') and pass that directory")
@@ -18,21 +18,21 @@ def resolve_factory(spec: str):
     """`"package.module:function"` -> the function, or one line saying what is wrong."""
     module_name, sep, function_name = str(spec).partition(":")
     if not sep or not module_name or not function_name:
-        raise ValueError(f"factory {spec!r} must be 'module:function' (e.g. 'mypkg.models:build')")
+        raise ModelSpecError(f"factory {spec!r} must be 'module:function' (e.g. 'mypkg.models:build')")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"factory {spec!r}: cannot import {module_name!r} ({err})") from err
+        raise ModelSpecError(f"factory {spec!r}: cannot import {module_name!r} ({err})") from err
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise ValueError(f"factory {spec!r}: {module_name!r} has no callable {function_name!r}")
+        raise ModelSpecError(f"factory {spec!r}: {module_name!r} has no callable {function_name!r}")
     return function
 
 
 def build_from_factory(spec: str, kwargs: dict | None = None) -> nn.Module:
     model = resolve_factory(spec)(**(kwargs or {}))
     if not isinstance(model, nn.Module):
-        raise ValueError(f"factory {spec!r} returned {type(model).__name__}, not an nn.Module")
+        raise ModelSpecError(f"factory {spec!r} returned {type(model).__name__}, not an nn.Module")
     return model
 
 
@@ -44,7 +44,7 @@ class FactoryFamily:
 
     def describe(self, model: nn.Module) -> dict:
         """Factory models carry no recipe: `export_factory_model` is told the factory instead."""
-        raise ValueError("a factory model is exported with rgb.models.export_factory_model(model, out_dir, factory=...)")
+        raise ModelSpecError("a factory model is exported with rgb.models.export_factory_model(model, out_dir, factory=...)")
 
     def rebuild(self, record: dict) -> nn.Module:
         return build_from_factory(record["factory"], record.get("kwargs") or {})
@@ -55,14 +55,14 @@ class FactoryFamily:
     def num_classes(self, model: nn.Module) -> int:
         classes = getattr(self.head(model), "out_features", None)
         if not isinstance(classes, int):
-            raise ValueError(f"factory model {type(model).__name__}: its `classifier` has no `out_features` (an "
+            raise ModelSpecError(f"factory model {type(model).__name__}: its `classifier` has no `out_features` (an "
                              "nn.Linear head says how many classes the model tells apart)")
         return classes
 
     def head(self, model: nn.Module) -> nn.Module:
         head = getattr(model, "classifier", None)
         if not isinstance(head, nn.Module):
-            raise ValueError(f"factory model {type(model).__name__} declares no head (a `classifier` submodule)")
+            raise ModelSpecError(f"factory model {type(model).__name__} declares no head (a `classifier` submodule)")
         return head
 
     def backbone(self, model: nn.Module) -> nn.Module:

@@ -268,7 +268,7 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
         split_sha256=target.split_sha256, n=n, norm=budget.threat.norm.key, eps=budget.threat.eps,
         impl=request.impl, impl_version=implementation.version(),
         standard=standard_run(options.version, attacks, options.precision) and not options.off_protocol(),
-        attacks=attacks, tf32=False, compile=request.compile,
+        attacks=attacks, tf32=options.precision == "tf32", compile=request.compile,
         channels_last=request.channels_last, batch_size=request.batch_size, threads=request.threads,
         clean_accuracy=accuracy_after["clean"], n_clean_correct=int(columns["clean_correct"].sum()),
         robust_accuracy=float(columns["robust"].float().mean()), n_robust=int(columns["robust"].sum()),

@@ -14,6 +14,7 @@ import glob
 import hashlib
 import io
 import json
+import os
 import shutil
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.errors import UserError
-from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, stable_id
+from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, sha256_alias, stable_id
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import path_name
 from rgb.models import META_FILE, WEIGHTS_FILE, export_paths
@@ -131,14 +132,43 @@ def run_name_for(path: str | Path) -> str:
     return path.name
 
 
-def train_reference(path: str | Path, weights_sha256: str) -> dict:
-    """What ties an attack or evaluation to the training run of its model (W&B config): the run dir, the W&B id
-    its WandbLogger took from that dir, its recorded name and sweep, and the hash of the weights scored."""
+def wandb_run_under(directory: Path) -> str | None:
+    """The id of the W&B run a command logged from `directory` (its id derives from the directory: stable_id),
+    when that run's files are there; None when nothing was logged from it."""
+    derived = stable_id(directory)
+    return derived if any((Path(directory) / "wandb").glob(f"*run-*-{derived}")) else None
+
+
+def relative_path(path: Path, root: Path | None) -> str:
+    """`path` as records that leave this machine hold it: relative to the output root (absolute only when no root
+    is known), so a W&B record or a scores.json names no machine's directories."""
+    path = Path(path).resolve()
+    if root is None:
+        return str(path)
+    return os.path.relpath(path, Path(root).resolve())
+
+
+def train_wandb_id(run_dir: Path, record: dict) -> str | None:
+    """The id of the train run's W&B run when there is one: recorded in model.json (`wandb.id`), or, for exports
+    made before it was recorded, the stable id of the run dir when a W&B run of that id sits under it."""
+    recorded = (record.get("wandb") or {}).get("id")
+    return str(recorded) if recorded else wandb_run_under(run_dir)
+
+
+def train_reference(path: str | Path, weights_sha256: str, root: Path | None = None) -> dict:
+    """What ties an attack or evaluation to the training run of its model (W&B config): the run dir (relative to
+    the output `root` when given), the id of its W&B run and its `model` artifact (only when they exist), its
+    recorded name and sweep, and the hash of the weights scored."""
     path = Path(str(path))
     run_dir = path if path.is_dir() else path.parent
     record = model_record(path) or {}
-    return {"run_dir": str(run_dir.resolve()), "wandb_id": stable_id(run_dir), "run_name": record.get("run_name"),
-            "sweep": record.get("sweep"), "weights_sha256": weights_sha256}
+    sweep = record.get("sweep")
+    if isinstance(sweep, dict) and sweep.get("dir"):
+        sweep = {**sweep, "dir": relative_path(Path(sweep["dir"]), root)}
+    artifact = (record.get("wandb") or {}).get("artifact")
+    return {"run_dir": relative_path(run_dir, root), "wandb_id": train_wandb_id(run_dir, record),
+            "model_artifact": f"{artifact}:{sha256_alias(weights_sha256)}" if artifact else None,
+            "run_name": record.get("run_name"), "sweep": sweep, "weights_sha256": weights_sha256}
 
 
 def train_runs(pattern: str | Path) -> list[Path]:

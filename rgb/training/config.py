@@ -1,15 +1,9 @@
-"""The errors of a training run, and the strategy that needs no fit. What a training config must satisfy and which
-of its keys identify the weights are the command's to know (rgb.commands.train_config): rgb.training reads the
-typed request only."""
+"""The errors of a training run. What a training config must satisfy and which of its keys identify the weights are
+the command's to know (rgb.commands.train_config): rgb.training reads the typed request only."""
 
 from __future__ import annotations
 
 from rgb.core.errors import UserError
-
-
-# strategy=zeroshot: a head built from prompts, no fit (rgb.training.zeroshot); the fine-tuning strategies are
-# rgb.training.module.STRATEGIES.
-ZEROSHOT = "zeroshot"
 
 
 class TrainingError(UserError, RuntimeError):

@@ -13,7 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from rgb.attacks import apgd
+from rgb.core.errors import UserError
 from rgb.core.threat import Norm, parse_norm
+
+
+class LossConfigError(UserError, ValueError):
+    """A loss config that cannot train: an unknown loss, options it does not take, a model it does not fit."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,7 @@ class EmbeddingAttack:
 
     def __post_init__(self):
         if parse_norm(self.norm) not in (Norm.LINF, Norm.L2):
-            raise ValueError(f"loss=fare's inner attack supports Linf and L2, got {self.norm!r}")
+            raise LossConfigError(f"loss=fare's inner attack supports Linf and L2, got {self.norm!r}")
 
     def _project(self, x: torch.Tensor, x_adv: torch.Tensor) -> torch.Tensor:
         delta = x_adv - x
@@ -169,7 +174,7 @@ class FARE(TrainingLoss):
 
     def reference_model(self, model: nn.Module) -> nn.Module:
         if not hasattr(model, "tower_features"):
-            raise ValueError(f"loss=fare needs an open_clip model (an image tower), got {type(model).__name__}")
+            raise LossConfigError(f"loss=fare needs an open_clip model (an image tower), got {type(model).__name__}")
         return copy.deepcopy(model).eval().requires_grad_(False)
 
     def compute(self, module, x, y):
@@ -190,9 +195,9 @@ LOSSES: dict[str, type[TrainingLoss]] = {"ce": CrossEntropy, "pgd_at": PGDAT, "t
 def build_loss(name: str, attack: dict | None = None, **options) -> TrainingLoss:
     """Loss from its config (`conf/loss/<name>.yaml`): plain values only, so checkpoints stay weights-only."""
     if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
+        raise LossConfigError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
     if LOSSES[name] is CrossEntropy:
         if attack is not None or options:
-            raise ValueError(f"loss 'ce' takes no attack or options, got attack={attack} {options}")
+            raise LossConfigError(f"loss 'ce' takes no attack or options, got attack={attack} {options}")
         return CrossEntropy()
     return LOSSES[name](LOSSES[name].attack_type(**(attack or {})), **options)

@@ -30,6 +30,7 @@ class ModelSection:
     prompts: PromptSettings | None = None  # the prompt ensemble of strategy=zeroshot and head_init=zeroshot
     channels_last: bool = False
     compile: bool = False
+    card: dict = field(default_factory=dict)  # the model card (rgb.models.card.model_card), recorded in model.json
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class LoggingSection:
     loggers: Callable[[], list[Logger]]
     monitor: str  # the metric that picks the best checkpoint and is returned to sweepers
     hyperparameters: dict  # the resolved config, as the loggers record it
+    log_weights: bool = False  # the W&B model artifact uploads the weights (False: a file:// reference to them)
     hydra_record: dict[str, bytes] = field(default_factory=dict)  # the .hydra/ files of this start ({}: none)
 
 

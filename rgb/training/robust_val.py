@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from rgb.attacks.autoattack import AutoAttack
-from rgb.attacks.options import AttackOptions
+from rgb.attacks.options import AttackOptions, AttackOptionsError
 from rgb.core import parse_norm
 from rgb.training.config import TrainingConfigError, TrainingError
 
@@ -71,7 +71,7 @@ class RobustValidation(Callback):
             try:  # a LightningModule may keep Python-side state between calls: attacked eager
                 self.options = AttackOptions(version=version, seed=seed, attacks=attacks, precision=precision,
                                              steps=n_iter, capture="eager")
-            except ValueError as err:
+            except AttackOptionsError as err:  # collected with the callback's own problems, its keys named
                 problems.append(f"callbacks.robust_val: {err}")
         if problems:
             raise TrainingConfigError("; ".join(problems))

@@ -17,11 +17,12 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from rgb.core import configure_threads
 from rgb.core.machine import DeviceError
-from rgb.models import META_FILE, export_meta, export_model, rebuild_like
-from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError
+from rgb.models import META_FILE, export_meta, export_model, parameter_counts, rebuild_like
+from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.request import TrainRequest
 from rgb.training.robust_val import RobustValidation
+from rgb.training.wandb_export import export_wandb_record, log_export, params_hyperparams
 from rgb.training.zeroshot import check_zeroshot_metric, initialise_head, train_zeroshot
 from rgb.training.rundir import (
     AtomicCheckpointIO,
@@ -32,6 +33,7 @@ from rgb.training.rundir import (
     start_record,
     write_hydra_record,
 )
+from rgb.zeroshot import ZEROSHOT
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +99,11 @@ def best_state_dict(best: ModelCheckpoint | None, module: RobustFinetuneModule) 
 
 def export_best(
     datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, request: TrainRequest, record: dict,
+    described: dict,
 ) -> Path:
     """Export the best weights with what produced them: the request's settings (run.json accepted its identity)
-    and the run's stored identity and starts (`record`, from run.json)."""
+    and the run's stored identity and starts (`record`, from run.json); `described`: what else model.json records
+    (parameter counts, card, W&B run)."""
     model = rebuild_like(module.model)
     state, which = best_state_dict(best, module)
     model.load_state_dict(state, strict=True)
@@ -117,6 +121,7 @@ def export_best(
         monitor=request.logging.monitor,
         monitor_value=None if best is None or best.best_model_score is None else float(best.best_model_score),
         training={"identity": record["identity"], "starts": record["starts"]},
+        **described,
     )
     return export_model(model, request.run_dir, meta)
 
@@ -227,8 +232,10 @@ def fit_and_export(
         trainer.accumulate_grad_batches = accumulation_steps(
             request.trainer.effective_batch_size, request.data.batch_size, trainer.world_size
         )
+        counts = parameter_counts(module.model)
         for logger in trainer.loggers:
-            logger.log_hyperparams({"config": copy.deepcopy(request.logging.hyperparameters)})
+            logger.log_hyperparams({"config": copy.deepcopy(request.logging.hyperparameters),
+                                    **params_hyperparams(counts)})
         ckpt_path = resume_path(request.trainer.ckpt_path, last_checkpoint_file(callbacks))
         if ckpt_path is not None:
             log.info("resuming from %s", ckpt_path)
@@ -244,8 +251,13 @@ def fit_and_export(
                 f"rates (optim.head_lr, optim.backbone_lr) and start fresh (delete {run_dir} or another run_name)"
             )
         if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
-            exported = export_best(datamodule, module, best, request, record)
+            described = {"parameters": counts, "card": request.model.card,
+                         "wandb": export_wandb_record(loggers, request.names["run_name"] or run_dir.name)}
+            exported = export_best(datamodule, module, best, request, record, described)
             log.info("exported %s (%s = %.4f)", exported, metric, value)
+            logged = log_export(loggers, run_dir, {**request.names, **described}, request.logging.log_weights)
+            if logged:
+                log.info("W&B: export logged as artifact %s", logged)
         elif trainer.is_global_zero:
             log.info("nothing left to train in %s: %s unchanged", run_dir, META_FILE)
         summary = {f"best/{metric}": value, "epochs": module.current_epoch}

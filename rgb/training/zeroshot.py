@@ -7,20 +7,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from rgb.core import resolve_device
-from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of
+from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of, parameter_counts
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
-from rgb.training.config import ZEROSHOT, TrainingConfigError
+from rgb.training.config import TrainingConfigError
+from rgb.training.request import ModelSection, TrainRequest
 from rgb.training.rundir import RunManifest, start_record
+from rgb.zeroshot import ZEROSHOT
 from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
-
-if TYPE_CHECKING:
-    from rgb.training.request import ModelSection, TrainRequest
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +130,8 @@ def train_zeroshot(request: TrainRequest, threads: int, manifest: RunManifest, r
         monitor_value=metrics[metric],
         zeroshot=head.record(),
         training={"identity": record["identity"], "starts": record["starts"]},
+        parameters=parameter_counts(model, trained=False),  # a head from prompts: no parameter trained
+        card=request.model.card,
     )
     exported = export_model(model.cpu().eval(), run_dir, meta)
     log.info("exported %s (val/acc %.4f, val/loss %.4f)", exported, metrics["val/acc"], metrics["val/loss"])

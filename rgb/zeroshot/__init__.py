@@ -29,8 +29,13 @@ from rgb.zeroshot.prompts import PromptError, load_descriptions, template_pool
 from rgb.zeroshot.report import average_rows, comparison_table, head_row, row_metrics
 from rgb.zeroshot.text import TextFeatureCache, encode_texts
 
+# The training strategy whose head is built from prompts, no fit (rgb.training.zeroshot): what model.json and a
+# scores record's model identity name as `strategy`, and how the exports tell a zero-shot result.
+ZEROSHOT = "zeroshot"
+
 __all__ = [
     "ENSEMBLES",
+    "ZEROSHOT",
     "EnsembleError",
     "PromptError",
     "PromptSettings",

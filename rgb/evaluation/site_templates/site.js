@@ -1,4 +1,6 @@
-// Sorting by a click on any column header and the filters of index.html; the tables read without it.
+// Sorting, search, "show N entries" and the filters of index.html; the tables read without it. The view's state
+// lives in the URL's hash (#search=...&setting=...&sort=...), written on every change and read on load, so a
+// filtered view can be shared; a hash works from file:// too.
 "use strict";
 
 function cellKey(cell) {
@@ -15,38 +17,121 @@ function compare(a, b) {
   return a.num - b.num;
 }
 
-function sortBy(header) {
+// The page-wide sort: a column key (data-key of the header) and a direction; every table with that key follows.
+const view = {sort: "", dir: ""};
+
+function sortTable(header, direction) {
   const table = header.closest("table");
   const column = Array.from(header.parentNode.children).indexOf(header);
-  const descending = header.getAttribute("aria-sort") === "ascending";
   table.querySelectorAll("thead th").forEach(th => th.removeAttribute("aria-sort"));
-  header.setAttribute("aria-sort", descending ? "descending" : "ascending");
+  header.setAttribute("aria-sort", direction);
   const body = table.tBodies[0];
   const rows = Array.from(body.rows);
   rows.sort((r1, r2) => {
     const a = cellKey(r1.cells[column]), b = cellKey(r2.cells[column]);
     if (a.num === null || b.num === null) return compare(a, b);
-    return descending ? -compare(a, b) : compare(a, b);
+    return direction === "descending" ? -compare(a, b) : compare(a, b);
   });
   rows.forEach(row => body.appendChild(row));
 }
 
-function applyFilters() {
-  const chosen = {};
-  document.querySelectorAll("#filters select").forEach(select => {
-    const key = select.dataset.filterColumn || select.dataset.filterRow;
-    chosen[key] = select.value;
-  });
-  document.querySelectorAll("[data-dataset]").forEach(cell => {
-    const hide = (chosen.dataset && cell.dataset.dataset !== chosen.dataset) ||
-                 (chosen.setting && cell.dataset.setting !== chosen.setting);
-    cell.classList.toggle("hidden-col", Boolean(hide));
-  });
-  document.querySelectorAll("tbody tr[data-family]").forEach(row => {
-    const hide = ["family", "loss", "strategy"].some(key => chosen[key] && row.dataset[key] !== chosen[key]);
-    row.classList.toggle("hidden-row", hide);
+function applySort() {
+  if (!view.sort) return;
+  document.querySelectorAll("table.sortable thead th").forEach(th => {
+    if (th.dataset.key === view.sort) sortTable(th, view.dir);
   });
 }
 
-document.querySelectorAll("table.sortable thead th").forEach(th => th.addEventListener("click", () => sortBy(th)));
-document.querySelectorAll("#filters select").forEach(select => select.addEventListener("change", applyFilters));
+// A click sorts by the column; the first click on a score (accuracy, Sum, Borda) sorts best first.
+function clickSort(header) {
+  const current = header.getAttribute("aria-sort");
+  const first = header.dataset.first || "ascending";
+  const direction = current ? (current === "ascending" ? "descending" : "ascending") : first;
+  if (header.dataset.key && header.closest("table.leaderboard")) {
+    view.sort = header.dataset.key;
+    view.dir = direction;
+    applySort();
+    writeState();
+  } else {
+    sortTable(header, direction);
+  }
+}
+
+function controls() {
+  const found = {search: document.getElementById("search"), show: document.getElementById("show")};
+  document.querySelectorAll("#filters select[data-filter-column], #filters select[data-filter-row]").forEach(select => {
+    found[select.dataset.filterColumn || select.dataset.filterRow] = select;
+  });
+  return found;
+}
+
+function chosen() {
+  const values = {};
+  for (const [key, control] of Object.entries(controls())) if (control) values[key] = control.value;
+  return values;
+}
+
+function applyFilters() {
+  const state = chosen();
+  const query = (state.search || "").trim().toLowerCase();
+  const limit = state.show ? Number(state.show) : Infinity;
+  document.querySelectorAll("section.board").forEach(section => {
+    // a setting this board does not have (a transfer split on the white-box board): the board's tables go,
+    // never a table with its setting columns hidden and a Sum over them left standing
+    const off = Boolean(state.setting) && !section.dataset.settings.split(" ").includes(state.setting);
+    section.querySelector(".board-tables").hidden = off;
+    section.querySelector(".filtered-out").hidden = !off;
+  });
+  document.querySelectorAll("table.leaderboard [data-dataset]").forEach(cell => {
+    const hide = (state.dataset && cell.dataset.dataset !== state.dataset) ||
+                 (state.setting && cell.dataset.setting !== state.setting);
+    cell.classList.toggle("hidden-col", Boolean(hide));
+  });
+  document.querySelectorAll("table.leaderboard").forEach(table => {
+    let shown = 0, matching = 0;
+    Array.from(table.tBodies[0].rows).forEach(row => {
+      const match = !["family", "loss", "strategy"].some(key => state[key] && row.dataset[key] !== state[key]) &&
+                    (!query || row.dataset.search.includes(query));
+      matching += match ? 1 : 0;
+      const show = match && shown < limit;
+      shown += show ? 1 : 0;
+      row.classList.toggle("hidden-row", !show);
+    });
+    const count = table.closest(".scroll").nextElementSibling;
+    if (count && count.classList.contains("shown-count")) {
+      count.textContent = `Showing ${shown} of ${matching} entries` +
+        (matching < table.tBodies[0].rows.length ? ` (filtered from ${table.tBodies[0].rows.length})` : "");
+    }
+  });
+}
+
+function writeState() {
+  const params = new URLSearchParams();
+  for (const [key, value] of Object.entries(chosen())) if (value) params.set(key, value);
+  if (view.sort) { params.set("sort", view.sort); params.set("dir", view.dir); }
+  const hash = params.toString();
+  if (hash !== location.hash.slice(1)) location.replace("#" + hash);
+}
+
+function readState() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  for (const [key, control] of Object.entries(controls())) {
+    if (!control) continue;
+    const value = params.get(key) || "";
+    // a value the page has no option for (a stale link) is ignored, never an empty table
+    if (control.tagName === "SELECT" && value && !Array.from(control.options).some(o => o.value === value)) continue;
+    control.value = value;
+  }
+  view.sort = params.get("sort") || "";
+  view.dir = params.get("dir") === "ascending" ? "ascending" : "descending";
+  applySort();
+  applyFilters();
+}
+
+document.querySelectorAll("table.sortable thead th").forEach(th => th.addEventListener("click", () => clickSort(th)));
+Object.values(controls()).forEach(control => {
+  if (!control) return;
+  control.addEventListener(control.tagName === "INPUT" ? "input" : "change", () => { applyFilters(); writeState(); });
+});
+window.addEventListener("hashchange", readState);
+if (document.getElementById("filters")) readState();

@@ -3,9 +3,10 @@ Claude through their compatible endpoints, vLLM, SGLang, Ollama, LM Studio, or `
 
 It has no weights and cannot be attacked, so it enters only the black-box protocol. One request per image, the
 image exactly as stored (the split's own PNG bytes as a base64 data URL: a re-encoded image would change the
-perturbation). Here: the settings, the classifier that asks for many images at once, and the family; its parts
-have a module each: the endpoint client (rgb.models.api_client), the answer cache (one JSONL file per model
-identity, rgb.models.api_cache) and the answer parser (rgb.models.answers).
+perturbation). Here: the classifier (images -> requests -> class predictions) and the family; the protocol it
+speaks is rgb.endpoints': the settings (rgb.endpoints.settings), the endpoint client (rgb.endpoints.client), the
+answer cache (one JSONL file per model identity, rgb.endpoints.cache), the Batch path (rgb.endpoints.batch) and
+the answer parser (rgb.endpoints.answers).
 """
 
 from __future__ import annotations
@@ -14,156 +15,31 @@ import base64
 import hashlib
 import json
 import logging
-import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
-from rgb.core.values import (
-    NON_NEGATIVE,
-    NON_NEGATIVE_INT,
-    POSITIVE,
-    POSITIVE_INT,
-    ConfigValueError,
-    Rule,
-    optional,
-    problems,
-)
-from rgb.models.answers import AnswerParser, Parsed
-from rgb.models.api_cache import AnswerCache
-from rgb.models.api_client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
-from rgb.models.api_cost import Price, combined, image_tokens, png_size, text_tokens
+from rgb.core.errors import UserError
+from rgb.core.values import ConfigValueError
+from rgb.endpoints.answers import AnswerParser, Parsed, choice_format, parse_choice
+from rgb.endpoints.batch import ask_by_batch
+from rgb.endpoints.cache import AnswerCache
+from rgb.endpoints.client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
+from rgb.endpoints.cost import combined, image_tokens, png_size, text_tokens
+from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
 
-IMAGE_ENCODING = "png_base64_data_url"
+
+class InferenceOnlyError(UserError, ValueError):
+    """Training asked of a model answered by an endpoint: it has no weights here."""
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 log = logging.getLogger(__name__)
 COMPLETION_ESTIMATE = 16  # dry_run's completion tokens of a request that sends no token limit (a class name or so)
-DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task. The possible classes are: {classes}. "
-                  "Answer with exactly one class name from this list and nothing else.")
-
-
-# ------------------------------------------------------------------------------------------------ the settings
-def _text(v) -> bool:
-    return isinstance(v, str) and bool(v.strip())
-
-
-# The request fields rgb writes itself (the image and prompt, the model): `model.request` may not set them.
-OWN_FIELDS = frozenset({"model", "messages"})
-
-
-# The rules of the model config's values (rgb.core.values), checked when the settings are made: by train.py
-# model=api_chat and by every load of a model.json, so a bad value is one line wherever it comes from.
-API_RULES: dict[str, Rule] = {
-    "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None,
-                       "an http(s) URL ending in /v1"),
-    "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
-    "model.prompt": (lambda v: v is None or isinstance(v, str), "a text"),
-    "model.system_prompt": (lambda v: v is None or isinstance(v, str), "null or a text"),
-    "model.temperature": optional(NON_NEGATIVE), "model.max_tokens": optional(POSITIVE_INT),
-    "model.request": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)
-                      and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
-}
-CLIENT_RULES: dict[str, Rule] = {
-    "model.api_key_env": (_text, "the name of an environment variable"),
-    "model.headers": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
-                                                            for k, x in v.items()), "a mapping of header: text"),
-    "model.retry_max_tokens": optional(POSITIVE_INT),
-    "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
-    "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
-    "model.backoff_s": NON_NEGATIVE, "model.backoff_max_s": NON_NEGATIVE,
-    "model.batch": (lambda v: isinstance(v, bool), "true or false"), "model.batch_poll_s": POSITIVE,
-    "model.batch_wait_s": POSITIVE,
-}
-
-
-def _check(settings, rules: dict[str, Rule]) -> None:
-    found = problems({f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}, rules)
-    if found:
-        raise ConfigValueError("invalid value: " + "; ".join(found))
-
-
-@dataclass(frozen=True)
-class ApiSettings:
-    """What identifies the model's answers (model.json `api`): a change of any of these is another model. The
-    answer parser is not among them: it maps the cached answer texts, and the version that scored them is
-    recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed).
-    `temperature=None` and `max_tokens=None` are not sent; `request` is merged into every request as it is (e.g.
-    `max_completion_tokens`, `reasoning_effort`, `extra_body` fields such as `top_k`); `system_prompt` is sent as
-    a system message. The last two enter the identity only when set, so earlier answer caches keep theirs."""
-
-    base_url: str
-    api_model: str
-    prompt: str | None = DEFAULT_PROMPT  # None: DEFAULT_PROMPT
-    temperature: float | None = 0.0  # None: not sent (reasoning models refuse it)
-    max_tokens: int | None = 16
-    image_encoding: str = IMAGE_ENCODING
-    system_prompt: str | None = None
-    request: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        _check(self, API_RULES)
-        if self.image_encoding != IMAGE_ENCODING:
-            raise ConfigValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored "
-                                   f"pixels")
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
-        object.__setattr__(self, "prompt", DEFAULT_PROMPT if self.prompt is None else self.prompt)
-        object.__setattr__(self, "request", dict(self.request))
-
-    @property
-    def decoding(self) -> dict:
-        """The sampling fields of every request, as rgb writes them (`request` may add or override fields)."""
-        sent = {"temperature": self.temperature, "max_tokens": self.max_tokens}
-        return {k: v for k, v in sent.items() if v is not None}
-
-    def identity_extras(self) -> dict:
-        """What identifies the answers beyond the legacy identity: only what is set."""
-        return {k: v for k, v in (("system_prompt", self.system_prompt), ("request", self.request)) if v}
-
-    def record(self) -> dict:
-        """model.json's `api`: the legacy fields, and the extras only when set (earlier run dirs keep their
-        identity)."""
-        legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("system_prompt", "request")}
-        return {**legacy, **self.identity_extras()}
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    """How politely to ask (model.json `client`): none of it changes an answer, so none of it is in the cache key."""
-
-    api_key_env: str = "OPENAI_API_KEY"
-    headers: dict = field(default_factory=dict)  # sent with every request (secrets: name them in api_key_env)
-    retry_max_tokens: int | None = None  # an answer cut by the token limit is asked once more with this limit
-    max_concurrency: int = 4
-    requests_per_minute: float | None = None
-    tokens_per_minute: float | None = None
-    timeout_s: float = 60.0
-    max_retries: int = 6
-    backoff_s: float = 1.0
-    backoff_max_s: float = 60.0
-    # The Batch API (rgb.models.api_batch) instead of one request per image: the same requests and the same cache
-    # records, so the same answers either way (hence not in the cache key); OpenAI charges half and answers within
-    # 24 h. Polled every batch_poll_s; after batch_wait_s a run stops, and the next one resumes the batch.
-    batch: bool = False
-    batch_poll_s: float = 30.0
-    batch_wait_s: float = 26 * 3600.0
-    price: dict | None = None  # USD per 1M tokens {input, output, cached_input}; null: conf/prices.yaml, else unknown
-
-    def __post_init__(self):
-        _check(self, CLIENT_RULES)
-        Price.of(self.price)
-
-
-def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
-    """Both settings from one flat mapping (the model config, or model.json's two sections merged); a null is
-    the value given (`max_tokens: null` sends no limit), an absent key the default."""
-    names = {f.name for f in fields(ApiSettings)}, {f.name for f in fields(ClientSettings)}
-    return (ApiSettings(**{k: v for k, v in config.items() if k in names[0]}),
-            ClientSettings(**{k: v for k, v in config.items() if k in names[1]}))
 
 
 @dataclass(frozen=True)
@@ -208,16 +84,18 @@ class ApiClassifier:
                 "api_model": self.settings.api_model}
 
     # ------------------------------------------------------------------------------------------ one request
-    def _body(self, image: bytes) -> dict:
+    def body(self, image: bytes) -> dict:
+        """The chat-completions request of one image (its stored PNG bytes as a data URL)."""
         if not image.startswith(PNG_MAGIC):
             raise ApiError("an image of the split is not PNG: it is sent as stored or not at all (no re-encoding)")
         url = "data:image/png;base64," + base64.b64encode(image).decode("ascii")
         content = [{"type": "text", "text": self.prompt}, {"type": "image_url", "image_url": {"url": url}}]
         system = [{"role": "system", "content": self.settings.system_prompt}] if self.settings.system_prompt else []
+        answer = {"response_format": choice_format(self.class_names)} if self.settings.answer_format == "choice" else {}
         return {"model": self.settings.api_model, "messages": [*system, {"role": "user", "content": content}],
-                **self.settings.decoding, **self.settings.request}
+                **self.settings.decoding, **answer, **self.settings.request}
 
-    def _cut(self, reply: dict) -> bool:
+    def cut(self, reply: dict) -> bool:
         """An answer the token limit cut before it named a class: an error to count and ask again, never an
         abstention to cache."""
         return reply.get("finish_reason") == "length" and self._parse(reply).pred is None
@@ -231,10 +109,12 @@ class ApiClassifier:
         return {**body, field_name: limit}
 
     def _parse(self, record: dict) -> Parsed:
+        if self.settings.answer_format == "choice":
+            return parse_choice(self.parser, record["answer"])
         return self.parser.parse(record["answer"])
 
     def estimate(self, image: bytes) -> tuple[int, int]:
-        """(prompt, completion) tokens of one request, tokenizer-free (rgb.models.api_cost): the texts at
+        """(prompt, completion) tokens of one request, tokenizer-free (rgb.endpoints.cost): the texts at
         characters / 4 and the image by OpenAI's tile rule; the completion at its limit (the field the request
         sends), else COMPLETION_ESTIMATE."""
         texts = self.prompt + (self.settings.system_prompt or "")
@@ -254,12 +134,12 @@ class ApiClassifier:
                desc: str = "api") -> tuple[list[Answer | None], RequestStats]:
         """Answers for `images` in order (None: not asked, the budget ran out), asking each distinct uncached
         image once, `max_concurrency` at a time; every answer enters the cache as it arrives."""
-        if self.client_settings.batch:  # the Batch API: the same records, asked by the batch
-            from rgb.models.api_batch import answer_by_batch
-
-            return answer_by_batch(self, images, cache, budget or RequestBudget(), desc)
         budget = budget or RequestBudget()
         keys = [self.request_key(b) for b in images]
+        if self.client_settings.batch:  # the Batch API: the same records, asked by the batch
+            cached_before = {k for k in keys if k in cache}
+            stats = ask_by_batch(self, images, keys, cache, budget, desc)
+            return self.collect(keys, cache, stats, cached_before), stats
         uses = Counter(keys)
         first_image: dict[str, int] = {}
         for i, k in enumerate(keys):
@@ -303,19 +183,19 @@ class ApiClassifier:
 
             def one(k: str) -> None:
                 image = images[first_image[k]]
-                body = self._body(image)
+                body = self.body(image)
                 prompt_tokens, completion_tokens = self.estimate(image)
                 held = reserve(prompt_tokens, completion_tokens)
                 if held is None:
                     return
                 reply = ask(body, held)
-                retry = self._retry_body(body) if self._cut(reply) else None
+                retry = self._retry_body(body) if self.cut(reply) else None
                 held = None if retry is None else reserve(prompt_tokens, self.client_settings.retry_max_tokens)
                 if held is not None:
                     again = ask(retry, held)
                     reply = {**again, "max_tokens_retried": self.client_settings.retry_max_tokens,
                              "billed": combined(reply["billed"], again["billed"])}
-                if self._cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
+                if self.cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
                     with lock:
                         stats.truncated += uses[k]
                         bar.update(uses[k])
@@ -389,12 +269,12 @@ class ApiFamily:
         return from_record(record)
 
     def head(self, model: ApiClassifier):
-        raise ValueError("an api model has no head to train: it is evaluated by inference only")
+        raise InferenceOnlyError("an api model has no head to train: it is evaluated by inference only")
 
     def backbone(self, model: ApiClassifier):
-        raise ValueError("an api model has no parameters to train: it is evaluated by inference only")
+        raise InferenceOnlyError("an api model has no parameters to train: it is evaluated by inference only")
 
 
 FAMILY = ApiFamily()
 
-__all__ = ["Answer", "ApiClassifier", "ApiSettings", "ClientSettings", "FAMILY", "split_config"]
+__all__ = ["Answer", "ApiClassifier", "FAMILY"]

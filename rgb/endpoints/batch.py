@@ -1,7 +1,7 @@
-"""The `api` family's Batch path (`model.batch=true`): the distinct uncached images of a split asked through
+"""The Batch path of a chat-completions requester (`model.batch=true`): the distinct uncached images of a split asked through
 OpenAI's Batch API (half the price, answered within 24 h) instead of one request each, by the official `openai`
 SDK: a JSONL of the same chat-completions bodies (custom_id: the request key), uploaded, run, polled, its output
-parsed into the same cache records as the online path's (rgb.models.api_client.completion_record), so a cached
+parsed into the same cache records as the online path's (rgb.endpoints.client.completion_record), so a cached
 answer is the same whichever path asked.
 
 A kill at any point loses nothing asked: `<cache>.batches.json` beside the answer cache records each input file as
@@ -20,22 +20,32 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tqdm import tqdm
 
 from rgb.core.files import atomic_write_json
-from rgb.models.api_cache import AnswerCache, CacheError
-from rgb.models.api_client import ApiError, RequestBudget, RequestStats, completion_record
-
-if TYPE_CHECKING:  # annotations only: the classifier is rgb.models.api's, which calls this module
-    from rgb.models.api import Answer, ApiClassifier
+from rgb.endpoints.cache import AnswerCache, CacheError
+from rgb.endpoints.client import ApiError, Endpoint, RequestBudget, RequestStats, completion_record
+from rgb.endpoints.settings import ClientSettings
 
 log = logging.getLogger(__name__)
 BATCH_URL = "/v1/chat/completions"
 MAX_REQUESTS = 50_000        # OpenAI's limit of requests per batch
 MAX_FILE_BYTES = 190 * 2**20  # under OpenAI's 200 MB per input file
 FINISHED = frozenset({"completed", "failed", "cancelled", "expired"})
+
+
+class Requester(Protocol):
+    """What the Batch path asks of a model (rgb.models.chat.ApiClassifier is one): the request of an image, the
+    endpoint and client settings to send it with, and which answers the token limit cut."""
+
+    client_settings: ClientSettings
+    endpoint: Endpoint
+
+    def body(self, image: bytes) -> dict: ...
+
+    def cut(self, record: dict) -> bool: ...
 
 
 class BatchState:
@@ -48,12 +58,15 @@ class BatchState:
         if self.path.is_file():
             try:
                 self.pending = json.loads(self.path.read_text())["pending"]
-                if not all(isinstance(e, dict) and {"input_file_id", "batch_id", "keys"} <= set(e)
-                           for e in self.pending):
-                    raise ValueError("an entry lacks input_file_id, batch_id or keys")
+                complete = all(isinstance(e, dict) and {"input_file_id", "batch_id", "keys"} <= set(e)
+                               for e in self.pending)
             except (ValueError, KeyError, TypeError) as err:
-                raise CacheError(f"{self.path} is not a state of pending batches ({type(err).__name__}: {err}); "
-                                 f"move it away (its batches will not be resumed)") from None
+                complete, problem = False, f"{type(err).__name__}: {err}"
+            else:
+                problem = "an entry lacks input_file_id, batch_id or keys"
+            if not complete:
+                raise CacheError(f"{self.path} is not a state of pending batches ({problem}); "
+                                 f"move it away (its batches will not be resumed)")
 
     def save(self) -> None:
         if not self.pending:
@@ -81,15 +94,15 @@ def _chunks(lines: list[tuple[str, bytes]]) -> list[list[tuple[str, bytes]]]:
 class BatchRun:
     """One split's Batch round trip against the model's endpoint (SDK errors become one-line ApiErrors)."""
 
-    def __init__(self, model: ApiClassifier, cache: AnswerCache, sleep=time.sleep):
+    def __init__(self, model: Requester, cache: AnswerCache, sleep=time.sleep):
         import openai
 
         self.model, self.cache, self.sleep = model, cache, sleep
         settings = model.client_settings
         self.state = BatchState(cache.path)
-        self.sdk = openai.OpenAI(base_url=model.settings.base_url,
-                                 api_key=os.environ.get(settings.api_key_env) or "no-key",
-                                 default_headers=settings.headers or None, max_retries=settings.max_retries,
+        base_url, query, headers = model.endpoint.address()
+        self.sdk = openai.OpenAI(base_url=base_url, api_key=os.environ.get(settings.api_key_env) or "no-key",
+                                 default_headers=headers or None, default_query=query or None, max_retries=settings.max_retries,
                                  timeout=settings.timeout_s)
 
     def call(self, what: str, function, *args, **kwargs):
@@ -104,7 +117,7 @@ class BatchRun:
     def submit(self, keys: list[str], image_of: dict[str, bytes]) -> None:
         """Upload the requests of `keys` and create their batches, each step recorded in the state at once."""
         lines = [(k, (json.dumps({"custom_id": k, "method": "POST", "url": BATCH_URL,
-                                  "body": self.model._body(image_of[k])}) + "\n").encode()) for k in keys]
+                                  "body": self.model.body(image_of[k])}) + "\n").encode()) for k in keys]
         for chunk in _chunks(lines):
             content = b"".join(line for _, line in chunk)
             uploaded = self.call("upload", self.sdk.files.create, file=("requests.jsonl", content), purpose="batch")
@@ -165,7 +178,7 @@ class BatchRun:
                 stats.requests += 1
                 stats.prompt_tokens += record["usage"]["prompt_tokens"]
                 stats.completion_tokens += record["usage"]["completion_tokens"]
-            if self.model._cut(record):  # not an answer: left unanswered, asked again by the next run
+            if self.model.cut(record):  # not an answer: left unanswered, asked again by the next run
                 stats.truncated += uses[key]
                 continue
             self.cache.add({"key": key, **record})
@@ -179,14 +192,13 @@ def _line_problem(line: dict) -> str:
     return f"HTTP {response.get('status_code')}: {message}"
 
 
-def answer_by_batch(model: ApiClassifier, images: Sequence[bytes], cache: AnswerCache, budget: RequestBudget,
-                    desc: str) -> tuple[list[Answer | None], RequestStats]:
-    """ApiClassifier.answer by the Batch API: pending batches resumed, the rest submitted, all waited for."""
+def ask_by_batch(model: Requester, images: Sequence[bytes], keys: list[str], cache: AnswerCache,
+                 budget: RequestBudget, desc: str) -> RequestStats:
+    """The answers of `images` (their request `keys`) into `cache` by the Batch API: pending batches resumed, the
+    rest submitted, all waited for. What it cost is returned; the requester reads its answers from the cache."""
     if budget.max_tokens_total is not None or budget.max_cost is not None:
         raise ApiError("max_tokens_total and max_cost stop online requests as their answers arrive; a Batch is "
                        "billed when it is done: with model.batch=true cap it by max_requests")
-    keys = [model.request_key(b) for b in images]
-    cached_before = {k for k in keys if k in cache}
     uses, image_of = Counter(keys), {}
     for k, image in zip(keys, images):
         image_of.setdefault(k, image)
@@ -207,4 +219,4 @@ def answer_by_batch(model: ApiClassifier, images: Sequence[bytes], cache: Answer
     if problems:
         log.warning("%s: %d batch request(s) not answered (asked again by the next run), e.g. %s", desc,
                     len(problems), problems[0])
-    return model.collect(keys, cache, stats, cached_before), stats
+    return stats

@@ -15,14 +15,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
 
 from rgb.core.errors import UserError
-from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, optional, problems
-from rgb.models.api_cost import Price, billed_usage
+from rgb.core.jsonrecord import JsonRecord
+from rgb.core.secrets import fill_secrets, redact_logs
+from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, Rule, optional, problems
+from rgb.endpoints.cost import Price, billed_usage
+from rgb.endpoints.settings import ClientSettings
 
-if TYPE_CHECKING:  # for the annotation only: the settings are the model's (rgb.models.api)
-    from rgb.models.api import ClientSettings
+# The HTTP libraries log each URL they ask (at INFO or DEBUG): a key in its query is redacted there too.
+redact_logs("httpx", "httpx2", "openai", "openai._base_client")
 
 # Transient failures worth another try; any other HTTP error is the endpoint refusing for good.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -71,31 +73,32 @@ class RateLimiter:
 
 
 @dataclass
-class RequestStats:
-    """What asking cost, per call of `ApiClassifier.answer` (one split)."""
+class RequestStats(JsonRecord):
+    """What asking cost, per call of `ApiClassifier.answer` (one split), and as scores.json records it per split
+    (rgb.evaluation.records.ApiUsage) with the money of rgb.evaluation.endpoint_eval.ApiPredictor.money. Of the
+    abstentions, `negations` and `alternatives` named a class but denied it or offered it as one of several (0 when
+    recorded before answer parser version 2). The fields keep the order scores.json has always written them in."""
 
     images: int = 0
     requests: int = 0      # new answers received from the endpoint
     cached: int = 0        # images answered from the cache (other splits, earlier runs, duplicates in the split)
     retries: int = 0
-    abstained: int = 0     # answers that name no class (counted wrong), of which:
-    negations: int = 0     #   a class named but denied ("not 3")
-    alternatives: int = 0  #   a class offered as one of several ("3 or 8")
-    unanswered: int = 0    # not asked (max_requests reached) or cut by the token limit (below)
-    truncated: int = 0     # answers cut by the token limit before naming a class: not cached, asked again next run
+    abstained: int = 0     # answers that name no class (counted wrong)
+    unanswered: int = 0    # not asked (max_requests reached) or cut by the token limit (truncated)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     backoff_s: float = 0.0
+    negations: int = 0     # abstentions naming a class but denying it ("not 3")
+    alternatives: int = 0  # abstentions offering a class as one of several ("3 or 8")
+    truncated: int = 0     # answers cut by the token limit before naming a class: not cached, asked again next run
     cached_prompt_tokens: int = 0      # the usage of the cached answers used (once per distinct answer), so that
-    cached_completion_tokens: int = 0  # a run resumed after a cap totals as one uninterrupted run
-
-    def add(self, other: RequestStats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+    cached_completion_tokens: int = 0  # a run resumed after a cap totals as one uninterrupted run (0 before kept)
+    spent: float | None = None      # USD billed for the answers this split is the first of its evaluation to use
+    list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
 
 
-def _cap(rule, what: str):
-    return field(default=None, metadata={"rule": optional(rule), "what": what})
+def _cap(rule: Rule):
+    return field(default=None, metadata={"rule": optional(rule)})
 
 
 @dataclass(frozen=True)
@@ -104,15 +107,19 @@ class RequestCaps:
     here (its rule, enforced by RequestBudget) and its key in conf/evaluate.yaml, which evaluate.py maps by name.
     A capped run may stop early: it is then partial, and a re-run continues from the answer cache."""
 
-    max_requests: int | None = _cap(POSITIVE_INT, "new requests")
-    max_tokens_total: int | None = _cap(POSITIVE_INT, "tokens (prompt and completion) of new answers")
-    max_cost: float | None = _cap(POSITIVE, "USD billed for new answers (needs a price)")
+    max_requests: int | None = _cap(POSITIVE_INT)  # new requests
+    max_tokens_total: int | None = _cap(POSITIVE_INT)  # tokens (prompt and completion) of new answers
+    max_cost: float | None = _cap(POSITIVE)  # USD billed for new answers (needs a price)
 
     def __post_init__(self):
-        found = problems({f.name: getattr(self, f.name) for f in fields(self)},
-                         {f.name: f.metadata["rule"] for f in fields(self)})
+        found = problems({name: getattr(self, name) for name in self.names()}, self.rules())
         if found:
             raise ConfigValueError(f"invalid value: {found[0]} (null: no limit)")
+
+    @classmethod
+    def rules(cls) -> dict[str, Rule]:
+        """{cap: its rule}: what __post_init__ checks, and what evaluate.py's schema checks before anything runs."""
+        return {f.name: f.metadata["rule"] for f in fields(cls)}
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -179,7 +186,7 @@ class RequestBudget:
         return tokens, cost, prompt_tokens + completion_tokens
 
     def settle(self, held: tuple[int, float, int], billed: dict | None) -> None:
-        """Release a request's hold and count what it was billed (rgb.models.api_cost.billed_usage; None: it
+        """Release a request's hold and count what it was billed (rgb.endpoints.cost.billed_usage; None: it
         failed, nothing billed)."""
         self.held_tokens -= held[0]
         self.held_cost -= held[1]
@@ -241,7 +248,7 @@ def _error_message(response) -> str:
 
 def completion_record(reply: dict, batch: bool = False) -> dict:
     """The answer cache's record of a chat.completion body (less its key), whichever path asked: one request or
-    a line of a Batch (rgb.models.api_batch), with what the provider billed for it (`billed`: the Batch rate,
+    a line of a Batch (rgb.endpoints.batch), with what the provider billed for it (`billed`: the Batch rate,
     prompt-cached tokens). KeyError/IndexError/TypeError: no choices[0].message.content."""
     choice = reply["choices"][0]
     text = choice["message"]["content"]
@@ -279,15 +286,25 @@ class Endpoint:
             message = message.replace(key, "[key]")
         return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
 
+    def address(self) -> tuple[str, dict, dict]:
+        """(base URL, query parameters, headers) to send: a secret recorded as REDACTED (a key in a query parameter or a header,
+        rgb.core.secrets) filled with the key from the environment; never stored."""
+        key = os.environ.get(self.client_settings.api_key_env) or None
+        try:
+            return fill_secrets(self.base_url, self.client_settings.headers, key)
+        except ValueError as err:
+            raise self.refused(f"{err}: set {self.client_settings.api_key_env}", key) from None
+
     def session(self):
         """The SDK client of one `answer` call (a context manager), on an HTTP client of `max_concurrency`
         connections. The key is not given here: each request reads it from the environment (`post_once`)."""
         import httpx2  # the SDK's HTTP library
         import openai
 
+        base_url, query, headers = self.address()
         http = openai.DefaultHttpxClient(limits=httpx2.Limits(max_connections=self.client_settings.max_concurrency))
-        return openai.OpenAI(base_url=self.base_url, api_key="read-per-request", max_retries=0,
-                             timeout=self.client_settings.timeout_s, default_headers=self.client_settings.headers,
+        return openai.OpenAI(base_url=base_url, api_key="read-per-request", max_retries=0,
+                             timeout=self.client_settings.timeout_s, default_headers=headers, default_query=query,
                              http_client=http)
 
     @staticmethod

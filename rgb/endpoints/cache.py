@@ -19,7 +19,7 @@ class CacheError(UserError, RuntimeError):
 
 class AnswerCache:
     """Append-only JSONL of {"key", "answer", "usage", "billed", ...} (`billed`: what the provider charged for it,
-    rgb.models.api_cost.billed_usage); each record fsynced as it is written. A torn last line (kill -9 in the middle
+    rgb.endpoints.cost.billed_usage); each record fsynced as it is written. A torn last line (kill -9 in the middle
     of a write) is cut off when the cache is opened; anything else unreadable is refused."""
 
     def __init__(self, path: str | Path):

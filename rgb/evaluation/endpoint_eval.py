@@ -1,20 +1,20 @@
-"""Predictions of an API model (rgb.models.api) on a benchmark split: from the split's own PNG bytes, through the
+"""Predictions of an API model (rgb.models.chat) on a benchmark split: from the split's own PNG bytes, through the
 answer cache, with the raw answer and the parsed class kept per image for audit (predictions.parquet)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 
-from rgb.evaluation.records import ApiUsage, RequestCounts
-from rgb.models.answers import PARSER_VERSION
-from rgb.models.api import ApiClassifier
-from rgb.models.api_cache import AnswerCache
-from rgb.models.api_client import RequestBudget
-from rgb.models.api_cost import model_price
+from rgb.evaluation.records import ApiUsage
+from rgb.endpoints.answers import PARSER_VERSION
+from rgb.models.chat import ApiClassifier
+from rgb.endpoints.cache import AnswerCache
+from rgb.endpoints.client import RequestBudget, RequestStats
+from rgb.endpoints.cost import model_price
 
 ABSTAINED = -1  # the prediction of an answer that names no class (or several): never equal to a label
 
@@ -46,7 +46,7 @@ class ApiPredictor:
         self.model, self.options = model, options
         self.cache = AnswerCache(cache_path(options.api_cache_dir, model))
         self.budget = request_budget(model, options)
-        self.per_split: dict[str, RequestCounts] = {}
+        self.per_split: dict[str, RequestStats] = {}
         self.priced: set[str] = set()  # the request keys whose answers a split has counted the money of
         self.columns: dict[str, list] = {}
 
@@ -57,7 +57,7 @@ class ApiPredictor:
         n = len(split) if self.options.max_images is None else min(self.options.max_images, len(split))
         images = split_images(split, n)
         answers, stats = self.model.answer(images, self.cache, self.budget, desc)
-        self.per_split[desc] = RequestCounts(**asdict(stats), **self.money(images))
+        self.per_split[desc] = replace(stats, **self.money(images))
         names = self.model.class_names
         key = desc.replace("/", "_")
         self.columns[f"answer_{key}"] = [a.text if a else None for a in answers]

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import flatten
 from rgb.models import META_FILE, export_meta, export_model
-from rgb.models.api import ApiClassifier, split_config
-from rgb.training.config import TrainingError
+from rgb.endpoints.settings import split_config
+from rgb.models.chat import ApiClassifier
+from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.rundir import locked
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class ApiRunRequest:
     run_dir: str  # as given: the log line names it for evaluate.py's run=
     names: dict  # run_name and sweep, recorded in model.json (rgb.runs.store.run_name_for)
     seed: int | None
+    card: dict = field(default_factory=dict)  # the model card (rgb.models.card.model_card), recorded in model.json
 
 
 def _api_identity_in(record) -> dict | None:
@@ -66,13 +68,13 @@ def export_api_run(request: ApiRunRequest) -> None:
     datamodule = request.data()
     try:
         settings, client = split_config(request.model)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"model=api_chat: {err}") from err
+    except (TypeError, ValueError) as err:  # a key the settings do not know, a value that breaks its rule
+        raise TrainingConfigError(f"model=api_chat: {err}") from None
     model = ApiClassifier(settings, client, datamodule.class_names, datamodule.dataset)
     made = export_meta(datamodule, {}, loss=None, strategy="api", epochs=0, seed=request.seed, weights=None)
     run_dir = Path(request.run_dir)
     with locked(run_dir):
         claim_api_run(run_dir, api_identity(made, model))
-        exported = export_model(model, run_dir, {**request.names, **made})
+        exported = export_model(model, run_dir, {**request.names, **made, "card": request.card})
     log.info("exported %s: %s at %s (no weights; score it with evaluate.py run=%s protocol=black_box)", exported,
              settings.api_model, settings.base_url, request.run_dir)

@@ -13,6 +13,9 @@ What a client of OpenAI's chat-completions API gets here, and where it differs:
   does at temperature 0.
 - `logprobs=true`: the answer's logprob is the log-softmax over the classes of the model's logits at the chosen
   class (the class name is one "token"); `top_logprobs=k` lists the k most likely class names.
+- `response_format` of type `json_schema` whose schema has a property with an `enum` of class names (OpenAI
+  structured outputs, as `model.answer_format=choice` asks): the answer is the JSON object {property: class}, the
+  class chosen (argmax or sampled) among the enum's classes only.
 - `stream=true`: server-sent events, one `chat.completion.chunk` per role, content and finish of each choice,
   a last chunk with the usage when `stream_options.include_usage`, then `data: [DONE]`.
 - `usage` is counted from the request, tokenizer-free, so it approximates OpenAI's counts: a text is
@@ -27,7 +30,7 @@ What a client of OpenAI's chat-completions API gets here, and where it differs:
   (first come, first served); beyond that a request gets 429 `rate_limit_exceeded` with Retry-After: 1.
 
 - The Batch API: `/v1/files` (upload, retrieve, content) and `/v1/batches` (create, retrieve, cancel) run a JSONL
-  of chat-completions requests in the background through the same handler (rgb.serve_batch), so a client's
+  of chat-completions requests in the background through the same handler (rgb.serve.batch), so a client's
   Batch path is rehearsed locally; the files live in `batch_dir` (default: a temporary directory).
 
 For the tests it can misbehave on purpose (`faults`: 429 with Retry-After, 500, slow answers, malformed answers).
@@ -65,8 +68,8 @@ from starlette.requests import ClientDisconnect
 from rgb.core.errors import UserError
 from rgb.data.benchmark import decode_image, to_tensor
 from rgb.models import load_with_meta
-from rgb.models.api_cost import image_tokens, text_tokens
-from rgb.serve_batch import BatchStore, add_batch_routes
+from rgb.endpoints.cost import image_tokens, text_tokens
+from rgb.serve.batch import BatchRoutes, BatchStore
 
 log = logging.getLogger(__name__)
 # A body declared longer is refused (413) unread: a benchmark image is a few hundred KiB as a data URL.
@@ -169,6 +172,7 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    response_format: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -362,9 +366,28 @@ def _logprob_entry(name: str, logprob: float) -> dict:
     return {"token": name, "logprob": logprob, "bytes": list(name.encode())}
 
 
+def _enum_choice(server: ModelServer, request: ChatRequest) -> tuple[str, list[bool]] | None:
+    """A json_schema response format's enum property and which classes it allows (None: a free-text answer)."""
+    answer_format = request.response_format or {}
+    if answer_format.get("type") != "json_schema":
+        return None
+    schema = (answer_format.get("json_schema") or {}).get("schema") or {}
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    found = [(k, v["enum"]) for k, v in (properties or {}).items() if isinstance(v, dict) and "enum" in v]
+    allowed = [name in found[0][1] for name in server.class_names] if len(found) == 1 else []
+    if not any(allowed):
+        raise ErrorReply(400, "rgb-serve answers a json_schema response format with one property whose enum names "
+                              "served classes", "invalid_value", "response_format")
+    return found[0][0], allowed
+
+
 def _choices(server: ModelServer, request: ChatRequest, logits: torch.Tensor | None) -> list[dict]:
-    """The n choices: the argmax, or samples at the request's temperature; None logits: the malformed fault."""
+    """The n choices: the argmax, or samples at the request's temperature, among the classes a response format's
+    enum allows (as JSON then); None logits: the malformed fault."""
     n, limit = request.n or 1, request.max_completion_tokens or request.max_tokens
+    enum = _enum_choice(server, request)
+    if logits is not None and enum is not None:
+        logits = logits.masked_fill(~torch.tensor(enum[1]), float("-inf"))
     if logits is None:
         picked, logprobs = [None] * n, None
     else:
@@ -379,6 +402,8 @@ def _choices(server: ModelServer, request: ChatRequest, logits: torch.Tensor | N
     choices = []
     for index, label in enumerate(picked):
         content = MALFORMED_ANSWER if label is None else server.class_names[label]
+        if label is not None and enum is not None:
+            content = json.dumps({enum[0]: content}, ensure_ascii=False)
         finish = "stop"
         if limit is not None and text_tokens(content) > limit:
             content, finish = content[:4 * limit], "length"
@@ -386,7 +411,7 @@ def _choices(server: ModelServer, request: ChatRequest, logits: torch.Tensor | N
                   "logprobs": None, "finish_reason": finish}
         if request.logprobs and label is not None:
             entry = _logprob_entry(content, float(logprobs[label]))
-            top = logprobs.topk(min(request.top_logprobs or 0, len(logprobs)))
+            top = logprobs.topk(min(request.top_logprobs or 0, int(logprobs.isfinite().sum())))
             entry["top_logprobs"] = [_logprob_entry(server.class_names[int(i)], float(v))
                                      for v, i in zip(top.values, top.indices)]
             choice["logprobs"] = {"content": [entry], "refusal": None}
@@ -433,7 +458,7 @@ async def _read_body(request: Request) -> bytes:
 
 def build_app(server: ModelServer) -> FastAPI:
     """The OpenAI-shaped routes of `server`: /v1/models (and /v1/models/{id}), /v1/chat/completions, and the
-    Files and Batches endpoints (rgb.serve_batch)."""
+    Files and Batches endpoints (rgb.serve.batch)."""
     app = FastAPI(title="rgb-serve", docs_url=None, redoc_url=None, openapi_url=None)
     turns = asyncio.Semaphore(server.limits.max_concurrency)
 
@@ -478,6 +503,7 @@ def build_app(server: ModelServer) -> FastAPI:
             raise ErrorReply(404, f"The model '{chat.model}' does not exist (served: {server.served_name!r})",
                              "model_not_found", "model")
         prompt = read_prompt(chat)
+        _enum_choice(server, chat)  # a response format it cannot honour is refused before the model is asked
         async with _turn(server, turns):
             return chat, await _complete(server, chat, prompt)
 
@@ -490,7 +516,7 @@ def build_app(server: ModelServer) -> FastAPI:
             return StreamingResponse(_chunks(completion, include_usage), media_type="text/event-stream")
         return completion
 
-    add_batch_routes(app, server.batches, authorize, complete_chat, ErrorReply)
+    BatchRoutes(server.batches, authorize, complete_chat, ErrorReply).add_to(app)
     return app
 
 
@@ -542,9 +568,3 @@ async def _complete(server: ModelServer, chat: ChatRequest, prompt: Prompt) -> d
         "usage": {"prompt_tokens": prompt.prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt.prompt_tokens + completion_tokens},
     }
-
-
-if __name__ == "__main__":  # `python -m rgb.serve`: the rgb-serve command
-    from rgb.commands.main import serve_main
-
-    serve_main()

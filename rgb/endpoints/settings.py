@@ -1,0 +1,157 @@
+"""The settings of a model behind a chat-completions endpoint: what identifies its answers (ApiSettings, model.json
+`api`) and how politely to ask (ClientSettings, model.json `client`), each value checked by a rule when made, so a
+bad value is one line wherever it comes from (train.py model=api_chat, or the load of a model.json)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+
+from rgb.core.secrets import redact_headers, redact_text, redact_url, url_credentials_problem
+from rgb.core.values import (
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_INT,
+    ConfigValueError,
+    Rule,
+    optional,
+    problems,
+)
+from rgb.endpoints.cost import Price
+
+IMAGE_ENCODING = "png_base64_data_url"
+DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task. The possible classes are: {classes}. "
+                  "Answer with exactly one class name from this list and nothing else.")
+# free text, or a JSON object whose one value is a class name (rgb.endpoints.answers.choice_format)
+ANSWER_FORMATS = ("text", "choice")
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and bool(v.strip())
+
+
+# The request fields rgb writes itself (the image and prompt, the model): `model.request` may not set them.
+OWN_FIELDS = frozenset({"model", "messages"})
+
+
+# The rules of the model config's values (rgb.core.values), checked when the settings are made: by train.py
+# model=api_chat and by every load of a model.json, so a bad value is one line wherever it comes from.
+API_RULES: dict[str, Rule] = {
+    "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None
+                       and url_credentials_problem(v) is None, "an http(s) URL ending in /v1, without user:password@ "
+                       "(credentials belong in the variable model.api_key_env names, or in model.headers)"),
+    "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
+    "model.prompt": (lambda v: v is None or isinstance(v, str), "a text"),
+    "model.system_prompt": (lambda v: v is None or isinstance(v, str), "null or a text"),
+    "model.temperature": optional(NON_NEGATIVE), "model.max_tokens": optional(POSITIVE_INT),
+    "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
+                      and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
+    "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
+}
+CLIENT_RULES: dict[str, Rule] = {
+    "model.api_key_env": (_text, "the name of an environment variable"),
+    "model.headers": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                                            for k, x in v.items()), "a mapping of header: text"),
+    "model.retry_max_tokens": optional(POSITIVE_INT),
+    "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
+    "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
+    "model.backoff_s": NON_NEGATIVE, "model.backoff_max_s": NON_NEGATIVE,
+    "model.batch": (lambda v: isinstance(v, bool), "true or false"), "model.batch_poll_s": POSITIVE,
+    "model.batch_wait_s": POSITIVE,
+}
+
+
+def _check(settings, rules: dict[str, Rule]) -> None:
+    found = problems({f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}, rules)
+    if found:
+        raise ConfigValueError("invalid value: " + redact_text("; ".join(found)))  # the values shown: no secret
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """What identifies the model's answers (model.json `api`): a change of any of these is another model. The
+    answer parser is not among them: it maps the cached answer texts, and the version that scored them is
+    recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed).
+    `temperature=None` and `max_tokens=None` are not sent; `request` is merged into every request as it is (e.g.
+    `max_completion_tokens`, `reasoning_effort`, `extra_body` fields such as `top_k`); `system_prompt` is sent as
+    a system message. `answer_format=choice` asks for a JSON object whose value is one of the class names
+    (rgb.endpoints.answers.choice_format; the reply read by parse_choice). The last three enter the identity only when
+    set (answer_format: when not "text"), so earlier answer caches keep theirs."""
+
+    base_url: str
+    api_model: str
+    prompt: str | None = DEFAULT_PROMPT  # None: DEFAULT_PROMPT
+    temperature: float | None = 0.0  # None: not sent (reasoning models refuse it)
+    max_tokens: int | None = 16
+    image_encoding: str = IMAGE_ENCODING
+    system_prompt: str | None = None
+    request: dict | None = field(default_factory=dict)
+    answer_format: str = "text"
+
+    def __post_init__(self):
+        _check(self, API_RULES)
+        if self.image_encoding != IMAGE_ENCODING:
+            raise ConfigValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored "
+                                   f"pixels")
+        # a key in a query parameter is recorded as REDACTED: the request fills it from the environment
+        object.__setattr__(self, "base_url", redact_url(self.base_url.rstrip("/")))
+        object.__setattr__(self, "prompt", DEFAULT_PROMPT if self.prompt is None else self.prompt)
+        object.__setattr__(self, "request", dict(self.request or {}))  # null (the config's default): none
+
+    @property
+    def decoding(self) -> dict:
+        """The sampling fields of every request, as rgb writes them (`request` may add or override fields)."""
+        sent = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        return {k: v for k, v in sent.items() if v is not None}
+
+    def identity_extras(self) -> dict:
+        """What identifies the answers beyond the legacy identity: only what is set."""
+        extras = (("system_prompt", self.system_prompt), ("request", self.request),
+                  ("answer_format", None if self.answer_format == "text" else self.answer_format))
+        return {k: v for k, v in extras if v}
+
+    def record(self) -> dict:
+        """model.json's `api`: the legacy fields, and the extras only when set (earlier run dirs keep their
+        identity)."""
+        extras = ("system_prompt", "request", "answer_format")
+        legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in extras}
+        return {**legacy, **self.identity_extras()}
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How politely to ask (model.json `client`): none of it changes an answer, so none of it is in the cache key."""
+
+    api_key_env: str = "OPENAI_API_KEY"
+    # sent with every request; a secret one (Authorization, api-key, ...) is recorded as REDACTED and sent with the
+    # key from api_key_env (rgb.core.secrets)
+    headers: dict | None = field(default_factory=dict)
+    retry_max_tokens: int | None = None  # an answer cut by the token limit is asked once more with this limit
+    max_concurrency: int = 4
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    timeout_s: float = 60.0
+    max_retries: int = 6
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    # The Batch API (rgb.endpoints.batch) instead of one request per image: the same requests and the same cache
+    # records, so the same answers either way (hence not in the cache key); OpenAI charges half and answers within
+    # 24 h. Polled every batch_poll_s; after batch_wait_s a run stops, and the next one resumes the batch.
+    batch: bool = False
+    batch_poll_s: float = 30.0
+    batch_wait_s: float = 26 * 3600.0
+    price: dict | None = None  # USD per 1M tokens {input, output, cached_input}; null: conf/prices.yaml, else unknown
+
+    def __post_init__(self):
+        _check(self, CLIENT_RULES)
+        object.__setattr__(self, "headers", redact_headers(self.headers or {}))  # null (the config's default): none
+        Price.of(self.price)
+
+
+def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
+    """Both settings from one flat mapping (the model config, or model.json's two sections merged); a null is
+    the value given (`max_tokens: null` sends no limit), an absent key the default."""
+    names = {f.name for f in fields(ApiSettings)}, {f.name for f in fields(ClientSettings)}
+    return (ApiSettings(**{k: v for k, v in config.items() if k in names[0]}),
+            ClientSettings(**{k: v for k, v in config.items() if k in names[1]}))

@@ -1,0 +1,72 @@
+"""`batch_size=auto`: the largest attack batch that fits the device's free memory for a model, measured by a probe.
+
+An attack iteration's peak memory is one forward with its graph and one input-gradient backward over the batch.
+The probe runs that step at doubling batch sizes until the device runs out of memory (or a ceiling), and keeps
+the largest size that ran, times a safety share for the attacks' own tensors. The answer is cached per model
+identity and device in a small JSON file, so the probe runs once per model and machine. On the CPU there is no
+memory wall worth probing: `auto` is a fixed size there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rgb.core.files import atomic_write_json
+
+CPU_BATCH = 64  # what `auto` means on the CPU: larger batches buy nothing there (docs/performance.md)
+CEILING = 4096  # no probe goes beyond this: a larger batch only lengthens the tail of survivors
+SAFETY = 0.75  # the share of the largest probed batch kept: room for the attacks' per-row state
+
+
+def probe_step(model: nn.Module, batch: torch.Tensor) -> None:
+    """One attack iteration's memory: a forward with its graph and the input gradient of the summed logits."""
+    x = batch.detach().requires_grad_(True)
+    with torch.enable_grad():
+        torch.autograd.grad(model(x).float().sum(), x)
+
+
+def largest_batch(model: nn.Module, image_shape: tuple[int, ...], device: torch.device,
+                  ceiling: int = CEILING) -> int:
+    """The largest power-of-two batch (at most `ceiling`) whose `probe_step` runs on `device`, times SAFETY where
+    memory ran out (the ceiling itself where it did not)."""
+    fits, size = 0, 1
+    while size <= ceiling:
+        try:
+            probe_step(model, torch.rand((size, *image_shape), device=device))
+        except torch.OutOfMemoryError:
+            if fits == 0:
+                raise torch.OutOfMemoryError(
+                    f"not even one image of shape {image_shape} fits an attack step on {device}") from None
+            return max(1, int(fits * SAFETY))
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        fits, size = size, size * 2
+    return fits
+
+
+def device_key(device: torch.device) -> str:
+    """What the answer depends on besides the model: the device's kind and, on CUDA, its name and memory."""
+    if device.type != "cuda":
+        return device.type
+    props = torch.cuda.get_device_properties(device)
+    return f"cuda:{props.name}:{props.total_memory}"
+
+
+def auto_batch_size(model: nn.Module, model_id: str, image_shape: tuple[int, ...], device: torch.device,
+                    cache: Path) -> dict:
+    """{"batch_size", "source": "cpu default" | "probe" | "cache", "device"}: `auto` resolved for `model`
+    (`model_id` names it, e.g. its weights' sha256) on `device`, probing and caching in `cache` when needed."""
+    if device.type == "cpu":
+        return {"batch_size": CPU_BATCH, "source": "cpu default", "device": "cpu"}
+    key = f"{model_id}|{tuple(image_shape)}|{device_key(device)}"
+    known = json.loads(cache.read_text()) if cache.is_file() else {}
+    if key in known:
+        return {"batch_size": int(known[key]), "source": "cache", "device": device_key(device)}
+    size = largest_batch(model, image_shape, device)
+    atomic_write_json(cache, {**known, key: size})
+    return {"batch_size": size, "source": "probe", "device": device_key(device)}

@@ -1,0 +1,52 @@
+"""batch_size=auto: the probe's doubling search, its cache per model and device, and the CPU's fixed answer."""
+
+import pytest
+import torch
+from torch import nn
+
+from rgb.runs import batch_probe
+
+
+class FitsUpTo(nn.Module):
+    """A model that runs out of memory above `limit` rows, as a GPU would."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit, self.linear, self.seen = limit, nn.Linear(12, 5), []
+
+    def forward(self, x):
+        self.seen.append(len(x))
+        if len(x) > self.limit:
+            raise torch.OutOfMemoryError("probe")
+        return self.linear(x.flatten(1))
+
+
+def test_probe_doubles_until_memory_runs_out_and_keeps_a_safety_share():
+    model = FitsUpTo(300)
+    assert batch_probe.largest_batch(model, (3, 2, 2), torch.device("cpu")) == int(256 * batch_probe.SAFETY)
+    assert model.seen == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def test_probe_stops_at_the_ceiling_and_refuses_when_nothing_fits():
+    assert batch_probe.largest_batch(FitsUpTo(10**6), (12,), torch.device("cpu"), ceiling=64) == 64
+    with pytest.raises(torch.OutOfMemoryError, match="not even one image"):
+        batch_probe.largest_batch(FitsUpTo(0), (12,), torch.device("cpu"))
+
+
+def test_auto_is_cached_per_model_and_device(tmp_path, monkeypatch):
+    cache = tmp_path / "batch_sizes.json"
+    monkeypatch.setattr(batch_probe, "device_key", lambda device: "cuda:H200:1")
+    device = torch.device("meta")  # any non-CPU device: the probe itself is replaced below
+    probes = []
+    monkeypatch.setattr(batch_probe, "largest_batch", lambda *args: probes.append(args) or 96)
+    first = batch_probe.auto_batch_size(FitsUpTo(1), "sha-a", (3, 8, 8), device, cache)
+    again = batch_probe.auto_batch_size(FitsUpTo(1), "sha-a", (3, 8, 8), device, cache)
+    other = batch_probe.auto_batch_size(FitsUpTo(1), "sha-b", (3, 8, 8), device, cache)
+    assert (first["source"], again["source"], other["source"]) == ("probe", "cache", "probe")
+    assert first["batch_size"] == again["batch_size"] == 96 and len(probes) == 2
+
+
+def test_auto_on_the_cpu_is_a_fixed_size(tmp_path):
+    answer = batch_probe.auto_batch_size(FitsUpTo(1), "sha", (12,), torch.device("cpu"), tmp_path / "c.json")
+    assert answer == {"batch_size": batch_probe.CPU_BATCH, "source": "cpu default", "device": "cpu"}
+    assert not (tmp_path / "c.json").exists()
