@@ -28,7 +28,8 @@ from helpers import card_protocol, datamodule, record, save_pool, white_box_sett
 import rgb.evaluation.site as site_module
 from rgb.evaluation.leaderboard import build_leaderboard, find_records
 from rgb.evaluation.records import Accuracy, ProtocolScore
-from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate_pool
+from rgb.evaluation.request import EvalRequest, RunOutputs
+from rgb.evaluation.run import PoolRequest, evaluate_pool
 from rgb.evaluation.site import SiteEntry, SiteError, page_names, write_site
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)

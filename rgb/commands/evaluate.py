@@ -20,7 +20,8 @@ from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.leaderboard import RANK_KEYS
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.records import PROTOCOLS
-from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate, evaluate_pool
+from rgb.evaluation.request import EvalRequest, RunOutputs
+from rgb.evaluation.run import PoolRequest, evaluate, evaluate_pool
 from rgb.runs.store import missing_sweep_jobs, train_runs
 
 # Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
