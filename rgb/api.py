@@ -29,7 +29,8 @@ from rgb.core.values import POSITIVE_INT, optional, path_name, require
 from rgb.data.benchmark_data import BenchmarkData
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, WHITE_BOX_SETTING_NAMES, RecordError, white_box_setting
-from rgb.evaluation.run import EvalRequest, RunOutputs, evaluate
+from rgb.evaluation.request import EvalRequest, RunOutputs
+from rgb.evaluation.run import evaluate
 from rgb.models import InMemoryModel, export_meta, write_export
 from rgb.models.checks import check_model_fits
 from rgb.models.user_factory import IN_MEMORY_FAMILY

@@ -95,9 +95,9 @@ def tiny_run(tmp_path_factory, mini_dir):
 @pytest.fixture(scope="module")
 def clean_pred(tiny_run, mini_dir):
     """The tiny model's own predictions on test, as evaluate computes them (attack runs must agree)."""
-    from rgb.evaluation.model_eval import EvalOptions, predict
+    from rgb.evaluation.model_eval import predict
     from rgb.models import load_with_meta
 
     model, _ = load_with_meta(tiny_run)
-    return predict(model.eval(), helpers.datamodule(mini_dir).split("test"), EvalOptions(Path("-"), Path("-")),
+    return predict(model.eval(), helpers.datamodule(mini_dir).split("test"), helpers.scoring(Path("-"), Path("-")),
                    "test")["pred"]

@@ -49,6 +49,15 @@ def resolved(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+def scoring(attack_dir: Path, out_dir: Path, **fields):
+    """The EvalRequest that the scoring steps of rgb.evaluation.model_eval read, as rgb.evaluation.run.evaluate
+    resolves it (a CPU device, the attack runs' dir), for a model and data the test hands them itself."""
+    from rgb.evaluation.request import EvalRequest, RunOutputs
+
+    fields = {"device": "cpu", "batch_size": 256, **fields}
+    return EvalRequest(RunOutputs(Path("-"), "-", Path(out_dir)), Path(attack_dir), data=lambda: None, **fields)
+
+
 @contextmanager
 def raises_one_line(error: type[BaseException] | tuple[type[BaseException], ...], match: str | None = None
                     ) -> Iterator[pytest.ExceptionInfo]:

@@ -342,12 +342,13 @@ def test_a_full_disk_while_copying_the_previous_outputs_is_the_commands_one_line
 
 def test_evaluate_writes_into_a_staging_copy_then_replaces(monkeypatch, tmp_path):
     import rgb.evaluation.run as run_module
+    from rgb.evaluation.request import EvalRequest, RunOutputs
 
     seen = []
 
-    def evaluate_model(model, meta, weights, datamodule, options):
-        seen.append(options.out_dir)
-        (options.out_dir / "scores.json").write_text("half")
+    def evaluate_model(model, meta, weights, datamodule, request, train):
+        seen.append(request.model.output_dir)
+        (request.model.output_dir / "scores.json").write_text("half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     out = tmp_path / "eval"
@@ -356,10 +357,10 @@ def test_evaluate_writes_into_a_staging_copy_then_replaces(monkeypatch, tmp_path
     run = tmp_path / "model"
     export_model(create_model("test_resnet", 10, pretrained=False), run, {"dataset": "digits", "num_classes": 10})
     monkeypatch.setattr(run_module, "evaluate_model", evaluate_model)
-    request = run_module.EvalRequest(
-        model=run_module.RunOutputs(run, "model", out), attack_dir=tmp_path / "attack", data=lambda: None,
+    request = EvalRequest(
+        model=RunOutputs(run, "model", out), attack_dir=tmp_path / "attack", data=lambda: None,
         protocol="white_box", transfer=False, severity_sweep=False, allow_partial=False, max_images=None,
-        worst_k=(1,), device="cpu", batch_size=8, api_cache_dir=tmp_path / "cache", max_requests=None,
+        worst_k=(1,), device="cpu", batch_size=8, api_cache_dir=tmp_path / "cache",
         dry_run=False, wandb_project=None)
     with pytest.raises(OSError):
         run_module.evaluate(request)

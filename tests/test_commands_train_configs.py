@@ -1,5 +1,7 @@
 """Every config under conf/ for training composes, resolves and instantiates; each experiment runs once."""
 
+import hashlib
+import json
 import math
 from pathlib import Path
 
@@ -12,7 +14,7 @@ from omegaconf import OmegaConf
 
 from helpers import CONF, FAST, compose_config
 from rgb.models import NormalizedClassifier, check_model_name
-from rgb.commands.train import train
+from rgb.commands.train import train, training_request
 from rgb.training import LOSSES
 
 # Presets small enough to build (random init) in a test; the others only have their timm name checked.
@@ -135,3 +137,18 @@ def test_experiment_runs_once_with_fast_dev_run(experiment, tmp_path, mini_dir):
     assert (cfg.loss.name, cfg.strategy.name, cfg.trainer.max_epochs) == EXPERIMENTS[experiment]
     assert cfg.effective_batch_size == 1024
     assert math.isfinite(train(cfg))
+
+
+# sha256 of json.dumps(identity) of `make demo`'s two train runs, computed by rgb.training.config.training_identity
+# before the request became typed sections (issue 45): the run dirs of before must keep resuming.
+DEMO_IDENTITIES = {
+    ("run_name=demo",): "6482a3016e37a42c56598ec7eddb5e7954e800ed35a96570a21022045e62e0cd",
+    ("model=openclip_mini", "strategy=zeroshot", "prompts=cpe", "run_name=demo_zeroshot"):
+        "dde27cba19fa2baa3be71679309f4807a6a1869bb6ddeb37deef8b8d06e7c4a3",
+}
+
+
+@pytest.mark.parametrize("overrides", list(DEMO_IDENTITIES))
+def test_the_identity_of_the_demo_runs_is_unchanged(overrides):
+    identity = training_request(compose_train("run_dir=outputs/demo", *overrides)).identity
+    assert hashlib.sha256(json.dumps(identity).encode()).hexdigest() == DEMO_IDENTITIES[overrides]

@@ -319,7 +319,7 @@ def test_training_fits_on_the_data_config_it_is_given(compose):
     run's identity (run dirs of before the split still resume)."""
     import lightning as L
 
-    from rgb.training.config import resumable
+    from rgb.commands.train_config import resumable
     from rgb.training.datamodule import RGBDataModule
     from rgb.commands.train import lightning_data
 

@@ -37,9 +37,9 @@ INTERNAL = {
     "rgb/runs/store.py::output_dir_for": "the output kind is the code's (attack, eval, ...), never a user value",
     "rgb/training/losses.py::FARE.__call__": "TypeError: FARE is called through compute() by the module itself",
     "rgb/training/module.py::RobustFinetuneModule.__init__": "strategy.name is refused first by the train schema "
-                                                             "(rgb.training.config.RULES)",
+                                                             "(rgb.commands.train_config.RULES)",
     "rgb/training/module.py::RobustFinetuneModule.configure_optimizers": "optim.scheduler is refused first by the "
-                                                                         "train schema (rgb.training.config.RULES)",
+                                                                         "train schema (rgb.commands.train_config.RULES)",
     "rgb/training/rundir.py::AtomicCheckpointIO.save_checkpoint": "TypeError: Lightning's CheckpointIO contract",
     "rgb/zeroshot/report.py::comparison_table": "templates and features rgb built together",
 }

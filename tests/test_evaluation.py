@@ -6,10 +6,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import datamodule, expectation, record, save_pool, white_box_settings, write_attack
+from helpers import datamodule, expectation, record, save_pool, scoring, white_box_settings, write_attack
 from rgb.core.classwise import check_worst_k, class_wise_summary, per_class_accuracy, worst_k_count
 from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, write_leaderboard
-from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model, format_table, read_attack
+from rgb.evaluation.model_eval import EvaluationError, evaluate_model, format_table, read_attack
 from rgb.evaluation.records import Accuracy, ClassWise, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import black_box_score, borda_scores, strongest_surrogate, sum_score
 from rgb.models import load_with_meta
@@ -138,7 +138,7 @@ def test_model_evaluation_writes_scores_plots_and_table(tmp_path, mini_dir, tiny
     dm = datamodule(mini_dir)
     n_robust = write_attack(tmp_path / "attack", "linf", tiny_run, dm, np.arange(200) % 2 == 0, clean_pred)
     write_attack(tmp_path / "attack", "l2", tiny_run, dm, np.ones(200), clean_pred)
-    options = EvalOptions(attack_dir=tmp_path / "attack", out_dir=tmp_path / "eval")
+    options = scoring(tmp_path / "attack", tmp_path / "eval")
     model, meta = load_with_meta(tiny_run)
     result = evaluate_model(model, meta, tiny_run / "model.safetensors", dm, options)
     wb = result.white_box
@@ -179,7 +179,7 @@ def test_mismatched_attack_results_are_refused(tmp_path, mini_dir, tiny_run, cle
     dm = datamodule(mini_dir)
     write_attack(tmp_path, "linf", tiny_run, dm, np.ones(200, dtype=bool), clean_pred, **overrides)
     with pytest.raises(EvaluationError, match=message):
-        read_attack("linf", EvalOptions(attack_dir=tmp_path, out_dir=tmp_path / "o"),
+        read_attack("linf", scoring(tmp_path, tmp_path / "o"),
                     expectation(tiny_run, dm, clean_pred))
 
 
@@ -188,13 +188,13 @@ def test_partial_results_need_consent_and_are_marked(tmp_path, mini_dir, tiny_ru
     write_attack(tmp_path, "linf", tiny_run, dm, np.ones(120, dtype=bool), clean_pred)
     expected = expectation(tiny_run, dm, clean_pred)
     with pytest.raises(EvaluationError, match="120 of 200 images; pass allow_partial=true"):
-        read_attack("linf", EvalOptions(attack_dir=tmp_path, out_dir=tmp_path / "o"), expected)
-    found = read_attack("linf", EvalOptions(attack_dir=tmp_path, out_dir=tmp_path / "o", allow_partial=True),
+        read_attack("linf", scoring(tmp_path, tmp_path / "o"), expected)
+    found = read_attack("linf", scoring(tmp_path, tmp_path / "o", allow_partial=True),
                         expected)
     assert found.summary.robust.partial and found.summary.robust.total == 120 and found.standard
     (tmp_path / "l2").mkdir()
     with pytest.raises(EvaluationError, match="not merged/complete"):
-        read_attack("l2", EvalOptions(attack_dir=tmp_path, out_dir=tmp_path / "o"), expected)
+        read_attack("l2", scoring(tmp_path, tmp_path / "o"), expected)
 
 
 def test_wandb_offline_files_contain_the_summary(tmp_path, mini_dir, tiny_run, monkeypatch):
@@ -202,12 +202,12 @@ def test_wandb_offline_files_contain_the_summary(tmp_path, mini_dir, tiny_run, m
     from rgb.evaluation.wandb_report import log_evaluation
 
     model, meta = load_with_meta(tiny_run)
-    options = EvalOptions(attack_dir=tmp_path / "none", out_dir=tmp_path / "eval")
+    options = scoring(tmp_path / "none", tmp_path / "eval")
     result = evaluate_model(model, meta, tiny_run / "model.safetensors", datamodule(mini_dir), options)
     metrics = result.metrics()
     assert metrics["white_box/settings/test"] == result.white_box.settings["test"].value
     assert metrics["class_wise/test/worst/1"] == result.class_wise["test"].worst["1"]
-    run_dir = log_evaluation(result, options.out_dir, project="rgb-tests")
+    run_dir = log_evaluation(result, options.model.output_dir, project="rgb-tests")
     import wandb
 
     wandb.teardown()  # the service may still be writing the record file after finish() under load

@@ -12,12 +12,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers import compose_config, datamodule, expectation, record, save_pool, write_attack
+from helpers import compose_config, datamodule, expectation, record, save_pool, scoring, write_attack
 from rgb.attacks.registry import VERSIONS
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS
 from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, to_markdown
 from rgb.evaluation.model_eval import (
-    EvalOptions,
     EvaluationError,
     corruption_key,
     corruption_keys,
@@ -36,7 +35,7 @@ CARD = list(DATASETS)
 
 
 def options(tmp_path, **kwargs):
-    return EvalOptions(attack_dir=tmp_path / "attack", out_dir=tmp_path / "eval", **kwargs)
+    return scoring(tmp_path / "attack", tmp_path / "eval", **kwargs)
 
 
 # -- 9: attack results must be this model's -------------------------------------------------------------------
@@ -210,7 +209,7 @@ def test_corruption_names_are_normalised_once_and_unknown_ones_refused():
 
 def test_worst_k_defaults_to_1_5_10():
     cfg = OmegaConf.load(Path(__file__).parents[1] / "conf" / "evaluate.yaml")
-    assert list(cfg.worst_k) == [1, 5, 10] and EvalOptions(Path(), Path()).worst_k == (1, 5, 10)
+    assert list(cfg.worst_k) == [1, 5, 10] and scoring(Path(), Path()).worst_k == (1, 5, 10)
     assert cfg.rank_by == "borda" and cfg.leaderboard_datasets is None
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import card_protocol, datamodule, record, write_attack
+from helpers import card_protocol, datamodule, record, scoring, write_attack
 from rgb.evaluation.leaderboard import board_figure, build_leaderboard, find_records, to_markdown, write_leaderboard
-from rgb.evaluation.model_eval import EvalOptions, evaluate_model, format_table
+from rgb.evaluation.model_eval import evaluate_model, format_table
 from rgb.evaluation.plots import attack_stages_figure, class_accuracy_figure, instability_distance_figure
 from rgb.evaluation.records import WHITE_BOX_SETTINGS, Accuracy, ModelIdentity, ProtocolScore, ScoresRecord
 from rgb.evaluation.scores import sum_score
@@ -143,11 +143,11 @@ def test_a_partial_evaluation_keeps_the_complete_record(tmp_path, mini_dir, tiny
     model, meta = load_with_meta(tiny_run)
     out = tmp_path / "eval"
     full = evaluate_model(model, meta, tiny_run / "model.safetensors", dm,
-                          EvalOptions(attack_dir=tmp_path / "attack", out_dir=out))
+                          scoring(tmp_path / "attack", out))
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert not full.partial and "scores.json" in kept and "settings.png" in kept
     part = evaluate_model(model, meta, tiny_run / "model.safetensors", dm,
-                          EvalOptions(attack_dir=tmp_path / "attack", out_dir=out, allow_partial=True, max_images=100))
+                          scoring(tmp_path / "attack", out, allow_partial=True, max_images=100))
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept  # untouched
     saved = json.loads((out / "partial" / "scores.partial.json").read_text())
     assert saved["partial"] is True and saved["max_images"] == 100 and saved["white_box"]["score"] is None

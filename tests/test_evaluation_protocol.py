@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import card_protocol, datamodule, record, save_pool
+from helpers import card_protocol, datamodule, record, save_pool, scoring
 from rgb.core.files import is_staging, remove_dead_staging, replaced_whole
 from rgb.data.protocol import Protocol
 from rgb.evaluation.leaderboard import (
@@ -24,7 +24,7 @@ from rgb.evaluation.leaderboard import (
     write_leaderboard,
     write_seed_spread,
 )
-from rgb.evaluation.model_eval import EvalOptions, evaluate_model, format_table
+from rgb.evaluation.model_eval import evaluate_model, format_table
 from rgb.evaluation.plots import settings_figure
 from rgb.evaluation.records import Accuracy, RecordError, ScoresRecord
 from rgb.evaluation.scores import black_box_score
@@ -70,7 +70,7 @@ def test_a_record_under_other_budgets_is_shown_apart_never_in_the_sum_or_borda(t
 
 def test_an_evaluation_records_its_protocol_and_says_what_differs(tmp_path, mini_dir, tiny_run):
     model, meta = load_with_meta(tiny_run)
-    options = EvalOptions(attack_dir=tmp_path / "attack", out_dir=tmp_path / "eval")
+    options = scoring(tmp_path / "attack", tmp_path / "eval")
     result = evaluate_model(model, meta, tiny_run / "model.safetensors", datamodule(mini_dir, l2=0.1), options)
     assert result.protocol.budgets["l2"] == 0.1 and result.protocol.whole_splits
     assert result.differences_for("white_box") == ["L2 0.1, card 0.2857"]

@@ -28,7 +28,8 @@ from helpers import card_protocol, datamodule, record, save_pool, white_box_sett
 import rgb.evaluation.site as site_module
 from rgb.evaluation.leaderboard import build_leaderboard, find_records
 from rgb.evaluation.records import Accuracy, ProtocolScore
-from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate_pool
+from rgb.evaluation.request import EvalRequest, RunOutputs
+from rgb.evaluation.run import PoolRequest, evaluate_pool
 from rgb.evaluation.site import SiteEntry, SiteError, page_names, write_site
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -45,7 +46,7 @@ def site(tmp_path_factory, mini_dir, tiny_run, clean_pred) -> Path:
         model=RunOutputs(tiny_run, "tiny-ce", root / "eval" / "digits" / "tiny-ce"), attack_dir=root / "attack",
         data=lambda: datamodule(mini_dir), protocol="white_box", transfer=False, severity_sweep=False,
         allow_partial=False, max_images=None, worst_k=(1, 5), device="cpu", batch_size=128,
-        api_cache_dir=root / "api_cache", max_requests=None, dry_run=False, wandb_project=None)
+        api_cache_dir=root / "api_cache", dry_run=False, wandb_project=None)
     protocol = card_protocol("digits", image_size=32)
 
     def entry(name, values, loss, **fields):

@@ -11,8 +11,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from helpers import compose_config, raises_one_line
-from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
+from helpers import compose_config, raises_one_line, scoring
+from rgb.evaluation.model_eval import EvaluationError, evaluate_model
 from rgb.commands.evaluate import run_evaluation
 from rgb.runs.store import ZEROSHOT_REPORT_DIR
 from rgb.zeroshot import row_metrics
@@ -171,7 +171,7 @@ def test_other_class_names_are_refused_by_the_report_and_by_the_scores(cpe_run, 
         run_evaluation(evaluate_config(tmp_path, mini_dir, f"run={run}", "zeroshot_report=true"))
     cfg = evaluate_config(tmp_path, mini_dir, f"run={run}")
     model, meta = load_with_meta(run)
-    options = EvalOptions(attack_dir=tmp_path / "attack", out_dir=tmp_path / "eval")
+    options = scoring(tmp_path / "attack", tmp_path / "eval")
     with raises_one_line(EvaluationError, match="built for other class names") as err:
         evaluate_model(model, meta, run / "model.safetensors", hydra.utils.instantiate(cfg.data), options)
     assert not (tmp_path / "eval").exists()

@@ -33,8 +33,8 @@ ALLOWED = {
     # an entry room: rgb-serve's server (plain arguments), imported by the command layer, never importing it
     "serve": {"core", "data", "endpoints", "models"},
     # the command layer: the console scripts' mains and each command's config half
-    "commands": {"core", "data", "models", "attacks", "zeroshot", "brittleness", "runs", "training", "evaluation",
-                 "serve"},
+    "commands": {"core", "data", "endpoints", "models", "attacks", "zeroshot", "brittleness", "runs", "training",
+                 "evaluation", "serve"},
 }
 ENTRY_POINTS = {"api"}
 # Hydra and OmegaConf live at the edge: rgb/commands/ (each command's config becomes one typed request) and the

@@ -30,13 +30,13 @@ from rgb.evaluation.endpoint_eval import cache_path, split_images
 from rgb.evaluation.leaderboard import build_leaderboard, find_records, to_markdown
 from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
-from rgb.commands.evaluate import run_evaluation
+from rgb.commands.evaluate import request_caps, run_evaluation
 from rgb.models import load_with_meta
 from rgb.endpoints.answers import PARSER_VERSION
 from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
 from rgb.models.chat import ApiClassifier
 from rgb.endpoints.cache import AnswerCache, CacheError
-from rgb.endpoints.client import ApiError, RateLimiter, RequestBudget
+from rgb.endpoints.client import ApiError, RateLimiter, RequestBudget, RequestCaps
 from rgb.commands import main as cli
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
@@ -115,6 +115,20 @@ def test_max_requests_below_one_is_refused_in_one_line(value):
     with pytest.raises(ConfigValueError, match=f"max_requests must be null or an integer >= 1, got {value}"):
         RequestBudget(value)
     assert RequestBudget(None).take(5) == 5 and RequestBudget(3).take(5) == 3
+
+
+def test_request_caps_are_the_evaluate_config_keys_read_by_name():
+    """A cap is a RequestCaps field and its key of conf/evaluate.yaml (null: no limit), nothing else: every field is
+    a key, every `max_` key but max_images (a part of each split, not an API cap) is a field, and evaluate.py reads
+    each into its request."""
+    conf = helpers.compose_config("evaluate")
+    caps = RequestCaps.names()
+    assert {key for key in conf if key.startswith("max_")} - {"max_images"} == set(caps)
+    assert all(conf[name] is None for name in caps) and not request_caps(conf).capped
+    overrides = {"max_requests": 3, "max_tokens_total": 500, "max_cost": 0.25}
+    assert set(overrides) == set(caps)
+    assert request_caps(helpers.compose_config("evaluate", *(f"{k}={v}" for k, v in overrides.items()))) == \
+        RequestCaps(**overrides)
 
 
 def test_a_prompt_with_an_unknown_placeholder_is_one_line():

@@ -16,14 +16,14 @@ from rgb.attacks import AttackError
 from rgb.attacks.autoattack import AutoAttack
 from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError
-from rgb.evaluation.model_eval import EvalOptions, EvaluationError, evaluate_model
+from rgb.evaluation.model_eval import EvaluationError, evaluate_model
 from rgb.evaluation.records import RecordError, white_box_setting
 from rgb.models import WEIGHTS_FILE, create_model, export_factory_model, load, write_export
 from rgb.models.factory import ModelLoadError
 from rgb.models.io import ExportConflictError, ExportNotFoundError
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import MANIFEST, RunDirectory
-from helpers import datamodule, raises_one_line
+from helpers import datamodule, raises_one_line, scoring
 from rgb.models.toy import separable_data
 from user_models import small_cnn
 
@@ -236,7 +236,7 @@ def test_corrupt_timm_weights_file_is_called_corrupt_without_torch_advice(tmp_pa
 def test_evaluate_refuses_other_class_names_and_other_logit_counts(mini_dir, tmp_path):
     dm = datamodule(mini_dir)
     names = dm.split("test").class_names
-    options = EvalOptions(attack_dir=tmp_path / "attack", out_dir=tmp_path / "eval")
+    options = scoring(tmp_path / "attack", tmp_path / "eval")
     model = small_cnn()
     swapped = [names[1], names[0], *names[2:]]
     message = re.escape(f"class 0 is {swapped[0]!r}, the test split's is {names[0]!r}")

@@ -17,15 +17,13 @@ import torch
 from rgb.core import file_sha256
 from rgb.models import create_model, load_with_meta
 from rgb.runs.store import RunDirectory
+from rgb.commands.train_config import RESUMABLE_KEYS, training_identity, validate_config
 from rgb.training import (
-    RESUMABLE_KEYS,
     AtomicCheckpointIO,
     RobustFinetuneModule,
     RunManifest,
     TrainingConfigError,
     TrainingError,
-    training_identity,
-    validate_config,
 )
 from rgb.commands.train import train
 

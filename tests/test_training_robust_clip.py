@@ -9,8 +9,9 @@ from clip_runs import compose_train
 from helpers import resolved
 from rgb.models import create_openclip_classifier, load_with_meta
 from rgb.models.embedded_clip import EMBEDDED_ARCH, register_embedded_architecture
-from rgb.commands.train import train
-from rgb.training.config import TrainingConfigError, validate_config
+from rgb.commands.train import train, training_request
+from rgb.commands.train_config import validate_config
+from rgb.training.config import TrainingConfigError
 from rgb.training.losses import FARE, EmbeddingAttack, build_loss, squared_distance
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.zeroshot import initialise_head
@@ -58,7 +59,7 @@ def test_robust_clip_losses_train_the_image_tower_only_and_export_a_zeroshot_cla
     cfg = compose_train(tmp_path, mini_dir, f"loss={loss}", "strategy=full_finetune", "head_init=zeroshot",
                         "debug=fdr", "data.batch_size=16", "loss.attack.n_iter=2", "optim.backbone_lr=1e-3")
     start = hydra.utils.instantiate(cfg.model)
-    initialise_head(start, resolved(cfg), hydra.utils.instantiate(cfg.data))
+    initialise_head(start, training_request(cfg).model, hydra.utils.instantiate(cfg.data))
     train(cfg)
     model, meta = load_with_meta(tmp_path / "run")
     assert meta["loss"]["name"] == loss and meta["family"] == "openclip"

@@ -10,7 +10,7 @@ import torch
 from clip_runs import compose_train
 from helpers import raises_one_line, resolved
 from rgb.models import load_with_meta
-from rgb.commands.train import train
+from rgb.commands.train import train, training_request
 from rgb.training.zeroshot import initialise_head, validation_metrics
 
 
@@ -41,7 +41,7 @@ def test_head_init_zeroshot_gives_the_zeroshot_accuracy_at_step_0(tmp_path, mini
     cfg = compose_train(tmp_path / "ft", mini_dir, "strategy=linear_probe", "head_init=zeroshot", "prompts=mean")
     datamodule = hydra.utils.instantiate(cfg.data)
     model = hydra.utils.instantiate(cfg.model)
-    initialise_head(model, resolved(cfg), datamodule)
+    initialise_head(model, training_request(cfg).model, datamodule)
     assert validation_metrics(model, datamodule, "cpu")["val/acc"] == zeroshot_acc
     exported, _ = load_with_meta(tmp_path / "zs" / "run")
     x = torch.rand(4, 3, 32, 32)
@@ -61,4 +61,5 @@ def test_fine_tuning_from_the_zeroshot_head_trains_and_exports(tmp_path, mini_di
 def test_head_init_zeroshot_on_a_timm_model_is_one_line(tmp_path, mini_dir, compose):
     cfg = compose("train", f"run_dir={tmp_path}", f"data.source={mini_dir}", "head_init=zeroshot")
     with raises_one_line(ValueError, match=r"zero-shot head needs a CLIP text tower: model family 'timm'") as err:
-        initialise_head(hydra.utils.instantiate(cfg.model), resolved(cfg), hydra.utils.instantiate(cfg.data))
+        initialise_head(hydra.utils.instantiate(cfg.model), training_request(cfg).model,
+                        hydra.utils.instantiate(cfg.data))

@@ -15,11 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.commands.schema import DATA, MACHINE, RUN, WANDB
 from rgb.core.classwise import check_worst_k
 from rgb.core.configs import config_dir
-from rgb.core.values import BOOL, POSITIVE, POSITIVE_INT, TEXT, list_of, one_of, optional
+from rgb.core.values import BOOL, POSITIVE_INT, TEXT, list_of, one_of, optional
+from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.leaderboard import RANK_KEYS
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.records import PROTOCOLS
-from rgb.evaluation.run import EvalRequest, PoolRequest, RunOutputs, evaluate, evaluate_pool
+from rgb.evaluation.request import EvalRequest, RunOutputs
+from rgb.evaluation.run import PoolRequest, evaluate, evaluate_pool
 from rgb.runs.store import missing_sweep_jobs, train_runs
 
 # Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
@@ -47,8 +49,7 @@ SCHEMA = {
     "protocol": one_of(PROTOCOLS), "rank_by": one_of(RANK_KEYS), "batch_size": POSITIVE_INT,
     **dict.fromkeys(("transfer", "severity_sweep", "text_robustness", "zeroshot_report", "allow_partial", "dry_run",
                      "site"), BOOL),
-    "max_images": optional(POSITIVE_INT), "max_requests": optional(POSITIVE_INT),
-    "max_tokens_total": optional(POSITIVE_INT), "max_cost": optional(POSITIVE),
+    "max_images": optional(POSITIVE_INT), **RequestCaps.rules(),
     "worst_k": (_worst_k, "a non-empty list of class counts >= 1 or percentages ('10%')"),
     "leaderboard_datasets": optional(list_of(TEXT)),
 }
@@ -69,6 +70,11 @@ def price_table() -> dict:
     return OmegaConf.to_container(OmegaConf.load(config_dir() / "prices.yaml"))
 
 
+def request_caps(cfg: DictConfig) -> RequestCaps:
+    """The API caps, each read from its key of conf/evaluate.yaml by its field's name."""
+    return RequestCaps(**{name: cfg.get(name) for name in RequestCaps.names()})
+
+
 def eval_request(cfg: DictConfig) -> EvalRequest:
     tracking = cfg.wandb
     return EvalRequest(
@@ -76,8 +82,7 @@ def eval_request(cfg: DictConfig) -> EvalRequest:
         protocol=str(cfg.protocol), transfer=bool(cfg.transfer), severity_sweep=bool(cfg.severity_sweep),
         allow_partial=bool(cfg.allow_partial), max_images=cfg.max_images,
         worst_k=tuple(OmegaConf.to_container(cfg.worst_k)), device=str(cfg.device), batch_size=int(cfg.batch_size),
-        api_cache_dir=Path(str(cfg.api_cache_dir)), max_requests=cfg.get("max_requests"),
-        max_tokens_total=cfg.get("max_tokens_total"), max_cost=cfg.get("max_cost"), prices=price_table(),
+        api_cache_dir=Path(str(cfg.api_cache_dir)), caps=request_caps(cfg), prices=price_table(),
         dry_run=bool(cfg.get("dry_run")), wandb_project=str(tracking.project) if tracking.enabled else None,
         output_root=Path(str(cfg.paths.output_dir)),
     )

@@ -15,17 +15,26 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from rgb.commands.schema import DATA
+from rgb.commands.train_config import RULES, STRATEGIES, ZEROSHOT, training_identity, validate_config
+from rgb.core.values import one_of
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.models.card import model_card
 from rgb.training.endpoint_run import ApiRunRequest, export_api_run
-from rgb.commands.schema import DATA
-from rgb.training.config import RULES, TrainingError
+from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.datamodule import RGBDataModule
-from rgb.training.run import TrainRequest
+from rgb.training.request import (
+    DataSection,
+    LoggingSection,
+    LossSection,
+    ModelSection,
+    OptimSection,
+    StrategySection,
+    TrainerSection,
+    TrainRequest,
+)
 from rgb.training.run import train as train_request
-
-# conf/train.yaml's schema (rgb.commands.schema): the data config's and the training sections' (rgb.training.config).
-SCHEMA = {**DATA, **RULES}
+from rgb.zeroshot.head import PromptSettings
 
 
 def run_names(cfg: DictConfig) -> dict:
@@ -88,6 +97,15 @@ def lightning_data(data: DictConfig) -> L.LightningDataModule:
     return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
 
 
+def optim_section(optim: dict) -> OptimSection:
+    """The `optim` group as AdamW's settings; a key it does not know is named (it used to fail in the fit)."""
+    known = OptimSection.__dataclass_fields__
+    unknown = sorted(set(optim) - set(known))
+    if unknown:
+        raise TrainingConfigError(f"unknown optim key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return OptimSection(**optim)
+
+
 def card_of(cfg: DictConfig) -> dict:
     """The model card of `model_card=FILE` and `card.<key>=...` (read before anything starts: a bad file stops it)."""
     fields = cfg.get("card")
@@ -95,16 +113,35 @@ def card_of(cfg: DictConfig) -> dict:
 
 
 def training_request(cfg: DictConfig) -> TrainRequest:
-    """The run of `cfg`: resolved once (an interpolation that fails is named here, before anything starts)."""
+    """The run of `cfg` as typed sections: resolved once (an interpolation that fails is named here, before
+    anything starts) and validated; its identity is the resolved config minus the resumable keys."""
     config = OmegaConf.to_container(cfg, resolve=True)
+    validate_config(config)
     run_dir = Path(config["run_dir"])
+    loss = dict(config["loss"])
     return TrainRequest(
-        config=config, run_dir=run_dir, names=run_names(cfg),
-        data=partial(hydra.utils.instantiate, cfg.data), fit_data=partial(lightning_data, cfg.data),
-        model=partial(hydra.utils.instantiate, cfg.model), callbacks=partial(instantiate_callbacks, cfg.get("callbacks")),
-        loggers=partial(build_loggers, cfg.get("logger"), run_dir),
-        trainer=partial(hydra.utils.instantiate, cfg.get("trainer")),
-        hydra_record=hydra_record(cfg), card=card_of(cfg),
+        run_dir=run_dir, names=run_names(cfg), identity=training_identity(config), seed=config["seed"],
+        data=DataSection(batch_size=config["data"]["batch_size"], build=partial(hydra.utils.instantiate, cfg.data),
+                         build_fit=partial(lightning_data, cfg.data)),
+        model=ModelSection(
+            build=partial(hydra.utils.instantiate, cfg.model),
+            head_init=(config.get("head_init") or {}).get("name"),
+            prompts=PromptSettings.from_config(config["prompts"]) if config.get("prompts") else None,
+            channels_last=config["channels_last"], compile=config["compile"], card=card_of(cfg),
+        ),
+        loss=LossSection(name=loss.pop("name"), attack=loss.pop("attack", None), options=loss),
+        strategy=StrategySection(name=config["strategy"]["name"]),
+        optim=optim_section(config["optim"]),
+        trainer=TrainerSection(
+            build=partial(hydra.utils.instantiate, cfg.get("trainer")),
+            callbacks=partial(instantiate_callbacks, cfg.get("callbacks")),
+            precision=config["trainer"]["precision"], effective_batch_size=config["effective_batch_size"],
+            ckpt_path=config["ckpt_path"], threads=config.get("threads", "auto"),
+        ),
+        logging=LoggingSection(loggers=partial(build_loggers, cfg.get("logger"), run_dir),
+                               monitor=config["monitor"]["metric"], hyperparameters=config,
+                               log_weights=bool((config.get("wandb") or {}).get("log_weights")),
+                               hydra_record=hydra_record(cfg)),
     )
 
 
@@ -120,6 +157,9 @@ def export_api_config(cfg: DictConfig) -> None:
 
 # Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.endpoint_run).
 RECORD_ONLY = {"api": export_api_config}
+# conf/train.yaml's schema (rgb.commands.schema): the data config's and the training sections' (train_config.RULES),
+# whose strategies this command widens by its record-only ones (model=api_chat).
+SCHEMA = {**DATA, **RULES, "strategy.name": one_of((*STRATEGIES, ZEROSHOT, *RECORD_ONLY))}
 
 
 def train(cfg: DictConfig) -> float | None:

@@ -14,12 +14,12 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from rgb.core.errors import UserError
 from rgb.core.jsonrecord import JsonRecord
 from rgb.core.secrets import fill_secrets, redact_logs
-from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, optional, problems
+from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, Rule, optional, problems
 from rgb.endpoints.cost import Price, billed_usage
 from rgb.endpoints.settings import ClientSettings
 
@@ -97,6 +97,40 @@ class RequestStats(JsonRecord):
     list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
 
 
+def _cap(rule: Rule):
+    return field(default=None, metadata={"rule": optional(rule)})
+
+
+@dataclass(frozen=True)
+class RequestCaps:
+    """What one evaluation may send and spend on new answers (None: no limit), declared once: a cap is its field
+    here (its rule, enforced by RequestBudget) and its key in conf/evaluate.yaml, which evaluate.py maps by name.
+    A capped run may stop early: it is then partial, and a re-run continues from the answer cache."""
+
+    max_requests: int | None = _cap(POSITIVE_INT)  # new requests
+    max_tokens_total: int | None = _cap(POSITIVE_INT)  # tokens (prompt and completion) of new answers
+    max_cost: float | None = _cap(POSITIVE)  # USD billed for new answers (needs a price)
+
+    def __post_init__(self):
+        found = problems({name: getattr(self, name) for name in self.names()}, self.rules())
+        if found:
+            raise ConfigValueError(f"invalid value: {found[0]} (null: no limit)")
+
+    @classmethod
+    def rules(cls) -> dict[str, Rule]:
+        """{cap: its rule}: what __post_init__ checks, and what evaluate.py's schema checks before anything runs."""
+        return {f.name: f.metadata["rule"] for f in fields(cls)}
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @property
+    def capped(self) -> bool:
+        """Some cap is set: a split may stay unasked (missing, never 0)."""
+        return any(getattr(self, name) is not None for name in self.names())
+
+
 @dataclass
 class RequestBudget:
     """What this evaluation may still spend: `max_requests` new requests, `max_tokens_total` tokens (prompt and
@@ -118,14 +152,14 @@ class RequestBudget:
     stopped_by: str | None = None  # the cap that stopped the asking (logged once)
 
     def __post_init__(self):
-        caps = {"max_requests": self.remaining, "max_tokens_total": self.max_tokens_total, "max_cost": self.max_cost}
-        found = problems(caps, {"max_requests": optional(POSITIVE_INT), "max_tokens_total": optional(POSITIVE_INT),
-                                "max_cost": optional(POSITIVE)})
-        if found:
-            raise ConfigValueError(f"invalid value: {found[0]} (null: no limit)")
+        RequestCaps(self.remaining, self.max_tokens_total, self.max_cost)  # each cap's rule
         if self.max_cost is not None and self.price is None:
             raise ConfigValueError("max_cost needs the model's price: set model.price={input: USD, output: USD} per "
                                    "1M tokens (its model is not in conf/prices.yaml)")
+
+    @classmethod
+    def of(cls, caps: RequestCaps, price: Price | None) -> RequestBudget:
+        return cls(caps.max_requests, caps.max_tokens_total, caps.max_cost, price)
 
     def take(self, wanted: int) -> int:
         granted = wanted if self.remaining is None else min(wanted, self.remaining)

@@ -3,6 +3,7 @@ class-wise metrics, leaderboards (Sum and Borda), plots and W&B, all from one ty
 
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.records import ScoresRecord
-from rgb.evaluation.run import EvalRequest, PoolRequest, evaluate, evaluate_pool
+from rgb.evaluation.request import EvalRequest
+from rgb.evaluation.run import PoolRequest, evaluate, evaluate_pool
 
 __all__ = ["EvalRequest", "EvaluationError", "PoolRequest", "ScoresRecord", "evaluate", "evaluate_pool"]

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from rgb.evaluation.records import ApiUsage
+from rgb.evaluation.request import EvalRequest
 from rgb.endpoints.answers import PARSER_VERSION
 from rgb.models.chat import ApiClassifier
 from rgb.endpoints.cache import AnswerCache
@@ -29,11 +30,11 @@ def cache_path(cache_dir: Path, model: ApiClassifier) -> Path:
     return Path(cache_dir) / f"{model.identity_sha256}.jsonl"
 
 
-def request_budget(model: ApiClassifier, options) -> RequestBudget:
+def request_budget(model: ApiClassifier, request: EvalRequest) -> RequestBudget:
     """What the evaluation may spend (its caps, priced by model.price or conf/prices.yaml): made before anything is
     asked, so a cap it cannot honour (max_cost, no price) is refused first."""
-    price = model_price(model.client_settings.price, model.settings.api_model, options.prices)
-    return RequestBudget(options.max_requests, options.max_tokens_total, options.max_cost, price)
+    price = model_price(model.client_settings.price, model.settings.api_model, request.prices)
+    return RequestBudget.of(request.caps, price)
 
 
 class ApiPredictor:
@@ -42,10 +43,10 @@ class ApiPredictor:
 
     white_box_na = "API model"
 
-    def __init__(self, model: ApiClassifier, options):
-        self.model, self.options = model, options
-        self.cache = AnswerCache(cache_path(options.api_cache_dir, model))
-        self.budget = request_budget(model, options)
+    def __init__(self, model: ApiClassifier, request: EvalRequest):
+        self.model, self.request = model, request
+        self.cache = AnswerCache(cache_path(request.api_cache_dir, model))
+        self.budget = request_budget(model, request)
         self.per_split: dict[str, RequestStats] = {}
         self.priced: set[str] = set()  # the request keys whose answers a split has counted the money of
         self.columns: dict[str, list] = {}
@@ -54,7 +55,7 @@ class ApiPredictor:
         return self.model.identity_sha256
 
     def __call__(self, split, desc: str) -> dict[str, np.ndarray]:
-        n = len(split) if self.options.max_images is None else min(self.options.max_images, len(split))
+        n = len(split) if self.request.max_images is None else min(self.request.max_images, len(split))
         images = split_images(split, n)
         answers, stats = self.model.answer(images, self.cache, self.budget, desc)
         self.per_split[desc] = replace(stats, **self.money(images))
@@ -81,7 +82,7 @@ class ApiPredictor:
     def usage(self) -> ApiUsage:
         price = self.budget.price
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
-                        self.options.max_requests, PARSER_VERSION, None if price is None else asdict(price))
+                        self.request.caps.max_requests, PARSER_VERSION, None if price is None else asdict(price))
 
     def close(self) -> None:
         self.cache.close()

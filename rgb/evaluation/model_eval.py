@@ -14,7 +14,7 @@ import math
 import platform
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import datasets
@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from rgb.core.classwise import DEFAULT_WORST_K, class_wise_summary
+from rgb.core.classwise import class_wise_summary
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.data import BenchmarkData
@@ -38,6 +38,7 @@ from rgb.evaluation import plots
 from rgb.evaluation.endpoint_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
                                     ModelIdentity, ProtocolScore, ScoresRecord, TrainRun)
+from rgb.evaluation.request import EvalRequest
 from rgb.evaluation.scores import black_box_score
 from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.cost import model_price
@@ -56,31 +57,6 @@ SCORED_NORMS = tuple(ATTACK_SETTING_NORMS[s].key for s in WHITE_BOX_SETTINGS if 
 
 class EvaluationError(UserError, RuntimeError):
     """Results that must not be scored (another model, dataset, split size or budget; partial without consent)."""
-
-
-@dataclass
-class EvalOptions:
-    attack_dir: Path
-    out_dir: Path
-    transfer: bool = False
-    severity_sweep: bool = False
-    allow_partial: bool = False
-    max_images: int | None = None
-    worst_k: tuple = DEFAULT_WORST_K
-    device: str = "cpu"
-    batch_size: int = 256
-    api_cache_dir: Path | None = None  # API models: where their answer caches live (one file per model identity)
-    max_requests: int | None = None    # API models: new requests this evaluation may send (then partial)
-    max_tokens_total: int | None = None  # API models: tokens of new answers this evaluation may spend (then partial)
-    max_cost: float | None = None      # API models: USD of new answers this evaluation may spend (then partial)
-    prices: dict = field(default_factory=dict)  # api_model: {input, output, cached_input} (conf/prices.yaml)
-    # The model's training run, carried into the record, from the hash of the weights scored (None: unknown)
-    train: Callable[[str], TrainRun] | None = None
-
-    @property
-    def capped(self) -> bool:
-        """An API model's requests are capped: a split may stay unasked (missing, never 0)."""
-        return any(c is not None for c in (self.max_requests, self.max_tokens_total, self.max_cost))
 
 
 @dataclass(frozen=True)
@@ -110,14 +86,14 @@ def _subset(split, max_images):
 
 
 @torch.inference_mode()
-def predict(model, split, options: EvalOptions, desc: str) -> dict[str, np.ndarray]:
+def predict(model, split, request: EvalRequest, desc: str) -> dict[str, np.ndarray]:
     """Predictions over a split (in order, nothing dropped), with labels and image ids. Refuses a model whose
     logits are not finite, as AutoAttack does: an argmax over NaN is not a prediction."""
-    data = _subset(split, options.max_images)
-    loader = DataLoader(data, batch_size=options.batch_size, shuffle=False, drop_last=False)
+    data = _subset(split, request.max_images)
+    loader = DataLoader(data, batch_size=request.batch_size, shuffle=False, drop_last=False)
     preds, labels, ids = [], [], []
     for x, y, image_id in tqdm(loader, desc=desc, unit="batch", leave=False):
-        logits = model(x.to(options.device)).float()
+        logits = model(x.to(request.device)).float()
         finite = torch.isfinite(logits).all(dim=1).cpu()
         if not finite.all():
             first = int(image_id[~finite][0])
@@ -138,14 +114,14 @@ class TensorPredictor:
     white_box_na = None
     columns: dict = {}
 
-    def __init__(self, model, options: EvalOptions):
-        self.model, self.options = model.to(options.device).eval(), options
+    def __init__(self, model, request: EvalRequest):
+        self.model, self.request = model.to(request.device).eval(), request
 
     def identity(self, weights_path: Path) -> str:
         return file_sha256(weights_path)
 
     def __call__(self, split, desc: str) -> dict[str, np.ndarray]:
-        return predict(self.model, split, self.options, desc)
+        return predict(self.model, split, self.request, desc)
 
     def usage(self) -> None:
         return None
@@ -158,15 +134,15 @@ class TensorPredictor:
 PREDICTORS = {"tensor": TensorPredictor, "png": ApiPredictor}
 
 
-def predictor_for(model, options: EvalOptions):
-    return PREDICTORS[getattr(model, "inputs", "tensor")](model, options)
+def predictor_for(model, request: EvalRequest):
+    return PREDICTORS[getattr(model, "inputs", "tensor")](model, request)
 
 
-def _accuracy(flags: np.ndarray, full_size: int, options: EvalOptions, what: str) -> Accuracy | None:
-    if len(flags) == 0 and options.capped:
+def _accuracy(flags: np.ndarray, full_size: int, request: EvalRequest, what: str) -> Accuracy | None:
+    if len(flags) == 0 and request.caps.capped:
         return None  # nothing of this split answered yet: missing, never 0
     partial = len(flags) < full_size
-    if partial and not options.allow_partial:
+    if partial and not request.allow_partial:
         raise EvaluationError(f"{what}: {len(flags)} of {full_size} images; pass allow_partial=true to score it "
                               f"(it is then marked partial)")
     return Accuracy.of(flags, partial=partial)
@@ -199,9 +175,9 @@ def _check_identity(found: RunResult, norm: str, expected: AttackExpectation) ->
         )
 
 
-def read_attack(norm: str, options: EvalOptions, expected: AttackExpectation) -> AttackReading | None:
+def read_attack(norm: str, request: EvalRequest, expected: AttackExpectation) -> AttackReading | None:
     """The merged AutoAttack result of one norm, checked against what this evaluation is about; None if absent."""
-    folder = budget_dir(options.attack_dir, norm)
+    folder = budget_dir(request.attack_dir, norm)
     try:
         found = read_run(folder)
     except AttackRunError as err:
@@ -212,10 +188,10 @@ def read_attack(norm: str, options: EvalOptions, expected: AttackExpectation) ->
     summary = found.summary
     standard = summary.standard and standard_run(summary.version, summary.attacks, summary.precision)
     robust = found.columns["robust"].astype(bool)
-    if options.max_images is not None:
-        robust = robust[: options.max_images]
-    accuracy = _accuracy(robust, expected.n_test, options, f"AutoAttack {norm}")
-    if summary.n != expected.n_test and not options.allow_partial:
+    if request.max_images is not None:
+        robust = robust[: request.max_images]
+    accuracy = _accuracy(robust, expected.n_test, request, f"AutoAttack {norm}")
+    if summary.n != expected.n_test and not request.allow_partial:
         raise EvaluationError(f"refusing {folder}: {summary.n} images attacked, test has {expected.n_test}")
     return AttackReading(AttackSummary.of(summary, accuracy), robust, standard)
 
@@ -252,10 +228,10 @@ def transfer_splits_found(datamodule: BenchmarkData) -> dict[str, list[str]]:
                              f"{str(err).splitlines()[0]}") from err
 
 
-def severity_sweep(model, datamodule: BenchmarkData, options: EvalOptions) -> dict[str, dict[int, Accuracy]]:
+def severity_sweep(model, datamodule: BenchmarkData, request: EvalRequest) -> dict[str, dict[int, Accuracy]]:
     """Accuracy under each of the 11 corruptions at severities 1-5, generated on the fly from the clean test split."""
     test = datamodule.split("test")
-    n = len(test) if options.max_images is None else min(options.max_images, len(test))
+    n = len(test) if request.max_images is None else min(request.max_images, len(test))
     clean = [np.asarray(decode_image(test.rows[i]["image"], datamodule.image_size)) for i in range(n)]
     labels = test.labels[:n]
     out: dict[str, dict[int, Accuracy]] = {}
@@ -265,34 +241,35 @@ def severity_sweep(model, datamodule: BenchmarkData, options: EvalOptions) -> di
             for severity in (1, 2, 3, 4, 5):
                 images = torch.stack([to_tensor(apply_corruption(im, name, severity, seed=i)) for i, im in enumerate(clean)])
                 with torch.inference_mode():
-                    preds = torch.cat([model(images[s : s + options.batch_size].to(options.device)).argmax(1).cpu()
-                                       for s in range(0, n, options.batch_size)])
-                out[name][severity] = _accuracy((preds == labels).numpy(), len(test), options, "severity sweep")
+                    preds = torch.cat([model(images[s : s + request.batch_size].to(request.device)).argmax(1).cpu()
+                                       for s in range(0, n, request.batch_size)])
+                out[name][severity] = _accuracy((preds == labels).numpy(), len(test), request, "severity sweep")
                 bar.update(1)
     return out
 
 
-def evaluate_model(model, meta: dict, weights_path: Path, datamodule: BenchmarkData,
-                   options: EvalOptions) -> ScoresRecord:
-    """Everything about one (model, dataset): writes scores.json, predictions.parquet and plots to out_dir.
-    `model`: any nn.Module mapping [0,1] images to logits, or an API model (black-box protocol only); `meta`: its
-    model.json (run_name, dataset, ...)."""
-    predictor = predictor_for(model, options)
+def evaluate_model(model, meta: dict, weights_path: Path, datamodule: BenchmarkData, request: EvalRequest,
+                   train: Callable[[str], TrainRun] | None = None) -> ScoresRecord:
+    """Everything about one (model, dataset): writes scores.json, predictions.parquet and plots to the request's
+    output dir (resolved by rgb.evaluation.run.evaluate). `model`: any nn.Module mapping [0,1] images to logits, or
+    an API model (black-box protocol only); `meta`: its model.json (run_name, dataset, ...); `train`: the model's
+    training run, carried into the record, from the hash of the weights scored (None: unknown)."""
+    predictor = predictor_for(model, request)
     try:
-        return _evaluate(predictor, meta, weights_path, datamodule, options)
+        return _evaluate(predictor, meta, weights_path, datamodule, request, train)
     finally:
         predictor.close()
 
 
-def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkData,
-              options: EvalOptions) -> ScoresRecord:
+def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkData, request: EvalRequest,
+              train: Callable[[str], TrainRun] | None) -> ScoresRecord:
     if meta.get("dataset") not in (None, datamodule.dataset):
         raise EvaluationError(f"the model was trained on {meta['dataset']!r}, the data config is {datamodule.dataset!r}")
     test = datamodule.split("test")
     names = test.class_names
     where = f"{meta.get('run_name', 'the model')} on {datamodule.dataset}"
     if predictor.white_box_na is None:
-        check_model_fits(predictor.model, meta, test, datamodule.image_size, options.device, EvaluationError, where)
+        check_model_fits(predictor.model, meta, test, datamodule.image_size, request.device, EvaluationError, where)
     elif meta.get("class_names", names) != names or meta.get("num_classes", len(names)) != len(names):
         raise EvaluationError(f"{where}: the model's class names are not those of the test split in "
                               f"{datamodule.source}")
@@ -301,7 +278,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
             check_class_names(meta["zeroshot"], names)
         except PromptError as err:
             raise EvaluationError(str(err)) from err
-    if predictor.white_box_na and options.severity_sweep:
+    if predictor.white_box_na and request.severity_sweep:
         raise EvaluationError(f"severity_sweep corrupts images on the fly: not for an {predictor.white_box_na}, "
                               f"which sees only the benchmark's stored images")
 
@@ -311,8 +288,8 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
     common = predictor(common_split, "common")
     corruption_of = corruption_keys(common_split.rows.data.column("corruption").to_pylist()[: len(common["pred"])])
     settings = {
-        "test": _accuracy(clean["pred"] == clean["label"], len(test), options, "test"),
-        "common": _accuracy(common["pred"] == common["label"], len(common_split), options, "common"),
+        "test": _accuracy(clean["pred"] == clean["label"], len(test), request, "test"),
+        "common": _accuracy(common["pred"] == common["label"], len(common_split), request, "common"),
     }
     per_sample = {"test": clean["pred"] == clean["label"], "common": common["pred"] == common["label"]}
     attacks, non_standard = {}, {}
@@ -320,19 +297,19 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
         expected = AttackExpectation(weights_sha256, datamodule.dataset, split_sha256(test), datamodule.budgets,
                                      len(test), clean["pred"])
         for norm in SCORED_NORMS:
-            found = read_attack(norm, options, expected)
+            found = read_attack(norm, request, expected)
             settings[f"autoattack_{norm}"] = found.summary.robust if found and found.standard else None
             if found and found.standard:
                 attacks[norm], per_sample[f"autoattack_{norm}"] = found.summary, found.robust
             elif found:
                 non_standard[norm] = found.summary
                 log.warning("autoattack_%s: %s holds a non-standard result (%s); shown beside, not in the score",
-                            norm, budget_dir(options.attack_dir, norm), found.summary.label())
+                            norm, budget_dir(request.attack_dir, norm), found.summary.label())
     else:
         settings.update({f"autoattack_{norm}": None for norm in SCORED_NORMS})
-    transfer = options.transfer or predictor.white_box_na is not None
+    transfer = request.transfer or predictor.white_box_na is not None
     own = [meta["run_name"]] if meta.get("run_name") else []
-    black_box = _black_box(predictor, datamodule, options, settings, per_sample, own) if transfer else None
+    black_box = _black_box(predictor, datamodule, request, settings, per_sample, own) if transfer else None
     control_split = datamodule.split(CONTROL_SPLIT)  # asked last: an API model's budget goes to scored settings first
     control = predictor(control_split, CONTROL_SPLIT)
     per_sample[CONTROL_SPLIT] = control["pred"] == control["label"]
@@ -343,20 +320,20 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
         white_box=ProtocolScore("white_box", settings),
         common_by_corruption={c: Accuracy.of(per_sample["common"][corruption_of == c], settings["common"].partial)
                               for c in CORRUPTIONS if (corruption_of == c).any()},
-        class_wise={setting: class_wise_summary(labels[: len(flags)], flags, len(names), options.worst_k)
+        class_wise={setting: class_wise_summary(labels[: len(flags)], flags, len(names), request.worst_k)
                     for setting, flags in per_sample.items() if len(flags)},
         attacks=attacks, non_standard=non_standard, black_box=black_box,
-        severity_sweep=severity_sweep(predictor.model, datamodule, options) if options.severity_sweep else None,
-        versions={**library_versions(), "python": platform.python_version()}, max_images=options.max_images,
+        severity_sweep=severity_sweep(predictor.model, datamodule, request) if request.severity_sweep else None,
+        versions={**library_versions(), "python": platform.python_version()}, max_images=request.max_images,
         white_box_na=predictor.white_box_na, api=predictor.usage(),
         protocol=Protocol.of(datamodule.dataset, datamodule.image_size, datamodule.budgets,
                              source=_resolved_source(datamodule.source)),
-        control=_accuracy(per_sample[CONTROL_SPLIT], len(control_split), options, CONTROL_SPLIT),
-        train=options.train(weights_sha256) if options.train else None,
+        control=_accuracy(per_sample[CONTROL_SPLIT], len(control_split), request, CONTROL_SPLIT),
+        train=train(weights_sha256) if train else None,
     )
     record = replace(record, protocol=replace(record.protocol, whole_splits=not record.partial))
-    n_rows = len(test) if options.max_images is None else min(options.max_images, len(test))
-    return _write(record, n_rows, labels, clean, common, per_sample, predictor.columns, names, options)
+    n_rows = len(test) if request.max_images is None else min(request.max_images, len(test))
+    return _write(record, n_rows, labels, clean, common, per_sample, predictor.columns, names, request)
 
 
 def black_box_splits(datamodule: BenchmarkData) -> list[tuple[str, str]]:
@@ -374,31 +351,31 @@ def black_box_splits(datamodule: BenchmarkData) -> list[tuple[str, str]]:
     return found
 
 
-def _black_box(predict_split, datamodule, options, settings, per_sample, own):
+def _black_box(predict_split, datamodule, request, settings, per_sample, own):
     card = transfer_coverage(datamodule.dataset) if datamodule.dataset in DATASETS else None
     transfer: dict[str, dict[str, Accuracy | None]] = {split: {} for split in TRANSFER_SPLITS}
     for surrogate, split in black_box_splits(datamodule):
         data = datamodule.split(split, surrogate)  # a broken split is an error, never skipped
         found = predict_split(data, f"{surrogate}/{split}")
         flags = found["pred"] == found["label"]
-        transfer[split][surrogate] = _accuracy(flags, len(data), options, f"{surrogate}/{split}")  # None: not asked
+        transfer[split][surrogate] = _accuracy(flags, len(data), request, f"{surrogate}/{split}")  # None: not asked
         per_sample[f"{surrogate}/{split}"] = flags
     return black_box_score(settings["test"], settings["common"], transfer, card, own)
 
 
-def request_plan(model, datamodule: BenchmarkData, options: EvalOptions) -> dict:
+def request_plan(model, datamodule: BenchmarkData, request: EvalRequest) -> dict:
     """dry_run: what the black-box evaluation of an API model would ask per split (after the cache and the images
     already asked for an earlier split), its tokens estimated without a tokenizer (ApiClassifier.estimate) and,
     when the model is priced, its money. Asks nothing."""
-    cache = AnswerCache(cache_path(options.api_cache_dir, model))
-    price = model_price(model.client_settings.price, model.settings.api_model, options.prices)
+    cache = AnswerCache(cache_path(request.api_cache_dir, model))
+    price = model_price(model.client_settings.price, model.settings.api_model, request.prices)
     splits = [("test", None), ("common", None)] + [(split, surrogate) for surrogate, split in black_box_splits(datamodule)]
     splits.append((CONTROL_SPLIT, None))  # asked last by the evaluation, as here
     asked: set[str] = set()
     rows, images, answered_by_cache = {}, 0, 0
     for split, surrogate in splits:
         data = datamodule.split(split, surrogate)
-        n = len(data) if options.max_images is None else min(options.max_images, len(data))
+        n = len(data) if request.max_images is None else min(request.max_images, len(data))
         found = split_images(data, n)
         cached, todo = model.plan(found, cache)
         first = {model.request_key(b): b for b in reversed(found)}
@@ -435,10 +412,10 @@ def _pad(values, n: int) -> pa.Array:
 
 
 def _write(record: ScoresRecord, n_rows: int, labels, clean, common, per_sample, extra: dict, names,
-           options: EvalOptions) -> ScoresRecord:
+           request: EvalRequest) -> ScoresRecord:
     """scores.json, predictions and plots in out_dir; a PARTIAL record's in out_dir/partial/ (its scores file
     named scores.partial.json), so a complete record already there is kept and a pool never collects it."""
-    out = record.folder(options.out_dir)
+    out = record.folder(request.model.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     columns = {"image_id": np.arange(n_rows), "label": labels[:n_rows], "pred_test": _pad(clean["pred"], n_rows),
                "pred_common": _pad(common["pred"], n_rows)}
@@ -534,5 +511,5 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
     return lines
 
 
-__all__ = ["AttackExpectation", "EvalOptions", "EvaluationError", "evaluate_model", "format_table", "partial_reason",
+__all__ = ["AttackExpectation", "EvaluationError", "evaluate_model", "format_table", "partial_reason",
            "read_attack"]

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from rgb.core.classwise import DEFAULT_WORST_K
 from rgb.core.files import replaced_whole
 from rgb.core.machine import resolve_device
+from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.endpoint_eval import cache_path, request_budget
 from rgb.evaluation.leaderboard import (
     Leaderboard,
@@ -29,7 +28,6 @@ from rgb.evaluation.leaderboard import (
     write_seed_spread,
 )
 from rgb.evaluation.model_eval import (
-    EvalOptions,
     EvaluationError,
     evaluate_model,
     format_table,
@@ -38,76 +36,13 @@ from rgb.evaluation.model_eval import (
     request_plan,
 )
 from rgb.evaluation.records import PROTOCOLS, SCORES_FILE, RecordError, ScoresRecord, TrainRun
+from rgb.evaluation.request import EvalRequest
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
 from rgb.models import InMemoryModel, export_paths, load_with_meta
 from rgb.models.io import origin_line
 from rgb.runs.store import attack_dir_read, train_reference
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunOutputs:
-    """One model to evaluate and where its outputs go: its name (rgb.runs.store.run_name_for, as attack.py's) and
-    its output dir, as evaluate.py run=DIR resolves them."""
-
-    run: Path
-    run_name: str
-    output_dir: Path
-
-
-@dataclass(frozen=True)
-class EvalRequest:
-    """evaluate.py run=DIR (or rgb.benchmark): one model scored from its attack runs and clean predictions.
-
-    The defaults are what rgb.benchmark asks for; evaluate.py sets every field from its config. `evaluate` runs it.
-
-    Args:
-        model: The model to score and where its outputs go.
-        attack_dir: The attack run directory its white-box results are read from.
-        data: Builds the data module (rgb.data.BenchmarkData) when the scoring needs it.
-        device: As configured ("auto" is resolved when scoring).
-        batch_size: The evaluation batch.
-        protocol: "white_box", or "black_box" (also scores the black-box protocol, as transfer).
-        transfer: Also score the transfer splits.
-        severity_sweep: Also the accuracy under each corruption at severities 1-5, made on the fly.
-        allow_partial: Accept part of a split (then the record is PARTIAL).
-        max_images: Score the first N images of each split only (needs `allow_partial`).
-        worst_k: The k of the worst-k class accuracies.
-        api_cache_dir: The answer cache of an endpoint model; None: no cache.
-        max_requests: Cap on an endpoint model's requests (then the record may be partial).
-        max_tokens_total: Cap on its tokens.
-        max_cost: Cap on its cost.
-        prices: {api_model: price} for endpoint models whose `model.price` is null.
-        dry_run: Plan an endpoint model's requests and cost without sending any.
-        wandb_project: Log the record to this W&B project; None: nothing logged.
-        output_root: paths.output_dir: records name the train run relative to it.
-
-    Raises:
-        Nothing when made; `evaluate` raises EvaluationError for results that must not be scored (another
-        model, dataset, split size or budget; partial without `allow_partial`; caps or a dry run for a model that
-        sends no requests).
-    """
-
-    model: RunOutputs
-    attack_dir: Path
-    data: Callable[[], object]  # the data config's module (rgb.data.BenchmarkData), built when the scoring needs it
-    device: str  # as configured: auto is resolved here
-    batch_size: int
-    protocol: str = "white_box"  # black_box also scores the black-box protocol (as transfer)
-    transfer: bool = False
-    severity_sweep: bool = False
-    allow_partial: bool = False
-    max_images: int | None = None
-    worst_k: tuple = DEFAULT_WORST_K
-    api_cache_dir: Path | None = None  # None: no answer cache (a tensor model sends no requests)
-    max_requests: int | None = None
-    max_tokens_total: int | None = None
-    max_cost: float | None = None
-    prices: dict = field(default_factory=dict)  # api_model: price, for API models whose model.price is null
-    dry_run: bool = False
-    wandb_project: str | None = None  # None: nothing logged to W&B
-    output_root: Path | None = None  # paths.output_dir: records name the train run relative to it
 
 
 @dataclass(frozen=True)
@@ -223,24 +158,19 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     if origin:
         log.info("model %s: %s", meta["run_name"], origin)
     api_model = getattr(model, "inputs", "tensor") != "tensor"
-    options = EvalOptions(
-        attack_dir=attack_dir_read(request.attack_dir, request.max_images), out_dir=request.model.output_dir,
-        transfer=request.transfer or request.protocol == "black_box",
-        severity_sweep=request.severity_sweep, allow_partial=request.allow_partial,
-        max_images=request.max_images, worst_k=request.worst_k,
-        device=resolve_device(request.device), batch_size=request.batch_size,
-        api_cache_dir=request.api_cache_dir, max_requests=request.max_requests,
-        max_tokens_total=request.max_tokens_total, max_cost=request.max_cost, prices=request.prices,
+    request = replace(  # resolved once, then read as it is by every step of the scoring
+        request, attack_dir=attack_dir_read(request.attack_dir, request.max_images),
+        transfer=request.transfer or request.protocol == "black_box", device=resolve_device(request.device),
     )
-    if (request.dry_run or options.capped) and not api_model:
-        raise EvaluationError(f"dry_run, max_requests, max_tokens_total and max_cost count API requests; {run} holds "
+    if (request.dry_run or request.caps.capped) and not api_model:
+        raise EvaluationError(f"dry_run, {', '.join(RequestCaps.names())} count API requests; {run} holds "
                               f"a model of family {meta['family']!r}")
-    options = replace(options, allow_partial=options.allow_partial or options.capped)  # a capped run may be partial
-    out_dir = options.out_dir
+    request = replace(request, allow_partial=request.allow_partial or request.caps.capped)  # capped: may be partial
+    out_dir = request.model.output_dir
     if api_model:
-        request_budget(model, options)  # a cap it cannot honour is refused before anything is asked
+        request_budget(model, request)  # a cap it cannot honour is refused before anything is asked
     if request.dry_run:
-        plan = request_plan(model, request.data(), options)
+        plan = request_plan(model, request.data(), request)
         path = cache_path(request.api_cache_dir, model).with_suffix(".dry_run.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(plan, indent=1) + "\n")
@@ -254,7 +184,8 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     with replaced_whole(out_dir) as staging:  # all outputs written, then they replace the previous ones together
         weights, _ = export_paths(run)
         train = partial(train_run, run, meta, request.output_root)
-        record = evaluate_model(model, meta, weights, request.data(), replace(options, out_dir=staging, train=train))
+        staged = replace(request, model=replace(request.model, output_dir=staging))
+        record = evaluate_model(model, meta, weights, request.data(), staged, train=train)
     if record.partial:  # named once the staging copy has replaced out_dir: a path that exists
         log.warning("PARTIAL evaluation (%s): written to %s; %s", partial_reason(record),
                     record.folder(out_dir) / record.file_name, "the whole-split record beside it is kept"

@@ -38,7 +38,7 @@ from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.evaluation.run import RunOutputs
+from rgb.evaluation.request import RunOutputs
 from rgb.runs.store import TEXT_ROBUSTNESS_DIR
 from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of

@@ -32,7 +32,7 @@ from rgb.core.classwise import DEFAULT_WORST_K, check_worst_k
 from rgb.core.configs import describe_data_config
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.evaluation.run import RunOutputs
+from rgb.evaluation.request import RunOutputs
 from rgb.runs.store import ZEROSHOT_REPORT_DIR
 from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of

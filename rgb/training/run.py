@@ -7,12 +7,9 @@ import copy
 import logging
 import math
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -21,11 +18,12 @@ from lightning.pytorch.utilities import rank_zero_only
 from rgb.core import configure_threads
 from rgb.core.machine import DeviceError
 from rgb.models import META_FILE, export_meta, export_model, parameter_counts, rebuild_like
-from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
+from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.module import RobustFinetuneModule
+from rgb.training.request import TrainRequest
 from rgb.training.robust_val import RobustValidation
 from rgb.training.wandb_export import export_wandb_record, log_export, params_hyperparams
-from rgb.training.zeroshot import check_zeroshot_config, initialise_head, train_zeroshot
+from rgb.training.zeroshot import check_zeroshot_metric, initialise_head, train_zeroshot
 from rgb.training.rundir import (
     AtomicCheckpointIO,
     RunManifest,
@@ -35,26 +33,9 @@ from rgb.training.rundir import (
     start_record,
     write_hydra_record,
 )
+from rgb.zeroshot import ZEROSHOT
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainRequest:
-    """One training run: the resolved config as plain values (validated, its identity bound to the run dir, logged)
-    and the builders of what Lightning runs, each called when the run needs it (the model after the seed is set)."""
-
-    config: dict
-    run_dir: Path
-    names: dict  # run_name and, for a sweep job, its sweep: recorded in model.json (rgb.runs.store.run_name_for)
-    data: Callable[[], object]  # the data config's own class (rgb.data.BenchmarkData): what a zero-shot head reads
-    fit_data: Callable[[], L.LightningDataModule]  # the same data as Lightning fits on it
-    model: Callable[[], torch.nn.Module]
-    callbacks: Callable[[], list[Callback]]  # each refuses its own settings in one line (TrainingError)
-    loggers: Callable[[], list[Logger]]
-    trainer: Callable[..., L.Trainer]  # called with callbacks=, logger=, plugins=
-    hydra_record: dict[str, bytes]  # the .hydra/ files of this start ({}: none), written once run.json accepted it
-    card: dict = field(default_factory=dict)  # the model card (rgb.models.card.model_card), recorded in model.json
 
 
 def accumulation_steps(effective_batch_size: int | None, batch_size: int, world_size: int) -> int:
@@ -117,46 +98,38 @@ def best_state_dict(best: ModelCheckpoint | None, module: RobustFinetuneModule) 
 
 
 def export_best(
-    datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, run_dir: Path, record: dict,
-    names: dict, described: dict,
+    datamodule, module: RobustFinetuneModule, best: ModelCheckpoint | None, request: TrainRequest, record: dict,
+    described: dict,
 ) -> Path:
-    """Export the best weights with what produced them: the run's stored identity and starts (`record`, from
-    run.json), never the command line of the start that happens to export; `described`: what else model.json
-    records (parameter counts, card, W&B run)."""
+    """Export the best weights with what produced them: the request's settings (run.json accepted its identity)
+    and the run's stored identity and starts (`record`, from run.json); `described`: what else model.json records
+    (parameter counts, card, W&B run)."""
     model = rebuild_like(module.model)
     state, which = best_state_dict(best, module)
     model.load_state_dict(state, strict=True)
-    identity = record["identity"]
     meta = export_meta(
-        datamodule, names,
-        loss=section(identity, "loss"),
-        strategy=identity["strategy.name"],
-        optim=section(identity, "optim"),
+        datamodule, request.names,
+        loss=sorted_tree(request.loss.settings()),
+        strategy=request.strategy.name,
+        optim=sorted_tree(request.optim.settings()),
         epochs=module.current_epoch,
-        effective_batch_size=identity["effective_batch_size"],
-        precision=identity["trainer.precision"],
-        seed=identity["seed"],
+        effective_batch_size=request.trainer.effective_batch_size,
+        precision=request.trainer.precision,
+        seed=request.seed,
         weights=which,
         checkpoint=best.best_model_path if best is not None else "",
-        monitor=identity["monitor.metric"],
+        monitor=request.logging.monitor,
         monitor_value=None if best is None or best.best_model_score is None else float(best.best_model_score),
-        training={"identity": identity, "starts": record["starts"]},
+        training={"identity": record["identity"], "starts": record["starts"]},
         **described,
     )
-    return export_model(model, run_dir, meta)
+    return export_model(model, request.run_dir, meta)
 
 
-def section(identity: dict, name: str) -> dict:
-    """The nested config group `name` back from the flat identity."""
-    nested: dict = {}
-    for key, value in identity.items():
-        if key.startswith(f"{name}."):
-            *parents, leaf = key.removeprefix(f"{name}.").split(".")
-            node = nested
-            for parent in parents:
-                node = node.setdefault(parent, {})
-            node[leaf] = value
-    return nested
+def sorted_tree(settings: dict) -> dict:
+    """`settings` with its keys sorted at every level: how model.json has always recorded the loss and optim."""
+    return {key: sorted_tree(value) if isinstance(value, dict) and value else value
+            for key, value in sorted(settings.items())}
 
 
 class StartProgress(Callback):
@@ -206,27 +179,25 @@ def train(request: TrainRequest) -> float | None:
     """Fit the requested run (or build its head from prompts: strategy=zeroshot), export `model.safetensors` +
     `model.json` into the run dir, return the monitored metric (best value when checkpointing, for Hydra sweepers).
 
-    Before anything starts: the config is validated, the CPU threads set, the run dir locked and its identity
-    checked against run.json (process of rank 0; the other DDP ranks run under its lock). Nothing in the run dir
-    changes before that check passes (the .hydra/ record included)."""
-    config = request.config
-    validate_config(config)
+    Before anything starts: the CPU threads are set, the run dir locked and its identity checked against run.json
+    (process of rank 0; the other DDP ranks run under its lock). Nothing in the run dir changes before that check
+    passes (the .hydra/ record included)."""
     try:
-        threads = configure_threads(config.get("threads", "auto"))
+        threads = configure_threads(request.trainer.threads)
     except DeviceError as err:
         raise TrainingConfigError(str(err)) from None
-    zeroshot = config["strategy"]["name"] == ZEROSHOT  # a head from prompts: no fit, no checkpoints
+    zeroshot = request.strategy.name == ZEROSHOT  # a head from prompts: no fit, no checkpoints
     if zeroshot:
-        check_zeroshot_config(config)
+        check_zeroshot_metric(request.logging.monitor)
     # The callbacks check their own settings: before the run dir is claimed.
-    callbacks = [] if zeroshot else checked_callbacks(request.callbacks())
+    callbacks = [] if zeroshot else checked_callbacks(request.trainer.callbacks())
     run_dir = request.run_dir
     if rank_zero_only.rank != 0:
         return fit_and_export(request, threads, callbacks, None, None)
     with locked(run_dir):
         manifest = RunManifest(run_dir)
-        record = manifest.claim(training_identity(config))
-        write_hydra_record(run_dir, request.hydra_record)
+        record = manifest.claim(request.identity)
+        write_hydra_record(run_dir, request.logging.hydra_record)
         if zeroshot:
             return train_zeroshot(request, threads, manifest, record)
         return fit_and_export(request, threads, callbacks, manifest, record)
@@ -235,37 +206,37 @@ def train(request: TrainRequest) -> float | None:
 def fit_and_export(
     request: TrainRequest, threads: int, callbacks: list[Callback], manifest: RunManifest | None, record: dict | None,
 ) -> float:
-    config, run_dir = request.config, request.run_dir
-    metric = config["monitor"]["metric"]
-    if config["seed"] is not None:
-        L.seed_everything(config["seed"], workers=True)
-    datamodule = request.fit_data()
-    model = request.model()
-    initialise_head(model, config, datamodule)
+    run_dir, metric = request.run_dir, request.logging.monitor
+    if request.seed is not None:
+        L.seed_everything(request.seed, workers=True)
+    datamodule = request.data.build_fit()
+    model = request.model.build()
+    initialise_head(model, request.model, datamodule)
     module = RobustFinetuneModule(
         model,
-        loss=copy.deepcopy(config["loss"]),
-        strategy=config["strategy"]["name"],
-        optim=copy.deepcopy(config["optim"]),
-        channels_last=config["channels_last"],
-        compile=config["compile"],
+        loss=request.loss.settings(),
+        strategy=request.strategy.name,
+        optim=request.optim.settings(),
+        channels_last=request.model.channels_last,
+        compile=request.model.compile,
     )
     progress = StartProgress()
     callbacks = [*callbacks, progress, SameHyperparameters(), MonitoredMetric(metric)]
     best = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
-    loggers = request.loggers()
+    loggers = request.logging.loggers()
     status, summary = "failed", {}
     try:
-        trainer: L.Trainer = request.trainer(
+        trainer: L.Trainer = request.trainer.build(
             callbacks=callbacks, logger=loggers or False, plugins=[*cluster_plugins(), AtomicCheckpointIO()],
         )
         trainer.accumulate_grad_batches = accumulation_steps(
-            config["effective_batch_size"], config["data"]["batch_size"], trainer.world_size
+            request.trainer.effective_batch_size, request.data.batch_size, trainer.world_size
         )
         counts = parameter_counts(module.model)
         for logger in trainer.loggers:
-            logger.log_hyperparams({"config": copy.deepcopy(config), **params_hyperparams(counts)})
-        ckpt_path = resume_path(config["ckpt_path"], last_checkpoint_file(callbacks))
+            logger.log_hyperparams({"config": copy.deepcopy(request.logging.hyperparameters),
+                                    **params_hyperparams(counts)})
+        ckpt_path = resume_path(request.trainer.ckpt_path, last_checkpoint_file(callbacks))
         if ckpt_path is not None:
             log.info("resuming from %s", ckpt_path)
         if manifest is not None:
@@ -280,12 +251,11 @@ def fit_and_export(
                 f"rates (optim.head_lr, optim.backbone_lr) and start fresh (delete {run_dir} or another run_name)"
             )
         if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
-            described = {"parameters": counts, "card": request.card,
+            described = {"parameters": counts, "card": request.model.card,
                          "wandb": export_wandb_record(loggers, request.names["run_name"] or run_dir.name)}
-            exported = export_best(datamodule, module, best, run_dir, record, request.names, described)
+            exported = export_best(datamodule, module, best, request, record, described)
             log.info("exported %s (%s = %.4f)", exported, metric, value)
-            logged = log_export(loggers, run_dir, {**request.names, **described},
-                                bool((config.get("wandb") or {}).get("log_weights")))
+            logged = log_export(loggers, run_dir, {**request.names, **described}, request.logging.log_weights)
             if logged:
                 log.info("W&B: export logged as artifact %s", logged)
         elif trainer.is_global_zero:

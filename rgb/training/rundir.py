@@ -3,7 +3,7 @@ whole or absent.
 
 - `run.lock`: an exclusive `flock` held while a run trains. The kernel drops it when its process dies, so a lock
   left by a killed run on this host is simply taken over; a live holder is named (pid, host) in the refusal.
-- `run.json`: the training identity of the first start (rgb.training.config) and one record per start (time, host,
+- `run.json`: the training identity of the first start (rgb.commands.train_config) and one record per start (time, host,
   threads, devices, resumed checkpoint). A start under another identity is refused, naming the differing keys.
 - `AtomicCheckpointIO`: Lightning checkpoints via temp file + rename (a full disk leaves the previous checkpoint),
   and a checkpoint that does not load is named in one line.

@@ -1,15 +1,12 @@
 """Heads built from prompts instead of gradients: `strategy=zeroshot` (the whole run) and `head_init=zeroshot`
-(fine-tuning starts from the prompt-built head). The prompts come from the `prompts` config group (rgb.zeroshot), read
-from the run's resolved config; labels are read only to report the validation accuracy of the finished head."""
+(fine-tuning starts from the prompt-built head). The prompts are the request's PromptSettings (rgb.zeroshot, from the
+`prompts` config group); labels are read only to report the validation accuracy of the finished head."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-from collections.abc import Callable
-from pathlib import Path
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -17,22 +14,13 @@ import torch.nn.functional as F
 from rgb.core import resolve_device
 from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of, parameter_counts
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
-from rgb.training.config import ZEROSHOT, TrainingConfigError
+from rgb.training.config import TrainingConfigError
+from rgb.training.request import ModelSection, TrainRequest
 from rgb.training.rundir import RunManifest, start_record
+from rgb.zeroshot import ZEROSHOT
 from rgb.zeroshot.head import PromptSettings, ZeroShotHead, build_zeroshot_head, features_of
 
 log = logging.getLogger(__name__)
-
-
-class ZeroShotRun(Protocol):
-    """What a zero-shot run reads of its training request (rgb.training.run.TrainRequest is one, which calls this
-    module): the resolved config, the run dir and names, and the builders of the data and the model."""
-
-    config: dict
-    run_dir: Path
-    names: dict
-    data: Callable[[], object]
-    model: Callable[[], torch.nn.Module]
 
 
 def check_zeroshot_capable(model: torch.nn.Module) -> None:
@@ -44,11 +32,9 @@ def check_zeroshot_capable(model: torch.nn.Module) -> None:
         )
 
 
-def prompt_head(model, config: dict, datamodule, device: str = "cpu") -> ZeroShotHead:
-    """The head that the config's `prompts` build for `model`'s CLIP on the data's class names (unlabelled split
-    images)."""
+def prompt_head(model, settings: PromptSettings, datamodule, device: str = "cpu") -> ZeroShotHead:
+    """The head that `settings` build for `model`'s CLIP on the data's class names (unlabelled split images)."""
     check_zeroshot_capable(model)
-    settings = PromptSettings.from_config(config["prompts"])
     unlabelled = features_of(model, datamodule.eval_dataloader(settings.split), device)
     return build_zeroshot_head(load_clip_of(model), datamodule.class_names, settings, datamodule.dataset,
                                unlabelled, device)
@@ -74,9 +60,9 @@ def log_head(head: ZeroShotHead) -> None:
         log.info("described classes: %s", ", ".join(head.enriched))
 
 
-def init_head_from_prompts(model, config: dict, datamodule) -> ZeroShotHead:
+def init_head_from_prompts(model, settings: PromptSettings, datamodule) -> ZeroShotHead:
     """`head_init=zeroshot`: the image tower's head = logit_scale * W from the prompts, bias 0."""
-    head = prompt_head(model, config, datamodule, resolve_device("auto"))
+    head = prompt_head(model, settings, datamodule, resolve_device("auto"))
     model.set_head(head.logit_scale * head.head)
     log_head(head)
     return head
@@ -85,15 +71,13 @@ def init_head_from_prompts(model, config: dict, datamodule) -> ZeroShotHead:
 HEAD_INITS = {"zeroshot": init_head_from_prompts}
 
 
-def initialise_head(model, config: dict, datamodule) -> None:
-    """Apply `head_init` of the resolved config (config group conf/head_init/; absent = the model's own fresh
-    head)."""
-    head_init = config.get("head_init")
-    if head_init is None:
+def initialise_head(model, settings: ModelSection, datamodule) -> None:
+    """Apply the model's `head_init` (config group conf/head_init/; None = the model's own fresh head)."""
+    if settings.head_init is None:
         return
-    if head_init["name"] not in HEAD_INITS:
-        raise ValueError(f"unknown head_init {head_init['name']!r}; choose one of {', '.join(HEAD_INITS)}")
-    HEAD_INITS[head_init["name"]](model, config, datamodule)
+    if settings.head_init not in HEAD_INITS:
+        raise ValueError(f"unknown head_init {settings.head_init!r}; choose one of {', '.join(HEAD_INITS)}")
+    HEAD_INITS[settings.head_init](model, settings.prompts, datamodule)
 
 
 def validation_metrics(model, datamodule, device: str) -> dict[str, float]:
@@ -113,43 +97,41 @@ def validation_metrics(model, datamodule, device: str) -> dict[str, float]:
 ZEROSHOT_METRICS = ("val/acc", "val/loss")
 
 
-def check_zeroshot_config(config: dict) -> None:
+def check_zeroshot_metric(metric: str) -> None:
     """Before the run dir is claimed: the monitored metric must be one the zero-shot head reports."""
-    metric = config["monitor"]["metric"]
     if metric not in ZEROSHOT_METRICS:
         raise TrainingConfigError(f"monitored metric {metric!r} is not reported by strategy=zeroshot: "
                                   f"set monitor.metric to one of {list(ZEROSHOT_METRICS)}")
 
 
-def train_zeroshot(request: ZeroShotRun, threads: int, manifest: RunManifest, record: dict) -> float:
+def train_zeroshot(request: TrainRequest, threads: int, manifest: RunManifest, record: dict) -> float:
     """`strategy=zeroshot`: build the head (no gradient step), export the run dir like a trained run, return the
     monitored validation metric. Called under the run dir's lock, once run.json accepted the config: a re-run of
     an exported head changes nothing (attack runs of its weights stay valid)."""
-    config, run_dir = request.config, request.run_dir
-    metric = config["monitor"]["metric"]
+    run_dir, metric = request.run_dir, request.logging.monitor
     meta_file = run_dir / META_FILE
     if record["starts"] and meta_file.is_file() and (run_dir / WEIGHTS_FILE).is_file():
         log.info("%s already holds this zero-shot head: %s unchanged", run_dir, META_FILE)
         return float(json.loads(meta_file.read_text())["monitor_value"])
-    datamodule = request.data()
-    model = request.model()
+    datamodule = request.data.build()
+    model = request.model.build()
     device = resolve_device("auto")
     record = manifest.add_start(record, start_record(threads, device.split(":")[0], 1, 1, "32-true", None))
-    head = init_head_from_prompts(model, config, datamodule)
+    head = init_head_from_prompts(model, request.model.prompts, datamodule)
     metrics = validation_metrics(model, datamodule, device)
     meta = export_meta(
         datamodule, request.names,
         loss=None,
         strategy=ZEROSHOT,
         epochs=0,
-        seed=config["seed"],
+        seed=request.seed,
         weights=ZEROSHOT,
         monitor=metric,
         monitor_value=metrics[metric],
         zeroshot=head.record(),
         training={"identity": record["identity"], "starts": record["starts"]},
         parameters=parameter_counts(model, trained=False),  # a head from prompts: no parameter trained
-        card=request.card,
+        card=request.model.card,
     )
     exported = export_model(model.cpu().eval(), run_dir, meta)
     log.info("exported %s (val/acc %.4f, val/loss %.4f)", exported, metrics["val/acc"], metrics["val/loss"])

@@ -1,0 +1,141 @@
+"""What a training config must satisfy before anything starts, and which of its keys identify the weights.
+
+Both read the resolved config as plain values (rgb.commands.train resolves it). `validate_config` refuses nonsense
+hyper-parameters in one line (they used to train and export: a negative learning rate gave val/loss 1.2e9 and exit
+0). `training_identity` is the resolved config minus the keys listed in
+`RESUMABLE_KEYS` (where things run and are written, how fast, how they are logged): a run dir keeps the identity
+of its first start in `run.json`, and a resume under another identity is refused.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from rgb.core.values import (
+    AUTO_OR_COUNT,
+    NORM,
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    PATH_NAME,
+    POSITIVE,
+    POSITIVE_INT,
+    Rule,
+    flatten,
+    integer,
+    number,
+    optional,
+)
+from rgb.core.values import problems as check
+from rgb.training.config import TrainingConfigError
+from rgb.training.losses import LOSSES
+from rgb.training.module import STRATEGIES
+from rgb.training.optim import SCHEDULERS
+from rgb.zeroshot import ZEROSHOT  # strategy=zeroshot; the fine-tuning strategies are rgb.training.module.STRATEGIES
+
+
+# Keys that may differ between starts of one run: they change where a run runs, writes or logs, or how fast, never
+# which weights it produces. Everything else is the run's identity. fnmatch patterns over dotted keys.
+RESUMABLE_KEYS = (
+    "run_name",
+    "sweep_name",
+    "run_dir",
+    "ckpt_path",
+    "threads",
+    "channels_last",
+    "compile",
+    "paths.*",
+    "logger.*",
+    "wandb.*",
+    "model_card",  # the card describes the weights, never changes them
+    "card.*",
+    "data._target_",  # the class that reads the data config (rgb.data.RGBDataModule before BenchmarkData), not the data
+    "data.num_workers",
+    "data.pin_memory",
+    "data.cache_dir",
+    "data.eval_batch_size",
+    "prompts.cache_dir",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.max_time",
+    "trainer.default_root_dir",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "callbacks.progress_bar.*",
+    "callbacks.*.dirpath",
+    "callbacks.robust_val.batch_size",
+)
+
+
+def resumable(key: str) -> bool:
+    return any(fnmatchcase(key, pattern) or key.startswith(f"{pattern}.") for pattern in RESUMABLE_KEYS)
+
+
+def training_identity(config: dict) -> dict:
+    """The resolved config without the resumable keys, as {dotted key: value}, sorted."""
+    return {key: value for key, value in sorted(flatten(config).items()) if not resumable(key)}
+
+
+# ---------------------------------------------------------------- validation
+
+# key -> (rule, what the rule says). Missing keys are skipped: the instantiation names those.
+RULES: dict[str, Rule] = {
+    # The new head starts random: it must learn. A zero backbone lr keeps the backbone weights (its BN statistics
+    # still adapt under full_finetune): a meaningful ablation, so 0 is allowed there.
+    "optim.head_lr": POSITIVE,
+    "optim.backbone_lr": NON_NEGATIVE,
+    "optim.head_weight_decay": NON_NEGATIVE,
+    "optim.backbone_weight_decay": NON_NEGATIVE,
+    "optim.betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(number(b) and 0 <= b < 1 for b in v),
+                    "two numbers in [0, 1)"),
+    "optim.scheduler": (lambda v: v in SCHEDULERS, f"one of {list(SCHEDULERS)}"),
+    "optim.warmup_epochs": NON_NEGATIVE,
+    "loss.name": (lambda v: v in LOSSES, f"one of {sorted(LOSSES)}"),
+    # beta = 0 is plain CE on clean images (with a wasted inner attack): allowed, the limit of the family.
+    "loss.beta": NON_NEGATIVE,
+    "loss.attack.norm": NORM,
+    "loss.attack.eps": POSITIVE,
+    "loss.attack.n_iter": POSITIVE_INT,
+    "loss.attack.step_size": optional(POSITIVE),
+    "strategy.name": (lambda v: v in (*STRATEGIES, ZEROSHOT), f"one of {[*STRATEGIES, ZEROSHOT]}"),
+    "data.batch_size": POSITIVE_INT,
+    "data.eval_batch_size": POSITIVE_INT,
+    "trainer.max_epochs": POSITIVE_INT,
+    "effective_batch_size": optional(POSITIVE_INT),
+    "seed": (lambda v: v is None or integer(v), "null or an integer"),
+    "monitor.mode": (lambda v: v in ("min", "max"), "min or max"),
+    "monitor.metric": (lambda v: isinstance(v, str) and bool(v), "a metric name"),
+    "threads": AUTO_OR_COUNT,
+    "run_name": PATH_NAME,
+    # The prompt ensembles (strategy=zeroshot, head_init=zeroshot): CPE's worst-k fraction, the temperature.
+    "prompts.k": (lambda v: number(v) and 0 < v <= 1, "a fraction in (0, 1]"),
+    "prompts.tau": POSITIVE,
+    "prompts.enrich_worst": NON_NEGATIVE_INT,
+}
+
+
+def validate_config(config: dict) -> None:
+    """Raise TrainingConfigError naming every key of the resolved config that breaks its rule (one line)."""
+    flat = flatten(config)
+    problems = check(flat, RULES)
+    batch, effective = flat.get("data.batch_size"), flat.get("effective_batch_size")
+    if not problems and effective is not None and effective % batch:
+        problems.append(f"effective_batch_size {effective} must be a multiple of data.batch_size {batch}")
+    warmup, epochs = flat.get("optim.warmup_epochs"), flat.get("trainer.max_epochs")
+    if not problems and flat.get("optim.scheduler") and warmup is not None and warmup > epochs:
+        problems.append(f"optim.warmup_epochs {warmup} must not exceed trainer.max_epochs {epochs}")
+    model_classes, data_classes = flat.get("model.num_classes"), flat.get("data.num_classes")
+    if not problems and None not in (model_classes, data_classes) and model_classes != data_classes:
+        problems.append(f"model.num_classes {model_classes} must equal data.num_classes {data_classes} (the classes of "
+                        f"the data's labels): leave model.num_classes at its default ${{data.num_classes}}")
+    loss = LOSSES.get(flat.get("loss.name"))
+    if not problems and loss is not None and loss.needs_prompt_head:
+        if flat.get("head_init") is None and "head_init.name" not in flat:
+            problems.append(f"loss={loss.name} trains the image tower under the prompt-built head: add head_init=zeroshot")
+        if flat.get("strategy.name") == "linear_probe":
+            problems.append(f"loss={loss.name} keeps the head fixed, so strategy=linear_probe would train nothing: "
+                            "use strategy=full_finetune")
+    if problems:
+        raise TrainingConfigError("invalid training config: " + "; ".join(problems))

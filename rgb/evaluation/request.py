@@ -1,0 +1,74 @@
+"""The request of one model's scoring (evaluate.py run=DIR, rgb.benchmark): what rgb.commands.evaluate builds and
+every step of rgb.evaluation reads, fields and defaults declared once here. `rgb.evaluation.run.evaluate` resolves
+it once (the attack runs' dir, the device, the protocol's transfer, a capped run's consent to partial) and hands the
+resolved request down."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rgb.core.classwise import DEFAULT_WORST_K
+from rgb.endpoints.client import RequestCaps
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """One model to evaluate and where its outputs go: its name (rgb.runs.store.run_name_for, as attack.py's) and
+    its output dir, as evaluate.py run=DIR resolves them."""
+
+    run: Path
+    run_name: str
+    output_dir: Path
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """evaluate.py run=DIR (or rgb.benchmark): one model scored from its attack runs and clean predictions.
+
+    The defaults are what rgb.benchmark asks for; evaluate.py sets every field from its config. `evaluate` runs it.
+
+    Args:
+        model: The model to score and where its outputs go.
+        attack_dir: The attack run directory its white-box results are read from.
+        data: Builds the data module (rgb.data.BenchmarkData) when the scoring needs it.
+        device: As configured ("auto" is resolved when scoring).
+        batch_size: The evaluation batch.
+        protocol: "white_box", or "black_box" (also scores the black-box protocol, as transfer).
+        transfer: Also score the transfer splits.
+        severity_sweep: Also the accuracy under each corruption at severities 1-5, made on the fly.
+        allow_partial: Accept part of a split (then the record is PARTIAL).
+        max_images: Score the first N images of each split only (needs `allow_partial`).
+        worst_k: The k of the worst-k class accuracies.
+        api_cache_dir: The answer cache of an endpoint model; None: no cache.
+        caps: What an endpoint model's evaluation may send and spend (requests, tokens, cost); past a cap the
+            record is partial.
+        prices: {api_model: price} for endpoint models whose `model.price` is null.
+        dry_run: Plan an endpoint model's requests and cost without sending any.
+        wandb_project: Log the record to this W&B project; None: nothing logged.
+        output_root: paths.output_dir: records name the train run relative to it.
+
+    Raises:
+        Nothing when made; `evaluate` raises EvaluationError for results that must not be scored (another
+        model, dataset, split size or budget; partial without `allow_partial`; caps or a dry run for a model that
+        sends no requests).
+    """
+
+    model: RunOutputs
+    attack_dir: Path
+    data: Callable[[], object]  # the data config's module (rgb.data.BenchmarkData), built when the scoring needs it
+    device: str  # as configured: auto is resolved here
+    batch_size: int
+    protocol: str = "white_box"  # black_box also scores the black-box protocol (as transfer)
+    transfer: bool = False
+    severity_sweep: bool = False
+    allow_partial: bool = False
+    max_images: int | None = None
+    worst_k: tuple = DEFAULT_WORST_K
+    api_cache_dir: Path | None = None  # None: no answer cache (a tensor model sends no requests)
+    caps: RequestCaps = RequestCaps()  # API models: what the evaluation may send and spend (then partial)
+    prices: dict = field(default_factory=dict)  # api_model: price, for API models whose model.price is null
+    dry_run: bool = False
+    wandb_project: str | None = None  # None: nothing logged to W&B
+    output_root: Path | None = None  # paths.output_dir: records name the train run relative to it
