@@ -76,6 +76,7 @@ def test_gpu_check_refuses_clearly_without_arguments_or_gpu(tmp_path):
         assert "Traceback" not in no_gpu.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_fits_a_lent_gpu_command(tmp_path):
     """Every part of the GPU run at its time limit still ends inside 9 minutes (a device command may run 10)."""
     done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", str(tmp_path), "--worst-case"], cwd=REPO,
