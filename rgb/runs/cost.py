@@ -25,7 +25,7 @@ from rgb.attacks.autoattack import AutoAttack
 from rgb.core.files import atomic_write_json
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.records import load_images
-from rgb.runs.runner import Target
+from rgb.runs.runner import Target, resolve_batch_size
 from rgb.runs.request import AttackRequest
 from rgb.runs.store import COST_ESTIMATE_FILE
 
@@ -113,6 +113,7 @@ def estimate(request: AttackRequest) -> dict:
     """The cost of the requested run on this machine, logged as a table and written to <output_dir>/cost_estimate.json
     (nothing is attacked, no run directory is claimed)."""
     target = Target.open(request, request.device)
+    request = resolve_batch_size(request, target, record=False)
     n_images = target.n_images(request)
     x, _, _ = load_images(target.split, range(min(request.batch_size, n_images)))
     speed = measure_throughput(target.model, x, request.device)
