@@ -75,7 +75,8 @@ def measure(model, x, y, norm: str, args, device: str) -> dict:
             started[name] = time.perf_counter()
             print(f"{norm}: {name} ...", file=sys.stderr, flush=True)
 
-    attack = AutoAttack(model, parse_norm(norm), eps, seed=args.seed, device=device, attacks=args.attacks, progress=mark)
+    attack = AutoAttack(model, parse_norm(norm), eps, seed=args.seed, device=device, attacks=args.attacks,
+                        steps=args.steps, progress=mark)
     sync(device)
     began = time.perf_counter()
     result = attack.run(x, y, batch_size=args.batch_size)
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--norms", nargs="+", default=[n.key for n in Norm], choices=[n.key for n in Norm])
     parser.add_argument("--attacks", nargs="+", choices=VERSIONS["standard"].attacks,
                         help="a subset (default: the standard cascade)")
+    parser.add_argument("--steps", type=int, default=100,
+                        help="iterations of each gradient attack (not the protocol's unless 100: tiny CPU checks)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     x, y, described = load_images(args, model, args.device)
     report = {
         "model": name, "run": args.run, "images": described, "image_size": args.image_size,
-        "batch_size": args.batch_size, "device": args.device, "compile": args.compile,
+        "batch_size": args.batch_size, "steps": args.steps, "device": args.device, "compile": args.compile,
         "channels_last": args.channels_last,
         "device_name": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
         else platform.processor() or platform.machine(),

@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the JSON, rewritten after every part")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (what the test suite runs)")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # one part, in its own process: its JSON to --out
+    parser.add_argument("--parts", nargs="+", help="run only these parts (default: all, in order)")
     args = parser.parse_args(argv)
     plan = CPU_PLAN if args.cpu else GPU_PLAN
     if args.part:
@@ -244,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     scratch = args.out.with_name(args.out.name + ".part")
     for part, limit in parts(plan):
+        if args.parts and part not in args.parts:
+            continue
         began = time.perf_counter()
         command = [sys.executable, __file__, "--out", str(scratch), "--part", part, *(["--cpu"] if args.cpu else [])]
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

@@ -38,6 +38,7 @@ GPU_PLAN = {
     # in a session of their own.
     "attack": {"variants": []},
     "limits": {"tests": 80, "train": 30},
+    "env": {},
     "gpu_attack": {"args": [], "limit": 345},
     "full_size": "left out so that gpu_check.sh fits 9 minutes: run benchmarks/full_size.py in a session of its own",
     "pooled_schedule": "left out so that gpu_check.sh fits 9 minutes: run benchmarks/pooled_schedule.py on its own",
@@ -48,10 +49,15 @@ CPU_PLAN = {
               "variants": [("fp32", ["--precision", "32"])],
               "conv": {"model": "test_resnet", "variants": [("fp32+channels_last", ["--precision", "32",
                                                                                    "--channels-last"])]}},
-    # A random-init net labelled by its own predictions survives long: keep the CPU run to APGD-CE (same code path).
-    "attack": {"model": "test_resnet", "image_size": 32, "n": 4, "num_classes": 10, "extra": ["--attacks", "apgd-ce"],
-               "variants": [("bs2", 2, [], 300), ("bs4", 4, ["--channels-last"], 300)]},
-    "limits": {"tests": 300, "train": 300},
+    # A random-init net labelled by its own predictions survives every step: keep the CPU run to 5 steps of APGD-CE
+    # (the same code path) on 4 images of 16x16, seconds per part even on 2 loaded cores (the limits leave ~20x).
+    "attack": {"model": "test_resnet", "image_size": 16, "n": 4, "num_classes": 10,
+               "extra": ["--attacks", "apgd-ce", "--steps", "5"],
+               "variants": [("bs2", 2, [], 240), ("bs4", 4, ["--channels-last"], 240)]},
+    "limits": {"tests": 240, "train": 240},
+    # One torch thread per part: on 2 cores shared with other jobs, torch's spinning threads made the tiny attack part
+    # ~100x slower (300 s limits hit at load 6-8); one thread runs it in about a second.
+    "env": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
     # tests/test_gpu_check.py runs gpu_attack.py --cpu on its own (about a minute and a half on a busy CPU)
     "gpu_attack": "the --cpu plan leaves benchmarks/gpu_attack.py --cpu to its own test",
     # The rehearsal takes minutes even in its quick mode: tests/test_full_size.py runs that (slow mark).
@@ -59,6 +65,16 @@ CPU_PLAN = {
     # tests/test_runs_pooled.py covers the schedule; its benchmark takes minutes on a CPU
     "pooled_schedule": "the --cpu plan leaves the schedule to its tests",
 }
+
+
+def worst_case_seconds(plan: dict) -> int:
+    """The run's length if every part hits its time limit (a lent GPU's command may run 10 minutes at most)."""
+    train = plan["train"]
+    trainings = len(train["variants"]) + len(train["conv"]["variants"])
+    scripts = [plan[part]["limit"] for part in ("gpu_attack", "full_size", "pooled_schedule")
+               if isinstance(plan[part], dict)]
+    return (plan["limits"]["tests"] + trainings * plan["limits"]["train"]
+            + sum(limit for *_, limit in plan["attack"]["variants"]) + sum(scripts))
 
 
 def missing_packages() -> list[str]:
@@ -100,7 +116,7 @@ class Checker:
         self.log.write(f"\n===== {name}: {' '.join(command)}\n")
         self.log.flush()
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", **self.plan["env"]}
         try:
             done = subprocess.run(command, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, timeout=limit,
                                   env=env)
@@ -191,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (what the test suite runs)")
+    parser.add_argument("--worst-case", action="store_true",
+                        help="print the seconds the run takes if every part hits its time limit, and exit")
     args = parser.parse_args(argv)
+    if args.worst_case:
+        print(worst_case_seconds(CPU_PLAN if args.cpu else GPU_PLAN))
+        return 0
     missing = missing_packages()
     if missing:
         print(f"gpu_check: missing Python packages: {', '.join(missing)}; install them or carry them as wheels "

@@ -161,7 +161,8 @@ def test_benchmark_refuses_a_name_that_leaves_the_output_dir(tmp_path):
 
 @pytest.mark.parametrize("config, override, message", [
     ("attack", "seed=abc", "seed must be an integer, got 'abc'"),
-    ("attack", "batch_size=0", "batch_size must be an integer >= 1, got 0"),
+    ("attack", "batch_size=0", "batch_size must be auto or an integer >= 1, got 0"),
+    ("attack", "batch_size=most", "batch_size must be auto or an integer >= 1, got 'most'"),
     ("attack", "shard.index=-1", "shard.index must be null or an integer >= 0"),
     ("attack", "shard.count=two", "shard.count must be null or an integer >= 1"),
     ("attack", "tail_rows=-5", "tail_rows must be an integer >= 0"),

@@ -28,6 +28,7 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     attacks = report["autoattack"]
     assert [(a["variant"], a["batch_size"]) for a in attacks] == [("bs2", 2), ("bs4", 4)]
     assert [a["result"]["channels_last"] for a in attacks] == [False, True]
+    assert all(a["result"]["steps"] == 5 and a["result"]["image_size"] == 16 for a in attacks)  # tiny, not minutes
     for entry in attacks:
         norms = entry["result"]["norms"]
         assert [n["norm"] for n in norms] == ["linf", "l2", "l1"]
@@ -73,3 +74,12 @@ def test_gpu_check_refuses_clearly_without_arguments_or_gpu(tmp_path):
                                 text=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
         assert no_gpu.returncode == 4 and "no CUDA device visible; use --cpu" in no_gpu.stderr
         assert "Traceback" not in no_gpu.stderr
+
+
+@pytest.mark.slow
+def test_gpu_check_fits_a_lent_gpu_command(tmp_path):
+    """Every part of the GPU run at its time limit still ends inside 9 minutes (a device command may run 10)."""
+    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", str(tmp_path), "--worst-case"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) <= 540

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import compose_config
 from rgb.runs import batch_probe
 
 
@@ -50,3 +51,10 @@ def test_auto_on_the_cpu_is_a_fixed_size(tmp_path):
     answer = batch_probe.auto_batch_size(FitsUpTo(1), "sha", (12,), torch.device("cpu"), tmp_path / "c.json")
     assert answer == {"batch_size": batch_probe.CPU_BATCH, "source": "cpu default", "device": "cpu"}
     assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("cuda, expected", [(False, 50), (True, "auto")])
+def test_attack_config_batch_size_is_auto_on_cuda_only(monkeypatch, cuda, expected):
+    """The CPU's runs keep the data config's batch size (and so their identities); CUDA's default is auto."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert compose_config("attack", "run=x").batch_size == expected

@@ -4,11 +4,14 @@ attack.py dry_run=true estimates a run from it without attacking anything."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from helpers import compose_config
+from helpers import REPO, compose_config
 from rgb.attacks import AutoAttack
 from rgb.attacks.options import AttackOptions
 from rgb.commands.attack import attack_from_config
@@ -97,3 +100,61 @@ def test_dry_run_estimates_without_attacking(surrogate, mini_dir, tmp_path, capl
     assert f"clean accuracy {accuracy:.1%} on 200 images" in caplog.text
     linf = record["budgets"][0]
     assert linf["rows"]["0"][1] == pytest.approx(200 * accuracy * (record["fooled_steps"] + 1))
+
+
+@pytest.fixture(scope="module")
+def measured_on_cpu(tmp_path_factory):
+    """A gpu_attack.py report of this machine (its throughput part at --cpu sizes), written by the script itself."""
+    out = tmp_path_factory.mktemp("measured") / "gpu_attack_cpu.json"
+    done = subprocess.run([sys.executable, "benchmarks/gpu_attack.py", "--cpu", "--parts", "throughput_test_resnet",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_dry_run_forecasts_from_measured_utilisation_else_states_the_bound(surrogate, mini_dir, tmp_path, caplog,
+                                                                           measured_on_cpu, monkeypatch):
+    import logging
+
+    from rgb.runs import cost
+    from rgb.runs.forecast import measured_utilisation
+
+    utilisation = measured_utilisation("cpu", 50, path=measured_on_cpu)
+    assert utilisation["batch"] == 2 and utilisation["models"] == ["test_resnet"] and utilisation["flop_per_s"] > 0
+    assert measured_utilisation("NVIDIA H200", 50, path=measured_on_cpu) is None  # another device: no forecast
+    wrapped = tmp_path / "gpu_check.json"  # gpu_check.sh's JSON holds gpu_attack.py's report as its part
+    wrapped.write_text(json.dumps({"gpu_attack": {"result": json.loads(measured_on_cpu.read_text())}}))
+    assert measured_utilisation("cpu", 50, path=wrapped) == utilisation
+    config = ["attack", f"run={surrogate}", f"paths.mini_dir={mini_dir}", "dry_run=true", "norms=[linf]",
+              "progress=false"]
+    records = {}
+    for kind, measured in [("forecast", measured_on_cpu), ("bound", tmp_path / "absent.json")]:
+        monkeypatch.setattr(cost, "MEASURED_UTILISATION", measured)
+        with caplog.at_level(logging.INFO):
+            attack_from_config(compose_config(*config, f"output_dir={tmp_path / kind}"))
+        records[kind] = json.loads((tmp_path / kind / COST_ESTIMATE_FILE).read_text())
+        assert records[kind]["time_basis"]["kind"] == kind
+        assert f"time: {records[kind]['time_basis']['label']}" in caplog.text
+    assert records["forecast"]["time_basis"]["label"].startswith("forecast from measured utilisation (cpu, 20")
+    assert records["bound"]["time_basis"]["label"].startswith("bound: the model's plain passes")
+    model, _ = load_with_meta(surrogate)
+    x, _, _ = load_images(BenchmarkData.for_dataset(DATASET, str(mini_dir)).split("test"), range(1))
+    forward, backward = cost.evaluation_flops(model, x)
+    assert records["forecast"]["throughput"]["forward_s"] == pytest.approx(forward / utilisation["flop_per_s"])
+    assert records["forecast"]["throughput"]["backward_s"] == pytest.approx(backward / utilisation["flop_per_s"])
+
+
+@pytest.mark.slow
+def test_benchmark_cost_forecasts_from_the_measured_device_and_labels_the_bound_elsewhere(measured_on_cpu, tmp_path):
+    for device, basis in [("cpu", "forecast from measured utilisation (cpu, 20"), ("NVIDIA H200", "bound")]:
+        out = tmp_path / f"{device}.json"
+        done = subprocess.run([sys.executable, "benchmarks/benchmark_cost.py", "--out", str(out), "--measured",
+                               str(measured_on_cpu), "--device", device], cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(out.read_text())["rows"]
+        assert all(row["time_basis"].startswith(basis) for row in rows) and basis[:8] in done.stdout
+        forecast = [row["hours_forecast"] for row in rows]
+        assert all(h > 0 for h in forecast) if device == "cpu" else forecast == [None] * len(rows)

@@ -5,6 +5,7 @@ test split, mostly with APGD-CE only so that a run takes seconds (the export tes
 at a budget APGD-CE wins at once; the cascade itself is tested in test_attacks_autoattack.py).
 """
 
+import json
 import logging
 import re
 import signal
@@ -459,3 +460,21 @@ def test_default_devices_on_the_cpu_are_one_worker_per_usable_core():
     assert process_count("auto", "cpu", threads=3) == 3 and process_count("auto", "cpu", threads=1) == 1
     assert process_count(2, "cpu", threads=8) == 2
     assert compose_config("attack", "run=x").shard.devices == "auto"
+
+
+def test_batch_size_auto_is_resolved_once_recorded_and_kept_by_later_shards(surrogate, small_bench, tmp_path,
+                                                                          monkeypatch):
+    from rgb.runs import batch_probe
+
+    out = tmp_path / "auto"
+    auto = [item for item in overrides(surrogate, small_bench, out) if not item.startswith("batch_size=")]
+    monkeypatch.setattr(batch_probe, "CPU_BATCH", 12)
+    assert attack([*auto, "batch_size=auto", "shard.index=0", "shard.count=2"]) == {}
+    record = {"batch_size": 12, "source": "cpu default", "device": "cpu"}
+    assert json.loads((out / "linf" / "run.json").read_text())["batch_size"] == 12
+    assert json.loads((out / "linf" / "batch_size.json").read_text()) == record
+    monkeypatch.setattr(batch_probe, "CPU_BATCH", 8)  # another machine's answer: the run's recorded number wins
+    summary = attack([*auto, "batch_size=auto", "shard.index=1", "shard.count=2"])["linf"]
+    assert summary["batch_size"] == 12 and summary["batch_size_auto"] == record and summary["n"] == N_IMAGES
+    assert len(batch_files(out)) == N_IMAGES // 12
+    assert "batch_size_auto" not in attack(overrides(surrogate, small_bench, tmp_path / "fixed"))["linf"]

@@ -85,7 +85,9 @@ def test_attack_settings_from_plain_values_are_validated_and_picklable(tmp_path)
     again = pickle.loads(pickle.dumps(settings))  # it travels to spawned workers, which build their own data module
     assert again.data().budgets == module.budgets and again.processes == 2 and again.run_name == "vit"
     assert again.export_dir == tmp_path / "out" / "adversarial"
-    for bad, message in [(dict(batch_size=0), "batch_size must be >= 1"), (dict(impl="theirs"), "impl must be one of"),
+    for bad, message in [(dict(batch_size=0), "batch_size must be auto or an integer >= 1, got 0"),
+                         (dict(batch_size="big"), "batch_size must be auto or an integer >= 1, got .big."),
+                         (dict(impl="theirs"), "impl must be one of"),
                          (dict(shard_index=2, shard_count=2), r"shard.index must be in \[0, shard.count\)")]:
         with pytest.raises(AttackRunError, match=message):
             AttackRequest.create(run, data, budgets, **{"batch_size": 50, "output_dir": tmp_path, "surrogate": "m",

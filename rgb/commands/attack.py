@@ -20,7 +20,7 @@ from rgb.runs.store import AttackRunError, RunSummary, first_images_dir, run_nam
 
 # What an attack run reads of conf/attack.yaml and conf/transfer.yaml (AttackOptions declares its options' rules).
 ATTACK_RUN = {
-    **DATA, **MACHINE, **RUN, **AttackOptions.rules(), "impl": one_of(IMPLEMENTATIONS), "batch_size": POSITIVE_INT,
+    **DATA, **MACHINE, **RUN, **AttackOptions.rules(), "impl": one_of(IMPLEMENTATIONS), "batch_size": AUTO_OR_COUNT,
     "shard.index": optional(NON_NEGATIVE_INT), "shard.count": optional(POSITIVE_INT), "shard.devices": AUTO_OR_COUNT,
     "compile": BOOL, "channels_last": BOOL, "merge_only": BOOL, "export_adversarial": BOOL, "progress": BOOL,
 }
@@ -44,7 +44,7 @@ def attack_request(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets: 
     max_images = cfg.get("max_images")
     output_dir = str(cfg.output_dir) if max_images is None else first_images_dir(str(cfg.output_dir), max_images)
     return AttackRequest.create(
-        str(cfg.run), data, budgets, batch_size=int(cfg.batch_size), max_images=max_images,
+        str(cfg.run), data, budgets, batch_size=cfg.batch_size, max_images=max_images,
         output_dir=output_dir, surrogate=surrogate, run_name=cfg.get("run_name") or None,
         options=options, device=str(cfg.device), compile=bool(cfg.compile), channels_last=bool(cfg.channels_last),
         shard_index=cfg.shard.index, shard_count=cfg.shard.count, devices=cfg.shard.devices,

@@ -22,6 +22,17 @@ def _output_dir(root, kind, dataset, name) -> str:
     return str(output_dir_for(root, kind, dataset, name))
 
 
+def _auto_on_cuda(device, fixed):
+    """attack.py's default batch size: `auto` where `device` resolves to CUDA (rgb.runs.batch_probe), else `fixed`
+    (the data config's eval_batch_size: the CPU's runs, and their identities, keep the size they always had)."""
+    from rgb.core.machine import DeviceError, resolve_device
+
+    try:
+        return "auto" if resolve_device(str(device)).startswith("cuda") else fixed
+    except DeviceError:  # cuda asked for where none is visible: the request says so in one line
+        return fixed
+
+
 def _data_resolvers() -> dict:
     """The data configs' budgets and a local snapshot's shape (rgb.data.resolvers), so no number is written twice."""
     from rgb.data.resolvers import (catalog_classes, snapshot_classes, snapshot_image_size, transfer_budget,
@@ -34,6 +45,6 @@ def _data_resolvers() -> dict:
 def register_resolvers() -> None:
     """Register every `rgb.*` resolver (idempotent)."""
     resolvers = {"rgb.run_name": _run_name, "rgb.path_name": path_name, "rgb.output_dir": _output_dir,
-                 "rgb.name_part": name_part, "rgb.url_host": url_host, **_data_resolvers()}
+                 "rgb.name_part": name_part, "rgb.url_host": url_host, "rgb.auto_on_cuda": _auto_on_cuda, **_data_resolvers()}
     for name, resolver in resolvers.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)

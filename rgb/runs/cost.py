@@ -24,8 +24,9 @@ import torch
 from rgb.attacks.autoattack import AutoAttack
 from rgb.core.files import atomic_write_json
 from rgb.runs.implementations import attack_implementation
+from rgb.runs.forecast import MEASURED_UTILISATION, evaluation_flops, measured_utilisation
 from rgb.runs.records import load_images
-from rgb.runs.runner import Target
+from rgb.runs.runner import Target, resolve_batch_size
 from rgb.runs.request import AttackRequest
 from rgb.runs.store import COST_ESTIMATE_FILE
 
@@ -109,13 +110,42 @@ def clean_accuracy(model: torch.nn.Module, split, n_images: int, batch_size: int
     return correct / len(ids), len(ids)
 
 
-def estimate(request: AttackRequest) -> dict:
+def device_name(device: str) -> str:
+    """The device as benchmarks/gpu_attack.py names it: torch's name of a CUDA device, else "cpu"."""
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+
+
+def forecast_throughput(model: torch.nn.Module, x: torch.Tensor, request: AttackRequest, model_name: str | None,
+                        measured: Path | None) -> tuple[Throughput, dict] | None:
+    """Seconds per row from the attack throughput measured on this device (rgb.runs.forecast) and the model's
+    FLOPs, with what it rests on; None where nothing was measured on this device at the run's precision."""
+    utilisation = measured_utilisation(device_name(request.device), request.batch_size, request.options.precision,
+                                       model_name, measured)
+    if utilisation is None:
+        return None
+    forward, backward = evaluation_flops(model, x[:1].to(request.device))
+    per_s = utilisation["flop_per_s"]
+    return Throughput(request.batch_size, forward / per_s, backward / per_s), utilisation
+
+
+def estimate(request: AttackRequest, measured: Path | None = None) -> dict:
     """The cost of the requested run on this machine, logged as a table and written to <output_dir>/cost_estimate.json
-    (nothing is attacked, no run directory is claimed)."""
+    (nothing is attacked, no run directory is claimed). Time is a forecast from the attack utilisation measured on
+    this device (`measured`: a gpu_check/gpu_attack JSON; None: MEASURED_UTILISATION) where there is one, else the bound: the model's plain
+    passes measured here (an attack step costs at least that)."""
     target = Target.open(request, request.device)
+    request = resolve_batch_size(request, target, record=False)
     n_images = target.n_images(request)
     x, _, _ = load_images(target.split, range(min(request.batch_size, n_images)))
     speed = measure_throughput(target.model, x, request.device)
+    forecast = forecast_throughput(target.model, x, request, target.meta.get("timm_name"),
+                                   MEASURED_UTILISATION if measured is None else measured)
+    if forecast is not None:
+        speed, utilisation = forecast
+        basis = {"kind": "forecast", "label": utilisation["label"], "utilisation": utilisation}
+    else:
+        basis = {"kind": "bound", "label": f"bound: the model's plain passes measured here at batch "
+                                           f"{request.batch_size} (no attack utilisation measured on this device)"}
     with torch.no_grad():
         n_classes = int(target.model(x[:1].to(request.device)).shape[1])
     # GPUs attack side by side; CPU workers share the cores this process measured with
@@ -132,7 +162,7 @@ def estimate(request: AttackRequest) -> dict:
     record = {"run": str(request.run), "impl": request.impl, "version": request.options.version,
               "device": request.device, "workers": workers, "threads": request.threads, "n_classes": n_classes,
               "clean_accuracy": accuracy, "clean_sample": sample,
-              "throughput": asdict(speed), "fooled_steps": implementation.fooled_steps(request.options),
+              "throughput": asdict(speed), "time_basis": basis, "fooled_steps": implementation.fooled_steps(request.options),
               "budgets": [asdict(c) for c in costs]}
     path = Path(request.output_dir) / COST_ESTIMATE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -156,6 +186,7 @@ def cost_table(record: dict) -> str:
              f"{1 / max(speed['forward_s'] + speed['backward_s'], 1e-12):.1f} forward+backward images/s at batch "
              f"{speed['batch_size']}, {record['workers']} worker(s); clean accuracy {record['clean_accuracy']:.1%} "
              f"on {record['clean_sample']} images: only those are attacked",
+             f"time: {record['time_basis']['label']}",
              "| budget | images | worst case fwd + bwd rows per image | " + " | ".join(
                  f"{float(s):.0%} of correct robust" for s in shares) + " |",
              "|---|---:|---:|" + "---:|" * len(shares)]

@@ -14,12 +14,18 @@ import torch
 from rgb.attacks.options import AttackOptions
 from rgb.core.machine import DeviceError, resolve_device
 from rgb.core.threat import Norm, ThreatModel, parse_norm
+from rgb.core.values import AUTO_OR_COUNT
 from rgb.data.catalog import TRANSFER_BUDGETS
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.store import AttackRunError, run_name_for
 
 if TYPE_CHECKING:  # for the annotation only: building a data module is the factory's job
     from rgb.data.benchmark_data import BenchmarkData
+
+# batch_size=auto: the largest batch that fits the device for the model (rgb.runs.batch_probe), made a number once
+# per run by rgb.runs.runner.resolve_batch_size before any batch (a run's batches never change size)
+AUTO_BATCH = "auto"
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -43,7 +49,7 @@ class AttackRequest:
         data: Builds the data module (a picklable functools.partial: each worker builds its own).
         budgets: The threat models to attack, one run directory each.
         options: What AutoAttack runs.
-        batch_size: Images per batch (part of a run's identity).
+        batch_size: Images per batch (part of a run's identity), or "auto" until the run resolves it.
         device: The resolved device ("cpu", "cuda", "cuda:N").
         compile: torch.compile the model before attacking it.
         channels_last: Give the model channels-last images.
@@ -69,7 +75,7 @@ class AttackRequest:
     data: Callable[[], BenchmarkData]  # picklable (a functools.partial): each worker builds its own
     budgets: tuple[Budget, ...]
     options: AttackOptions
-    batch_size: int
+    batch_size: int | str
     device: str
     compile: bool
     channels_last: bool
@@ -88,7 +94,7 @@ class AttackRequest:
 
     @classmethod
     def create(cls, run: str | Path, data: Callable[[], BenchmarkData], budgets: tuple[Budget, ...], *,
-               batch_size: int, output_dir: str | Path, surrogate: str, run_name: str | None = None,
+               batch_size: int | str, output_dir: str | Path, surrogate: str, run_name: str | None = None,
                options: AttackOptions = AttackOptions(), device: str = "auto", compile: bool = False,
                channels_last: bool = False,
                shard_index: int | None = None, shard_count: int | None = None, devices: int | str = "auto",
@@ -103,7 +109,8 @@ class AttackRequest:
             run: The model: a train output dir or an exported .safetensors file.
             data: Builds the data module in whichever process attacks.
             budgets: The threat models to attack (`white_box_budgets`).
-            batch_size: Images per batch, >= 1.
+            batch_size: Images per batch, >= 1, or "auto": the largest that fits the device for the model (probed
+                once per model and device, cached; on the CPU a fixed size), resolved once per run and recorded.
             output_dir: The run's directory.
             surrogate: The surrogate's name in exported splits.
             run_name: The model's name; None: `rgb.runs.store.run_name_for(run)`.
@@ -126,7 +133,7 @@ class AttackRequest:
             The request, with the device resolved and the shard and process counts fixed.
 
         Raises:
-            AttackRunError: No `run`, or it does not exist; `batch_size` < 1; an unknown `impl`; a shard outside
+            AttackRunError: No `run`, or it does not exist; `batch_size` neither "auto" nor >= 1; an unknown `impl`; a shard outside
                 [0, shard_count); a device count < 1; or `device` asks for CUDA where none is visible.
         """
         if run is None:
@@ -134,9 +141,9 @@ class AttackRequest:
         run = Path(str(run))
         if not run.exists():
             raise AttackRunError(f"run={run} does not exist (a train output dir or an exported .safetensors file)")
-        batch_size = int(batch_size)
-        if batch_size < 1:
-            raise AttackRunError(f"batch_size must be >= 1, got {batch_size}")
+        if not AUTO_OR_COUNT[0](batch_size):
+            raise AttackRunError(f"batch_size must be {AUTO_OR_COUNT[1]}, got {batch_size!r}")
+        batch_size = batch_size if batch_size == AUTO_BATCH else int(batch_size)
         attack_implementation(impl)
         index, count = shard_position(shard_index, shard_count)
         try:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Subset
@@ -23,7 +25,7 @@ from rgb.attacks.autoattack import FooledBy
 from rgb.attacks.options import ALWAYS, WHEN_SET
 from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
-from rgb.core.files import file_sha256
+from rgb.core.files import file_sha256, flock
 from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split
 from rgb.data.fingerprint import split_sha256
@@ -34,8 +36,10 @@ from rgb.runs.implementations import attack_implementation
 from rgb.runs.records import batch_record, load_images
 from rgb.runs.pooled import attack_pooled, images_left
 from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method
-from rgb.runs.request import AttackRequest, Budget
-from rgb.runs.store import RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir, standard_run
+from rgb.runs.batch_probe import auto_batch_size
+from rgb.runs.request import AUTO_BATCH, AttackRequest, Budget
+from rgb.runs.store import (BATCH_SIZE_LOCK, RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir,
+                            recorded_batch_size, standard_run)
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +282,7 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
         backward_rows_per_image=float(columns["backward_rows"].double().mean()),
         results_sha256=results_sha256,
         versions={**library_versions(), "python": platform.python_version()},
-        complete=True, warnings=warnings,
+        complete=True, warnings=warnings, batch_size_auto=run.batch_size_record(),
     )
     if request.export:
         summary.export = str(export_adversarial_split(
@@ -289,6 +293,57 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
         ))
     run.write_summary(summary)
     return summary
+
+
+def batch_size_cache() -> Path:
+    """Where batch_size=auto keeps its probes' answers (per model, image shape and device): $RGB_CACHE_DIR, else
+    $XDG_CACHE_HOME/rgb, else ~/.cache/rgb."""
+    root = os.environ.get("RGB_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rgb"
+    return Path(root) / "batch_sizes.json"
+
+
+def probe_batch_size(request: AttackRequest, target: Target) -> dict:
+    """`auto` on the request's device for the target's model: {"batch_size", "source", "device"}
+    (rgb.runs.batch_probe), the model moved there for the probe when it waits on the CPU for its workers."""
+    x, _, _ = load_images(target.split, range(1))
+    where = next(target.model.parameters()).device
+    model = target.model.to(request.device)
+    try:
+        return auto_batch_size(model, target.weights_sha256, tuple(x.shape[1:]), torch.device(request.device),
+                               batch_size_cache())
+    finally:
+        target.model.to(where)
+
+
+def resolve_batch_size(request: AttackRequest, target: Target, record: bool = True) -> AttackRequest:
+    """`request` with batch_size=auto made a number once per run, before any batch: the number the run's
+    directories already name (every shard and resume of a run agrees, whatever its machine), else the probe's,
+    written with its manifest and `batch_size.json` into every budget's directory (`record`) under one lock, so
+    shards starting together take the first one's number."""
+    if request.batch_size != AUTO_BATCH:
+        return request
+
+    def recorded() -> AttackRequest | None:
+        sizes = {recorded_batch_size(budget_dir(request.output_dir, b.name)) for b in request.budgets} - {None}
+        if len(sizes) > 1:
+            raise AttackRunError(f"batch_size=auto: the norms of {request.output_dir} were started with batch sizes "
+                                 f"{sorted(sizes)}; pass batch_size=N")
+        return replace(request, batch_size=sizes.pop()) if sizes else None
+
+    if not record:
+        return recorded() or replace(request, batch_size=probe_batch_size(request, target)["batch_size"])
+    request.output_dir.mkdir(parents=True, exist_ok=True)
+    with flock(request.output_dir / BATCH_SIZE_LOCK, wait=True):
+        resumed = recorded()
+        if resumed is not None:
+            return resumed
+        answer = probe_batch_size(request, target)
+        resolved = replace(request, batch_size=answer["batch_size"])
+        for run in run_directories(resolved, target).values():
+            run.claim()
+            run.write_batch_size_record(answer)
+        log.info("batch_size=auto: %d (%s, %s)", answer["batch_size"], answer["source"], answer["device"])
+        return resolved
 
 
 def run_directories(request: AttackRequest, target: Target) -> dict[str, RunDirectory]:
@@ -307,6 +362,7 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
     pool = (request.processes > 1 and not request.merge_only
             and (model is None or worker_start_method(request, request.processes) == "fork"))
     target = Target.open(request, "cpu" if pool else request.device, model)
+    request = resolve_batch_size(request, target, record=not request.merge_only)
     runs = run_directories(request, target)
     if not request.merge_only:
         implementation = attack_implementation(request.impl)

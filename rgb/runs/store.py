@@ -42,6 +42,8 @@ POOLED_PLAN = "plan.json"  # the batches a shard's pooled run pools (rgb.runs.po
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.json"
 COST_ESTIMATE_FILE = "cost_estimate.json"  # attack.py dry_run=true: beside the run's budget dirs
+BATCH_SIZE_FILE = "batch_size.json"  # how batch_size=auto became the number in run.json (rgb.runs.runner)
+BATCH_SIZE_LOCK = ".batch_size.lock"  # in a model's attack dir: one process at a time resolves batch_size=auto
 RESULT_COLUMNS = (
     "image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust", "fooled_by", "perturbation_norm",
     "forward_rows", "backward_rows",
@@ -254,6 +256,8 @@ class RunSummary:
     input_format: str = AttackOptions.input_format
     capture: str = AttackOptions.capture
     options: dict[str, object] = field(default_factory=dict)  # the other options, where not at their defaults
+    # batch_size=auto: how the number was found ({"batch_size", "source", "device"}); absent for a number given
+    batch_size_auto: dict | None = None
 
     @classmethod
     def recording(cls, options: AttackOptions, **values) -> RunSummary:
@@ -266,6 +270,8 @@ class RunSummary:
     def to_json(self) -> dict:
         record = asdict(self)
         others = record.pop("options")
+        if record["batch_size_auto"] is None:  # written only for batch_size=auto, so other summaries keep their bytes
+            del record["batch_size_auto"]
         return {**record, **others}
 
     @classmethod
@@ -313,14 +319,25 @@ def describe_ids(image_ids: torch.Tensor) -> str:
     return ", ".join(map(str, ids[:5])) + (f" ... ({len(ids)} images)" if len(ids) > 5 else "")
 
 
+def attack_manifest(directory: Path) -> IdentityManifest:
+    """The run.json of one threat model's run directory."""
+    return IdentityManifest(Path(directory), "an attack run", _identity_in, AttackRunError, "was made for another run",
+                            "another output_dir")
+
+
+def recorded_batch_size(directory: Path) -> int | None:
+    """The batch size a run directory's manifest names (None without one): what batch_size=auto resumes with."""
+    record = attack_manifest(directory).read()
+    return None if record is None else int(record["batch_size"])
+
+
 class RunDirectory:
     """One threat model's run directory: manifest, per-batch result files of every shard, merged results."""
 
     def __init__(self, directory: Path, identity: dict):
         self.directory = Path(directory)
         self.identity = identity
-        self.manifest = IdentityManifest(self.directory, "an attack run", _identity_in, AttackRunError,
-                                         "was made for another run", "another output_dir")
+        self.manifest = attack_manifest(self.directory)
         self.key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).digest()
         self.starts = list(range(0, identity["n_images"], identity["batch_size"]))
 
@@ -481,6 +498,14 @@ class RunDirectory:
         data = sink.getvalue().to_pybytes()
         atomic_write_bytes(self.directory / RESULTS_FILE, data)
         return hashlib.sha256(data).hexdigest()
+
+    def write_batch_size_record(self, record: dict) -> None:
+        atomic_write_json(self.directory / BATCH_SIZE_FILE, record)
+
+    def batch_size_record(self) -> dict | None:
+        """How batch_size=auto was resolved for this directory (None: it was given as a number)."""
+        path = self.directory / BATCH_SIZE_FILE
+        return json.loads(path.read_text()) if path.is_file() else None
 
     def write_summary(self, summary: RunSummary) -> None:
         atomic_write_json(self.directory / SUMMARY_FILE, summary.to_json())
