@@ -10,7 +10,9 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from helpers import REPO, compose_config, raises_one_line, serving
 from rgb.endpoints.answers import choice_format
 from rgb.endpoints.cost import image_tokens, text_tokens
 from rgb.serve import Faults, Limits, ModelServer, ServeError
+from rgb.serve.app import Throughput
 
 NAME = "tiny"
 CLASSES = ["dark", "bright"]
@@ -240,6 +243,46 @@ def test_models_lists_and_retrieves_the_served_model(client):
     assert client.models.retrieve(NAME).id == NAME
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
+
+
+def test_models_created_is_the_servers_start_time(server, client):
+    assert client.models.list().data[0].created == client.models.retrieve(NAME).created == server.started > 0
+
+
+def test_health_is_200_without_the_key_for_probes():
+    with running(Brightness(), api_key="sk-serve") as secured:
+        reply = httpx.get(secured.base_url.removesuffix("/v1") + "/health", timeout=TIMEOUT)
+        assert reply.status_code == 200 and reply.json() == {"status": "ok", "model": NAME}
+        assert httpx.get(f"{secured.base_url}/models", timeout=TIMEOUT).status_code == 401
+
+
+def test_each_request_gets_an_access_line_and_a_busy_interval_a_throughput_line(caplog):
+    with caplog.at_level(logging.INFO, logger="rgb.serve"), running(Brightness(), log_interval_s=0.05) as served:
+        with openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=TIMEOUT) as sdk:
+            reply = sdk.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}))
+            with pytest.raises(openai.NotFoundError):
+                sdk.models.retrieve("other")
+        wait_until(lambda: any(r.getMessage().startswith("throughput:") for r in caplog.records), "a throughput line")
+    access = [r.getMessage() for r in caplog.records if r.name == "rgb.serve.access"]
+    usage = reply.usage
+    assert re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/chat/completions" 200 [\d.]+ ms '
+                        f"prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}", access[0])
+    assert re.fullmatch(r'127\.0\.0\.1:\d+ "GET /v1/models/other" 404 [\d.]+ ms', access[1])
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("throughput:"))
+    assert re.fullmatch(r"throughput: [\d.]+ requests/s, prompt [\d.]+ tokens/s, generation [\d.]+ tokens/s, "
+                        r"running \d+, waiting \d+ \(last [\d.]+ s\)", line)
+
+
+def test_throughput_is_the_rates_since_the_last_report_and_nothing_when_idle():
+    now = [100.0]
+    throughput = Throughput(clock=lambda: now[0])
+    throughput.add(255, 2)
+    throughput.add(255, 1)
+    now[0] = 102.0
+    assert throughput.report(1, 0) == ("throughput: 1.00 requests/s, prompt 255.0 tokens/s, generation 1.5 tokens/s, "
+                                       "running 1, waiting 0 (last 2.0 s)")
+    now[0] = 104.0
+    assert throughput.report(0, 0) is None
 
 
 def test_another_model_name_is_a_404_model_not_found(client):
