@@ -30,6 +30,7 @@ from rgb.endpoints.answers import choice_format
 from rgb.endpoints.cost import image_tokens, text_tokens
 from rgb.serve import Faults, Limits, ModelServer, ServeError
 from rgb.serve.app import Throughput
+from rgb.serve.batch import BatchStore, BatchStoreError
 
 NAME = "tiny"
 CLASSES = ["dark", "bright"]
@@ -586,3 +587,60 @@ def test_a_cancelled_batch_ends_cancelled_with_what_it_answered(sdk_of, tmp_path
         batch = finished(client, created.id)
         assert batch.status == "cancelled" and batch.request_counts.completed < 40
         assert len(lines_of(client, batch.output_file_id)) == batch.request_counts.completed
+
+
+def test_files_and_batches_are_listed_in_openais_pages_and_a_file_is_deleted(sdk_of, tmp_path):
+    """The SDK's cursor pagers walk every page (`after` = the last id while `has_more`), newest first;
+    DELETE /v1/files/{id} removes the object and its content."""
+    with running(Brightness(), batch_dir=tmp_path) as server:
+        client = sdk_of(server)
+        uploaded = [client.files.create(file=jsonl([request_line(f"r{i}", 250)]), purpose="batch") for i in range(3)]
+        first = client.files.list(limit=2)
+        assert len(first.data) == 2 and first.has_more and first.last_id == first.data[-1].id
+        newest_first = sorted(uploaded, key=lambda f: (f.created_at, f.id), reverse=True)
+        assert [f.id for f in client.files.list(limit=2)] == [f.id for f in newest_first]  # both pages
+        assert [f.id for f in client.files.list(limit=1, order="asc")] == [f.id for f in newest_first[::-1]]
+        assert list(client.files.list(purpose="batch_output")) == []
+        batches = [client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                         completion_window="24h") for f in uploaded[:2]]
+        listed = [b.id for b in client.batches.list(limit=1)]
+        assert sorted(listed) == sorted(b.id for b in batches) and len(listed) == 2
+        page = client.batches.list(limit=1)
+        assert page.has_more and page.first_id == page.last_id == page.data[0].id
+        deleted = client.files.delete(uploaded[2].id)
+        assert (deleted.id, deleted.deleted) == (uploaded[2].id, True) and not (tmp_path / uploaded[2].id).exists()
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(uploaded[2].id)
+        with pytest.raises(openai.NotFoundError):
+            client.files.delete(uploaded[2].id)
+        with pytest.raises(openai.BadRequestError, match="limit"):
+            client.batches.list(limit=101)
+        for batch in batches:
+            finished(client, batch.id)
+
+
+def test_a_restarted_server_on_the_same_batch_dir_lists_and_retrieves_earlier_batches(sdk_of, tmp_path):
+    with running(Brightness(), batch_dir=tmp_path) as server:
+        client = sdk_of(server)
+        uploaded = client.files.create(file=jsonl([request_line("r0", 250), request_line("r1", 10)]),
+                                       purpose="batch")
+        batch = finished(client, client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                                       completion_window="24h").id)
+        output = client.files.content(batch.output_file_id).text
+    with running(Brightness(), batch_dir=tmp_path) as restarted:
+        client = sdk_of(restarted)
+        assert [b.id for b in client.batches.list()] == [batch.id]
+        assert client.batches.retrieve(batch.id) == batch
+        assert client.files.content(batch.output_file_id).text == output
+        assert {f.id for f in client.files.list()} == {uploaded.id, batch.output_file_id}
+
+
+def test_a_batch_running_when_the_server_stopped_is_failed_on_restart(tmp_path):
+    store = BatchStore(tmp_path)
+    running_batch = {"id": "batch_1", "object": "batch", "status": "in_progress", "created_at": 1}
+    store.add_batch(running_batch)
+    restarted = BatchStore(tmp_path).batches["batch_1"]
+    assert restarted["status"] == "failed" and restarted["errors"]["data"][0]["code"] == "server_restarted"
+    (tmp_path / "notes.json").write_text("[1, 2]")
+    with raises_one_line(BatchStoreError, "notes.json"):
+        BatchStore(tmp_path)
