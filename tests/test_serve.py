@@ -201,6 +201,43 @@ def test_max_tokens_below_the_answer_cuts_it_with_finish_reason_length(client):
     assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content == "brig"
 
 
+def test_max_completion_tokens_cuts_the_answer_as_max_tokens_does(client):
+    reply = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), n=2,
+                                           max_completion_tokens=1)
+    assert [(c.message.content, c.finish_reason) for c in reply.choices] == [("brig", "length")] * 2
+    assert reply.usage.completion_tokens == 2 * text_tokens("brig")
+    whole = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}),
+                                           max_completion_tokens=2)
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == ("bright", "stop")
+
+
+TOOL = {"type": "function", "function": {"name": "label", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize(("asked", "param", "code"), [
+    ({"tools": [TOOL]}, "tools", "unsupported_parameter"),
+    ({"tools": [TOOL], "tool_choice": "required"}, "tools", "unsupported_parameter"),
+    ({"tool_choice": {"type": "function", "function": {"name": "label"}}}, "tool_choice", "unsupported_parameter"),
+    ({"logit_bias": {"42": 10}}, "logit_bias", "unsupported_parameter"),
+    ({"functions": [TOOL["function"]]}, "functions", "unsupported_parameter"),
+    ({"response_format": {"type": "json_object"}}, "response_format.type", "unsupported_value"),
+])
+def test_what_a_classifier_cannot_honour_is_an_openai_400_not_ignored(client, server, asked, param, code):
+    before = server.requests.count()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), **asked)
+    error = refused.value.body
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+    assert set(error) == {"message", "type", "param", "code"} and server.requests.count() == before
+
+
+def test_fields_that_change_nothing_for_a_classifier_are_accepted(client):
+    reply = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), tool_choice="none",
+                                           presence_penalty=0.5, stop=["\n"], user="u1",
+                                           response_format={"type": "text"})
+    assert reply.choices[0].message.content == "bright"
+
+
 def test_streaming_gives_chunks_the_sdk_reads_then_the_usage(client):
     stream = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), stream=True,
                                             n=2, stream_options={"include_usage": True})

@@ -44,7 +44,7 @@ def serve_from_config(cfg: DictConfig) -> None:
     server = make_server(str(cfg.run), str(cfg.host), cfg.port, str(cfg.served_name),
                          Faults(**dict(cfg.faults)), key, resolve_device(str(cfg.device)), cfg.get("image_size"),
                          Limits(**dict(cfg.limits)), cfg.get("batch_dir"), cfg.log_interval_s)
-    log.info("serving %s as model %r at %s/chat/completions, health at %s/health (Ctrl-C stops)", cfg.run,
+    log.info("serving %s as model %r at %s/chat/completions (health: %s/health; Ctrl-C stops)", cfg.run,
              server.served_name, server.base_url, server.base_url.removesuffix("/v1"))
     try:
         server.serve_forever()

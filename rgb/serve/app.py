@@ -15,7 +15,9 @@ What a client of OpenAI's chat-completions API gets here, and where it differs:
   class (the class name is one "token"); `top_logprobs=k` lists the k most likely class names.
 - `response_format` of type `json_schema` whose schema has a property with an `enum` of class names (OpenAI
   structured outputs, as `model.answer_format=choice` asks): the answer is the JSON object {property: class}, the
-  class chosen (argmax or sampled) among the enum's classes only.
+  class chosen (argmax or sampled) among the enum's classes only. Any other response format (`json_object`) is a
+  400 `unsupported_value`, as are the fields a classifier cannot honour (`tools`, `tool_choice`, `functions`,
+  `logit_bias`, `audio`, ...: UNSUPPORTED, a 400 `unsupported_parameter`) rather than being ignored.
 - `stream=true`: server-sent events, one `chat.completion.chunk` per role, content and finish of each choice,
   a last chunk with the usage when `stream_options.include_usage`, then `data: [DONE]`.
 - `usage` is counted from the request, tokenizer-free, so it approximates OpenAI's counts: a text is
@@ -207,7 +209,15 @@ class ErrorReply(Exception):
         return JSONResponse({"error": error}, self.status, headers=self.headers)
 
 
-# The request's schema: only what rgb-serve reads is checked; any other field OpenAI knows is accepted and ignored.
+# The request's schema: only what rgb-serve reads is checked; a field asking for what a classifier cannot do
+# (UNSUPPORTED) is a 400, any other field OpenAI knows (penalties, stop, user, ...) is accepted and changes nothing.
+UNSUPPORTED = {
+    "tools": "calls no tools", "tool_choice": "calls no tools", "functions": "calls no functions",
+    "function_call": "calls no functions", "logit_bias": "answers with class names, not tokens",
+    "audio": "answers in text only", "prediction": "takes no predicted output",
+    "web_search_options": "searches nothing",
+}
+RESPONSE_FORMATS = ("text", "json_schema")
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -328,6 +338,16 @@ def parse_request(raw: bytes) -> ChatRequest:
         raise ErrorReply(400, f"Invalid '{param}': {first['msg']}", code, param) from None
     if request.top_logprobs is not None and not request.logprobs:
         raise ErrorReply(400, "top_logprobs needs logprobs=true", "invalid_value", "top_logprobs")
+    extra = request.model_extra or {}
+    for name, why in UNSUPPORTED.items():  # in this order: `tools` is named before the `tool_choice` it comes with
+        value = extra.get(name)
+        if value not in (None, [], {}) and not (name == "tool_choice" and value == "none"):
+            raise ErrorReply(400, f"Unsupported parameter: '{name}': rgb-serve serves a classifier, which {why}",
+                             "unsupported_parameter", name)
+    kind = (request.response_format or {}).get("type", "text")
+    if kind not in RESPONSE_FORMATS:
+        raise ErrorReply(400, f"Unsupported value: 'response_format.type' {kind!r}: rgb-serve answers 'text' or a "
+                              f"'json_schema' with an enum of class names", "unsupported_value", "response_format.type")
     return request
 
 
