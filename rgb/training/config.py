@@ -14,6 +14,7 @@ from fnmatch import fnmatchcase
 from rgb.core.errors import UserError
 from rgb.core.values import (
     AUTO_OR_COUNT,
+    BOOL,
     NORM,
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -107,7 +108,9 @@ RULES: dict[str, Rule] = {
     "loss.attack.eps": POSITIVE,
     "loss.attack.n_iter": POSITIVE_INT,
     "loss.attack.step_size": optional(POSITIVE),
-    "strategy.name": (lambda v: v in (*STRATEGIES, ZEROSHOT), f"one of {[*STRATEGIES, ZEROSHOT]}"),
+    # api: a model behind an endpoint, a model.json and no fit (conf/model_strategy/api_chat.yaml)
+    "strategy.name": (lambda v: v in (*STRATEGIES, ZEROSHOT, "api"), f"one of {[*STRATEGIES, ZEROSHOT, 'api']}"),
+    "model.check_endpoint": BOOL,  # model=api_chat: ask GET /models before the run dir is made
     "data.batch_size": POSITIVE_INT,
     "data.eval_batch_size": POSITIVE_INT,
     "trainer.max_epochs": POSITIVE_INT,
