@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import hydra
+from hydra.errors import InstantiationException
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
@@ -77,6 +78,8 @@ def _error_line(err: Exception) -> str | None:
         return one_line(err)
     if isinstance(err, OSError):
         return os_error_line(err)
+    if isinstance(err, InstantiationException) and isinstance(err.__cause__, UserError):  # a _target_ refused
+        return one_line(err.__cause__)  # (a hub model not in the cache) as itself, without Hydra's 4-line wrap
     cause = _value_error_in(err)
     return one_line(cause) if cause is not None else None
 
@@ -255,7 +258,7 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             threads = configure_threads(cfg.get("threads", "auto"))
             return body(cfg, threads)
         except Exception as err:
-            if not isinstance(err, (UserError, OSError, InterpolationResolutionError)):
+            if not isinstance(err, (UserError, OSError, InterpolationResolutionError, InstantiationException)):
                 raise
             line = _error_line(err)
             if line is None:

@@ -22,6 +22,7 @@ from rgb.core import configure_threads
 from rgb.core.machine import DeviceError
 from rgb.models import META_FILE, export_meta, export_model, parameter_counts, rebuild_like
 from rgb.training.config import ZEROSHOT, TrainingConfigError, TrainingError, training_identity, validate_config
+from rgb.training.datamodule import RGBDataModule
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.robust_val import RobustValidation
 from rgb.training.wandb_export import export_wandb_record, log_export, params_hyperparams
@@ -240,6 +241,8 @@ def fit_and_export(
     if config["seed"] is not None:
         L.seed_everything(config["seed"], workers=True)
     datamodule = request.fit_data()
+    if isinstance(datamodule, RGBDataModule):
+        datamodule.setup("fit")  # the data is read before the weights load: missing data is said first (cached)
     model = request.model()
     initialise_head(model, config, datamodule)
     module = RobustFinetuneModule(
