@@ -5,6 +5,7 @@ RobustVLM's FARE / TeCoA training saves them (`torch.save` of the tower's state 
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,6 +142,42 @@ def test_timm_hub_name_absent_offline_is_one_line_naming_repo_and_fetch(hub):
     write_repo(hub, "someorg/config-only", config_only)
     with raises_one_line(HubModelMissingError, match="someorg/config-only") as err:
         create_model("hf-hub:someorg/config-only", 7)
+
+
+def test_registry_weights_absent_offline_are_one_line_naming_the_hub_repo(hub):
+    """A registry name whose pretrained weights timm takes from the hub (resnet18.a1_in1k: timm/resnet18.a1_in1k)."""
+    with raises_one_line(HubModelMissingError, match=r"model resnet18\.a1_in1k: files of hub repo "
+                                                     r"timm/resnet18\.a1_in1k .*hf download timm/resnet18\.a1_in1k"):
+        create_model("resnet18.a1_in1k", 7)
+
+
+def offline_error(tmp_path: Path, *overrides: str) -> str:
+    """The error line of train.py run offline with an empty Hugging Face home, checked to be its only one (no
+    traceback, no Hydra wrap)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
+    for moved in ("HF_HUB_CACHE", "HF_DATASETS_CACHE", "RGB_BENCHMARK", "RGB_ROOT"):
+        env.pop(moved, None)
+    done = subprocess.run([sys.executable, str(REPO / "train.py"), *overrides, f"paths.root_dir={tmp_path}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    errors = [line for line in output.splitlines() if "error" in line.lower()]
+    assert done.returncode == 2 and len(errors) == 1, output[-3000:]
+    assert "Traceback" not in output and "full_key" not in output
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_the_design_cards_train_command_offline_without_a_cache_says_what_to_download(tmp_path, mini_dir):
+    """`train.py model=vit_b16 data=stanford_cars` offline with nothing cached: the data is checked before the
+    weights, one line naming the dataset snapshot to download; with the data there, one line naming the weights'
+    hub repo and its `hf download` (not Hydra's 4-line wrap of the hub's error)."""
+    data = offline_error(tmp_path, "model=vit_b16", "data=stanford_cars")
+    assert "train.py: error: cannot load hub dataset" in data and "snapshot_download" in data
+    weights = offline_error(tmp_path, "model=vit_b16", f"data.source={mini_dir}")
+    assert re.search(r"train.py: error: model vit_base_patch16_224\.augreg_in21k: files of hub repo "
+                     r"timm/vit_base_patch16_224\.augreg_in21k .*run `hf download timm/vit_base_patch16_224"
+                     r"\.augreg_in21k`", weights)
 
 
 def truncate(blob):  # a download cut off

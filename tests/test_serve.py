@@ -10,7 +10,9 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,6 +29,8 @@ from helpers import REPO, compose_config, raises_one_line, serving
 from rgb.endpoints.answers import choice_format
 from rgb.endpoints.cost import image_tokens, text_tokens
 from rgb.serve import Faults, Limits, ModelServer, ServeError
+from rgb.serve.app import Throughput
+from rgb.serve.batch import BatchStore, BatchStoreError
 
 NAME = "tiny"
 CLASSES = ["dark", "bright"]
@@ -197,6 +201,43 @@ def test_max_tokens_below_the_answer_cuts_it_with_finish_reason_length(client):
     assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content == "brig"
 
 
+def test_max_completion_tokens_cuts_the_answer_as_max_tokens_does(client):
+    reply = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), n=2,
+                                           max_completion_tokens=1)
+    assert [(c.message.content, c.finish_reason) for c in reply.choices] == [("brig", "length")] * 2
+    assert reply.usage.completion_tokens == 2 * text_tokens("brig")
+    whole = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}),
+                                           max_completion_tokens=2)
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == ("bright", "stop")
+
+
+TOOL = {"type": "function", "function": {"name": "label", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize(("asked", "param", "code"), [
+    ({"tools": [TOOL]}, "tools", "unsupported_parameter"),
+    ({"tools": [TOOL], "tool_choice": "required"}, "tools", "unsupported_parameter"),
+    ({"tool_choice": {"type": "function", "function": {"name": "label"}}}, "tool_choice", "unsupported_parameter"),
+    ({"logit_bias": {"42": 10}}, "logit_bias", "unsupported_parameter"),
+    ({"functions": [TOOL["function"]]}, "functions", "unsupported_parameter"),
+    ({"response_format": {"type": "json_object"}}, "response_format.type", "unsupported_value"),
+])
+def test_what_a_classifier_cannot_honour_is_an_openai_400_not_ignored(client, server, asked, param, code):
+    before = server.requests.count()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), **asked)
+    error = refused.value.body
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+    assert set(error) == {"message", "type", "param", "code"} and server.requests.count() == before
+
+
+def test_fields_that_change_nothing_for_a_classifier_are_accepted(client):
+    reply = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), tool_choice="none",
+                                           presence_penalty=0.5, stop=["\n"], user="u1",
+                                           response_format={"type": "text"})
+    assert reply.choices[0].message.content == "bright"
+
+
 def test_streaming_gives_chunks_the_sdk_reads_then_the_usage(client):
     stream = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}), stream=True,
                                             n=2, stream_options={"include_usage": True})
@@ -240,6 +281,46 @@ def test_models_lists_and_retrieves_the_served_model(client):
     assert client.models.retrieve(NAME).id == NAME
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
+
+
+def test_models_created_is_the_servers_start_time(server, client):
+    assert client.models.list().data[0].created == client.models.retrieve(NAME).created == server.started > 0
+
+
+def test_health_is_200_without_the_key_for_probes():
+    with running(Brightness(), api_key="sk-serve") as secured:
+        reply = httpx.get(secured.base_url.removesuffix("/v1") + "/health", timeout=TIMEOUT)
+        assert reply.status_code == 200 and reply.json() == {"status": "ok", "model": NAME}
+        assert httpx.get(f"{secured.base_url}/models", timeout=TIMEOUT).status_code == 401
+
+
+def test_each_request_gets_an_access_line_and_a_busy_interval_a_throughput_line(caplog):
+    with caplog.at_level(logging.INFO, logger="rgb.serve"), running(Brightness(), log_interval_s=0.05) as served:
+        with openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=TIMEOUT) as sdk:
+            reply = sdk.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}))
+            with pytest.raises(openai.NotFoundError):
+                sdk.models.retrieve("other")
+        wait_until(lambda: any(r.getMessage().startswith("throughput:") for r in caplog.records), "a throughput line")
+    access = [r.getMessage() for r in caplog.records if r.name == "rgb.serve.access"]
+    usage = reply.usage
+    assert re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/chat/completions" 200 [\d.]+ ms '
+                        f"prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}", access[0])
+    assert re.fullmatch(r'127\.0\.0\.1:\d+ "GET /v1/models/other" 404 [\d.]+ ms', access[1])
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("throughput:"))
+    assert re.fullmatch(r"throughput: [\d.]+ requests/s, prompt [\d.]+ tokens/s, generation [\d.]+ tokens/s, "
+                        r"running \d+, waiting \d+ \(last [\d.]+ s\)", line)
+
+
+def test_throughput_is_the_rates_since_the_last_report_and_nothing_when_idle():
+    now = [100.0]
+    throughput = Throughput(clock=lambda: now[0])
+    throughput.add(255, 2)
+    throughput.add(255, 1)
+    now[0] = 102.0
+    assert throughput.report(1, 0) == ("throughput: 1.00 requests/s, prompt 255.0 tokens/s, generation 1.5 tokens/s, "
+                                       "running 1, waiting 0 (last 2.0 s)")
+    now[0] = 104.0
+    assert throughput.report(0, 0) is None
 
 
 def test_another_model_name_is_a_404_model_not_found(client):
@@ -543,3 +624,60 @@ def test_a_cancelled_batch_ends_cancelled_with_what_it_answered(sdk_of, tmp_path
         batch = finished(client, created.id)
         assert batch.status == "cancelled" and batch.request_counts.completed < 40
         assert len(lines_of(client, batch.output_file_id)) == batch.request_counts.completed
+
+
+def test_files_and_batches_are_listed_in_openais_pages_and_a_file_is_deleted(sdk_of, tmp_path):
+    """The SDK's cursor pagers walk every page (`after` = the last id while `has_more`), newest first;
+    DELETE /v1/files/{id} removes the object and its content."""
+    with running(Brightness(), batch_dir=tmp_path) as server:
+        client = sdk_of(server)
+        uploaded = [client.files.create(file=jsonl([request_line(f"r{i}", 250)]), purpose="batch") for i in range(3)]
+        first = client.files.list(limit=2)
+        assert len(first.data) == 2 and first.has_more and first.last_id == first.data[-1].id
+        newest_first = sorted(uploaded, key=lambda f: (f.created_at, f.id), reverse=True)
+        assert [f.id for f in client.files.list(limit=2)] == [f.id for f in newest_first]  # both pages
+        assert [f.id for f in client.files.list(limit=1, order="asc")] == [f.id for f in newest_first[::-1]]
+        assert list(client.files.list(purpose="batch_output")) == []
+        batches = [client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                         completion_window="24h") for f in uploaded[:2]]
+        listed = [b.id for b in client.batches.list(limit=1)]
+        assert sorted(listed) == sorted(b.id for b in batches) and len(listed) == 2
+        page = client.batches.list(limit=1)
+        assert page.has_more and page.first_id == page.last_id == page.data[0].id
+        deleted = client.files.delete(uploaded[2].id)
+        assert (deleted.id, deleted.deleted) == (uploaded[2].id, True) and not (tmp_path / uploaded[2].id).exists()
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(uploaded[2].id)
+        with pytest.raises(openai.NotFoundError):
+            client.files.delete(uploaded[2].id)
+        with pytest.raises(openai.BadRequestError, match="limit"):
+            client.batches.list(limit=101)
+        for batch in batches:
+            finished(client, batch.id)
+
+
+def test_a_restarted_server_on_the_same_batch_dir_lists_and_retrieves_earlier_batches(sdk_of, tmp_path):
+    with running(Brightness(), batch_dir=tmp_path) as server:
+        client = sdk_of(server)
+        uploaded = client.files.create(file=jsonl([request_line("r0", 250), request_line("r1", 10)]),
+                                       purpose="batch")
+        batch = finished(client, client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                                       completion_window="24h").id)
+        output = client.files.content(batch.output_file_id).text
+    with running(Brightness(), batch_dir=tmp_path) as restarted:
+        client = sdk_of(restarted)
+        assert [b.id for b in client.batches.list()] == [batch.id]
+        assert client.batches.retrieve(batch.id) == batch
+        assert client.files.content(batch.output_file_id).text == output
+        assert {f.id for f in client.files.list()} == {uploaded.id, batch.output_file_id}
+
+
+def test_a_batch_running_when_the_server_stopped_is_failed_on_restart(tmp_path):
+    store = BatchStore(tmp_path)
+    running_batch = {"id": "batch_1", "object": "batch", "status": "in_progress", "created_at": 1}
+    store.add_batch(running_batch)
+    restarted = BatchStore(tmp_path).batches["batch_1"]
+    assert restarted["status"] == "failed" and restarted["errors"]["data"][0]["code"] == "server_restarted"
+    (tmp_path / "notes.json").write_text("[1, 2]")
+    with raises_one_line(BatchStoreError, "notes.json"):
+        BatchStore(tmp_path)

@@ -6,16 +6,19 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import helpers
 from helpers import raises_one_line
 from rgb.core.files import flock
 from rgb.core.values import path_name
 from rgb.data.mini import DATASET
+from rgb.endpoints.client import ApiError
+from rgb.serve import ModelServer
 from rgb.commands.train import train
 from rgb.training.config import TrainingError
 
-URL = "http://127.0.0.1:1/v1"  # train.py asks the endpoint nothing: no server needed
+URL = "http://127.0.0.1:1/v1"  # nothing listens there: these runs skip the endpoint check (model.check_endpoint)
 
 
 def api_config(root: Path, mini_dir: Path, *overrides: str):
@@ -25,7 +28,8 @@ def api_config(root: Path, mini_dir: Path, *overrides: str):
 
 def api_run(root: Path, mini_dir: Path, *overrides: str) -> Path:
     run = root / "outputs" / "train" / DATASET / "api_tiny"
-    train(api_config(root, mini_dir, f"model.base_url={URL}", f"run_dir={run}", *overrides))
+    train(api_config(root, mini_dir, f"model.base_url={URL}", f"run_dir={run}", "model.check_endpoint=false",
+                     *overrides))
     return run
 
 
@@ -114,3 +118,40 @@ def test_a_model_json_written_before_the_move_to_rgb_endpoints_loads_as_the_same
     written = export_model(model, tmp_path, {"task": meta["task"], "run_name": meta["run_name"]})
     assert json.loads(written.read_text()) == {**json.loads((old / "model.json").read_text()),
                                                "versions": json.loads(written.read_text())["versions"]}
+
+
+# -- the endpoint check: train.py asks GET /models before it makes the run dir ---------------------------------
+
+KEY_ENV = "RGB_TEST_CHECK_KEY"
+
+
+def checked_run(root: Path, mini_dir: Path, base_url: str, *overrides: str) -> Path:
+    run = root / "api_checked"
+    train(api_config(root, mini_dir, f"model.base_url={base_url}", f"run_dir={run}", *overrides))
+    return run
+
+
+def test_an_endpoint_that_serves_the_model_is_checked_and_the_run_dir_made(tmp_path, mini_dir):
+    with helpers.serving(ModelServer(torch.nn.Flatten(), ["a", "b"], 8, "tiny")) as served:
+        run = checked_run(tmp_path, mini_dir, served.base_url)
+    assert (run / "model.json").is_file()
+
+
+@pytest.mark.parametrize("served_name, api_key, pattern", [
+    ("other-model", None, r"does not serve model 'tiny'; it serves: other-model \(model.check_endpoint=false"),
+    ("tiny", "sk-check", rf"GET /models: HTTP 401: invalid API key; is {KEY_ENV} set to a valid key\?"),
+])
+def test_a_refusing_endpoint_is_one_line_and_no_run_dir(served_name, api_key, pattern, tmp_path, mini_dir,
+                                                         monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    server = ModelServer(torch.nn.Flatten(), ["a", "b"], 8, served_name, api_key=api_key)
+    with helpers.serving(server) as served, raises_one_line(ApiError, match=pattern):
+        checked_run(tmp_path, mini_dir, served.base_url, f"model.api_key_env={KEY_ENV}")
+    assert not (tmp_path / "api_checked").exists()
+
+
+def test_an_unreachable_endpoint_is_one_line_unless_the_check_is_skipped(tmp_path, mini_dir):
+    with raises_one_line(ApiError, match=r"127.0.0.1:1/v1 .*GET /models: cannot reach the endpoint .*"
+                                         r"model.check_endpoint=false skips this check"):
+        checked_run(tmp_path, mini_dir, URL)
+    assert (checked_run(tmp_path, mini_dir, URL, "model.check_endpoint=false") / "model.json").is_file()

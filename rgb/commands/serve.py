@@ -24,6 +24,7 @@ class ServeExtraMissing(UserError, ImportError):
 SCHEMA = {
     **MACHINE, **RUN, "host": TEXT, "port": (lambda v: integer(v) and 0 <= v <= 65535, "an integer in [0, 65535]"),
     "served_name": TEXT, "api_key_env": optional(TEXT), "image_size": optional(POSITIVE_INT), "batch_dir": optional(TEXT),
+    "log_interval_s": NON_NEGATIVE,
     "limits.max_concurrency": POSITIVE_INT, "limits.max_queue": NON_NEGATIVE_INT,
     "faults.rate_limit_every": NON_NEGATIVE_INT, "faults.error_every": NON_NEGATIVE_INT,
     "faults.slow_every": NON_NEGATIVE_INT, "faults.malformed_every": NON_NEGATIVE_INT,
@@ -42,9 +43,9 @@ def serve_from_config(cfg: DictConfig) -> None:
         raise ServeError(f"api_key_env={cfg.api_key_env} is set but the environment has no {cfg.api_key_env}")
     server = make_server(str(cfg.run), str(cfg.host), cfg.port, str(cfg.served_name),
                          Faults(**dict(cfg.faults)), key, resolve_device(str(cfg.device)), cfg.get("image_size"),
-                         Limits(**dict(cfg.limits)), cfg.get("batch_dir"))
-    log.info("serving %s as model %r at %s/chat/completions (Ctrl-C stops)", cfg.run, server.served_name,
-             server.base_url)
+                         Limits(**dict(cfg.limits)), cfg.get("batch_dir"), cfg.log_interval_s)
+    log.info("serving %s as model %r at %s/chat/completions (health: %s/health; Ctrl-C stops)", cfg.run,
+             server.served_name, server.base_url, server.base_url.removesuffix("/v1"))
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from fnmatch import fnmatchcase
 
 from rgb.core.values import (
     AUTO_OR_COUNT,
+    BOOL,
     NORM,
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -100,6 +101,7 @@ RULES: dict[str, Rule] = {
     "loss.attack.n_iter": POSITIVE_INT,
     "loss.attack.step_size": optional(POSITIVE),
     "strategy.name": (lambda v: v in (*STRATEGIES, ZEROSHOT), f"one of {[*STRATEGIES, ZEROSHOT]}"),
+    "model.check_endpoint": BOOL,  # model=api_chat: ask GET /models before the run dir is made
     "data.batch_size": POSITIVE_INT,
     "data.eval_batch_size": POSITIVE_INT,
     "trainer.max_epochs": POSITIVE_INT,

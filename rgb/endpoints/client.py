@@ -307,6 +307,31 @@ class Endpoint:
                              timeout=self.client_settings.timeout_s, default_headers=headers, default_query=query,
                              http_client=http)
 
+    def check_served(self) -> None:
+        """GET {base_url}/models, as train.py asks before it makes a run dir for this endpoint: an ApiError (one
+        line) when nothing answers there, the endpoint refuses (a wrong key: 401), or `api_model` is not among the
+        ids it serves (listed)."""
+        import openai
+
+        key = os.environ.get(self.client_settings.api_key_env) or None
+        auth = {"Authorization": f"Bearer {key}" if key else openai.Omit()}
+
+        def failed(what: str) -> ApiError:
+            return ApiError(f"{self.refused(what, key)} (model.check_endpoint=false skips this check)")
+
+        try:
+            with self.session() as sdk:
+                served = [model.id for model in sdk.models.list(extra_headers=auth)]
+        except openai.APIConnectionError as err:  # refused, unknown host, timeout
+            raise failed(f"GET /models: cannot reach the endpoint ({type(err.__cause__ or err).__name__})") from None
+        except openai.APIStatusError as err:
+            hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(err.status_code, "")
+            raise failed(f"GET /models: HTTP {err.status_code}: {_error_message(err.response)}{hint}") from None
+        if self.api_model not in served:
+            shown = ", ".join(served[:10]) + (f", ... ({len(served)} in all)" if len(served) > 10 else "")
+            raise ApiError(f"{self.base_url} does not serve model {self.api_model!r}; it serves: {shown or 'none'} "
+                           f"(model.check_endpoint=false skips this check)")
+
     @staticmethod
     def _sdk_arguments(body: dict) -> dict:
         """`body` as keyword arguments of the SDK's `create`: the fields it does not name go in `extra_body`."""

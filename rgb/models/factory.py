@@ -178,7 +178,12 @@ def _create_with_weights(name: str, weights: str | None, timm_kwargs: dict) -> n
         state_dict = _weights_file_state_dict(Path(weights))
         num_classes = _head_rows(state_dict, pretrained_cfg.classifier)
         overlay = dict(state_dict=state_dict, num_classes=num_classes)
-    backbone = _strict_create(name, source, num_classes=num_classes, pretrained_cfg_overlay=overlay, **timm_kwargs)
+    # hub weights not in the cache (offline, or the hub unreachable): one line naming the repo and how to fetch it
+    hub = hub_files(name, pretrained_cfg.hf_hub_id, HUB_FILES) if weights is None and pretrained_cfg.hf_hub_id \
+        else contextlib.nullcontext()
+    with hub:
+        backbone = _strict_create(name, source, num_classes=num_classes, pretrained_cfg_overlay=overlay,
+                                  **timm_kwargs)
     backbone.pretrained_cfg.pop("state_dict", None)  # drop the reference to the loaded copy
     return backbone
 

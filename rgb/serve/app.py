@@ -15,7 +15,9 @@ What a client of OpenAI's chat-completions API gets here, and where it differs:
   class (the class name is one "token"); `top_logprobs=k` lists the k most likely class names.
 - `response_format` of type `json_schema` whose schema has a property with an `enum` of class names (OpenAI
   structured outputs, as `model.answer_format=choice` asks): the answer is the JSON object {property: class}, the
-  class chosen (argmax or sampled) among the enum's classes only.
+  class chosen (argmax or sampled) among the enum's classes only. Any other response format (`json_object`) is a
+  400 `unsupported_value`, as are the fields a classifier cannot honour (`tools`, `tool_choice`, `functions`,
+  `logit_bias`, `audio`, ...: UNSUPPORTED, a 400 `unsupported_parameter`) rather than being ignored.
 - `stream=true`: server-sent events, one `chat.completion.chunk` per role, content and finish of each choice,
   a last chunk with the usage when `stream_options.include_usage`, then `data: [DONE]`.
 - `usage` is counted from the request, tokenizer-free, so it approximates OpenAI's counts: a text is
@@ -26,6 +28,10 @@ What a client of OpenAI's chat-completions API gets here, and where it differs:
 - Every malformed request is answered with OpenAI's error shape
   (`{"error": {"message", "type", "param", "code"}}`): 400 for a body that is not a JSON object or breaks the
   request's schema, 404 `model_not_found` for another model name, 401 without the key, 413 over MAX_BODY_BYTES.
+- For operators: `GET /health` is 200 once the model is loaded (it is before the socket answers; no key needed, as
+  launch scripts and k8s probes poll it); one access line per request (client, method, path, status, latency,
+  tokens) on the `rgb.serve.access` logger; every `log_interval_s` a throughput line (requests/s, prompt and
+  generation tokens/s, as vLLM's "Avg prompt throughput"); `/v1/models` gives the server's start time as `created`.
 - At most `limits.max_concurrency` requests are worked on at once; up to `limits.max_queue` more wait their turn
   (first come, first served); beyond that a request gets 429 `rate_limit_exceeded` with Retry-After: 1.
 
@@ -72,6 +78,7 @@ from rgb.endpoints.cost import image_tokens, text_tokens
 from rgb.serve.batch import BatchRoutes, BatchStore
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("rgb.serve.access")
 # A body declared longer is refused (413) unread: a benchmark image is a few hundred KiB as a data URL.
 MAX_BODY_BYTES = 32 * 2**20
 IMAGE_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP"}
@@ -128,6 +135,61 @@ class ServerLog:
             return len(self.images)
 
 
+class Throughput:
+    """The completions answered (chat route and Batch lines alike) and their tokens since the last report."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock, self.lock = clock, threading.Lock()
+        self.since, self.requests, self.prompt_tokens, self.completion_tokens = clock(), 0, 0, 0
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self.lock:
+            self.requests += 1
+            self.prompt_tokens += prompt_tokens
+            self.completion_tokens += completion_tokens
+
+    def report(self, active: int, waiting: int) -> str | None:
+        """The rates since the last report, which starts a new interval; None when nothing was asked or is
+        waiting (an idle server logs nothing)."""
+        with self.lock:
+            now = self.clock()
+            seconds, counts = max(now - self.since, 1e-9), (self.requests, self.prompt_tokens, self.completion_tokens)
+            self.since, self.requests, self.prompt_tokens, self.completion_tokens = now, 0, 0, 0
+        if not counts[0] and not active and not waiting:
+            return None
+        return (f"throughput: {counts[0] / seconds:.2f} requests/s, prompt {counts[1] / seconds:.1f} tokens/s, "
+                f"generation {counts[2] / seconds:.1f} tokens/s, running {active}, waiting {waiting} "
+                f"(last {seconds:.1f} s)")
+
+
+class AccessLog:
+    """ASGI middleware: one line per HTTP request once its answer is sent (client, method, path, status, latency
+    and, for a completion, its tokens, which the route leaves in the scope's `rgb.usage`). /health polls are
+    logged at DEBUG only, so a probe every few seconds does not bury the requests."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status, usage = time.perf_counter(), [500], scope.setdefault("rgb.usage", {})
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            client = "%s:%s" % tuple(scope["client"]) if scope.get("client") else "-"
+            tokens = "".join(f" {key}={value}" for key, value in usage.items())
+            access_log.log(logging.DEBUG if scope["path"] == "/health" else logging.INFO,
+                           '%s "%s %s" %d %.1f ms%s', client, scope["method"], scope["path"], status[0],
+                           (time.perf_counter() - start) * 1000, tokens)
+
+
 class ServeError(UserError, ValueError):
     """A model or setting rgb-serve cannot serve (one line)."""
 
@@ -147,7 +209,15 @@ class ErrorReply(Exception):
         return JSONResponse({"error": error}, self.status, headers=self.headers)
 
 
-# The request's schema: only what rgb-serve reads is checked; any other field OpenAI knows is accepted and ignored.
+# The request's schema: only what rgb-serve reads is checked; a field asking for what a classifier cannot do
+# (UNSUPPORTED) is a 400, any other field OpenAI knows (penalties, stop, user, ...) is accepted and changes nothing.
+UNSUPPORTED = {
+    "tools": "calls no tools", "tool_choice": "calls no tools", "functions": "calls no functions",
+    "function_call": "calls no functions", "logit_bias": "answers with class names, not tokens",
+    "audio": "answers in text only", "prediction": "takes no predicted output",
+    "web_search_options": "searches nothing",
+}
+RESPONSE_FORMATS = ("text", "json_schema")
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -268,6 +338,16 @@ def parse_request(raw: bytes) -> ChatRequest:
         raise ErrorReply(400, f"Invalid '{param}': {first['msg']}", code, param) from None
     if request.top_logprobs is not None and not request.logprobs:
         raise ErrorReply(400, "top_logprobs needs logprobs=true", "invalid_value", "top_logprobs")
+    extra = request.model_extra or {}
+    for name, why in UNSUPPORTED.items():  # in this order: `tools` is named before the `tool_choice` it comes with
+        value = extra.get(name)
+        if value not in (None, [], {}) and not (name == "tool_choice" and value == "none"):
+            raise ErrorReply(400, f"Unsupported parameter: '{name}': rgb-serve serves a classifier, which {why}",
+                             "unsupported_parameter", name)
+    kind = (request.response_format or {}).get("type", "text")
+    if kind not in RESPONSE_FORMATS:
+        raise ErrorReply(400, f"Unsupported value: 'response_format.type' {kind!r}: rgb-serve answers 'text' or a "
+                              f"'json_schema' with an enum of class names", "unsupported_value", "response_format.type")
     return request
 
 
@@ -301,17 +381,19 @@ class ModelServer:
 
     def __init__(self, model, class_names: list[str], image_size: int, served_name: str, host: str = "127.0.0.1",
                  port: int = 0, faults: Faults | None = None, api_key: str | None = None, device: str = "cpu",
-                 limits: Limits | None = None, batch_dir: str | Path | None = None):
+                 limits: Limits | None = None, batch_dir: str | Path | None = None, log_interval_s: float = 10.0):
+        self.started = int(time.time())  # `created` of /v1/models
         self.model, self.class_names, self.image_size = model.to(device).eval(), class_names, image_size
         self.served_name, self.faults, self.api_key, self.device = served_name, faults or Faults(), api_key, device
         self.limits = limits or Limits()
         self.requests = ServerLog()
+        self.throughput, self.log_interval_s = Throughput(), log_interval_s  # 0: no throughput lines
         self.batches = BatchStore(batch_dir)  # the Files and Batches endpoints' files (None: a temp dir)
         self._model_lock = threading.Lock()
         self.socket = _listening_socket(host, port)
         self.server_address: tuple[str, int] = self.socket.getsockname()[:2]  # still known once it is closed
-        # log_config=None: the caller's logging stays as it is; no access log (one line per request)
-        config = uvicorn.Config(build_app(self), log_config=None, access_log=False, lifespan="off",
+        # log_config=None: the caller's logging stays as it is; uvicorn's access log is off (AccessLog's has tokens)
+        config = uvicorn.Config(AccessLog(build_app(self)), log_config=None, access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=5)
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
@@ -322,10 +404,20 @@ class ModelServer:
         return f"http://{host}:{port}/v1"
 
     def serve_forever(self) -> None:
+        if self.log_interval_s:
+            threading.Thread(target=self._report_throughput, name="rgb-serve-throughput", daemon=True).start()
         try:
             self._uvicorn.run(sockets=[self.socket])
         finally:
             self._stopped.set()
+
+    def _report_throughput(self) -> None:
+        while not self._stopped.wait(self.log_interval_s):
+            with self.requests.lock:
+                active, waiting = self.requests.active, self.requests.waiting
+            line = self.throughput.report(active, waiting)
+            if line:
+                log.info("%s", line)
 
     def shutdown(self) -> None:
         """Stop serve_forever (requests in flight get up to 5 s) and wait for it to return."""
@@ -348,7 +440,7 @@ class ModelServer:
 def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_name: str | None = None,
                 faults: Faults | None = None, api_key: str | None = None, device: str = "cpu",
                 image_size: int | None = None, limits: Limits | None = None,
-                batch_dir: str | Path | None = None) -> ModelServer:
+                batch_dir: str | Path | None = None, log_interval_s: float = 10.0) -> ModelServer:
     """A server for the model of a run dir (not started: call serve_forever, e.g. in a thread)."""
     check_port(port)  # before the model loads
     model, meta = load_with_meta(run)
@@ -359,7 +451,7 @@ def make_server(run: str | Path, host: str = "127.0.0.1", port: int = 0, served_
         raise ServeError(f"{run}/model.json names no image_size or class_names: pass image_size= (and export the "
                          f"model with its class names)")
     return ModelServer(model, list(meta["class_names"]), int(size), served_name or Path(run).name, host, port,
-                       faults, api_key, device, limits, batch_dir)
+                       faults, api_key, device, limits, batch_dir, log_interval_s)
 
 
 def _logprob_entry(name: str, logprob: float) -> dict:
@@ -457,8 +549,8 @@ async def _read_body(request: Request) -> bytes:
 
 
 def build_app(server: ModelServer) -> FastAPI:
-    """The OpenAI-shaped routes of `server`: /v1/models (and /v1/models/{id}), /v1/chat/completions, and the
-    Files and Batches endpoints (rgb.serve.batch)."""
+    """The OpenAI-shaped routes of `server`: /v1/models (and /v1/models/{id}), /v1/chat/completions, the Files
+    and Batches endpoints (rgb.serve.batch), and /health."""
     app = FastAPI(title="rgb-serve", docs_url=None, redoc_url=None, openapi_url=None)
     turns = asyncio.Semaphore(server.limits.max_concurrency)
 
@@ -482,7 +574,12 @@ def build_app(server: ModelServer) -> FastAPI:
             raise ErrorReply(401, "invalid API key", "invalid_api_key")
 
     def model_entry() -> dict:
-        return {"id": server.served_name, "object": "model", "created": 0, "owned_by": "rgb"}
+        return {"id": server.served_name, "object": "model", "created": server.started, "owned_by": "rgb"}
+
+    @app.get("/health")
+    async def health() -> dict:
+        """200 once the model is loaded, which it is before the server answers anything (no key needed)."""
+        return {"status": "ok", "model": server.served_name}
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
@@ -511,6 +608,8 @@ def build_app(server: ModelServer) -> FastAPI:
     async def chat_completions(request: Request):
         authorize(request)
         chat, completion = await complete_chat(await _read_body(request))
+        request.scope["rgb.usage"].update(
+            {key: completion["usage"][key] for key in ("prompt_tokens", "completion_tokens")})
         if chat.stream:
             include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
             return StreamingResponse(_chunks(completion, include_usage), media_type="text/event-stream")
@@ -562,6 +661,7 @@ async def _complete(server: ModelServer, chat: ChatRequest, prompt: Prompt) -> d
     logits = None if fault == "malformed" else await run_in_threadpool(server.logits, prompt.image)
     choices = _choices(server, chat, logits)
     completion_tokens = sum(text_tokens(choice["message"]["content"]) for choice in choices)
+    server.throughput.add(prompt.prompt_tokens, completion_tokens)
     return {
         "id": f"chatcmpl-{number}", "object": "chat.completion", "created": int(time.time()),
         "model": server.served_name, "system_fingerprint": f"rgb-{server.served_name}", "choices": choices,

@@ -71,6 +71,8 @@ def export_api_run(request: ApiRunRequest) -> None:
     except (TypeError, ValueError) as err:  # a key the settings do not know, a value that breaks its rule
         raise TrainingConfigError(f"model=api_chat: {err}") from None
     model = ApiClassifier(settings, client, datamodule.class_names, datamodule.dataset)
+    if request.model.get("check_endpoint", True):  # GET /models answers and lists api_model (false: offline)
+        model.endpoint.check_served()
     made = export_meta(datamodule, {}, loss=None, strategy="api", epochs=0, seed=request.seed, weights=None)
     run_dir = Path(request.run_dir)
     with locked(run_dir):

@@ -19,6 +19,7 @@ from rgb.core import configure_threads
 from rgb.core.machine import DeviceError
 from rgb.models import META_FILE, export_meta, export_model, parameter_counts, rebuild_like
 from rgb.training.config import TrainingConfigError, TrainingError
+from rgb.training.datamodule import RGBDataModule
 from rgb.training.module import RobustFinetuneModule
 from rgb.training.request import TrainRequest
 from rgb.training.robust_val import RobustValidation
@@ -210,6 +211,8 @@ def fit_and_export(
     if request.seed is not None:
         L.seed_everything(request.seed, workers=True)
     datamodule = request.data.build_fit()
+    if isinstance(datamodule, RGBDataModule):
+        datamodule.setup("fit")  # the data is read before the weights load: missing data is said first (cached)
     model = request.model.build()
     initialise_head(model, request.model, datamodule)
     module = RobustFinetuneModule(
