@@ -64,12 +64,12 @@ def test_factory_model_through_attack_and_evaluate_with_both_implementations(fac
 @pytest.mark.parametrize("script, args, message", [
     ("attack.py", [], "no model given: pass run="),
     ("evaluate.py", [], "nothing to evaluate"),
-    ("attack.py", ["run=/nonexistent/run"], "does not exist"),
+    ("attack.py", ["run=/nonexistent/run"], "run must be a run directory or exported .safetensors file that exists"),
     ("attack.py", ["run=RUN", "data=flowers102"], "trained on dataset 'digits' (data=mini) but the data config is "
                                                   "data=flowers102"),
-    ("attack.py", ["run=RUN", "norms=[l3]"], "norms must be distinct names"),
+    ("attack.py", ["run=RUN", "norms=[l3]"], "norms must be a non-empty list ([a,b,...]), each Linf, L2 or L1"),
     ("attack.py", ["run=RUN", "impl=other"], "impl must be one of"),
-    ("attack.py", ["run=RUN", "threads=0"], "threads must be a positive integer"),
+    ("attack.py", ["run=RUN", "threads=0"], "threads must be auto or an integer >= 1, got 0"),
 ])
 @pytest.mark.slow
 def test_user_errors_are_one_line(script, args, message, factory_run, mini_dir, tmp_path):
