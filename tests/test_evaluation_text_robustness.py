@@ -242,4 +242,6 @@ def test_the_command_line_prints_one_line(tiny_runs, mini_dir, tmp_path):
                             f"paths.output_dir={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)
     lines = [line for line in (shown.stdout + shown.stderr).splitlines() if line.strip()]
-    assert shown.returncode == 2 and len(lines) == 1 and "unknown perturbation type 'typo'" in lines[0], lines[-5:]
+    # refused by evaluate's config schema before any work (exit 1, as every config error), naming the allowed types
+    assert shown.returncode == 1 and len(lines) == 1, lines[-5:]
+    assert "text_robustness_options.types must be null or a non-empty list" in lines[0] and "got ['typo']" in lines[0]
