@@ -91,6 +91,16 @@ def test_pretraining_without_a_card_flag_counts_as_extra_data(tmp_path):
     assert entry["additional_data"] is True and "pretraining (pretrained augreg_in21k)" in entry["footnote"]
 
 
+def test_a_model_trained_from_scratch_is_no_extra_data(tmp_path):
+    """`pretrained: false` (the demo's CNN) is no pretraining: additional_data false (was true, footnote "pretrained
+    False")."""
+    scratch = replace(record("cnn", "caltech101", [0.9, 0.7, 0.3, 0.4, 0.2]),
+                      train=train_run(pretraining={"pretrained": False}))
+    write_leaderboard({Path("a"): scratch}, tmp_path, datasets=["caltech101"])
+    entry = json.loads((tmp_path / "model_info" / "caltech101" / "L1" / "cnn.json").read_text())
+    assert entry["additional_data"] is False and "pretrained False" not in entry.get("footnote", "")
+
+
 def test_partial_other_protocol_and_missing_norms_are_never_exported_as_card_entries(tmp_path):
     partial = record("skim", "caltech101", [0.9, 0.7, 0.3, 0.4, 0.2])
     settings = dict(partial.white_box.settings, autoattack_linf=Accuracy(5, 20, partial=True))

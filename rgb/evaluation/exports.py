@@ -57,7 +57,8 @@ def robustbench_entries(record: ScoresRecord) -> tuple[dict[str, dict], list[str
         return {}, ["no clean test accuracy"]
     status = record_sum(record, "white_box")
     card = record.train.card if record.train else {}
-    pretraining = record.train.pretraining if record.train else {}
+    # what the run started from, when it started from something (`pretrained: false` is a model trained from scratch)
+    pretraining = {k: v for k, v in (record.train.pretraining if record.train else {}).items() if v is not False}
     notes = [f"Not RobustGenBench's card protocol ({status.protocol_label()})."] if not status.card_protocol else []
     if "additional_data" not in card:
         notes.append(f"Extra data from its pretraining ({', '.join(f'{k} {v}' for k, v in pretraining.items())})."
