@@ -70,6 +70,6 @@ def test_console_scripts_of_a_non_editable_install(wheel, tmp_path):
         shown = subprocess.run([str(env_dir / "bin" / script), "--help"], cwd=away, env=env, capture_output=True,
                                text=True, timeout=120)
         assert shown.returncode == 0, shown.stderr[-1500:]
-        assert "== Configuration groups ==" in shown.stdout and "data:" in shown.stdout
+        assert "== Configuration groups (group=option) ==" in shown.stdout and "data:" in shown.stdout
     refused = subprocess.run([str(env_dir / "bin" / "rgb-attack")], cwd=away, env=env, capture_output=True, text=True)
     assert refused.returncode != 0 and refused.stderr.strip().count("\n") == 0 and "run=" in refused.stderr
