@@ -20,14 +20,15 @@ from rgb.core.errors import UserError
 
 REDACTED = "REDACTED"
 
-# Query parameters and header names that carry a key, a token or a signature (matched whole, case-insensitive).
-_SECRET_NAME = re.compile(r"(?i)^(.*[-_.])?(key|apikey|api[-_]key|token|access[-_]token|secret|password|passwd|pwd|"
-                          r"sig|signature|auth|authorization|credentials?|cookie|session)$")
+# The words that name a key, a token or a signature: one list for query parameters, headers and `name=value` texts.
+_SECRET_WORDS = (r"(?:key|apikey|api[-_]key|token|access[-_]token|secret|password|passwd|pwd|sig|signature|auth|"
+                 r"authorization|credentials?|cookie|session)")
+# Query parameters and header names that carry a secret (matched whole, case-insensitive).
+_SECRET_NAME = re.compile(rf"(?i)^(.*[-_.])?{_SECRET_WORDS}$")
 # A URL inside a text: scheme://... up to a space, a quote or a bracket.
 _URL_IN_TEXT = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
 # `name=value` of a secret name in a text that is not a URL (a query string written alone, a command line).
-_PAIR_IN_TEXT = re.compile(r"(?i)(?<![\w-])((?:[\w.-]*[-_.])?(?:key|apikey|api[-_]key|token|access[-_]token|secret|"
-                           r"password|sig|signature))=([^&\s'\"<>,;)\]}]+)")
+_PAIR_IN_TEXT = re.compile(rf"(?i)(?<![\w-])((?:[\w.-]*[-_.])?{_SECRET_WORDS})=([^&\s'\"<>,;)\]}}]+)")
 
 
 def secret_name(name: str) -> bool:
@@ -111,6 +112,9 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg, record.args = redact_text(record.getMessage()), ()
+        if record.exc_info:  # a traceback quotes the request's URL too: formatted here, redacted, kept as text
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
         return True
 
 
