@@ -22,7 +22,7 @@ from pathlib import Path
 from rgb.core.files import atomic_write_json, safe_name
 from rgb.core.threat import NORMS
 from rgb.data.protocol import budget_text
-from rgb.evaluation.records import CLEAN_SETTING, Accuracy, ScoresRecord, attack_setting
+from rgb.evaluation.records import CLEAN_SETTING, ScoresRecord, attack_setting, percent_text
 from rgb.evaluation.scores import OTHER_PROTOCOL, record_sum
 from rgb.zeroshot import ZEROSHOT
 
@@ -31,11 +31,6 @@ CLIP_BENCHMARK_DIR = "clip_benchmark"
 MANIFEST = "exports.json"
 ZEROSHOT_TASK = "zeroshot_classification"  # CLIP_benchmark's task name
 PROMPT_LANGUAGE = "en"  # the language of rgb's prompt templates (CLIP_benchmark's `language`)
-
-
-def percent(accuracy: Accuracy) -> str:
-    """An accuracy as RobustBench writes it: a string of the percentage with 2 decimals ("89.69")."""
-    return f"{100 * accuracy.value:.2f}"
 
 
 def export_refusal(record: ScoresRecord) -> str | None:
@@ -83,9 +78,9 @@ def robustbench_entries(record: ScoresRecord) -> tuple[dict[str, dict], list[str
             "venue": card.get("venue", "N/A"),
             "architecture": record.model.name or record.model.family or "",
             "eps": budget_text(norm, record.protocol.budgets[norm.key]),
-            "clean_acc": percent(settings[CLEAN_SETTING]),
-            "reported": percent(robust),  # no paper number in the card: the measured one
-            "autoattack_acc": percent(robust),
+            "clean_acc": percent_text(settings[CLEAN_SETTING].value),
+            "reported": percent_text(robust.value),  # no paper number in the card: the measured one
+            "autoattack_acc": percent_text(robust.value),
             "footnote": " ".join([*notes, evaluated]),
             "unreliable": False,
         }

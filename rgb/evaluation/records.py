@@ -69,6 +69,12 @@ def white_box_setting(name: str) -> str:
                           f"(any case)") from None
 
 
+def percent_text(value: float) -> str:
+    """An accuracy as RobustBench writes it: its percentage with 2 decimals ("89.69"); the site and the exports
+    show it so, the records keep the fraction."""
+    return f"{100 * value:.2f}"
+
+
 @dataclass(frozen=True)
 class Accuracy(JsonRecord):
     """An accuracy that carries its counts; `partial` only when the user asked for a score over part of a split."""

@@ -37,7 +37,8 @@ from rgb.evaluation.leaderboard import (
     LeaderboardRow,
     sum_heading,
 )
-from rgb.evaluation.records import ATTACK_SETTING_NORMS, CLEAN_SETTING, PROTOCOLS, SCORES_FILE, ScoresRecord
+from rgb.evaluation.records import (ATTACK_SETTING_NORMS, CLEAN_SETTING, PROTOCOLS, SCORES_FILE, ScoresRecord,
+                                    percent_text)
 from rgb.runs.store import TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR, train_reference
 
 TEMPLATES = Path(__file__).with_name("site_templates")
@@ -93,7 +94,7 @@ def setting_label(setting: str) -> str:
 
 def percent(value: float) -> str:
     """An accuracy as the site shows it: in %, 2 decimals (RobustBench's format)."""
-    return f"{100 * value:.2f}%"
+    return f"{percent_text(value)}%"
 
 
 def _text(value) -> str:
