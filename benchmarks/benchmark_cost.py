@@ -24,15 +24,14 @@ import torch
 from rgb.attacks import AutoAttack
 from rgb.attacks.options import AttackOptions
 from rgb.core.threat import Norm
-from rgb.runs.forecast import MEASURED_UTILISATION, evaluation_flops, measured_utilisation
+from rgb.runs.forecast import DEVICE_PEAKS, MEASURED_UTILISATION, evaluation_flops, measured_utilisation
 from rgb.runs.implementations import IMPLEMENTATIONS
 
 # The card's backbones (ViT-B/16 and ViT-H/14 CLIP image towers) and two common convnets, at the card's size.
 BACKBONES = ("vit_base_patch16_224", "vit_huge_patch14_224", "convnext_base", "resnet50")
 IMAGE_SIZE, N_DATASETS, N_IMAGES, N_CLASSES = 224, 6, 1000, 196
-# NVIDIA H200 SXM (same compute as H100 SXM): dense TFLOPS.
-PEAKS = {"fp32": 67e12, "tf32": 494.7e12}
 DEVICE, BATCH = "NVIDIA H200", 1024  # the forecast's: the measured batch nearest this (batch_size=auto's size)
+PEAKS = {p: DEVICE_PEAKS[DEVICE][p] for p in ("fp32", "tf32")}  # the bound's precisions
 ROBUST_SHARES = (0.0, 0.25, 0.5)
 
 

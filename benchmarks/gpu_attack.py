@@ -37,12 +37,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EPS = 4 / 255
 
-# Dense peak FLOP/s by device name and precision (vendor data sheets, SXM parts, without sparsity).
-PEAKS = {
-    "NVIDIA H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12},
-    "NVIDIA H100 80GB HBM3": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12},
-}
-
 GPU_PLAN = {
     "image_size": 224, "num_classes": 196, "device": "cuda",
     "models": {"resnet50": 1, "convnext_tiny": 1, "vit_base_patch16_224": 20},  # model: input contraction
@@ -117,12 +111,10 @@ def part_fixture(name: str, plan: dict) -> dict:
 def flops_per_row(model, plan: dict) -> float:
     """FLOPs of one image through forward and input-gradient backward (what one APGD step costs a row)."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
-    x = torch.rand(1, 3, plan["image_size"], plan["image_size"], device=plan["device"], requires_grad=True)
-    with FlopCounterMode(display=False) as counter:
-        model(x).float().sum().backward()  # the parameters are frozen: the input gradient only
-    return float(counter.get_total_flops())
+    from rgb.runs.forecast import evaluation_flops
+
+    return sum(evaluation_flops(model, torch.rand(1, 3, plan["image_size"], plan["image_size"], device=plan["device"])))
 
 
 def precision_context(precision: str, device: str):
@@ -142,6 +134,7 @@ def part_throughput(name: str, plan: dict) -> dict:
 
     from rgb.attacks import apgd
     from rgb.runs.batch_probe import largest_batch
+    from rgb.runs.forecast import DEVICE_PEAKS
 
     device, settings = plan["device"], plan["throughput"]
     model = build_fixture(name, plan["models"][name], plan)
@@ -163,13 +156,13 @@ def part_throughput(name: str, plan: dict) -> dict:
                 synchronize(device)
                 seconds = time.perf_counter() - began
             rows_per_s = result.backward_rows / seconds
-            peak = PEAKS.get(device_name, {}).get(precision)
+            peak = DEVICE_PEAKS.get(device_name, {}).get(precision)
             rows.append({"batch": batch, "precision": precision, "steps": settings["steps"], "seconds": seconds,
                          "rows_per_s": rows_per_s, "flop_per_s": rows_per_s * per_row,
                          "share_of_peak": rows_per_s * per_row / peak if peak else None})
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     return {"model": name, "device": device_name, "flop_per_row": per_row, "largest_batch_that_fits": fits,
-            "peak_source": "PEAKS (dense, data sheet)" if device_name in PEAKS else "unknown device: no share",
+            "peak_source": "DEVICE_PEAKS (dense, data sheet)" if device_name in DEVICE_PEAKS else "unknown device: no share",
             "rows": rows}
 
 

@@ -16,6 +16,13 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+# Dense peak FLOP/s by device name and precision (vendor data sheets, SXM parts, without sparsity): the bound and
+# the measured utilisation's denominator.
+DEVICE_PEAKS = {
+    "NVIDIA H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12},
+    "NVIDIA H100 80GB HBM3": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12},
+}
+
 # Committed by the first GPU session that ran benchmarks/gpu_check.sh (docs/performance.md)
 MEASURED_UTILISATION = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_check_h200.json"
 
