@@ -25,3 +25,22 @@ def test_a_logged_traceback_is_redacted_too():
         logger.exception("request failed")
     logger.removeHandler(handler)
     assert "hunter2" not in out.getvalue() and "api_key=REDACTED" in out.getvalue()
+
+
+def test_an_authorization_value_is_redacted_with_its_scheme_and_headers_under_a_dotted_key():
+    from rgb.core.secrets import redact
+
+    assert "sk-D" not in redact_text("model.headers.Authorization=Bearer sk-D")
+    shown = redact({"model.headers": {"Authorization": "Bearer sk-E", "X-Team": "vision"}})
+    assert shown == {"model.headers": {"Authorization": REDACTED, "X-Team": "vision"}}
+
+
+def test_a_bad_header_value_is_refused_without_the_secret_beside_it():
+    import pytest
+
+    from rgb.core.values import ConfigValueError
+    from rgb.endpoints.settings import ClientSettings
+
+    with pytest.raises(ConfigValueError) as refused:
+        ClientSettings(headers={"Authorization": "Bearer sk-SECRET1", "X-N": 3})
+    assert "sk-SECRET1" not in str(refused.value) and "headers" in str(refused.value)

@@ -27,7 +27,7 @@ from rgb.commands.resolvers import register_resolvers
 from rgb.core.configs import config_dir, data_config_for, data_configs
 from rgb.core.errors import UserError, one_line
 from rgb.core.files import unwritable
-from rgb.core.secrets import redact_text
+from rgb.core.secrets import redact
 from rgb.core.values import ConfigValueError
 
 log = logging.getLogger("rgb")
@@ -230,11 +230,11 @@ def _log_to_files(cfg: DictConfig) -> None:
             logger.handlers.clear()
             logger.propagate = True
     try:
-        composed = OmegaConf.to_yaml(cfg, resolve=True)
+        container = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation only the command itself can report (it will): the config as written
-        composed = OmegaConf.to_yaml(cfg)
-    record = logging.LogRecord(log.name, logging.INFO, __file__, 0, "composed config:\n%s", (redact_text(composed),),
-                               None)
+        container = OmegaConf.to_container(cfg)
+    composed = OmegaConf.to_yaml(OmegaConf.create(redact(container)))  # secrets redacted as data, headers too
+    record = logging.LogRecord(log.name, logging.INFO, __file__, 0, "composed config:\n%s", (composed,), None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

@@ -28,7 +28,9 @@ _SECRET_NAME = re.compile(rf"(?i)^(.*[-_.])?{_SECRET_WORDS}$")
 # A URL inside a text: scheme://... up to a space, a quote or a bracket.
 _URL_IN_TEXT = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
 # `name=value` of a secret name in a text that is not a URL (a query string written alone, a command line).
-_PAIR_IN_TEXT = re.compile(rf"(?i)(?<![\w-])((?:[\w.-]*[-_.])?{_SECRET_WORDS})=([^&\s'\"<>,;)\]}}]+)")
+# (an Authorization value's scheme, `Bearer sk-...`, is redacted with its token)
+_PAIR_IN_TEXT = re.compile(rf"(?i)(?<![\w-])((?:[\w.-]*[-_.])?{_SECRET_WORDS})=((?:(?:bearer|basic|token)\s+)?"
+                           rf"[^&\s'\"<>,;)\]}}]+)")
 
 
 def secret_name(name: str) -> bool:
@@ -78,10 +80,10 @@ def redact_text(text: str) -> str:
 
 def redact(value):
     """A record (dicts, lists, strings, numbers) with every secret in it redacted: URLs and pairs in strings, and
-    the values of secret-named keys of any `headers` mapping."""
+    the values of secret-named keys of any `headers` mapping (also under a dotted key: `model.headers`)."""
     if isinstance(value, dict):
-        return {k: redact_headers(redact(v)) if k == "headers" and isinstance(v, dict) else redact(v)
-                for k, v in value.items()}
+        return {k: redact_headers(redact(v)) if str(k).rpartition(".")[2] == "headers" and isinstance(v, dict)
+                else redact(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(redact(v) for v in value)
     if isinstance(value, str):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields
 
-from rgb.core.secrets import redact_headers, redact_text, redact_url, url_credentials_problem
+from rgb.core.secrets import redact, redact_headers, redact_text, redact_url, url_credentials_problem
 from rgb.core.values import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -63,9 +63,11 @@ CLIENT_RULES: dict[str, Rule] = {
 
 
 def _check(settings, rules: dict[str, Rule]) -> None:
-    found = problems({f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}, rules)
-    if found:
-        raise ConfigValueError("invalid value: " + redact_text("; ".join(found)))  # the values shown: no secret
+    values = {f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}
+    found = problems(values, rules)
+    if found:  # the values shown are the redacted ones (a header's key, a URL's token): no secret in the line
+        shown = problems(redact(values), rules) or [redact_text(problem) for problem in found]
+        raise ConfigValueError("invalid value: " + "; ".join(shown))
 
 
 @dataclass(frozen=True)
