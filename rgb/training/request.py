@@ -88,8 +88,29 @@ class LoggingSection:
 
 @dataclass(frozen=True)
 class TrainRequest:
-    """One training run: its sections, the run dir it owns and the identity bound to it (run.json: the resolved
-    config minus the keys that may change between starts, computed by the command)."""
+    """One training run, as `rgb.training.train` reads it: typed sections, never YAML key paths.
+
+    Built by `rgb.commands.train` from train.py's composed config (the schema has refused bad values first); a
+    Python caller may build one directly.
+
+    Args:
+        run_dir: the folder the run owns (model.safetensors, model.json, run.json, checkpoints), locked while it runs.
+        names: run_name and, for a sweep job, its sweep, as model.json records them (rgb.runs.store.run_name_for).
+        identity: what the weights depend on (the resolved config minus the keys that may change between starts),
+            computed by the command and checked against run.json before anything in run_dir changes.
+        seed: the seed set before the model is built; None leaves the generators as they are.
+        data: the benchmark data and its Lightning form (DataSection).
+        model: how the network is built and how its head starts (ModelSection).
+        loss: the training loss and its inner attack (LossSection).
+        strategy: which parameters train (full, linear probe, ...) or zeroshot for a head from prompts.
+        optim: AdamW's learning rates, weight decays and schedule (OptimSection).
+        trainer: Lightning's Trainer, its callbacks, precision, batch accumulation and resume (TrainerSection).
+        logging: loggers, the monitored metric and what they record (LoggingSection).
+
+    Raises:
+        Nothing when made; `rgb.training.train` raises TrainingError (a UserError) for a run dir whose run.json
+        names another identity and for settings a callback or the loss refuses.
+    """
 
     run_dir: Path
     names: dict  # run_name and, for a sweep job, its sweep: recorded in model.json (rgb.runs.store.run_name_for)
