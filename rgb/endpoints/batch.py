@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -95,15 +94,9 @@ class BatchRun:
     """One split's Batch round trip against the model's endpoint (SDK errors become one-line ApiErrors)."""
 
     def __init__(self, model: Requester, cache: AnswerCache, sleep=time.sleep):
-        import openai
-
         self.model, self.cache, self.sleep = model, cache, sleep
-        settings = model.client_settings
         self.state = BatchState(cache.path)
-        base_url, query, headers = model.endpoint.address()
-        self.sdk = openai.OpenAI(base_url=base_url, api_key=os.environ.get(settings.api_key_env) or "no-key",
-                                 default_headers=headers or None, default_query=query or None, max_retries=settings.max_retries,
-                                 timeout=settings.timeout_s)
+        self.sdk = model.endpoint.sdk(model.endpoint.api_key() or "no-key", model.client_settings.max_retries)
 
     def call(self, what: str, function, *args, **kwargs):
         import openai
@@ -112,7 +105,7 @@ class BatchRun:
             return function(*args, **kwargs)
         except openai.OpenAIError as err:
             raise self.model.endpoint.refused(f"Batch API, {what}: {type(err).__name__}: {err}",
-                                              os.environ.get(self.model.client_settings.api_key_env)) from None
+                                              self.model.endpoint.api_key()) from None
 
     def submit(self, keys: list[str], image_of: dict[str, bytes]) -> None:
         """Upload the requests of `keys` and create their batches, each step recorded in the state at once."""

@@ -286,14 +286,29 @@ class Endpoint:
             message = message.replace(key, "[key]")
         return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
 
+    def api_key(self) -> str | None:
+        """The key in the environment variable `api_key_env` names (None when unset or empty), read at each use and
+        never stored."""
+        return os.environ.get(self.client_settings.api_key_env) or None
+
     def address(self) -> tuple[str, dict, dict]:
         """(base URL, query parameters, headers) to send: a secret recorded as REDACTED (a key in a query parameter or a header,
         rgb.core.secrets) filled with the key from the environment; never stored."""
-        key = os.environ.get(self.client_settings.api_key_env) or None
+        key = self.api_key()
         try:
             return fill_secrets(self.base_url, self.client_settings.headers, key)
         except ValueError as err:
             raise self.refused(f"{err}: set {self.client_settings.api_key_env}", key) from None
+
+    def sdk(self, api_key: str, max_retries: int = 0, http_client=None):
+        """The `openai` SDK client of this endpoint (the one place one is built): its address (`address`: the
+        query and headers with their secrets filled) and the settings' timeout."""
+        import openai
+
+        base_url, query, headers = self.address()
+        return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries,
+                             timeout=self.client_settings.timeout_s, default_headers=headers, default_query=query,
+                             http_client=http_client)
 
     def session(self):
         """The SDK client of one `answer` call (a context manager), on an HTTP client of `max_concurrency`
@@ -301,11 +316,8 @@ class Endpoint:
         import httpx2  # the SDK's HTTP library
         import openai
 
-        base_url, query, headers = self.address()
         http = openai.DefaultHttpxClient(limits=httpx2.Limits(max_connections=self.client_settings.max_concurrency))
-        return openai.OpenAI(base_url=base_url, api_key="read-per-request", max_retries=0,
-                             timeout=self.client_settings.timeout_s, default_headers=headers, default_query=query,
-                             http_client=http)
+        return self.sdk("read-per-request", http_client=http)
 
     def check_served(self) -> None:
         """GET {base_url}/models, as train.py asks before it makes a run dir for this endpoint: an ApiError (one
@@ -313,7 +325,7 @@ class Endpoint:
         ids it serves (listed)."""
         import openai
 
-        key = os.environ.get(self.client_settings.api_key_env) or None
+        key = self.api_key()
         auth = {"Authorization": f"Bearer {key}" if key else openai.Omit()}
 
         def failed(what: str) -> ApiError:
@@ -366,7 +378,7 @@ class Endpoint:
 
     def ask(self, sdk, limiter: RateLimiter, body: dict, stats: RequestStats, lock) -> dict:
         """One answer, retried with exponential backoff and jitter (or the server's Retry-After)."""
-        key = os.environ.get(self.client_settings.api_key_env) or None
+        key = self.api_key()
         attempts, attempt = self.client_settings.max_retries + 1, 0
         while True:
             event = limiter.acquire()

@@ -41,6 +41,17 @@ from rgb.evaluation.records import (
 from rgb.evaluation.scores import BENCHMARK_DATASETS, OTHER_PROTOCOL, SumScore, borda_scores, sum_score
 
 
+# A pool's board as files (write_leaderboard, write_seed_spread), named here alone: W&B logs LEADERBOARD_FILES as
+# the board's artifact.
+LEADERBOARD_MD = "leaderboard.md"
+LEADERBOARD_CSV = "leaderboard.csv"
+LEADERBOARD_JSON = "leaderboard.json"
+LEADERBOARD_PNG = "leaderboard.png"
+SEEDS_MD = "seeds.md"
+SEEDS_JSON = "seeds.json"
+LEADERBOARD_FILES = (LEADERBOARD_MD, LEADERBOARD_CSV, LEADERBOARD_JSON, LEADERBOARD_PNG, SEEDS_MD, SEEDS_JSON)
+
+
 class LeaderboardError(UserError, ValueError):
     """A pool that cannot be ranked (no records, two records of one model on one dataset, a bad ranking key)."""
 
@@ -350,15 +361,15 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
                       datasets: Sequence[str] | None = None, rank_by: str = "borda") -> Leaderboard:
     board = build_leaderboard(pool, protocol, datasets, rank_by)
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_dir / "leaderboard.md", to_markdown(board).encode())
-    atomic_write_bytes(out_dir / "leaderboard.csv", to_csv(board).encode())
-    atomic_write_json(out_dir / "leaderboard.json", board.to_json())
+    atomic_write_bytes(out_dir / LEADERBOARD_MD, to_markdown(board).encode())
+    atomic_write_bytes(out_dir / LEADERBOARD_CSV, to_csv(board).encode())
+    atomic_write_json(out_dir / LEADERBOARD_JSON, board.to_json())
     for record in pool.values():
         info = model_info(record)
         (out_dir / MODEL_INFO_DIR / record.dataset).mkdir(parents=True, exist_ok=True)
         atomic_write_json(out_dir / MODEL_INFO_DIR / record.dataset / f"{info['name']}.json", info)
     write_exports(pool.values(), out_dir)
-    save(board_figure(board), out_dir / "leaderboard.png")
+    save(board_figure(board), out_dir / LEADERBOARD_PNG)
     return board
 
 
@@ -420,13 +431,13 @@ def write_seed_spread(spread: dict | None, out_dir: Path) -> None:
     a job is missing), those of an earlier pool are removed: they would describe models no longer ranked."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if spread:
-        atomic_write_bytes(out_dir / "seeds.md", seed_spread_markdown(spread).encode())
-        atomic_write_json(out_dir / "seeds.json", spread)
+        atomic_write_bytes(out_dir / SEEDS_MD, seed_spread_markdown(spread).encode())
+        atomic_write_json(out_dir / SEEDS_JSON, spread)
         return
-    for name in ("seeds.md", "seeds.json"):
+    for name in (SEEDS_MD, SEEDS_JSON):
         (out_dir / name).unlink(missing_ok=True)
 
 
-__all__ = ["OTHER_PROTOCOL", "Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard",
+__all__ = ["LEADERBOARD_FILES", "OTHER_PROTOCOL", "Leaderboard", "LeaderboardError", "LeaderboardRow", "RecordError", "build_leaderboard",
            "find_records", "seed_spread", "seed_spread_markdown", "sum_heading", "table_rows", "to_markdown",
            "write_leaderboard", "write_seed_spread"]

@@ -37,7 +37,7 @@ from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.endpoint_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
-                                    ModelIdentity, ProtocolScore, ScoresRecord, TrainRun)
+                                    ModelIdentity, ProtocolScore, ScoresRecord, TrainRun, attack_setting)
 from rgb.evaluation.request import EvalRequest
 from rgb.evaluation.scores import black_box_score
 from rgb.endpoints.cache import AnswerCache
@@ -298,15 +298,15 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
                                      len(test), clean["pred"])
         for norm in SCORED_NORMS:
             found = read_attack(norm, request, expected)
-            settings[f"autoattack_{norm}"] = found.summary.robust if found and found.standard else None
+            settings[attack_setting(norm)] = found.summary.robust if found and found.standard else None
             if found and found.standard:
-                attacks[norm], per_sample[f"autoattack_{norm}"] = found.summary, found.robust
+                attacks[norm], per_sample[attack_setting(norm)] = found.summary, found.robust
             elif found:
                 non_standard[norm] = found.summary
-                log.warning("autoattack_%s: %s holds a non-standard result (%s); shown beside, not in the score",
-                            norm, budget_dir(request.attack_dir, norm), found.summary.label())
+                log.warning("%s: %s holds a non-standard result (%s); shown beside, not in the score",
+                            attack_setting(norm), budget_dir(request.attack_dir, norm), found.summary.label())
     else:
-        settings.update({f"autoattack_{norm}": None for norm in SCORED_NORMS})
+        settings.update({attack_setting(norm): None for norm in SCORED_NORMS})
     transfer = request.transfer or predictor.white_box_na is not None
     own = [meta["run_name"]] if meta.get("run_name") else []
     black_box = _black_box(predictor, datamodule, request, settings, per_sample, own) if transfer else None
@@ -450,11 +450,12 @@ def format_table(record: ScoresRecord) -> str:
              f"{'setting':18s} {'accuracy':>9s} {'correct/total':>15s}"]
     for name, acc in record.white_box.settings.items():
         if acc is None:
-            lines.append(f"{name:18s} {na if na and name.startswith('autoattack_') else 'missing':>9s}")
+            lines.append(f"{name:18s} {na if na and name in ATTACK_SETTING_NORMS else 'missing':>9s}")
             continue
         mark = " PARTIAL" if acc.partial else ""
-        attack = record.attacks.get(name.removeprefix("autoattack_"))
-        label = attack.label() if attack and name.startswith("autoattack_") else ""
+        norm = ATTACK_SETTING_NORMS.get(name)
+        attack = record.attacks.get(norm.key) if norm else None
+        label = attack.label() if attack else ""
         mark += f" [{label}]" if label else ""
         lines.append(f"{name:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d}{mark}")
     if record.control is not None:
@@ -468,7 +469,7 @@ def format_table(record: ScoresRecord) -> str:
                      f"or Borda of card entries")
     for norm, attack in record.non_standard.items():
         acc = attack.robust
-        lines.append(f"{'autoattack_' + norm:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d} "
+        lines.append(f"{attack_setting(norm):18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d} "
                      f"[non-standard: {attack.label()}; not in the score]")
     if record.black_box is not None and record.api is not None:
         lines += _black_box_lines(record)

@@ -6,13 +6,12 @@ What it reports goes through `logging` (Hydra writes it to the console and to ev
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from rgb.core.files import replaced_whole
+from rgb.core.files import atomic_write_json, replaced_whole
 from rgb.core.machine import resolve_device
 from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.endpoint_eval import cache_path, request_budget
@@ -173,7 +172,7 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
         plan = request_plan(model, request.data(), request)
         path = cache_path(request.api_cache_dir, model).with_suffix(".dry_run.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(plan, indent=1) + "\n")
+        atomic_write_json(path, plan, indent=1)
         log.info("dry run of %s on %s: %d distinct requests to send (%d images: %d answered by the cache, %d "
                  "duplicates of other images), asking nothing; tokens estimated without a tokenizer (text: characters"
                  " / 4, image: OpenAI's tile rule; completion: its limit)%s\n%s\nwritten to %s", meta["run_name"],

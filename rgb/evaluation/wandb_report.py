@@ -16,7 +16,7 @@ import wandb
 
 from rgb.core.files import distinct_name, file_sha256, sha256_alias
 from rgb.evaluation.exports import MODEL_INFO_DIR
-from rgb.evaluation.leaderboard import Leaderboard, table_rows
+from rgb.evaluation.leaderboard import LEADERBOARD_FILES, Leaderboard, table_rows
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, ScoresRecord
 from rgb.evaluation.scores import record_sum
 from rgb.evaluation.site import SITE_DIR
@@ -62,8 +62,6 @@ def logged_scores(records: dict[Path, ScoresRecord]) -> list[str]:
     run that logged them), aliased by the file's hash: the very version read."""
     return [f"{scores_artifact(record)}:{sha256_alias(file_sha256(file))}" for file, record in records.items()
             if wandb_run_under(file.parent)]
-LEADERBOARD_FILES = ("leaderboard.md", "leaderboard.csv", "leaderboard.json", "leaderboard.png", "seeds.md",
-                     "seeds.json")
 
 
 def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: str = "evaluate",

@@ -75,6 +75,56 @@ class NormalizedClassifier(nn.Module):
         return self.backbone(self.normalize(x))
 
 
+class RecipeModelParts:
+    """A family's `num_classes`, `head` and `backbone` for the models rgb wraps (NormalizedClassifier,
+    rgb.models.openclip.OpenCLIPClassifier): each keeps its class count in `recipe`, its head as `classifier` and
+    every trainable parameter in `backbone` (normalisation outside). The timm and openclip families inherit them."""
+
+    def num_classes(self, model: nn.Module) -> int:
+        """The recipe's class count.
+
+        Args:
+            model: A `NormalizedClassifier` or an `OpenCLIPClassifier`.
+
+        Returns:
+            The number of logits.
+
+        Raises:
+            Nothing of its own.
+        """
+        return model.recipe["num_classes"]
+
+    def head(self, model: nn.Module) -> nn.Module:
+        """The model's `classifier`.
+
+        Args:
+            model: A `NormalizedClassifier` or an `OpenCLIPClassifier`.
+
+        Returns:
+            The head module.
+
+        Raises:
+            Nothing of its own.
+        """
+        return model.classifier
+
+    def backbone(self, model: nn.Module) -> nn.Module:
+        """The model's `backbone` (head included, normalisation outside).
+
+        The timm module of a `NormalizedClassifier`; the image tower and head of an `OpenCLIPClassifier`.
+
+        Args:
+            model: A `NormalizedClassifier` or an `OpenCLIPClassifier`.
+
+        Returns:
+            The module.
+
+        Raises:
+            Nothing of its own.
+        """
+        return model.backbone
+
+
 def check_model_name(name: str) -> None:
     """Unknown timm names (or pretrained tags) fail at once, naming the closest registered ones. `hf-hub:` and
     `local-dir:` names are timm's own loader's to check (their config names the architecture)."""

@@ -26,7 +26,8 @@ from torch import nn
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_json, corrupt_file_named
-from rgb.models.factory import ModelSpecError, Normalize, WeightsMismatchError, weights_must_fit
+from rgb.models.factory import (ModelSpecError, Normalize, RecipeModelParts, WeightsMismatchError,
+                                weights_must_fit)
 from rgb.models.hub import HF_HUB, LOCAL_DIR, hub_file, hub_files, source_record, split_revision, split_source
 
 INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear", "random": "bicubic"}
@@ -419,7 +420,7 @@ def _vision_tower(config: dict) -> nn.Module:
 
 
 @dataclass(frozen=True)
-class OpenCLIPFamily:
+class OpenCLIPFamily(RecipeModelParts):
     """The `openclip` family: a CLIP image tower with a linear head; its text tower builds heads from prompts.
     """
 
@@ -485,48 +486,6 @@ class OpenCLIPFamily:
             Nothing of its own.
         """
         return record.get("openclip_name")
-
-    def num_classes(self, model: OpenCLIPClassifier) -> int:
-        """The recipe's class count.
-
-        Args:
-            model: An `OpenCLIPClassifier`.
-
-        Returns:
-            The number of logits.
-
-        Raises:
-            Nothing of its own.
-        """
-        return model.recipe["num_classes"]
-
-    def head(self, model: OpenCLIPClassifier) -> nn.Module:
-        """The model's `classifier`.
-
-        Args:
-            model: An `OpenCLIPClassifier`.
-
-        Returns:
-            The head module.
-
-        Raises:
-            Nothing of its own.
-        """
-        return model.classifier
-
-    def backbone(self, model: OpenCLIPClassifier) -> nn.Module:
-        """The model's `backbone` (the image tower and head; normalisation outside).
-
-        Args:
-            model: An `OpenCLIPClassifier`.
-
-        Returns:
-            The module.
-
-        Raises:
-            Nothing of its own.
-        """
-        return model.backbone
 
 
 FAMILY = OpenCLIPFamily()

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from rgb.models.factory import NormalizedClassifier, create_model
+from rgb.models.factory import NormalizedClassifier, RecipeModelParts, create_model
 
 
 @dataclass(frozen=True)
-class TimmFamily:
+class TimmFamily(RecipeModelParts):
     """The `timm` family: a `NormalizedClassifier` rebuilt from its timm name, class count and timm kwargs.
 
     The family of a record without `family` (written before families existed).
@@ -80,48 +80,6 @@ class TimmFamily:
             Nothing of its own.
         """
         return record.get("timm_name")
-
-    def num_classes(self, model: NormalizedClassifier) -> int:
-        """The recipe's class count.
-
-        Args:
-            model: A timm model.
-
-        Returns:
-            The number of logits.
-
-        Raises:
-            Nothing of its own.
-        """
-        return model.recipe["num_classes"]
-
-    def head(self, model: NormalizedClassifier) -> nn.Module:
-        """The model's `classifier`.
-
-        Args:
-            model: A timm model.
-
-        Returns:
-            The head module.
-
-        Raises:
-            Nothing of its own.
-        """
-        return model.classifier
-
-    def backbone(self, model: NormalizedClassifier) -> nn.Module:
-        """The model's `backbone` (the timm module, head included; normalisation outside).
-
-        Args:
-            model: A timm model.
-
-        Returns:
-            The module.
-
-        Raises:
-            Nothing of its own.
-        """
-        return model.backbone
 
 
 FAMILY = TimmFamily()
