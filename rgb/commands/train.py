@@ -23,16 +23,7 @@ from rgb.models.card import model_card
 from rgb.training.endpoint_run import ApiRunRequest, export_api_run
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.datamodule import RGBDataModule
-from rgb.training.request import (
-    DataSection,
-    LoggingSection,
-    LossSection,
-    ModelSection,
-    OptimSection,
-    StrategySection,
-    TrainerSection,
-    TrainRequest,
-)
+from rgb.training import request as sections
 from rgb.training.run import train as train_request
 from rgb.zeroshot.head import PromptSettings
 
@@ -97,13 +88,13 @@ def lightning_data(data: DictConfig) -> L.LightningDataModule:
     return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
 
 
-def optim_section(optim: dict) -> OptimSection:
+def optim_section(optim: dict) -> sections.OptimSection:
     """The `optim` group as AdamW's settings; a key it does not know is named (it used to fail in the fit)."""
-    known = OptimSection.__dataclass_fields__
+    known = sections.OptimSection.__dataclass_fields__
     unknown = sorted(set(optim) - set(known))
     if unknown:
         raise TrainingConfigError(f"unknown optim key(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return OptimSection(**optim)
+    return sections.OptimSection(**optim)
 
 
 def card_of(cfg: DictConfig) -> dict:
@@ -112,36 +103,37 @@ def card_of(cfg: DictConfig) -> dict:
     return model_card(cfg.get("model_card"), OmegaConf.to_container(fields, resolve=True) if fields else None)
 
 
-def training_request(cfg: DictConfig) -> TrainRequest:
+def training_request(cfg: DictConfig) -> sections.TrainRequest:
     """The run of `cfg` as typed sections: resolved once (an interpolation that fails is named here, before
     anything starts) and validated; its identity is the resolved config minus the resumable keys."""
     config = OmegaConf.to_container(cfg, resolve=True)
     validate_config(config)
     run_dir = Path(config["run_dir"])
     loss = dict(config["loss"])
-    return TrainRequest(
+    return sections.TrainRequest(
         run_dir=run_dir, names=run_names(cfg), identity=training_identity(config), seed=config["seed"],
-        data=DataSection(batch_size=config["data"]["batch_size"], build=partial(hydra.utils.instantiate, cfg.data),
-                         build_fit=partial(lightning_data, cfg.data)),
-        model=ModelSection(
+        data=sections.DataSection(batch_size=config["data"]["batch_size"],
+                                  build=partial(hydra.utils.instantiate, cfg.data),
+                                  build_fit=partial(lightning_data, cfg.data)),
+        model=sections.ModelSection(
             build=partial(hydra.utils.instantiate, cfg.model),
             head_init=(config.get("head_init") or {}).get("name"),
             prompts=PromptSettings.from_config(config["prompts"]) if config.get("prompts") else None,
             channels_last=config["channels_last"], compile=config["compile"], card=card_of(cfg),
         ),
-        loss=LossSection(name=loss.pop("name"), attack=loss.pop("attack", None), options=loss),
-        strategy=StrategySection(name=config["strategy"]["name"]),
+        loss=sections.LossSection(name=loss.pop("name"), attack=loss.pop("attack", None), options=loss),
+        strategy=sections.StrategySection(name=config["strategy"]["name"]),
         optim=optim_section(config["optim"]),
-        trainer=TrainerSection(
+        trainer=sections.TrainerSection(
             build=partial(hydra.utils.instantiate, cfg.get("trainer")),
             callbacks=partial(instantiate_callbacks, cfg.get("callbacks")),
             precision=config["trainer"]["precision"], effective_batch_size=config["effective_batch_size"],
             ckpt_path=config["ckpt_path"], threads=config.get("threads", "auto"),
         ),
-        logging=LoggingSection(loggers=partial(build_loggers, cfg.get("logger"), run_dir),
-                               monitor=config["monitor"]["metric"], hyperparameters=config,
-                               log_weights=bool((config.get("wandb") or {}).get("log_weights")),
-                               hydra_record=hydra_record(cfg)),
+        logging=sections.LoggingSection(loggers=partial(build_loggers, cfg.get("logger"), run_dir),
+                                        monitor=config["monitor"]["metric"], hyperparameters=config,
+                                        log_weights=bool((config.get("wandb") or {}).get("log_weights")),
+                                        hydra_record=hydra_record(cfg)),
     )
 
 
