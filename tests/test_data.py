@@ -357,3 +357,11 @@ def test_every_name_rgb_data_advertises_imports():
     import rgb.data
 
     assert all(hasattr(rgb.data, name) for name in rgb.data.__all__)
+
+
+def test_mini_module_runs_without_runpy_warning():
+    """`python -m rgb.data.mini` (make demo's first step) imports the rgb.data package first: when the package
+    imported rgb.data.mini itself, runpy warned "found in sys.modules ... unpredictable behaviour"."""
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "rgb.data.mini", "--help"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "RuntimeWarning" not in done.stderr, done.stderr

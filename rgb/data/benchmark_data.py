@@ -16,8 +16,6 @@ from rgb.core.threat import ThreatModel, parse_norm
 from rgb.core.values import POSITIVE_INT, require
 from rgb.data.benchmark import ImageSplit, load_split
 from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, MINI, UnknownDatasetError
-from rgb.data.mini import IMAGE_SIZE as MINI_IMAGE_SIZE
-from rgb.data.mini import ensure_mini
 from rgb.data.resolvers import budgets as resolved_budgets
 
 
@@ -75,6 +73,9 @@ class BenchmarkData:
         protocol's budgets at that size (`budgets` replaces some), and the config's default source and attack
         batch size. tests/test_data.py holds it equal to the composed configs."""
         if dataset == MINI.name:
+            # Deferred, as below: `python -m rgb.data.mini` imports the rgb.data package before running the module.
+            from rgb.data.mini import IMAGE_SIZE as MINI_IMAGE_SIZE
+
             info, size, batch = MINI, MINI_IMAGE_SIZE, 50
             default_source = f"{os.environ.get('RGB_ROOT', '.')}/data/mini"  # as conf/paths spells it
         elif dataset in DATASETS:
@@ -93,6 +94,8 @@ class BenchmarkData:
         key = (split, surrogate)
         if key not in self._splits:
             if self.build_mini_if_missing and not Path(self.source).expanduser().exists():
+                from rgb.data.mini import ensure_mini
+
                 ensure_mini(Path(self.source))
             rows = load_split(self.source, self.dataset, split, surrogate=surrogate, cache_dir=self.cache_dir)
             self._splits[key] = ImageSplit(rows, self.image_size)
