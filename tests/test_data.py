@@ -284,7 +284,7 @@ def test_datamodule_loaders_cover_whole_splits_in_order(mini_dir):
     x, y, _ = next(iter(dm.train_dataloader()))
     assert x.shape == (100, 3, 32, 32) and 0 <= x.min() and x.max() <= 1
     wrong = RGBDataModule(source=str(mini_dir), dataset=DATASET, image_size=32, num_classes=7, budgets={})
-    with pytest.raises(ValueError, match="says 7 classes but digits .* has 10"):
+    with pytest.raises(ValueError, match="data.num_classes=7 but digits .* has 10 classes"):
         wrong.setup("fit")
 
 

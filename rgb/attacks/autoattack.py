@@ -226,7 +226,7 @@ class AutoAttack:
             **option_values: Fields of `AttackOptions`, replacing those of `options`.
 
         Raises:
-            ThreatError: `norm` names no norm.
+            ThreatModelError: `norm` names no norm.
             ValueError: `eps` is not a positive number.
             AttackOptionsError: An option in `**option_values` has a value AutoAttack cannot run.
             TypeError: A keyword that is not a field of `AttackOptions`.
@@ -266,8 +266,8 @@ class AutoAttack:
         Raises:
             AttackInputError: batch_size is not an integer >= 1, x is empty or not (N,C,H,W) in [0,1] without
                 NaN, or y is not (N,) integer labels within the model's logits.
-            ValueError: An attack of the cascade needs more classes than the model has, or the model refuses
-                `input_format="channels_last"` / `capture="trace"`.
+            ValueError: An attack of the cascade needs more classes than the model has.
+            AttackOptionsError: The model refuses `input_format="channels_last"` / `capture="trace"`.
             AttackError: The model's logits are not finite, or a returned adversarial image breaks the threat
                 model (budget, [0,1] box, NaN) or the cascade rule.
         """
@@ -340,8 +340,8 @@ class AutoAttack:
 
         Raises:
             AttackInputError: As `run` raises: bad x or y.
-            ValueError: Too few classes for an attack of the cascade, or a model that refuses the chosen input
-                format or capture.
+            ValueError: Too few classes for an attack of the cascade.
+            AttackOptionsError: The model refuses the chosen input format or capture.
             AttackError: The model's logits are not finite.
         """
         x, y = checked_inputs(x, y)
@@ -397,8 +397,8 @@ class AutoAttack:
             A state in which every image is robust and no rows are spent yet.
 
         Raises:
-            ValueError: An attack of the cascade needs more classes than the logits have, or the model refuses the
-                chosen input format or capture.
+            ValueError: An attack of the cascade needs more classes than the logits have.
+            AttackOptionsError: The model refuses the chosen input format or capture.
         """
         caught: list[str] = []
         if self.attack_model is None:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rgb.attacks.common import EvalCounter
-from rgb.attacks.options import AttackOptions
+from rgb.attacks.options import AttackOptions, AttackOptionsError
 
 
 def attack_model(model: nn.Module, x: torch.Tensor, clean_logits: torch.Tensor, options: AttackOptions,
@@ -42,11 +42,13 @@ def _formatted(model: nn.Module, probe: torch.Tensor, probe_logits: torch.Tensor
         agrees = torch.allclose(logits, probe_logits, rtol=1e-3, atol=1e-4)
     except RuntimeError as err:
         if input_format == "channels_last":
-            raise ValueError(f"input_format='channels_last': the model refuses NHWC inputs ({err})") from err
+            raise AttackOptionsError(f"input_format='channels_last': the model refuses NHWC inputs ({err}); use "
+                                     f"input_format='auto' or 'contiguous'") from err
         return model
     if not agrees:
         if input_format == "channels_last":
-            raise ValueError("input_format='channels_last': the model's logits change with the memory format")
+            raise AttackOptionsError("input_format='channels_last': the model's logits change with the memory format; "
+                                     "use input_format='auto' or 'contiguous'")
         return model
     return nhwc
 
@@ -82,7 +84,7 @@ def _captured(original: nn.Module, model: nn.Module, x: torch.Tensor, options: A
     elif problem is None:
         return traced, None
     if options.capture == "trace":
-        raise ValueError(f"capture='trace': {problem}")
+        raise AttackOptionsError(f"capture='trace': {problem}; use capture='auto' or 'eager' for this model")
     return model, blind
 
 

@@ -33,7 +33,9 @@ def _option(default, **metadata):
 
 
 class AttackOptionsError(UserError, ValueError):
-    """Options AutoAttack cannot run (one line naming the option, its rule and the value)."""
+    """Options AutoAttack cannot run, or cannot run on the model given (capture='trace' on a model a trace would
+    change, input_format='channels_last' on one that refuses NHWC): one line naming the option, its rule or the
+    model's problem, and the value."""
 
 
 @dataclass(frozen=True)

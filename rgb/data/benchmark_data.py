@@ -16,6 +16,7 @@ from rgb.core.threat import ThreatModel, parse_norm
 from rgb.core.values import POSITIVE_INT, require
 from rgb.data.benchmark import ImageSplit, load_split
 from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, MINI, UnknownDatasetError
+from rgb.data.errors import DataConfigError
 from rgb.data.resolvers import budgets as resolved_budgets
 
 
@@ -105,9 +106,8 @@ class BenchmarkData:
     def class_names(self) -> list[str]:
         names = self.split("test").class_names
         if len(names) != self.num_classes:
-            raise ValueError(
-                f"data config says {self.num_classes} classes but {self.dataset} in {self.source} has {len(names)}"
-            )
+            raise DataConfigError(f"data.num_classes={self.num_classes} but {self.dataset} in {self.source} has "
+                                  f"{len(names)} classes: set data.num_classes={len(names)}")
         return names
 
     def loader_workers(self) -> int:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from rgb.data.catalog import CORRUPTIONS
-from rgb.data.errors import BenchmarkError
+from rgb.data.errors import BenchmarkError, DataConfigError
 
 
 def apply_corruption(image: np.ndarray, name: str, severity: int, seed: int) -> np.ndarray:
     """Corrupt one uint8 HxWx3 image reproducibly: the library draws from NumPy's global RNG, so seed it here."""
     if name not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; available: {', '.join(CORRUPTIONS)}")
+        raise DataConfigError(f"unknown corruption {name!r}; available: {', '.join(CORRUPTIONS)}")
     # Imported here: an optional extra (OpenCV, scikit-image, numba) that only common splits and the severity
     # sweep use; every other command runs without it installed.
     try:
@@ -29,5 +29,6 @@ def corruption_of_row(index: int, n_rows: int) -> str:
     """The card's block rule: 11 contiguous blocks of floor(n/11) rows; the remainder wraps to the first."""
     block = n_rows // len(CORRUPTIONS)
     if block == 0:
-        raise ValueError(f"a common split needs at least {len(CORRUPTIONS)} test images, got {n_rows}")
+        raise DataConfigError(f"a common split needs at least {len(CORRUPTIONS)} test images (one block per "
+                              f"corruption), got {n_rows}: add test images")
     return CORRUPTIONS[(index // block) % len(CORRUPTIONS)]

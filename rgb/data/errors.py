@@ -20,6 +20,12 @@ class BenchmarkError(UserError, RuntimeError):
         super().__init__(one_line(_original_message(str(message))))
 
 
+class DataConfigError(BenchmarkError, ValueError):
+    """Data settings and the data they name that do not fit together (a class count the snapshot contradicts, an
+    unknown corruption, a test split too small for the common split, non-square images, a dataset of one's own
+    without its snapshot folder): one line naming the value and what is allowed."""
+
+
 def _original_message(message: str) -> str:
     """The message a DataLoader worker re-raised (the last line of its report), else `message` itself."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
@@ -28,4 +34,4 @@ def _original_message(message: str) -> str:
     return message
 
 
-__all__ = ["WORKER_PREFIX", "BenchmarkError"]
+__all__ = ["WORKER_PREFIX", "BenchmarkError", "DataConfigError"]

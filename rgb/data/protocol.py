@@ -16,6 +16,7 @@ from typing import ClassVar
 from rgb.core.jsonrecord import JsonRecord
 from rgb.core.threat import Norm, parse_norm
 from rgb.data.catalog import DATASETS, MINI
+from rgb.data.errors import DataConfigError
 from rgb.data.resolvers import budgets as card_budgets_at
 from rgb.data.snapshot import snapshot_shape
 
@@ -33,7 +34,8 @@ def card_image_size(dataset: str, source: str | None = None) -> int:
 
         return IMAGE_SIZE
     if source is None:
-        raise ValueError(f"dataset {dataset!r} is not the card's: its snapshot folder is needed to read its size")
+        raise DataConfigError(f"dataset {dataset!r} is none of the card's ({', '.join(DATASETS)}) nor {MINI.name!r}: "
+                              f"give its snapshot folder (source, data.source) to read its image size")
     return snapshot_shape(source, dataset)[1]
 
 

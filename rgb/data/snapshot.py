@@ -22,6 +22,7 @@ from tqdm import tqdm
 from rgb.core.files import atomic_output, atomic_write_bytes, replaced_whole
 from rgb.data.catalog import CORRUPTION_SEVERITY
 from rgb.data.corruptions import apply_corruption, corruption_of_row
+from rgb.data.errors import DataConfigError
 
 RANDOM_LINF = 30  # in 1/255 units, as the card's `random_linf_30`
 
@@ -92,7 +93,8 @@ def snapshot_shape(root: str | Path, dataset: str) -> tuple[int, int]:
     with Image.open(io.BytesIO(first["bytes"])) as image:
         width, height = image.size
     if width != height:
-        raise ValueError(f"{path}: images are {width}x{height}; the benchmark's are square")
+        raise DataConfigError(f"{path}: images are {width}x{height}, the benchmark's are square: write the snapshot "
+                              f"with python -m rgb.data.import_folder (it resizes them to --size x --size)")
     return len(features["label"].names), width
 
 

@@ -25,7 +25,8 @@ class WeightsMismatchError(UserError, ValueError):
 
 class ModelSpecError(UserError, ValueError):
     """A model the user named that cannot be made: an unknown timm or open_clip name or tag, a factory spec that
-    does not import or returns no model, weights that contradict the name."""
+    does not import or returns no model (or another than the one exported), weights that contradict the name, a
+    module of no family given to `export_model`."""
 
 
 class ModelLoadError(UserError, ValueError):

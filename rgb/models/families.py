@@ -15,7 +15,7 @@ from typing import Protocol
 from torch import nn
 
 from rgb.models import chat, openclip, timm_family, user_factory
-from rgb.models.factory import ModelLoadError
+from rgb.models.factory import ModelLoadError, ModelSpecError
 
 
 class ModelFamily(Protocol):
@@ -150,7 +150,7 @@ def family_of(model: nn.Module) -> ModelFamily:
     """The family that exports `model` (its `family` attribute; plain modules need `export_factory_model`)."""
     name = getattr(model, "family", None)
     if name is None:
-        raise ValueError(
+        raise ModelSpecError(
             f"{type(model).__name__} belongs to no model family: export it with "
             "rgb.models.export_factory_model(model, out_dir, factory='module:function', ...)"
         )

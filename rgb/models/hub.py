@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError, tensor_file_problem
+from rgb.core.values import ConfigValueError
 
 HF_HUB = "hf-hub"
 LOCAL_DIR = "local-dir"
@@ -35,7 +36,8 @@ def split_source(name: str) -> tuple[str | None, str]:
         if name.startswith(f"{source}:"):
             rest = name[len(source) + 1 :]
             if not rest:
-                raise ValueError(f"model name {name!r} names no repo or folder after '{source}:'")
+                raise ConfigValueError(f"model name {name!r} names no repo or folder after '{source}:': write "
+                                       f"{HF_HUB}:ORG/NAME[@REV] or {LOCAL_DIR}:PATH")
             return source, rest
     return None, name
 

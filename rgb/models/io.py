@@ -15,7 +15,7 @@ from torch import nn
 import rgb
 from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
-from rgb.models.factory import ModelLoadError
+from rgb.models.factory import ModelLoadError, ModelSpecError
 from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.models.user_factory import build_from_factory
@@ -107,7 +107,8 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
     rebuilt = build_from_factory(factory, kwargs)
     mine, theirs = model.state_dict(), rebuilt.state_dict()
     if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
-        raise ValueError(f"factory {factory!r} builds a module whose state_dict does not match the model's")
+        raise ModelSpecError(f"factory {factory!r} with kwargs {kwargs} builds a module whose state_dict does not "
+                             f"match the model's: give the factory and kwargs that build this model")
     return write_export(model, out_dir, {**(meta or {}), "family": FACTORY_FAMILY.name, "factory": factory,
                                          "kwargs": kwargs})
 

@@ -7,6 +7,7 @@ import math
 import torch
 
 from rgb.models import NormalizedClassifier, family_of
+from rgb.training.config import TrainingConfigError
 
 # Learning-rate schedules of `optim.scheduler` (None: constant, as in the paper).
 SCHEDULERS = (None, "cosine")
@@ -69,5 +70,6 @@ def build_optimizer(
 ) -> torch.optim.AdamW:
     groups = parameter_groups(model, backbone_lr, head_lr, backbone_weight_decay, head_weight_decay)
     if not groups:
-        raise ValueError("the model has no trainable parameters")
+        raise TrainingConfigError("the model has no trainable parameters (strategy=linear_probe with a loss that keeps "
+                                  "the head fixed freezes them all): use strategy=full_finetune")
     return torch.optim.AdamW(groups, betas=tuple(betas))

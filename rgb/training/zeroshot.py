@@ -76,7 +76,7 @@ def initialise_head(model, settings: ModelSection, datamodule) -> None:
     if settings.head_init is None:
         return
     if settings.head_init not in HEAD_INITS:
-        raise ValueError(f"unknown head_init {settings.head_init!r}; choose one of {', '.join(HEAD_INITS)}")
+        raise TrainingConfigError(f"unknown head_init {settings.head_init!r}; choose one of {', '.join(HEAD_INITS)}")
     HEAD_INITS[settings.head_init](model, settings.prompts, datamodule)
 
 
