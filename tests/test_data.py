@@ -359,6 +359,7 @@ def test_every_name_rgb_data_advertises_imports():
     assert all(hasattr(rgb.data, name) for name in rgb.data.__all__)
 
 
+@pytest.mark.slow
 def test_mini_module_runs_without_runpy_warning():
     """`python -m rgb.data.mini` (make demo's first step) imports the rgb.data package first: when the package
     imported rgb.data.mini itself, runpy warned "found in sys.modules ... unpredictable behaviour"."""
