@@ -7,10 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from rgb.core.threat import Norm
+
 REPO = Path(__file__).resolve().parents[1]
 RGB = REPO / "rgb"
 # A whole file from one call: the writes a JSON record must not be hand-made with.
 FILE_WRITES = {"write_text", "write_bytes", "atomic_write_bytes"}
+# Functions that own one per-norm rule (the norm's value, the budget's float tolerance, FAB's start noise): a branch
+# on the norm there is that rule's table.
+NORM_OWNERS = {"rgb/attacks/common.py::lp_norm", "rgb/attacks/autoattack.py::within_budget",
+               "rgb/attacks/fab.py::fab_random_start"}
 
 
 def rgb_tree(tmp_path: Path, module: str, source: str) -> Path:
@@ -164,6 +170,29 @@ def board_file_names_spelled_again(root: Path = RGB) -> list[str]:
             for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in LEADERBOARD_FILES]
 
 
+def norm_branches(root: Path = RGB) -> list[str]:
+    """'file:line' of every comparison with a norm's name ("Linf", "l2", Norm.L1, ...) in rgb/attacks outside the
+    per-norm owners: what a norm means to an attack is a per-norm class or table looked up once (apgd's `_BALLS`,
+    square's `_SQUARE_NORMS`, fab's `_PROJECTIONS`), not a branch in its loop."""
+    names = {norm.value.lower() for norm in Norm}
+    found = []
+    for name, tree in _modules(root):
+        if not name.startswith("rgb/attacks/"):
+            continue
+        owned = {id(n) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                 and f"{name}::{node.name}" in NORM_OWNERS for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare) or id(node) in owned:
+                continue
+            operands = [node.left, *node.comparators]
+            operands += [e for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set)) for e in o.elts]
+            if any(isinstance(o, ast.Constant) and isinstance(o.value, str) and o.value.lower() in names
+                   or isinstance(o, ast.Attribute) and ast.unparse(o) in {f"Norm.{n.name}" for n in Norm}
+                   for o in operands):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
 # Each check, and a small rgb/ tree it must flag: (check, module, source, what it reports).
 CHECKS = [
     (white_box_setting_spellings, "evaluation/board.py",
@@ -196,6 +225,10 @@ CHECKS = [
     (openai_clients, "endpoints/client.py",
      "import openai\ndef sdk():\n    return openai.OpenAI()\ndef other():\n    return OpenAI(), openai.AsyncOpenAI()\n",
      ["rgb/endpoints/client.py:5", "rgb/endpoints/client.py:5"]),
+    (norm_branches, "attacks/pgd.py",
+     'def step(norm):\n    if norm == "Linf":\n        return 1\n    return 2 if norm != Norm.L2 else {"L1": 3}["L1"]\n'
+     'def ok(norm):\n    return norm in ("l2", "L1") or norm.p == 2\n',
+     ["rgb/attacks/pgd.py:2", "rgb/attacks/pgd.py:4", "rgb/attacks/pgd.py:6"]),
 ]
 
 

@@ -20,7 +20,7 @@ from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, a
                                 unfinished)
 from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
 from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l2, project_linf
-from rgb.core.threat import parse_norm
+from rgb.core.threat import Norm, parse_norm
 
 LOSSES = ("ce", "dlr", "dlr-targeted")
 # Iterations between host syncs that drop fooled points (early_stop) and stop once all are fooled.
@@ -91,32 +91,189 @@ class _Objective:
         return logits.detach(), loss.detach(), grad if self.eot_iter == 1 else grad / self.eot_iter
 
 
-def _random_start(x: torch.Tensor, eps: torch.Tensor, norm: str, generator) -> torch.Tensor:
-    """Uniform-direction start on the Linf/L2 sphere (then clipped), or a projected Gaussian for L1 (spec §2.2)."""
-    if norm == "Linf":
+class _Ball:
+    """What one norm means to APGD: its random start, its projection onto the ball intersected with the [0, 1] box,
+    its ascent direction, and (in `steps`) the step rule and step-size schedule of its algorithm."""
+
+    first_step = 2.0  # the default first step size, in units of eps
+    eps_schedules: tuple[str, ...] = ()  # eps schedules other than None that this norm runs
+
+    def random_start(self, x: torch.Tensor, eps: torch.Tensor, generator) -> torch.Tensor:
+        raise NotImplementedError
+
+    def project(self, x: torch.Tensor, x_new: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def prepare(self, s: dict[str, torch.Tensor]) -> None:
+        """Add per-row tensors that make `project_rows` cheap (computed once per run, dropped with the rows)."""
+
+    def project_rows(self, s: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+        """`project` for the live rows of state `s` (may work in place on v, a fresh iterate)."""
+        return self.project(s["x"], v, s["eps"])
+
+    def ascent(self, s: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def steps(self, n_iter: int, first_step: float, momentum: float, rho: float) -> _Steps:
+        """A run's step rule: Linf and L2 share APGD's momentum steps and checkpoint schedule."""
+        return _MomentumSteps(self, n_iter, momentum, rho)
+
+
+class _LinfBall(_Ball):
+    """Linf: uniform-direction start on the sphere, the sign of the gradient, a clip onto a box computed once."""
+
+    def random_start(self, x, eps, generator):
         t = 2 * torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) - 1
         t = t / (as_column(t.flatten(1).abs().amax(dim=1), x) + 1e-12)
         return (x + per_sample(eps, x) * t).clamp(0.0, 1.0)
-    t = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-    if norm == "L2":
+
+    def project(self, x, x_new, eps):
+        return project_linf(x, x_new, eps)
+
+    def prepare(self, s):
+        s["lower"], s["upper"] = linf_box(s["x"], s["eps"])
+
+    def project_rows(self, s, v):
+        return v.clamp_(s["lower"], s["upper"])
+
+    def ascent(self, s):
+        return torch.sign(s["grad"])
+
+
+class _L2Ball(_Ball):
+    """L2: Gaussian-direction start on the sphere, the normalised gradient."""
+
+    def random_start(self, x, eps, generator):
+        t = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         t = t / (as_column(t.flatten(1).norm(dim=1), x) + 1e-12)
         return (x + per_sample(eps, x) * t).clamp(0.0, 1.0)
-    return x + project_l1_ball_box(x, t, eps)
 
-
-def _project(norm: str, x: torch.Tensor, x_new: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    if norm == "Linf":
-        return project_linf(x, x_new, eps)
-    if norm == "L2":
+    def project(self, x, x_new, eps):
         return project_l2(x, x_new, eps)
-    return x + project_l1_ball_box(x, x_new - x, eps)
+
+    def ascent(self, s):
+        return s["grad"] / (as_column(s["grad"].flatten(1).norm(dim=1), s["x"]) + 1e-12)
+
+
+class _L1Ball(_Ball):
+    """L1 (spec §3): a projected Gaussian start, a sparse ascent on the top-q share of the gradient's coordinates."""
+
+    first_step = 1.0
+    eps_schedules = ("largereps",)
+
+    def random_start(self, x, eps, generator):
+        t = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        return x + project_l1_ball_box(x, t, eps)
+
+    def project(self, x, x_new, eps):
+        return x + project_l1_ball_box(x, x_new - x, eps)
+
+    def ascent(self, s):
+        x, grad = s["x"], s["grad"]
+        n_features = x[0].numel()
+        magnitude = grad.abs().flatten(1)
+        # The entry at sorted position (1 - q) * n_features, ascending: the k-th largest.
+        position = ((1 - s["q"]) * n_features).long().clamp(0, n_features - 1)
+        threshold = kth_largest(magnitude, n_features - position)
+        direction = (torch.sign(grad.flatten(1)) * (magnitude >= threshold)).view_as(x)
+        return direction / (as_column(direction.flatten(1).abs().sum(dim=1), x) + 1e-10)
+
+    def steps(self, n_iter, first_step, momentum, rho):
+        return _SparseSteps(self, n_iter, first_step)
+
+
+class _Steps:
+    """One run's step rule and step-size schedule: `start` adds its state, `step` proposes the next iterate,
+    `adapt` updates the step sizes after iteration i."""
+
+    def start(self, s: dict[str, torch.Tensor], loss: torch.Tensor, sparse_from_init: bool) -> None:
+        raise NotImplementedError
+
+    def step(self, s: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def adapt(self, s: dict[str, torch.Tensor], i: int, loss: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+class _MomentumSteps(_Steps):
+    """Linf/L2 APGD (spec §2): momentum steps; the step size halves at the checkpoints where the loss oscillates
+    or stalls."""
+
+    def __init__(self, ball: _Ball, n_iter: int, momentum: float, rho: float):
+        self.ball, self.n_iter, self.momentum, self.rho = ball, n_iter, momentum, rho
+        checkpoints = checkpoint_schedule(n_iter)
+        self.lengths = dict(zip(checkpoints,
+                                [checkpoints[0] + 1] + [b - a for a, b in zip(checkpoints, checkpoints[1:])]))
+
+    def start(self, s, loss, sparse_from_init):
+        # Column m + 1 holds the loss after step m; column 0 stays 0 (the reference's first-checkpoint quirk).
+        s["loss_history"] = torch.zeros(s["x"].shape[0], self.n_iter + 1, dtype=loss.dtype, device=s["x"].device)
+        s["reduced_last"] = torch.ones_like(s["fooled"])
+        s["loss_best_last"] = loss.clone()
+
+    def step(self, s, i):
+        x_k, step_col = s["x_k"], per_sample(s["step"], s["x"])
+        z = self.ball.project_rows(s, torch.addcmul(x_k, step_col, self.ball.ascent(s)))
+        a = 1.0 if i == 0 else self.momentum
+        return self.ball.project_rows(s, torch.add(x_k, z - x_k, alpha=a).add_(x_k - s["x_prev"], alpha=1 - a))
+
+    def adapt(self, s, i, loss):
+        s["loss_history"][:, i + 1] = loss
+        if i in self.lengths:
+            k = self.lengths[i]
+            history = s["loss_history"]
+            increases = (history[:, i + 2 - k: i + 2] > history[:, i + 1 - k: i + 1]).sum(dim=1)
+            oscillating = increases <= self.rho * k
+            stalled = ~s["reduced_last"] & (s["loss_best_last"] >= s["loss_best"])
+            reduce = oscillating | stalled
+            s["reduced_last"], s["loss_best_last"] = reduce, s["loss_best"].clone()
+            s["step"] = torch.where(reduce, s["step"] / 2, s["step"])
+            _restart_from_best(s, reduce)
+
+
+class _SparseSteps(_Steps):
+    """L1 APGD (spec §3): plain projected steps; every few iterations the sparsity of the best iterate sets q and
+    the step size (reset where it fell, else divided by 1.5)."""
+
+    def __init__(self, ball: _Ball, n_iter: int, first_step: float):
+        self.ball, self.first_step = ball, first_step
+        self.checks = set(range(l1_check_period(n_iter) - 1, n_iter, l1_check_period(n_iter)))
+
+    def start(self, s, loss, sparse_from_init):
+        x, eps = s["x"], s["eps"]
+        n_features = x[0].numel()
+        if sparse_from_init:
+            s["sparsity_old"] = (s["x_k"] != x).flatten(1).sum(dim=1).to(x.dtype)
+            s["q"] = s["sparsity_old"] / (1.5 * n_features)
+        else:
+            s["sparsity_old"], s["q"] = torch.full_like(eps, n_features), torch.full_like(eps, 0.2)
+
+    def step(self, s, i):
+        return self.ball.project_rows(s, s["x_k"] + per_sample(s["step"], s["x"]) * self.ball.ascent(s))
+
+    def adapt(self, s, i, loss):
+        if i not in self.checks:
+            return
+        x, eps = s["x"], s["eps"]
+        sparsity = (s["x_best"] != x).flatten(1).sum(dim=1).to(x.dtype)
+        reset = sparsity < 0.95 * s["sparsity_old"]
+        s["q"] = sparsity / (1.5 * x[0].numel())
+        s["step"] = torch.where(reset, self.first_step * eps, s["step"] / 1.5).clamp(
+            min=self.first_step * eps / 10, max=self.first_step * eps)
+        s["sparsity_old"] = sparsity
+        _restart_from_best(s, reset)
+
+
+# The one place a norm name picks APGD's behaviour.
+_BALLS: dict[Norm, _Ball] = {Norm.LINF: _LinfBall(), Norm.L2: _L2Ball(), Norm.L1: _L1Ball()}
 
 
 def _run(
     objective: _Objective,
     state: dict[str, torch.Tensor],
     *,
-    norm: str,
+    ball: _Ball,
     n_iter: int,
     first_step: float,
     momentum: float,
@@ -136,7 +293,6 @@ def _run(
     Returns x_best, loss_best, fooled and x_adv for every input row."""
     s = dict(state)
     x, eps = s["x"], s["eps"]
-    n_rows, n_features = x.shape[0], x[0].numel()
     logits, loss, grad = objective.loss_and_grad(s["x_k"], s["y"], s.get("y_target"))
     if objective.loss != "ce" and bool((grad.flatten(1).abs().sum(dim=1) == 0).any()):
         warnings.warn("APGD: zero gradient at the initial point for some samples (DLR loss)", stacklevel=3)
@@ -146,53 +302,20 @@ def _run(
         fooled=s["pre_fooled"] | wrong, x_adv=torch.where(as_column(wrong & ~s["pre_fooled"], x), s["x_k"], x),
         step=first_step * eps,
     )
-    if norm == "L1":
-        if sparse_from_init:
-            s["sparsity_old"] = (s["x_k"] != x).flatten(1).sum(dim=1).to(x.dtype)
-            s["q"] = s["sparsity_old"] / (1.5 * n_features)
-        else:
-            s["sparsity_old"], s["q"] = torch.full_like(eps, n_features), torch.full_like(eps, 0.2)
-        checks = set(range(l1_check_period(n_iter) - 1, n_iter, l1_check_period(n_iter)))
-    else:
-        # Column m + 1 holds the loss after step m; column 0 stays 0 (the reference's first-checkpoint quirk).
-        s["loss_history"] = torch.zeros(n_rows, n_iter + 1, dtype=loss.dtype, device=x.device)
-        s["reduced_last"] = torch.ones_like(s["fooled"])
-        s["loss_best_last"] = loss.clone()
-        if norm == "Linf":
-            s["lower"], s["upper"] = linf_box(x, eps)
-        checkpoints = checkpoint_schedule(n_iter)
-        lengths = dict(zip(checkpoints, [checkpoints[0] + 1] + [b - a for a, b in zip(checkpoints, checkpoints[1:])]))
+    steps = ball.steps(n_iter, first_step, momentum, rho)
+    steps.start(s, loss, sparse_from_init)
+    ball.prepare(s)
     live = LiveRows(s, outputs=("x_best", "loss_best", "fooled", "x_adv"))
     s = live.state
-
-    def project(v: torch.Tensor) -> torch.Tensor:
-        """Linf/L2 projection of the live rows (in place for Linf, onto its box computed once)."""
-        return v.clamp_(s["lower"], s["upper"]) if norm == "Linf" else _project(norm, s["x"], v, s["eps"])
 
     for i in range(n_iter):
         if early_stop and i % COMPACT_EVERY == 0:
             if live.keep(unfinished(live["fooled"], live.state.get("group"))) == 0:
                 break
             s = live.state
-        x, eps = s["x"], s["eps"]
-        x_k, step_col = s["x_k"], per_sample(s["step"], s["x"])
-        if norm == "L1":
-            magnitude = s["grad"].abs().flatten(1)
-            # The entry at sorted position (1 - q) * n_features, ascending: the k-th largest.
-            position = ((1 - s["q"]) * n_features).long().clamp(0, n_features - 1)
-            threshold = kth_largest(magnitude, n_features - position)
-            direction = (torch.sign(s["grad"].flatten(1)) * (magnitude >= threshold)).view_as(x_k)
-            direction = direction / (as_column(direction.flatten(1).abs().sum(dim=1), x) + 1e-10)
-            x_new = _project(norm, x, x_k + step_col * direction, eps)
-        else:
-            if norm == "Linf":
-                ascent = torch.sign(s["grad"])
-            else:
-                ascent = s["grad"] / (as_column(s["grad"].flatten(1).norm(dim=1), x) + 1e-12)
-            z = project(torch.addcmul(x_k, step_col, ascent))
-            a = 1.0 if i == 0 else momentum
-            x_new = project(torch.add(x_k, z - x_k, alpha=a).add_(x_k - s["x_prev"], alpha=1 - a))
-        s["x_prev"] = x_k
+        x = s["x"]
+        x_new = steps.step(s, i)
+        s["x_prev"] = s["x_k"]
         logits, loss, grad = objective.loss_and_grad(x_new, s["y"], s.get("y_target"))
         s["x_k"], s["grad"] = x_new, grad
 
@@ -206,26 +329,7 @@ def _run(
         s["grad_best"] = torch.where(as_column(improved, x), grad, s["grad_best"])
         s["loss_best"] = torch.where(improved, loss, s["loss_best"])
 
-        if norm == "L1" and i in checks:
-            sparsity = (s["x_best"] != x).flatten(1).sum(dim=1).to(x.dtype)
-            reset = sparsity < 0.95 * s["sparsity_old"]
-            s["q"] = sparsity / (1.5 * n_features)
-            s["step"] = torch.where(reset, first_step * eps, s["step"] / 1.5).clamp(
-                min=first_step * eps / 10, max=first_step * eps)
-            s["sparsity_old"] = sparsity
-            _restart_from_best(s, reset)
-        elif norm != "L1":
-            s["loss_history"][:, i + 1] = loss
-            if i in lengths:
-                k = lengths[i]
-                history = s["loss_history"]
-                increases = (history[:, i + 2 - k: i + 2] > history[:, i + 1 - k: i + 1]).sum(dim=1)
-                oscillating = increases <= rho * k
-                stalled = ~s["reduced_last"] & (s["loss_best_last"] >= s["loss_best"])
-                reduce = oscillating | stalled
-                s["reduced_last"], s["loss_best_last"] = reduce, s["loss_best"].clone()
-                s["step"] = torch.where(reduce, s["step"] / 2, s["step"])
-                _restart_from_best(s, reduce)
+        steps.adapt(s, i, loss)
         if progress is not None:
             progress(done_before + i + 1, total)
         if trace is not None:
@@ -284,11 +388,12 @@ def apgd(
     The model's train/eval mode is left alone and parameter .grad is never touched.
     """
     norm = parse_norm(norm)
+    ball = _BALLS[norm]
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     if (loss == "dlr-targeted") != (y_target is not None):
         raise ValueError("y_target must be given exactly when loss='dlr-targeted'")
-    if eps_schedule not in (None, "largereps") or (eps_schedule == "largereps" and norm != "L1"):
+    if eps_schedule is not None and eps_schedule not in ball.eps_schedules:
         raise ValueError(f"eps_schedule must be None, or 'largereps' with norm L1, got {eps_schedule!r} ({norm})")
     if n_iter < 1 or n_restarts < 1:
         raise ValueError(f"n_iter and n_restarts must be >= 1, got {n_iter} and {n_restarts}")
@@ -301,7 +406,7 @@ def apgd(
     check_eps(eps)
     x = x.detach().float()
     eps = per_sample(eps, x).reshape(-1).clone()
-    first_step = first_step if first_step is not None else (1.0 if norm == "L1" else 2.0)
+    first_step = first_step if first_step is not None else ball.first_step
     generator = make_generator(generator, x.device)
     call_counter = EvalCounter(parent=counter)
     if eot_iter < 1:
@@ -318,7 +423,7 @@ def apgd(
     x_best, x_adv = x.clone(), x.clone()
     loss_best = torch.full((n,), -torch.inf, device=x.device)
     fooled = pre_fooled.clone()
-    settings = dict(norm=norm, first_step=first_step, momentum=momentum, rho=rho, trace=trace, progress=progress,
+    settings = dict(ball=ball, first_step=first_step, momentum=momentum, rho=rho, trace=trace, progress=progress,
                     total=n_restarts * n_iter)
     for restart in range(n_restarts):
         rows = torch.arange(n, device=x.device) if restart == 0 else (~fooled).nonzero().squeeze(1)
@@ -331,20 +436,17 @@ def apgd(
             state["group"] = groups[rows]
         done_before = restart * n_iter
         if eps_schedule == "largereps":
-            start = state["x"]
-            if random_start:
-                noise = torch.randn(start.shape, generator=generator, device=x.device)
-                start = start + project_l1_ball_box(start, noise, 3 * state["eps"])
+            start = ball.random_start(state["x"], 3 * state["eps"], generator) if random_start else state["x"]
             for stage, (multiplier, stage_iter) in enumerate(l1_eps_stages(n_iter)):
                 stage_eps = multiplier * state["eps"]
-                state_s = dict(state, eps=stage_eps, x_k=_project(norm, state["x"], start, stage_eps))
+                state_s = dict(state, eps=stage_eps, x_k=ball.project(state["x"], start, stage_eps))
                 last = stage == 2
                 run = _run(objective, state_s, n_iter=stage_iter, early_stop=early_stop and last,
                            sparse_from_init=True, stage=stage, done_before=done_before, **settings)
                 start = run["x_best"]
                 done_before += stage_iter
         else:
-            start = _random_start(state["x"], state["eps"], norm, generator) if random_start else state["x"]
+            start = ball.random_start(state["x"], state["eps"], generator) if random_start else state["x"]
             run = _run(objective, dict(state, x_k=start), n_iter=n_iter, early_stop=early_stop,
                        sparse_from_init=False, stage=0, done_before=done_before, **settings)
         newly = run["fooled"] & ~fooled[rows]

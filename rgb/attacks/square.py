@@ -17,7 +17,7 @@ from torch import nn
 
 from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
 from rgb.attacks.projections import linf_box, project_l1_ball_box
-from rgb.core.threat import parse_norm
+from rgb.core.threat import Norm, parse_norm
 
 # Iteration indices after which p halves (resc_schedule = False: the raw iteration index is used).
 _P_HALVING_AFTER = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
@@ -44,14 +44,7 @@ def square_p(i: int, p_init: float = 0.8) -> float:
 def square_window(p: float, h: int, w: int, norm: str) -> int:
     """Window side for fraction p on an h x w image: round(sqrt(p*h*w)), at least 1 (Linf) or odd and at
     least 3 (L2/L1), capped at min(h, w)."""
-    norm = parse_norm(norm)
-    side = round(math.sqrt(p * h * w))
-    if norm == "Linf":
-        side = max(side, 1)
-    else:
-        side = max(side, 3)
-        side += 1 - side % 2
-    return min(side, h, w)
+    return min(_SQUARE_NORMS[parse_norm(norm)].window_side(round(math.sqrt(p * h * w))), h, w)
 
 
 def _pyramid(rows: int, cols: int, power: int) -> torch.Tensor:
@@ -68,10 +61,10 @@ def _pyramid(rows: int, cols: int, power: int) -> torch.Tensor:
 def square_pattern(side: int, norm: str) -> torch.Tensor:
     """The (side, side) L2/L1 proposal: a pyramid on the top side//2 rows, its negative below, each half
     and the whole normalised to unit norm (weights 1/(r+1)^2 with L2, 1/(r+1)^4 with L1); float64, CPU."""
-    norm = parse_norm(norm)
-    if norm == "Linf":
+    weights = _SQUARE_NORMS[parse_norm(norm)].pattern_weights
+    if weights is None:
         raise ValueError("square_pattern is only defined for L2 and L1")
-    power, order = (2, 2) if norm == "L2" else (4, 1)
+    power, order = weights
 
     def unit(block: torch.Tensor) -> torch.Tensor:
         return block / torch.linalg.vector_norm(block, ord=order) if block.numel() else block
@@ -115,87 +108,182 @@ def _signs(uniform: torch.Tensor) -> torch.Tensor:
     return torch.where(uniform < 0.5, -1.0, 1.0)
 
 
-def _channel_mass(values: torch.Tensor, norm: str) -> torch.Tensor:
-    """Per (image, channel) sum of squares (L2) or of magnitudes (L1) over the spatial dims, shape (N, C, 1, 1):
-    additive over disjoint pixel sets."""
-    if norm == "L2":
-        return values.square().sum(dim=(-2, -1), keepdim=True)
-    return values.abs().sum(dim=(-2, -1), keepdim=True)
+class _SquareLinf:
+    """Square-Linf: vertical stripes to start; per query one window set to x -/+ eps with a sign per channel
+    (uniforms: the window's corner, then the channel signs)."""
 
+    pattern_weights = None  # (power, order) of the L2/L1 proposal pattern
+    windows_per_query = 1
+    smallest_image = 0  # side below which the start cannot be made
 
-def _channel_norms(values: torch.Tensor, norm: str) -> torch.Tensor:
-    """Per (image, channel) L2 or L1 norm over the spatial dims, shape (N, C, 1, 1)."""
-    mass = _channel_mass(values, norm)
-    return mass.sqrt() if norm == "L2" else mass
+    @staticmethod
+    def window_side(side: int) -> int:
+        return max(side, 1)
 
+    @staticmethod
+    def uniforms_per_query(n: int, c: int) -> int:
+        return 2 + c
 
-def _image_norms(values: torch.Tensor, norm: str) -> torch.Tensor:
-    """Per-image L2 or L1 norm, shape (N, 1, 1, 1)."""
-    if norm == "L2":
-        return _channel_norms(values, norm).square().sum(dim=1, keepdim=True).sqrt()
-    return _channel_norms(values, norm).sum(dim=1, keepdim=True)
-
-
-def _to_feasible(x: torch.Tensor, delta: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
-    """Candidate image from an L2/L1 perturbation direction: rescale onto the L2 sphere and clip (L2), or
-    project onto the L1 ball (radius eps * (1 - 1e-6)) intersected with the box (L1)."""
-    if norm == "L2":
-        return torch.addcmul(x, delta, eps / (_image_norms(delta, norm) + 1e-12)).clamp_(0.0, 1.0)
-    return (x + project_l1_ball_box(x, delta, eps * _L1_SHRINK)).clamp(0.0, 1.0)
-
-
-def _init(x: torch.Tensor, norm: str, eps: float, generator) -> torch.Tensor:
-    """Starting point. Linf: vertical stripes x + eps * sign(image, channel, column). L2/L1: blocks of side
-    min(h,w)//5 tiled from offset (h - 5*side)//2 (5x5 of them at 224x224; the reference's h//side per axis,
-    cut at the border, elsewhere), each a pattern with random orientation and a sign per (image, channel)."""
-    n, c, h, w = x.shape
-    if norm == "Linf":
+    def init(self, x: torch.Tensor, eps: float, generator) -> torch.Tensor:
+        """x + eps * sign(image, channel, column), clipped."""
+        n, c, h, w = x.shape
         stripes = _signs(torch.rand(n, c, 1, w, generator=generator, device=x.device))
         return (x + eps * stripes).clamp(0.0, 1.0)
-    side = min(h, w) // _INIT_GRID
-    n_rows, n_cols = h // side, w // side
-    pattern = square_pattern(side, norm).to(x)
-    transpose = torch.rand(n_rows * n_cols, generator=generator, device=x.device) < 0.5
-    blocks = torch.where(transpose[:, None, None], pattern.T, pattern)
-    signs = _signs(torch.rand(n, c, n_rows * n_cols, generator=generator, device=x.device))
-    tiles = (signs[..., None, None] * blocks).view(n, c, n_rows, n_cols, side, side)
-    grid = tiles.permute(0, 1, 2, 4, 3, 5).reshape(n, c, n_rows * side, n_cols * side)
-    top, left = (h - _INIT_GRID * side) // 2, (w - _INIT_GRID * side) // 2
-    rows, cols = min(grid.shape[2], h - top), min(grid.shape[3], w - left)
-    delta = torch.zeros_like(x)
-    delta[:, :, top:top + rows, left:left + cols] = grid[:, :, :rows, :cols]
-    return _to_feasible(x, delta, norm, eps)
+
+    def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
+        """The budget's box, computed once (rows leave with their box)."""
+        rows["lower"], rows["upper"] = linf_box(rows["x"], eps)
+
+    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+                eps: float) -> torch.Tensor:
+        """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip to
+        the budget's box [lower, upper])."""
+        x_best, window = state["best"], windows[0]
+        signs = _signs(uniform[2:]).view(x_best.shape[1], 1, 1)
+        candidate = x_best.clone()
+        candidate[window] = (x_best[window] + 2 * eps * signs).clamp_(state["lower"][window], state["upper"][window])
+        return candidate
 
 
-def _propose_linf(lower, upper, x_best, window, eps, signs):
-    """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip to
-    the budget's box [lower, upper])."""
-    candidate = x_best.clone()
-    candidate[window] = (x_best[window] + 2 * eps * signs).clamp_(lower[window], upper[window])
-    return candidate
+class _SquareLp:
+    """Square-L2/L1: a tiled pattern start; per query a new pattern in one window, the old content of both
+    (uniforms: two windows' corners, the pattern's orientation, then a sign per image and channel). A subclass
+    says how its norm measures and rescales (`mass`: additive over disjoint pixel sets)."""
+
+    windows_per_query = 2
+    smallest_image = _INIT_GRID
+
+    def __init__(self):
+        self.patterns = {}  # side -> pattern on the images' device, made once per run
+
+    @staticmethod
+    def window_side(side: int) -> int:
+        side = max(side, 3)
+        return side + 1 - side % 2
+
+    @staticmethod
+    def uniforms_per_query(n: int, c: int) -> int:
+        return 5 + n * c
+
+    def mass(self, values: torch.Tensor) -> torch.Tensor:
+        """Per (image, channel) mass over the spatial dims, shape (N, C, 1, 1)."""
+        raise NotImplementedError
+
+    def norm_of_mass(self, mass: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def image_norms(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-image norm, shape (N, 1, 1, 1)."""
+        raise NotImplementedError
+
+    def window_norm(self, eps: float, image_norm: torch.Tensor, windows_mass: torch.Tensor, c: int) -> torch.Tensor:
+        """The per-channel norm the new window content is scaled to: the windows' mass plus a share of the budget
+        the image leaves unused."""
+        raise NotImplementedError
+
+    def to_feasible(self, x: torch.Tensor, delta: torch.Tensor, eps: float) -> torch.Tensor:
+        """Candidate image from a perturbation direction."""
+        raise NotImplementedError
+
+    def channel_norms(self, values: torch.Tensor) -> torch.Tensor:
+        """Per (image, channel) norm over the spatial dims, shape (N, C, 1, 1)."""
+        return self.norm_of_mass(self.mass(values))
+
+    def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
+        """Nothing to precompute."""
+
+    def init(self, x: torch.Tensor, eps: float, generator) -> torch.Tensor:
+        """Blocks of side min(h,w)//5 tiled from offset (h - 5*side)//2 (5x5 of them at 224x224; the reference's
+        h//side per axis, cut at the border, elsewhere), each a pattern with random orientation and a sign per
+        (image, channel)."""
+        n, c, h, w = x.shape
+        side = min(h, w) // _INIT_GRID
+        n_rows, n_cols = h // side, w // side
+        pattern = square_pattern(side, self.norm).to(x)
+        transpose = torch.rand(n_rows * n_cols, generator=generator, device=x.device) < 0.5
+        blocks = torch.where(transpose[:, None, None], pattern.T, pattern)
+        signs = _signs(torch.rand(n, c, n_rows * n_cols, generator=generator, device=x.device))
+        tiles = (signs[..., None, None] * blocks).view(n, c, n_rows, n_cols, side, side)
+        grid = tiles.permute(0, 1, 2, 4, 3, 5).reshape(n, c, n_rows * side, n_cols * side)
+        top, left = (h - _INIT_GRID * side) // 2, (w - _INIT_GRID * side) // 2
+        rows, cols = min(grid.shape[2], h - top), min(grid.shape[3], w - left)
+        delta = torch.zeros_like(x)
+        delta[:, :, top:top + rows, left:left + cols] = grid[:, :, :rows, :cols]
+        return self.to_feasible(x, delta, eps)
+
+    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+                eps: float) -> torch.Tensor:
+        """Spec §5 L2/L1 step: new pattern plus the old window content on W1 with the mass of W1 and W2, W2
+        zeroed."""
+        x = state["x"]
+        c = x.shape[1]
+        signs = _signs(uniform[5:].view(-1, c))[state.positions]
+        if side not in self.patterns:
+            self.patterns[side] = square_pattern(side, self.norm).to(x)
+        pattern = torch.where(uniform[4] < 0.5, self.patterns[side].T, self.patterns[side])  # random orientation
+        first, second = windows
+        delta = state["best"] - x
+        in_first = delta[first]
+        first_mass = self.mass(in_first)
+        overlap = _overlap(first, second)
+        windows_mass = first_mass + self.mass(delta[second])
+        if overlap is not None:  # the union's mass: the overlap counts once
+            windows_mass = (windows_mass - self.mass(delta[overlap])).clamp_min_(0.0)
+        image_norm = self.image_norms(delta)
+        proposal = pattern * signs[:, :, None, None] + in_first / (self.norm_of_mass(first_mass) + 1e-12)
+        target = self.window_norm(eps, image_norm, windows_mass, c)
+        delta[second] = 0.0
+        delta[first] = proposal / (self.channel_norms(proposal) + 1e-12) * target
+        return self.to_feasible(x, delta, eps)
 
 
-def _propose_lp(x, x_best, windows, eps, norm, signs, pattern):
-    """Spec §5 L2/L1 step: new pattern plus the old window content on W1 with the mass of W1 and W2, W2 zeroed."""
-    c = x.shape[1]
-    first, second = windows
-    delta = x_best - x
-    in_first = delta[first]
-    first_mass = _channel_mass(in_first, norm)
-    overlap = _overlap(first, second)
-    windows_mass = first_mass + _channel_mass(delta[second], norm)
-    if overlap is not None:  # the union's mass: the overlap counts once
-        windows_mass = (windows_mass - _channel_mass(delta[overlap], norm)).clamp_min_(0.0)
-    image_norm = _image_norms(delta, norm)
-    first_norm = first_mass.sqrt() if norm == "L2" else first_mass
-    proposal = pattern * signs[:, :, None, None] + in_first / (first_norm + 1e-12)
-    if norm == "L2":
-        mass = ((eps**2 - image_norm.square()).clamp_min(0.0) / c + windows_mass).sqrt()
-    else:
-        mass = c * ((eps - image_norm).clamp_min(0.0) / c + windows_mass)
-    delta[second] = 0.0
-    delta[first] = proposal / (_channel_norms(proposal, norm) + 1e-12) * mass
-    return _to_feasible(x, delta, norm, eps)
+class _SquareL2(_SquareLp):
+    """Square-L2: sums of squares; candidates rescaled onto the L2 sphere, then clipped."""
+
+    norm = Norm.L2
+    pattern_weights = (2, 2)
+
+    def mass(self, values):
+        return values.square().sum(dim=(-2, -1), keepdim=True)
+
+    def norm_of_mass(self, mass):
+        return mass.sqrt()
+
+    def image_norms(self, values):
+        return self.channel_norms(values).square().sum(dim=1, keepdim=True).sqrt()
+
+    def window_norm(self, eps, image_norm, windows_mass, c):
+        return ((eps**2 - image_norm.square()).clamp_min(0.0) / c + windows_mass).sqrt()
+
+    def to_feasible(self, x, delta, eps):
+        return torch.addcmul(x, delta, eps / (self.image_norms(delta) + 1e-12)).clamp_(0.0, 1.0)
+
+
+class _SquareL1(_SquareLp):
+    """Square-L1: sums of magnitudes; candidates projected onto the L1 ball (radius eps * (1 - 1e-6)) intersected
+    with the box."""
+
+    norm = Norm.L1
+    pattern_weights = (4, 1)
+
+    def mass(self, values):
+        return values.abs().sum(dim=(-2, -1), keepdim=True)
+
+    def norm_of_mass(self, mass):
+        return mass
+
+    def image_norms(self, values):
+        return self.channel_norms(values).sum(dim=1, keepdim=True)
+
+    def window_norm(self, eps, image_norm, windows_mass, c):
+        return c * ((eps - image_norm).clamp_min(0.0) / c + windows_mass)
+
+    def to_feasible(self, x, delta, eps):
+        return (x + project_l1_ball_box(x, delta, eps * _L1_SHRINK)).clamp(0.0, 1.0)
+
+
+# The one place a norm name picks Square's behaviour (a class: a run's instance keeps its pattern cache).
+_SQUARE_NORMS: dict[Norm, type] = {Norm.LINF: _SquareLinf, Norm.L2: _SquareL2, Norm.L1: _SquareL1}
 
 
 def square(
@@ -223,6 +311,7 @@ def square(
     `progress` hears (queries done, n_queries) after every query.
     """
     norm = parse_norm(norm)
+    geometry = _SQUARE_NORMS[norm]()
     check_eps(eps)
     if x.dim() != 4:
         raise ValueError(f"square expects images of shape (N, C, H, W), got {tuple(x.shape)}")
@@ -231,7 +320,7 @@ def square(
     if n_queries < 0 or not 0 < p_init <= 1:
         raise ValueError(f"need n_queries >= 0 and 0 < p_init <= 1, got {n_queries} and {p_init}")
     n, c, h, w = x.shape
-    if norm != "Linf" and min(h, w) < _INIT_GRID:
+    if min(h, w) < geometry.smallest_image:
         raise ValueError(f"Square-{norm} needs images of at least {_INIT_GRID}x{_INIT_GRID}, got {h}x{w}")
     if isinstance(generator, torch.Generator) and generator.device.type != x.device.type:
         raise ValueError(f"the generator is on {generator.device.type}, the images on {x.device.type}")
@@ -239,36 +328,24 @@ def square(
     generator = make_generator(generator, x.device)
     x = x.detach()
 
-    x_best = _init(x, norm, eps, generator)
+    x_best = geometry.init(x, eps, generator)
     margin, predicted = _margin(model, x_best, y)
     counter.forward(n)
     queries = torch.ones(n, dtype=torch.long, device=x.device)
     rows = {"x": x, "y": y, "best": x_best, "margin": margin, "predicted": predicted, "queries": queries}
-    if norm == "Linf":
-        rows["lower"], rows["upper"] = linf_box(x, eps)
+    geometry.prepare(rows, eps)
     state = LiveRows(rows, outputs=("best", "predicted", "queries"))
-    patterns = {}
     # Every query's random numbers are drawn before the loop: a whole draw gives the numbers of one draw per
     # query on the CPU (on other devices other numbers, as another batch would), and the window corners are read
     # on the host once (see _windows).
     sides = [square_window(square_p(iteration, p_init), h, w, norm) for iteration in range(n_queries)]
-    per_query = 2 + c if norm == "Linf" else 5 + n * c
-    uniforms = torch.rand(n_queries, per_query, generator=generator, device=x.device)
-    windows = _windows(uniforms, sides, h, w, 1 if norm == "Linf" else 2)
+    uniforms = torch.rand(n_queries, geometry.uniforms_per_query(n, c), generator=generator, device=x.device)
+    windows = _windows(uniforms, sides, h, w, geometry.windows_per_query)
     for iteration in range(n_queries):
         if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["margin"] > 0) == 0:
             break
 
-        side, uniform = sides[iteration], uniforms[iteration]
-        if norm == "Linf":
-            candidate = _propose_linf(state["lower"], state["upper"], state["best"], windows[iteration][0], eps,
-                                      _signs(uniform[2:]).view(c, 1, 1))
-        else:
-            signs = _signs(uniform[5:].view(n, c))[state.positions]
-            if side not in patterns:
-                patterns[side] = square_pattern(side, norm).to(x)
-            pattern = torch.where(uniform[4] < 0.5, patterns[side].T, patterns[side])  # random orientation
-            candidate = _propose_lp(state["x"], state["best"], windows[iteration], eps, norm, signs, pattern)
+        candidate = geometry.propose(state, uniforms[iteration], windows[iteration], sides[iteration], eps)
 
         candidate_margin, candidate_predicted = _margin(model, candidate, state["y"])
         counter.forward(len(state))
