@@ -1,16 +1,22 @@
 """One owner per concept, read from the source: where a second spelling of a name, a format or a primitive could
-creep back in unnoticed, a check here finds it (an AST walk over rgb/), and a check of the check shows it would.
+creep back in unnoticed, a check here finds it (an AST walk over rgb/; for a default that conf/ shows too, a read
+of the YAML against the code's), and a check of the check shows it would.
 """
 
 import ast
+import dataclasses
+import importlib
+import inspect
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rgb.core.threat import Norm
 
 REPO = Path(__file__).resolve().parents[1]
 RGB = REPO / "rgb"
+CONF = REPO / "conf"
 # A whole file from one call: the writes a JSON record must not be hand-made with.
 FILE_WRITES = {"write_text", "write_bytes", "atomic_write_bytes"}
 # Functions that own one per-norm rule (the norm's value, the budget's float tolerance, FAB's start noise): a branch
@@ -193,6 +199,78 @@ def norm_branches(root: Path = RGB) -> list[str]:
     return found
 
 
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def owned_names_spelled_again(root: Path = RGB) -> list[str]:
+    """'file:line' of a name with one owner written as a literal outside it: a run directory's or an export's record
+    file (run.json, model.json, summary.json, scores.json, ...), open_clip's checkpoint files, the validation
+    metrics training logs and its monitors read, the card's control split. Flagged: a string that is the name, or a
+    path or glob ending in it ("*/summary.json"); prose that mentions the file passes."""
+    from rgb.core.rundir import MANIFEST as RUN_MANIFEST
+    from rgb.data.catalog import CONTROL_SPLIT
+    from rgb.data.layout import README
+    from rgb.evaluation.exports import MANIFEST as EXPORTS_MANIFEST
+    from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE
+    from rgb.models.io import META_FILE, WEIGHTS_FILE
+    from rgb.models.openclip import CHECKPOINT_FILE, CONFIG_FILE
+    from rgb.runs.store import BATCH_SIZE_FILE, COST_ESTIMATE_FILE, POOLED_PLAN, RESULTS_FILE, SUMMARY_FILE
+    from rgb.training.module import VAL_ACC, VAL_LOSS
+
+    owners = {RUN_MANIFEST: "rgb/core/rundir.py", META_FILE: "rgb/models/io.py", WEIGHTS_FILE: "rgb/models/io.py",
+              **dict.fromkeys((RESULTS_FILE, SUMMARY_FILE, BATCH_SIZE_FILE, COST_ESTIMATE_FILE, POOLED_PLAN),
+                              "rgb/runs/store.py"),
+              SCORES_FILE: "rgb/evaluation/records.py", PARTIAL_SCORES_FILE: "rgb/evaluation/records.py",
+              EXPORTS_MANIFEST: "rgb/evaluation/exports.py", CONFIG_FILE: "rgb/models/openclip.py",
+              CHECKPOINT_FILE: "rgb/models/openclip.py", VAL_ACC: "rgb/training/module.py",
+              VAL_LOSS: "rgb/training/module.py", CONTROL_SPLIT: "rgb/data/catalog.py", README: "rgb/data/layout.py"}
+    # The same spelling naming another format's file: timm's hub repos hold a model.safetensors of their own.
+    other_formats = {("rgb/models/factory.py", WEIGHTS_FILE)}
+    found = []
+    for name, tree in _modules(root):
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                found += [f"{name}:{node.lineno}" for owned, owner in owners.items()
+                          if owner != name and (name, owned) not in other_formats
+                          and (node.value == owned or node.value.endswith("/" + owned))]
+    return found
+
+
+def _constant_value(node: ast.expr):
+    """The value of a module constant worth one owner (a literal collection of two or more items, a string of four
+    characters or more, a number of magnitude 100 or more), as a comparable key; None for anything else."""
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("frozenset", "set", "tuple") and len(node.args) == 1:
+        node = node.args[0]
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(value, (tuple, list, set, frozenset, dict)) and len(value) >= 2:
+        return repr(sorted(map(repr, value))) if isinstance(value, (set, frozenset)) else repr(value)
+    if isinstance(value, str) and len(value) >= 4 or (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= 100):
+        return repr(value)
+    return None
+
+
+def constants_copied(root: Path = RGB) -> list[str]:
+    """'file:line' of every module constant whose value another module constant also holds (in any module): a
+    copy of a table, a name or a limit instead of an import of its one owner (CARD_FIELDS was in the model card and
+    in the site; OpenAI's Batch statuses in its client and in rgb-serve)."""
+    sites: dict[str, list[str]] = {}
+    for name, tree in _modules(root):
+        for node in tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None else None
+            key = None if value is None else _constant_value(value)
+            if key is not None:
+                sites.setdefault(key, []).append(f"{name}:{node.lineno}")
+    return sorted(site for places in sites.values() if len(places) > 1 for site in places)
+
+
 # Each check, and a small rgb/ tree it must flag: (check, module, source, what it reports).
 CHECKS = [
     (white_box_setting_spellings, "evaluation/board.py",
@@ -229,6 +307,14 @@ CHECKS = [
      'def step(norm):\n    if norm == "Linf":\n        return 1\n    return 2 if norm != Norm.L2 else {"L1": 3}["L1"]\n'
      'def ok(norm):\n    return norm in ("l2", "L1") or norm.p == 2\n',
      ["rgb/attacks/pgd.py:2", "rgb/attacks/pgd.py:4", "rgb/attacks/pgd.py:6"]),
+    (owned_names_spelled_again, "evaluation/report.py",
+     'SUMMARY = "summary.json"\nfiles = d.glob("*/summary.json")\nwhy = "no summary.json here"\n'
+     'metric = {"val/acc": 1.0}\nconfig = d / "open_clip_config.json"\n',
+     [f"rgb/evaluation/report.py:{n}" for n in (1, 2, 4, 5)]),
+    (constants_copied, "serve/batch.py",
+     'DONE = frozenset({"completed", "failed"})\nSTATES = {"failed", "completed"}\nLIMIT = 50_000\nMAX = 50000\n'
+     'FLAGS = ("a", "b")\nSMALL = 10\nALSO_SMALL = 10\nNAME = "site"\nPAGE = "site"\nNOT_A_LITERAL = f(1)\n',
+     [f"rgb/serve/batch.py:{n}" for n in (1, 2, 3, 4, 8, 9)]),
 ]
 
 
@@ -240,3 +326,64 @@ def test_each_concept_has_one_owner(check):
 @pytest.mark.parametrize(("check", "module", "source", "expected"), CHECKS, ids=[c[0].__name__ for c in CHECKS])
 def test_the_check_sees_a_second_owner(tmp_path, check, module, source, expected):
     assert check(rgb_tree(tmp_path, module, source)) == expected
+
+
+# A default that a conf/ YAML and the code it feeds both spell (attack.py's options and rgb.benchmark's, the prompts
+# group and PromptSettings, ...): the code's is the owner, the YAML shows it to the user and must say the same.
+# (YAML file under conf/, its section ("" = the top level), the dataclass or callable whose defaults it mirrors.)
+YAML_DEFAULTS = [
+    ("attack.yaml", "", "rgb.attacks.options:AttackOptions"),
+    ("transfer.yaml", "", "rgb.attacks.options:AttackOptions"),
+    ("prompts/_pool.yaml", "", "rgb.zeroshot.head:PromptSettings"),
+    ("callbacks/robust_val.yaml", "robust_val", "rgb.training.robust_val:RobustValidation"),
+    ("serve.yaml", "limits", "rgb.serve.app:Limits"),
+    ("serve.yaml", "faults", "rgb.serve.app:Faults"),
+    ("model/api_chat.yaml", "", "rgb.endpoints.settings:ApiSettings"),
+    ("model/api_chat.yaml", "", "rgb.endpoints.settings:ClientSettings"),
+]
+# Keys whose YAML value is meant to differ from the code's default, each with why.
+YAML_NOT_DEFAULTS = {
+    ("prompts/_pool.yaml", "dataset_templates"): "CLIP's per-dataset prompts are the config's; PromptSettings() "
+                                                 "starts with none",
+}
+
+
+def _code_defaults(target: str) -> dict:
+    """{parameter: default} of a dataclass's fields or a callable's keyword parameters (those that have one)."""
+    module, name = target.split(":")
+    code = getattr(importlib.import_module(module), name)
+    if dataclasses.is_dataclass(code):
+        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(code)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    return {p.name: p.default for p in inspect.signature(code).parameters.values() if p.default is not p.empty}
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def yaml_defaults_that_differ(conf: Path = CONF, table=YAML_DEFAULTS) -> list[str]:
+    """'file:key' of every YAML value that is not the default of the code it feeds. A null (the code's default, or
+    none) and an interpolation (`${...}`, another owner's value) are not compared."""
+    found = []
+    for file, section, target in table:
+        values = yaml.safe_load((conf / file).read_text())
+        values = values[section] if section else values
+        defaults = _code_defaults(target)
+        found += [f"{file}:{key}" for key, value in values.items() if key in defaults and value is not None
+                  and not (isinstance(value, str) and "${" in value) and (file, key) not in YAML_NOT_DEFAULTS
+                  and _plain(value) != _plain(defaults[key])]
+    return found
+
+
+def test_each_yaml_default_is_its_codes():
+    assert yaml_defaults_that_differ() == []
+
+
+def test_the_yaml_check_sees_a_drift(tmp_path):
+    (tmp_path / "attack.yaml").write_text("steps: 50\nqueries: 5000\nseed: ${x}\nattacks: null\nnorms: [l1]\n")
+    (tmp_path / "robust.yaml").write_text("robust_val:\n  norms: [linf]\n  attacks: [apgd-ce, apgd-t]\n")
+    table = [("attack.yaml", "", "rgb.attacks.options:AttackOptions"),
+             ("robust.yaml", "robust_val", "rgb.training.robust_val:RobustValidation")]
+    assert yaml_defaults_that_differ(tmp_path, table) == ["attack.yaml:steps", "robust.yaml:attacks"]

@@ -15,7 +15,7 @@ from rgb.core.machine import available_cpus
 from rgb.core.threat import ThreatModel, parse_norm
 from rgb.core.values import POSITIVE_INT, require
 from rgb.data.benchmark import ImageSplit, load_split
-from rgb.data.catalog import DATASETS, DEFAULT_REPO_ID, MINI, UnknownDatasetError
+from rgb.data.catalog import CARD_IMAGE_SIZE, DATASETS, DEFAULT_REPO_ID, MINI, UnknownDatasetError
 from rgb.data.errors import DataConfigError
 from rgb.data.resolvers import budgets as resolved_budgets
 
@@ -80,7 +80,7 @@ class BenchmarkData:
             info, size, batch = MINI, MINI_IMAGE_SIZE, 50
             default_source = f"{os.environ.get('RGB_ROOT', '.')}/data/mini"  # as conf/paths spells it
         elif dataset in DATASETS:
-            info, size, batch = DATASETS[dataset], 224, 256
+            info, size, batch = DATASETS[dataset], CARD_IMAGE_SIZE, 256
             default_source = os.environ.get("RGB_BENCHMARK", DEFAULT_REPO_ID)
         else:
             raise UnknownDatasetError(f"unknown dataset {dataset!r}; dataset ids: {sorted([*DATASETS, MINI.name])}")

@@ -15,10 +15,10 @@ DEFAULT_REPO_ID = "legolasflagstaff/RobustGenBench"
 
 CLEAN_SPLITS = ("train", "validation", "test")
 # The card's control: uniform noise at Linf 30/255 on the test images (every evaluation shows it, no score adds it).
-CONTROL_SPLIT = "random_linf_30"
+CONTROL_LINF = 30  # its budget, in 1/255 units (whole grey levels)
+CONTROL_SPLIT = f"random_linf_{CONTROL_LINF}"
 MODEL_INDEPENDENT_SPLITS = ("common", CONTROL_SPLIT)
 DATASET_SPLITS = CLEAN_SPLITS + MODEL_INDEPENDENT_SPLITS
-TRANSFER_SPLITS = ("l1_75", "l1_300", "l2_2", "l2_8", "linf_4", "linf_8", "linf_30")
 
 # The 11 ImageNet-C corruptions of the `common` split, in the card's block order.
 CORRUPTIONS = (
@@ -36,8 +36,9 @@ CORRUPTIONS = (
 )
 CORRUPTION_SEVERITY = 3
 
-# Reference resolution of the real benchmark; the mini benchmark scales its budgets from it.
-REFERENCE_DIM = 3 * 224 * 224
+# The image side the card's six datasets are stored at; the mini benchmark scales its budgets from their size.
+CARD_IMAGE_SIZE = 224
+REFERENCE_DIM = 3 * CARD_IMAGE_SIZE * CARD_IMAGE_SIZE
 
 # Budgets of the transfer splits on the real benchmark, pixel units in [0, 1].
 # Keys are `Norm.key` ("l1", "l2", "linf"), the one spelling of configs and run directories.
@@ -50,6 +51,7 @@ TRANSFER_BUDGETS = {
     "linf_8": (Norm.LINF.key, 8 / 255),
     "linf_30": (Norm.LINF.key, 30 / 255),
 }
+TRANSFER_SPLITS = tuple(TRANSFER_BUDGETS)
 # White-box budgets of the five-setting protocol.
 WHITE_BOX_BUDGETS = {Norm.L1.key: 75.0, Norm.L2.key: 2.0, Norm.LINF.key: 4 / 255}
 # How a budget grows with the number of values d of an image at a fixed per-pixel budget: eps * (d/d_ref)**k.

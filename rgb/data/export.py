@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from rgb.core.threat import ThreatModel
+from rgb.core.threat import Norm, ThreatModel
 from rgb.data.catalog import TRANSFER_SPLITS, split_budget
 from rgb.data.errors import BenchmarkError
-from rgb.data.layout import readme_title
+from rgb.data.layout import readme_title, split_file
 from rgb.data.snapshot import png_bytes, write_readme, write_split
 
 # Exported 8-bit images must satisfy the budget up to the float32 precision of the stored eps (relative).
@@ -41,7 +41,7 @@ def quantise_within_budget(x: torch.Tensor, x_adv: torch.Tensor, norm: str, eps:
     delta = (x_adv.double() * 255 - clean).flatten(1)
     nearest, towards_clean = torch.round(delta), torch.trunc(delta)
     limit = threat.eps * 255 * (1 + QUANTISED_TOLERANCE)
-    if threat.norm.key == "linf":
+    if threat.norm is Norm.LINF:
         level = math.floor(limit)
         q = nearest.clamp(-level, level)
         size = q.abs().amax(dim=1)
@@ -78,10 +78,10 @@ def export_adversarial_split(split, *, dataset: str, image_size: int, root: Path
         "is_modified": modified,
     }
     names = split.class_names
-    test_path = root / "data" / dataset / "test.parquet"
+    test_path = split_file(root, dataset, "test")
     if not test_path.is_file():
         write_split(test_path, names, {k: rows[k] for k in rows.column_names if k != "image"} | {"image": clean})
-    path = root / "data" / dataset / surrogate / f"{split_name}.parquet"
+    path = split_file(root, dataset, split_name, surrogate)
     write_split(path, names, columns)
     write_readme(root, readme_title(root) or f"{dataset} adversarial images from {surrogate}")
     return path

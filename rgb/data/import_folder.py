@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from rgb.data.catalog import CLEAN_SPLITS, CORRUPTIONS, DATASETS, MINI
+from rgb.data.catalog import CARD_IMAGE_SIZE, CLEAN_SPLITS, CORRUPTIONS, DATASETS, MINI
 from rgb.data.errors import BenchmarkError
 from rgb.data.snapshot import build_staged, write_dataset
 
@@ -128,7 +128,7 @@ def scan(src: Path) -> tuple[list[str], dict[str, list[tuple[Path, int]]]]:
     return classes, files
 
 
-def import_folder(src: Path, out_dir: Path, name: str, size: int = 224, seed: int = 0) -> Path:
+def import_folder(src: Path, out_dir: Path, name: str, size: int = CARD_IMAGE_SIZE, seed: int = 0) -> Path:
     """Write config `name` of a new snapshot `out_dir` from the ImageFolder tree `src` (see the module doc)."""
     check_name(name)
     if size < 8:
@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src", type=Path, help="ImageFolder tree: train/, validation/, test/ of class folders")
     parser.add_argument("out_dir", type=Path, help="new (or empty) snapshot folder")
     parser.add_argument("--name", required=True, help="dataset (config) name: data.dataset=NAME")
-    parser.add_argument("--size", type=int, default=224, help="image side in pixels (default 224, the card's)")
+    parser.add_argument("--size", type=int, default=CARD_IMAGE_SIZE,
+                        help=f"image side in pixels (default {CARD_IMAGE_SIZE}, the card's)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{args.name} written to {args.out_dir} ({time.perf_counter() - start:.1f}s): train with "
           f"data=custom data.source={args.out_dir} data.dataset={args.name}"
-          + (f" data.image_size={args.size}" if args.size != 224 else ""))
+          + (f" data.image_size={args.size}" if args.size != CARD_IMAGE_SIZE else ""))
     return 0
 
 

@@ -22,7 +22,7 @@ from PIL import Image
 from rgb.core.files import atomic_write_bytes
 from rgb.data.catalog import MINI
 from rgb.data.errors import BenchmarkError
-from rgb.data.layout import is_mini_build
+from rgb.data.layout import README, is_mini_build
 from rgb.data.snapshot import build_staged, write_dataset, write_readme
 
 DATASET = MINI.name
@@ -101,7 +101,7 @@ def rebuild_in_place(out_dir: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
     try:
         write_mini(staging)
-        for built in sorted(p for p in staging.rglob("*") if p.is_file() and p.name != "README.md"):
+        for built in sorted(p for p in staging.rglob("*") if p.is_file() and p.name != README):
             target = out_dir / built.relative_to(staging)
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(target, built.read_bytes())

@@ -15,12 +15,11 @@ from typing import ClassVar
 
 from rgb.core.jsonrecord import JsonRecord
 from rgb.core.threat import Norm, parse_norm
-from rgb.data.catalog import DATASETS, MINI
+from rgb.data.catalog import CARD_IMAGE_SIZE, DATASETS, MINI
 from rgb.data.errors import DataConfigError
 from rgb.data.resolvers import budgets as card_budgets_at
 from rgb.data.snapshot import snapshot_shape
 
-CARD_IMAGE_SIZE = 224
 STANDARD_VERSION = "standard"
 
 

@@ -20,11 +20,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from rgb.core.files import atomic_output, atomic_write_bytes, replaced_whole
-from rgb.data.catalog import CORRUPTION_SEVERITY
+from rgb.core.threat import Norm
+from rgb.data.catalog import CONTROL_LINF, CONTROL_SPLIT, CORRUPTION_SEVERITY
 from rgb.data.corruptions import apply_corruption, corruption_of_row
 from rgb.data.errors import DataConfigError
-
-RANDOM_LINF = 30  # in 1/255 units, as the card's `random_linf_30`
+from rgb.data.layout import DATA_DIR, README, split_file
 
 
 def benchmark_features(class_names: list[str]) -> datasets.Features:
@@ -66,7 +66,7 @@ def write_split(path: Path, class_names: list[str], columns: dict[str, list]) ->
 def write_readme(root: Path, title: str) -> None:
     """Declare every config found on disk: data/<dataset>/<split>.parquet and data/<dataset>/<surrogate>/<split>.parquet."""
     lines = ["---", "configs:"]
-    for dataset_dir in sorted(p for p in (root / "data").iterdir() if p.is_dir()):
+    for dataset_dir in sorted(p for p in (root / DATA_DIR).iterdir() if p.is_dir()):
         groups = [(dataset_dir.name, dataset_dir)] + [
             (f"{dataset_dir.name}-{sub.name}", sub) for sub in sorted(dataset_dir.iterdir()) if sub.is_dir()
         ]
@@ -78,13 +78,13 @@ def write_readme(root: Path, title: str) -> None:
             for file in files:
                 lines += [f"  - split: {file.stem}", f"    path: {file.relative_to(root).as_posix()}"]
     lines += ["---", "", f"# {title}", "", "A RobustGenBench-format benchmark written by `rgb` (same layout and fields).", ""]
-    atomic_write_bytes(root / "README.md", "\n".join(lines).encode())
+    atomic_write_bytes(root / README, "\n".join(lines).encode())
 
 
 def snapshot_shape(root: str | Path, dataset: str) -> tuple[int, int]:
     """(classes, image side) of config `dataset` in a local snapshot, from its test split (what `data=custom`
     fills in, so an imported dataset needs no numbers on the command line)."""
-    path = Path(root).expanduser() / "data" / dataset / "test.parquet"
+    path = split_file(Path(root).expanduser(), dataset, "test")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: data=custom needs data.source=<snapshot folder> and "
                                 f"data.dataset=<its config>, as written by python -m rgb.data.import_folder")
@@ -124,14 +124,14 @@ def common_columns(images: np.ndarray, labels: np.ndarray, seed: int = 0) -> dic
 def random_linf_columns(images: np.ndarray, labels: np.ndarray, seed: int = 0) -> dict[str, list]:
     """Uniform noise of at most 30/255 per pixel, drawn in whole grey levels so PNG storage keeps the bound exact."""
     rng = np.random.default_rng(seed)
-    noise = rng.integers(-RANDOM_LINF, RANDOM_LINF + 1, size=images.shape)
+    noise = rng.integers(-CONTROL_LINF, CONTROL_LINF + 1, size=images.shape)
     noisy = np.clip(images.astype(np.int64) + noise, 0, 255).astype(np.uint8)
     columns = clean_columns(noisy, labels)
     n = len(images)
     columns.update(
         perturbation=["random_uniform"] * n,
-        norm=["linf"] * n,
-        epsilon=[RANDOM_LINF / 255] * n,
+        norm=[Norm.LINF.key] * n,
+        epsilon=[CONTROL_LINF / 255] * n,
         is_modified=[bool((a != b).any()) for a, b in zip(noisy, images)],
     )
     return columns
@@ -141,12 +141,11 @@ def write_dataset(root: Path, dataset: str, class_names: list[str], splits: dict
                   title: str, seed: int = 0) -> None:
     """Config `dataset` from clean (uint8 NxHxWx3 images, labels) per split: the clean splits, then `common` and
     `random_linf_30` made from `test`, then the README that declares them (deterministic for a given seed)."""
-    folder = Path(root) / "data" / dataset
     for split, (images, labels) in splits.items():
-        write_split(folder / f"{split}.parquet", class_names, clean_columns(images, labels))
+        write_split(split_file(root, dataset, split), class_names, clean_columns(images, labels))
     images, labels = splits["test"]
-    write_split(folder / "common.parquet", class_names, common_columns(images, labels, seed))
-    write_split(folder / f"random_linf_{RANDOM_LINF}.parquet", class_names, random_linf_columns(images, labels, seed))
+    write_split(split_file(root, dataset, "common"), class_names, common_columns(images, labels, seed))
+    write_split(split_file(root, dataset, CONTROL_SPLIT), class_names, random_linf_columns(images, labels, seed))
     write_readme(Path(root), title)
 
 

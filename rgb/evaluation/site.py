@@ -39,7 +39,8 @@ from rgb.evaluation.leaderboard import (
 )
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, CLEAN_SETTING, PROTOCOLS, SCORES_FILE, ScoresRecord,
                                     percent_text)
-from rgb.runs.store import TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR, train_reference
+from rgb.models.card import CARD_FIELDS
+from rgb.runs.store import SUMMARY_FILE, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR, train_reference
 
 TEMPLATES = Path(__file__).with_name("site_templates")
 ASSETS = ("site.css", "site.js")
@@ -53,8 +54,6 @@ MISSING = "—"
 BOARD_TITLES = {"white_box": "White-box (AutoAttack)", "black_box": "Black-box (transfer from the card's surrogates)"}
 # The benchmark's own citation (the dataset card's), shown under the boards.
 CITATION = TEMPLATES / "robustgenbench.bib"
-# What a model card may hold (`model_card=FILE` or fields at train time), in the order the model page lists them.
-CARD_FIELDS = ("title", "authors", "venue", "url", "additional_data", "bibtex")
 
 
 class SiteError(UserError, ValueError):
@@ -457,8 +456,8 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
         files_dir = folder / record.dataset
         files = {SCORES_FILE: _copy(entry.file, files_dir / SCORES_FILE)}
         if entry.attack_dir is not None:
-            for summary in sorted(entry.attack_dir.glob("*/summary.json")):
-                files[f"{summary.parent.name}/summary.json"] = _copy(
+            for summary in sorted(entry.attack_dir.glob(f"*/{SUMMARY_FILE}")):
+                files[f"{summary.parent.name}/{SUMMARY_FILE}"] = _copy(
                     summary, files_dir / f"summary.{summary.parent.name}.json")
         images = [p for p in (_copy(entry.file.parent / plot, files_dir / plot) for plot in record.plots) if p]
         reports = []

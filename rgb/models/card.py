@@ -10,6 +10,8 @@ import yaml
 
 from rgb.core.errors import UserError
 
+# What a model card may hold (`model_card=FILE` or `card.*` at train time), in the order the site's model page
+# lists them (rgb.evaluation.site).
 CARD_FIELDS = ("title", "authors", "venue", "url", "additional_data", "bibtex")
 
 

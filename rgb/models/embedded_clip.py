@@ -28,13 +28,11 @@ import torch.nn.functional as F
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, tensor_file_problem
 from rgb.core.templates import check_templates, fill, prompt_class_names
 from rgb.models.factory import ModelSpecError
-from rgb.models.openclip import load_clip, register_architecture
+from rgb.models.openclip import CHECKPOINT_FILE, CONFIG_FILE, load_clip, register_architecture
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_ARCH = "rgb-mini-clip"
-CHECKPOINT_FILE = "open_clip_model.safetensors"
-CONFIG_FILE = "open_clip_config.json"
 MINI_CLIP_CONFIG = {
     "embed_dim": 64,
     "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "head_width": 32, "patch_size": 8, "mlp_ratio": 2.0},

@@ -31,8 +31,12 @@ from rgb.models.factory import (ModelSpecError, Normalize, RecipeModelParts, Wei
 from rgb.models.hub import HF_HUB, LOCAL_DIR, hub_file, hub_files, source_record, split_revision, split_source
 
 INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear", "random": "bicubic"}
-# What open_clip reads from a hub repo (open_clip.constants: config, safetensors or torch weights).
-HUB_FILES = ("open_clip_config.json", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+# open_clip's checkpoint format (open_clip.constants): a folder or hub repo of its config and its weights (the
+# embedded CLIP writes it too, rgb.models.embedded_clip).
+CONFIG_FILE = "open_clip_config.json"
+CHECKPOINT_FILE = "open_clip_model.safetensors"
+# What open_clip reads from a hub repo: config, safetensors or torch weights.
+HUB_FILES = (CONFIG_FILE, CHECKPOINT_FILE, "open_clip_pytorch_model.bin")
 
 
 class OpenCLIPWeightsError(UserError, FileNotFoundError):
@@ -293,9 +297,9 @@ def _check_source(name: str, pretrained: str | None, text_weights: str | None) -
     if source == HF_HUB and split_revision(rest)[1]:
         raise ModelSpecError(f"open_clip's hf-hub: loader takes no @revision ({name}); the revision loaded is recorded "
                          "in model.json")
-    if source == LOCAL_DIR and not (Path(rest).expanduser() / "open_clip_config.json").is_file():
-        raise FileNotFoundError(f"open_clip {name}: {Path(rest) / 'open_clip_config.json'} not found (a local-dir: "
-                                "model is a folder with open_clip_config.json and its weights)")
+    if source == LOCAL_DIR and not (Path(rest).expanduser() / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"open_clip {name}: {Path(rest) / CONFIG_FILE} not found (a local-dir: "
+                                f"model is a folder with {CONFIG_FILE} and its weights)")
     return source, rest
 
 
@@ -304,7 +308,7 @@ def _hub_weights(name: str, repo: str) -> None:
     warns when the weights are missing and builds random ones."""
     import open_clip.pretrained
 
-    hub_file(name, repo, "open_clip_config.json")
+    hub_file(name, repo, CONFIG_FILE)
     with hub_files(name, repo, HUB_FILES):
         open_clip.pretrained.download_pretrained_from_hf(repo)
 
@@ -383,7 +387,7 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
         tokenizer = open_clip.get_tokenizer(name)
     return LoadedCLIP(model.eval(), tokenizer, name, pretrained, None if weights is None else str(weights), config,
                       _preprocess_of(model, name, pretrained), None if text_weights is None else str(text_weights),
-                      towers, source_record(name, "open_clip_config.json"))
+                      towers, source_record(name, CONFIG_FILE))
 
 
 def classifier_from_clip(clip: LoadedCLIP, num_classes: int) -> OpenCLIPClassifier:

@@ -13,6 +13,7 @@ import time
 import torch
 
 from rgb.attacks.autoattack import AutoAttack
+from rgb.attacks.common import lp_norm
 from rgb.core.threat import parse_norm
 
 _AFTER = re.compile(r"robust accuracy after (\S+): ([0-9.]+)%")
@@ -48,8 +49,7 @@ def run_reference(model, x, y, norm: str, eps: float, seed: int, batch_size: int
     finally:
         logger.removeHandler(log)
     robust = predictions(model, x_adv, batch_size, device) == y
-    delta = (x_adv - x).flatten(1)
-    max_norm = {"l1": delta.abs().sum(1), "l2": delta.norm(dim=1), "linf": delta.abs().amax(1)}[norm].max()
+    max_norm = lp_norm(x_adv - x, norm).max()
     return {"robust": robust, "accuracy_after": log.after, "seconds": seconds, "max_perturbation_norm": float(max_norm)}
 
 

@@ -275,7 +275,7 @@ class RunSummary:
         return {**record, **others}
 
     @classmethod
-    def from_json(cls, record: dict, where: Path | str = "summary.json") -> RunSummary:
+    def from_json(cls, record: dict, where: Path | str = SUMMARY_FILE) -> RunSummary:
         names = {f.name for f in fields(cls)} - {"options"}
         required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
         missing = sorted(required - set(record))

@@ -30,12 +30,10 @@ from fastapi.responses import Response
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json
+from rgb.endpoints.batch import BATCH_URL, FINISHED, MAX_REQUESTS  # OpenAI's Batch API, as the client speaks it
 
 log = logging.getLogger("rgb.serve")
-BATCH_ENDPOINT = "/v1/chat/completions"
 COMPLETION_WINDOW = "24h"
-MAX_BATCH_LINES = 50_000  # OpenAI's limit of requests per batch
-FINISHED = frozenset({"completed", "failed", "cancelled", "expired"})
 
 
 class BatchStoreError(UserError, ValueError):
@@ -125,9 +123,9 @@ def _lines(content: bytes) -> tuple[list[dict], list[dict]]:
         try:
             request = json.loads(line)
             problem = (None if isinstance(request, dict) and isinstance(request.get("custom_id"), str)
-                       and request.get("method") == "POST" and request.get("url") == BATCH_ENDPOINT
+                       and request.get("method") == "POST" and request.get("url") == BATCH_URL
                        and isinstance(request.get("body"), dict) else
-                       f"each line must be an object with a string custom_id, method POST, url {BATCH_ENDPOINT} "
+                       f"each line must be an object with a string custom_id, method POST, url {BATCH_URL} "
                        f"and a body object")
         except ValueError:
             problem = "the line is not valid JSON"
@@ -141,9 +139,9 @@ def _lines(content: bytes) -> tuple[list[dict], list[dict]]:
     if not requests and not errors:
         errors.append({"code": "empty_file", "line": None, "message": "the input file has no requests",
                        "param": None})
-    if len(requests) > MAX_BATCH_LINES:
+    if len(requests) > MAX_REQUESTS:
         errors.append({"code": "too_many_requests", "line": None, "param": None,
-                       "message": f"a batch holds at most {MAX_BATCH_LINES} requests, not {len(requests)}"})
+                       "message": f"a batch holds at most {MAX_REQUESTS} requests, not {len(requests)}"})
     return requests, errors
 
 
@@ -156,7 +154,7 @@ def _answered(request: dict, status: int, body: dict) -> dict:
 def _new_batch(input_file_id: str, metadata) -> dict:
     """A batch object as OpenAI's Batch has it, validating."""
     now = int(time.time())
-    return {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": BATCH_ENDPOINT, "errors": None,
+    return {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": BATCH_URL, "errors": None,
             "input_file_id": input_file_id, "completion_window": COMPLETION_WINDOW,
             "status": "validating", "output_file_id": None, "error_file_id": None, "created_at": now,
             "in_progress_at": None, "expires_at": now + 24 * 3600, "finalizing_at": None, "completed_at": None,
@@ -240,7 +238,7 @@ class BatchRoutes:
         if not isinstance(asked, dict) or not isinstance(asked.get("input_file_id"), str):
             raise self.error_reply(400, "Missing required parameter: 'input_file_id'", "missing_required_parameter",
                                    "input_file_id")
-        for name, value in (("endpoint", BATCH_ENDPOINT), ("completion_window", COMPLETION_WINDOW)):
+        for name, value in (("endpoint", BATCH_URL), ("completion_window", COMPLETION_WINDOW)):
             if asked.get(name) != value:
                 raise self.error_reply(400, f"Invalid '{name}': rgb-serve runs {name} {value!r} only",
                                        "invalid_value", name)

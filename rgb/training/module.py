@@ -13,6 +13,10 @@ from rgb.training.losses import build_loss
 from rgb.training.optim import SCHEDULERS, build_optimizer, warmup_cosine
 
 STRATEGIES = ("full_finetune", "linear_probe")
+# The clean validation metrics every strategy logs (strategy=zeroshot too), which monitors, sweepers and robust
+# validation's score read.
+VAL_LOSS = "val/loss"
+VAL_ACC = "val/acc"
 
 
 class RobustFinetuneModule(L.LightningModule):
@@ -115,8 +119,8 @@ class RobustFinetuneModule(L.LightningModule):
             clean = self(x)
         self.val_loss(loss, weight=y.shape[0])
         self.val_acc(clean, y)
-        self.log("val/loss", self.val_loss, prog_bar=True, batch_size=y.shape[0])
-        self.log("val/acc", self.val_acc, prog_bar=True, batch_size=y.shape[0])
+        self.log(VAL_LOSS, self.val_loss, prog_bar=True, batch_size=y.shape[0])
+        self.log(VAL_ACC, self.val_acc, prog_bar=True, batch_size=y.shape[0])
         if adv is not None:
             self.val_adv_acc(adv, y)
             self.log("val/adv_acc", self.val_adv_acc, prog_bar=True, batch_size=y.shape[0])

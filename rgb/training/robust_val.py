@@ -23,6 +23,7 @@ from rgb.attacks.autoattack import AutoAttack
 from rgb.attacks.options import AttackOptions, AttackOptionsError
 from rgb.core import parse_norm
 from rgb.training.config import TrainingConfigError, TrainingError
+from rgb.training.module import VAL_ACC
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +126,9 @@ class RobustValidation(Callback):
                 attack = AutoAttack(pl_module, norm, budgets[norm.key], self.options, batch_size=self.batch_size)
                 accuracies[metric] = attack.run(x, y).robust_accuracy
         seconds = time.perf_counter() - started
-        if "val/acc" not in trainer.callback_metrics:
-            raise TrainingError("robust validation needs val/acc, which this epoch's validation did not log")
-        clean = float(trainer.callback_metrics["val/acc"])
+        if VAL_ACC not in trainer.callback_metrics:
+            raise TrainingError(f"robust validation needs {VAL_ACC}, which this epoch's validation did not log")
+        clean = float(trainer.callback_metrics[VAL_ACC])
         robust = sum(accuracies.values()) / len(accuracies)
         logged = {**accuracies, SCORE: self.clean_weight * clean + (1 - self.clean_weight) * robust, SECONDS: seconds}
         for name, value in logged.items():

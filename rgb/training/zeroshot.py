@@ -15,6 +15,7 @@ from rgb.core import resolve_device
 from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of, parameter_counts
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.training.config import TrainingConfigError
+from rgb.training.module import VAL_ACC, VAL_LOSS
 from rgb.training.request import ModelSection, TrainRequest
 from rgb.training.rundir import RunManifest, start_record
 from rgb.zeroshot import ZEROSHOT
@@ -90,11 +91,11 @@ def validation_metrics(model, datamodule, device: str) -> dict[str, float]:
             correct += int((logits.argmax(1) == y).sum())
             loss += float(F.cross_entropy(logits, y, reduction="sum"))
             count += len(y)
-    return {"val/acc": correct / count, "val/loss": loss / count}
+    return {VAL_ACC: correct / count, VAL_LOSS: loss / count}
 
 
 # What strategy=zeroshot reports on the validation split (monitor.metric must be one of them).
-ZEROSHOT_METRICS = ("val/acc", "val/loss")
+ZEROSHOT_METRICS = (VAL_ACC, VAL_LOSS)
 
 
 def check_zeroshot_metric(metric: str) -> None:
@@ -134,5 +135,5 @@ def train_zeroshot(request: TrainRequest, threads: int, manifest: RunManifest, r
         card=request.model.card,
     )
     exported = export_model(model.cpu().eval(), run_dir, meta)
-    log.info("exported %s (val/acc %.4f, val/loss %.4f)", exported, metrics["val/acc"], metrics["val/loss"])
+    log.info("exported %s (%s %.4f, %s %.4f)", exported, VAL_ACC, metrics[VAL_ACC], VAL_LOSS, metrics[VAL_LOSS])
     return metrics[metric]

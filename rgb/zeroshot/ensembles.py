@@ -109,6 +109,9 @@ def mad_selection(scores: torch.Tensor, t: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class EnsembleParams:
+    """The parameters of every ensemble, and their defaults (the `prompts` config's, rgb.zeroshot.head.PromptSettings,
+    read them from here)."""
+
     logit_scale: float = 100.0
     k: float = 0.1
     tau: float = 1.0
@@ -211,9 +214,9 @@ def _ensemble(method: str) -> Ensemble:
     return ENSEMBLES[method]
 
 
-def ensemble_params(*, logit_scale: float = 100.0, k: float = 0.1, tau: float = 1.0,
-                    template_index: int | None = 0,
-                    cmm_units: str = "logit", mad_t: float = 2.0,
+def ensemble_params(*, logit_scale: float = EnsembleParams.logit_scale, k: float = EnsembleParams.k,
+                    tau: float = EnsembleParams.tau, template_index: int | None = EnsembleParams.template_index,
+                    cmm_units: str = EnsembleParams.cmm_units, mad_t: float = EnsembleParams.mad_t,
                     pretraining_features: torch.Tensor | None = None) -> EnsembleParams:
     """The parameters of every ensemble, checked: `k`, `tau`, `cmm_units` are CPE's worst-k fraction, softmax
     temperature (also ZPE's) and Cmm units; `mad_t` and `pretraining_features` are `zpe_select`'s; `template_index`

@@ -18,6 +18,7 @@ from rgb.models.openclip import LoadedCLIP, OpenCLIPClassifier, classifier_from_
 from rgb.zeroshot.ensembles import (
     ENSEMBLES,
     EnsembleError,
+    EnsembleParams,
     cmm_scale,
     ensemble_head,
     ensemble_label,
@@ -65,14 +66,15 @@ class PromptSettings:
     templates: tuple[str, ...] = ()  # the user's extra templates
     dataset_templates: dict = field(default_factory=dict)  # dataset -> extra templates where they matter
     single_template: str = "a photo of a {}."
-    k: float = 0.1
-    tau: float = 1.0
+    k: float = EnsembleParams.k
+    tau: float = EnsembleParams.tau
     split: str = "validation"  # unlabelled images for zpe / cpe (and the pseudo-Cmm report)
     descriptions: str | None = None  # JSON class name -> descriptors (Menon & Vondrick enrichment)
     enrich_worst: int = 10  # K: classes with the lowest pseudo-Cmm that get descriptions / questions
     cache_dir: str | None = None
-    cmm_units: str = "logit"  # cpe: similarities of Cmm in logit units (s * cosine) or cosine units
-    mad_t: float = 2.0  # zpe_select: keep templates scoring >= median + mad_t * MAD (0.5 ImageNet, 2.0 fine-grained)
+    cmm_units: str = EnsembleParams.cmm_units  # cpe: similarities of Cmm in logit units (s * cosine) or cosine units
+    # zpe_select: keep templates scoring >= median + mad_t * MAD (0.5 ImageNet, 2.0 fine-grained)
+    mad_t: float = EnsembleParams.mad_t
     zpe_pretraining_features: str | None = None  # zpe_select: image features of unlabelled pretraining-like images
 
     def __post_init__(self):
