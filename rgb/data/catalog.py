@@ -97,6 +97,8 @@ DATASETS = {
 # The suite's embedded mini benchmark (rgb.data.mini): scikit-learn's 1797 digits, 32x32. Not a card dataset; its
 # split sizes are those of its builder, checked only on a snapshot that builder wrote.
 MINI = DatasetInfo("digits", "RobustGenBench mini (scikit-learn digits, 32x32)", "coarse", 10, 1077, 270, 200)
+# Every dataset id rgb accepts by name (rgb.benchmark, BenchmarkData.for_dataset, prompt templates).
+DATASET_IDS = (*DATASETS, MINI.name)
 
 SURROGATES = {
     "clip_vitb16": "CLIP ViT-B/16 (open_clip ViT-B-16 / laion2b_s34b_b88k)",
