@@ -52,6 +52,9 @@ TRANSFER_BUDGETS = {
     "linf_30": (Norm.LINF.key, 30 / 255),
 }
 TRANSFER_SPLITS = tuple(TRANSFER_BUDGETS)
+# The card's two protocols, as records, boards, `protocol=` and the budget tables name them (JSON keys too).
+WHITE_BOX = "white_box"
+BLACK_BOX = "black_box"
 # White-box budgets of the five-setting protocol.
 WHITE_BOX_BUDGETS = {Norm.L1.key: 75.0, Norm.L2.key: 2.0, Norm.LINF.key: 4 / 255}
 # How a budget grows with the number of values d of an image at a fixed per-pixel budget: eps * (d/d_ref)**k.
