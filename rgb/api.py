@@ -27,6 +27,7 @@ from rgb.core.files import unwritable
 from rgb.core.machine import configure_threads, resolve_device
 from rgb.core.values import POSITIVE_INT, optional, path_name, require
 from rgb.data.benchmark_data import BenchmarkData
+from rgb.data.catalog import DATASET_IDS
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, WHITE_BOX_SETTING_NAMES, RecordError, white_box_setting
 from rgb.evaluation.request import EvalRequest, RunOutputs
@@ -44,11 +45,11 @@ SETTINGS = WHITE_BOX_SETTING_NAMES
 def _dataset_id(dataset: str) -> str:
     """`digits` / `flowers-102` (dataset ids) or `mini` / `flowers102` (the names of their data configs) -> the id."""
     by_config = {name: dataset_id for dataset_id, name in data_configs().items()}
-    if dataset in data_configs():
+    if dataset in DATASET_IDS:
         return dataset
     if dataset in by_config:
         return by_config[dataset]
-    raise EvaluationError(f"unknown dataset {dataset!r}; dataset ids: {sorted(data_configs())} (or their data "
+    raise EvaluationError(f"unknown dataset {dataset!r}; dataset ids: {sorted(DATASET_IDS)} (or their data "
                           f"config names: {sorted(by_config)})")
 
 

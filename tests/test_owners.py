@@ -19,10 +19,9 @@ RGB = REPO / "rgb"
 CONF = REPO / "conf"
 # A whole file from one call: the writes a JSON record must not be hand-made with.
 FILE_WRITES = {"write_text", "write_bytes", "atomic_write_bytes"}
-# Functions that own one per-norm rule (the norm's value, the budget's float tolerance, FAB's start noise): a branch
-# on the norm there is that rule's table.
-NORM_OWNERS = {"rgb/attacks/common.py::lp_norm", "rgb/attacks/autoattack.py::within_budget",
-               "rgb/attacks/fab.py::fab_random_start"}
+# Functions that own one per-norm rule (the budget's float tolerance, FAB's start noise; the norm's value is
+# rgb.core.threat.lp_norm's, outside rgb/attacks): a branch on the norm there is that rule's table.
+NORM_OWNERS = {"rgb/attacks/autoattack.py::within_budget", "rgb/attacks/fab.py::fab_random_start"}
 
 
 def rgb_tree(tmp_path: Path, module: str, source: str) -> Path:
@@ -208,10 +207,11 @@ def _docstrings(tree: ast.AST) -> set[int]:
 def owned_names_spelled_again(root: Path = RGB) -> list[str]:
     """'file:line' of a name with one owner written as a literal outside it: a run directory's or an export's record
     file (run.json, model.json, summary.json, scores.json, ...), open_clip's checkpoint files, the validation
-    metrics training logs and its monitors read, the card's control split. Flagged: a string that is the name, or a
+    metrics training logs and its monitors read, the card's control split, the card's protocol names (white_box,
+    black_box: records' keys, boards, `protocol=`). Flagged: a string that is the name, or a
     path or glob ending in it ("*/summary.json"); prose that mentions the file passes."""
     from rgb.core.rundir import MANIFEST as RUN_MANIFEST
-    from rgb.data.catalog import CONTROL_SPLIT
+    from rgb.data.catalog import BLACK_BOX, CONTROL_SPLIT, WHITE_BOX
     from rgb.data.layout import README
     from rgb.evaluation.exports import MANIFEST as EXPORTS_MANIFEST
     from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE
@@ -226,7 +226,8 @@ def owned_names_spelled_again(root: Path = RGB) -> list[str]:
               SCORES_FILE: "rgb/evaluation/records.py", PARTIAL_SCORES_FILE: "rgb/evaluation/records.py",
               EXPORTS_MANIFEST: "rgb/evaluation/exports.py", CONFIG_FILE: "rgb/models/openclip.py",
               CHECKPOINT_FILE: "rgb/models/openclip.py", VAL_ACC: "rgb/training/module.py",
-              VAL_LOSS: "rgb/training/module.py", CONTROL_SPLIT: "rgb/data/catalog.py", README: "rgb/data/layout.py"}
+              VAL_LOSS: "rgb/training/module.py", CONTROL_SPLIT: "rgb/data/catalog.py", README: "rgb/data/layout.py",
+              WHITE_BOX: "rgb/data/catalog.py", BLACK_BOX: "rgb/data/catalog.py"}
     # The same spelling naming another format's file: timm's hub repos hold a model.safetensors of their own.
     other_formats = {("rgb/models/factory.py", WEIGHTS_FILE)}
     found = []
@@ -309,8 +310,9 @@ CHECKS = [
      ["rgb/attacks/pgd.py:2", "rgb/attacks/pgd.py:4", "rgb/attacks/pgd.py:6"]),
     (owned_names_spelled_again, "evaluation/report.py",
      'SUMMARY = "summary.json"\nfiles = d.glob("*/summary.json")\nwhy = "no summary.json here"\n'
-     'metric = {"val/acc": 1.0}\nconfig = d / "open_clip_config.json"\n',
-     [f"rgb/evaluation/report.py:{n}" for n in (1, 2, 4, 5)]),
+     'metric = {"val/acc": 1.0}\nconfig = d / "open_clip_config.json"\n'
+     'def board(protocol="white_box"):\n    "the white_box board"\n    return {"black_box": 1}[protocol]\n',
+     [f"rgb/evaluation/report.py:{n}" for n in (1, 2, 4, 5, 6, 8)]),
     (constants_copied, "serve/batch.py",
      'DONE = frozenset({"completed", "failed"})\nSTATES = {"failed", "completed"}\nLIMIT = 50_000\nMAX = 50000\n'
      'FLAGS = ("a", "b")\nSMALL = 10\nALSO_SMALL = 10\nNAME = "site"\nPAGE = "site"\nNOT_A_LITERAL = f(1)\n',

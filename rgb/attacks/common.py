@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from rgb.core.errors import UserError
-from rgb.core.threat import Norm, parse_norm
+from rgb.core.threat import Norm, lp_norm  # lp_norm: re-exported, so rgb.attacks.common.lp_norm keeps working
 
 
 @dataclass
@@ -56,17 +56,6 @@ class AttackError(UserError, RuntimeError):
 class AttackInputError(UserError, ValueError):
     """Images or labels an attack cannot take (not (N,C,H,W) in [0,1], no images, labels not one integer class
     index per image), or a batch size that is not a positive integer."""
-
-
-def lp_norm(delta: torch.Tensor, norm: str | Norm) -> torch.Tensor:
-    """Per-sample norm of `delta` (leading batch dim, any trailing shape) -> shape (N,)."""
-    flat = delta.flatten(1)
-    norm = parse_norm(norm)
-    if norm == Norm.LINF:
-        return flat.abs().amax(dim=1)
-    if norm == Norm.L2:
-        return flat.norm(p=2, dim=1)
-    return flat.abs().sum(dim=1)
 
 
 def per_sample(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from rgb.commands.schema import DATA, MACHINE, RUN, WANDB
 from rgb.core.classwise import check_worst_k
 from rgb.core.configs import config_dir
 from rgb.core.values import BOOL, POSITIVE_INT, TEXT, list_of, one_of, optional
+from rgb.data.catalog import BLACK_BOX
 from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.leaderboard import RANK_KEYS
 from rgb.evaluation.model_eval import EvaluationError
@@ -119,4 +120,4 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     record = evaluate(eval_request(cfg))[0]
     if record is None:  # dry_run: nothing scored
         return None
-    return record.black_box.score if record.white_box_na or cfg.protocol == "black_box" else record.white_box.score
+    return record.black_box.score if record.white_box_na or cfg.protocol == BLACK_BOX else record.white_box.score

@@ -9,8 +9,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from rgb.core.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ThreatModelError(UserError, ValueError):
@@ -57,6 +61,18 @@ def parse_norm(norm: str | Norm) -> Norm:
             if norm.lower() == candidate.key:
                 return candidate
     raise ThreatModelError(f"norm must be one of {[n.value for n in Norm]} (any case), got {norm!r}")
+
+
+def lp_norm(delta: torch.Tensor, norm: str | Norm) -> torch.Tensor:
+    """Per-sample norm of `delta` (leading batch dim, any trailing shape) -> shape (N,). Here, not in rgb.attacks,
+    so that rgb.data measures its perturbations with it too; tensor methods only, so this module loads no torch."""
+    flat = delta.flatten(1)
+    norm = parse_norm(norm)
+    if norm == Norm.LINF:
+        return flat.abs().amax(dim=1)
+    if norm == Norm.L2:
+        return flat.norm(p=2, dim=1)
+    return flat.abs().sum(dim=1)
 
 
 @dataclass(frozen=True)

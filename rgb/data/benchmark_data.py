@@ -15,7 +15,8 @@ from rgb.core.machine import available_cpus
 from rgb.core.threat import ThreatModel, parse_norm
 from rgb.core.values import POSITIVE_INT, require
 from rgb.data.benchmark import ImageSplit, load_split
-from rgb.data.catalog import CARD_IMAGE_SIZE, DATASETS, DEFAULT_REPO_ID, MINI, UnknownDatasetError
+from rgb.data.catalog import (CARD_IMAGE_SIZE, DATASET_IDS, DATASETS, DEFAULT_REPO_ID, MINI, WHITE_BOX,
+                              UnknownDatasetError)
 from rgb.data.errors import DataConfigError
 from rgb.data.resolvers import budgets as resolved_budgets
 
@@ -83,8 +84,8 @@ class BenchmarkData:
             info, size, batch = DATASETS[dataset], CARD_IMAGE_SIZE, 256
             default_source = os.environ.get("RGB_BENCHMARK", DEFAULT_REPO_ID)
         else:
-            raise UnknownDatasetError(f"unknown dataset {dataset!r}; dataset ids: {sorted([*DATASETS, MINI.name])}")
-        white_box = {**resolved_budgets("white_box", size), **{parse_norm(k).key: v for k, v in (budgets or {}).items()}}
+            raise UnknownDatasetError(f"unknown dataset {dataset!r}; dataset ids: {sorted(DATASET_IDS)}")
+        white_box = {**resolved_budgets(WHITE_BOX, size), **{parse_norm(k).key: v for k, v in (budgets or {}).items()}}
         return cls(source=str(source or default_source), dataset=info.name, image_size=size,
                    num_classes=info.num_classes, budgets=white_box, transfer_budgets=resolved_budgets("transfer", size),
                    eval_batch_size=batch if eval_batch_size is None else eval_batch_size, cache_dir=cache_dir,

@@ -52,6 +52,9 @@ TRANSFER_BUDGETS = {
     "linf_30": (Norm.LINF.key, 30 / 255),
 }
 TRANSFER_SPLITS = tuple(TRANSFER_BUDGETS)
+# The card's two protocols, as records, boards, `protocol=` and the budget tables name them (JSON keys too).
+WHITE_BOX = "white_box"
+BLACK_BOX = "black_box"
 # White-box budgets of the five-setting protocol.
 WHITE_BOX_BUDGETS = {Norm.L1.key: 75.0, Norm.L2.key: 2.0, Norm.LINF.key: 4 / 255}
 # How a budget grows with the number of values d of an image at a fixed per-pixel budget: eps * (d/d_ref)**k.
@@ -97,6 +100,8 @@ DATASETS = {
 # The suite's embedded mini benchmark (rgb.data.mini): scikit-learn's 1797 digits, 32x32. Not a card dataset; its
 # split sizes are those of its builder, checked only on a snapshot that builder wrote.
 MINI = DatasetInfo("digits", "RobustGenBench mini (scikit-learn digits, 32x32)", "coarse", 10, 1077, 270, 200)
+# Every dataset id rgb accepts by name (rgb.benchmark, BenchmarkData.for_dataset, prompt templates).
+DATASET_IDS = (*DATASETS, MINI.name)
 
 SURROGATES = {
     "clip_vitb16": "CLIP ViT-B/16 (open_clip ViT-B-16 / laion2b_s34b_b88k)",

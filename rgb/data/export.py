@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from rgb.core.threat import Norm, ThreatModel
+from rgb.core.threat import Norm, ThreatModel, lp_norm
 from rgb.data.catalog import TRANSFER_SPLITS, split_budget
 from rgb.data.errors import BenchmarkError
 from rgb.data.layout import readme_title, split_file
@@ -98,8 +98,7 @@ def noise_transfer_splits(root: Path, clean_split, modified: list[bool], surroga
     for split in TRANSFER_SPLITS:
         norm, eps = split_budget(split, x[0].numel())
         noise = torch.randn(x.shape, generator=generator)
-        size = {"linf": noise.abs().amax(dim=(1, 2, 3)), "l2": noise.flatten(1).norm(dim=1),
-                "l1": noise.flatten(1).abs().sum(dim=1)}[norm]
+        size = lp_norm(noise, norm)
         adversarial = quantise_within_budget(x, (x + 0.9 * eps * noise / size.view(-1, 1, 1, 1)).clamp(0, 1), norm, eps)
         export_adversarial_split(clean_split, dataset=dataset, image_size=x.shape[-1], root=root, surrogate=surrogate,
                                  threat=ThreatModel(norm, eps), split_name=split, adversarial=adversarial,

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from rgb.core.jsonrecord import JsonRecord
 from rgb.core.threat import Norm, parse_norm
-from rgb.data.catalog import CARD_IMAGE_SIZE, DATASETS, MINI
+from rgb.data.catalog import CARD_IMAGE_SIZE, DATASETS, MINI, WHITE_BOX
 from rgb.data.errors import DataConfigError
 from rgb.data.resolvers import budgets as card_budgets_at
 from rgb.data.snapshot import snapshot_shape
@@ -68,7 +68,7 @@ class Protocol(JsonRecord):
     @property
     def card_budgets(self) -> dict[str, float]:
         """The card's white-box budgets for this dataset (at the size its images are stored at)."""
-        return card_budgets_at("white_box", self.card_image_size)
+        return card_budgets_at(WHITE_BOX, self.card_image_size)
 
     def budget_differences(self) -> list[str]:
         card = self.card_budgets
@@ -85,11 +85,11 @@ class Protocol(JsonRecord):
     def differences_for(self, protocol: str) -> list[str]:
         """How this record departs from the card under `protocol` ("white_box": images and budgets; "black_box":
         images only, the transfer splits carry their own budgets). PARTIAL splits are marked apart."""
-        return self.input_differences() + (self.budget_differences() if protocol == "white_box" else [])
+        return self.input_differences() + (self.budget_differences() if protocol == WHITE_BOX else [])
 
     @property
     def differences(self) -> list[str]:
-        return self.differences_for("white_box")
+        return self.differences_for(WHITE_BOX)
 
     @property
     def is_card(self) -> bool:

@@ -14,7 +14,8 @@ rgb.commands.resolvers registers them with OmegaConf (the entry points, and test
 from __future__ import annotations
 
 from rgb.core.threat import parse_norm
-from rgb.data.catalog import MINI, TRANSFER_BUDGETS, WHITE_BOX_BUDGETS, check_dataset, scale_budget, split_budget
+from rgb.data.catalog import (MINI, TRANSFER_BUDGETS, WHITE_BOX, WHITE_BOX_BUDGETS, check_dataset, scale_budget,
+                              split_budget)
 from rgb.data.snapshot import snapshot_shape
 
 
@@ -26,16 +27,16 @@ def image_dim(image_size: int) -> int:
 def budgets(kind: str, image_size: int) -> dict[str, float]:
     """Every budget of `kind` ("white_box": norm key -> eps, "transfer": split -> eps) at this image size."""
     dim = image_dim(image_size)
-    if kind == "white_box":
+    if kind == WHITE_BOX:
         return {norm: scale_budget(norm, eps, dim) for norm, eps in WHITE_BOX_BUDGETS.items()}
     if kind == "transfer":
         return {split: split_budget(split, dim)[1] for split in TRANSFER_BUDGETS}
-    raise ValueError(f"budget kind must be 'white_box' or 'transfer', got {kind!r}")
+    raise ValueError(f"budget kind must be {WHITE_BOX!r} or 'transfer', got {kind!r}")
 
 
 def white_box_budget(norm: str, image_size: int) -> float:
     """The protocol's white-box eps for `norm` ("l1", "l2", "linf"), at the per-pixel budget of 224x224."""
-    return budgets("white_box", image_size)[parse_norm(norm).key]
+    return budgets(WHITE_BOX, image_size)[parse_norm(norm).key]
 
 
 def transfer_budget(split: str, image_size: int) -> float:

@@ -30,6 +30,7 @@ from rgb.endpoints.settings import ClientSettings
 
 log = logging.getLogger(__name__)
 BATCH_URL = "/v1/chat/completions"
+COMPLETION_WINDOW = "24h"  # the one window OpenAI's Batch API offers
 MAX_REQUESTS = 50_000        # OpenAI's limit of requests per batch
 MAX_FILE_BYTES = 190 * 2**20  # under OpenAI's 200 MB per input file
 FINISHED = frozenset({"completed", "failed", "cancelled", "expired"})
@@ -120,7 +121,7 @@ class BatchRun:
 
     def create(self, entry: dict) -> None:
         batch = self.call("create", self.sdk.batches.create, input_file_id=entry["input_file_id"],
-                          endpoint=BATCH_URL, completion_window="24h")
+                          endpoint=BATCH_URL, completion_window=COMPLETION_WINDOW)
         entry["batch_id"] = batch.id
         self.state.save()
 

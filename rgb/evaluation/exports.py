@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rgb.core.files import atomic_write_json, safe_name
 from rgb.core.threat import NORMS
+from rgb.data.catalog import WHITE_BOX
 from rgb.data.protocol import budget_text
 from rgb.evaluation.records import CLEAN_SETTING, ScoresRecord, attack_setting, percent_text
 from rgb.evaluation.scores import OTHER_PROTOCOL, record_sum
@@ -37,7 +38,7 @@ def export_refusal(record: ScoresRecord) -> str | None:
     """Why no setting of `record` may be exported (None: it may): a PARTIAL record is no board entry."""
     if record.white_box_na:
         return f"white-box settings n/a ({record.white_box_na})"
-    status = record_sum(record, "white_box").status
+    status = record_sum(record, WHITE_BOX).status
     return f"{status}: scored over part of a split" if status == "PARTIAL" else None
 
 
@@ -50,7 +51,7 @@ def robustbench_entries(record: ScoresRecord) -> tuple[dict[str, dict], list[str
     settings = record.white_box.settings
     if settings.get(CLEAN_SETTING) is None:
         return {}, ["no clean test accuracy"]
-    status = record_sum(record, "white_box")
+    status = record_sum(record, WHITE_BOX)
     card = record.train.card if record.train else {}
     # what the run started from, when it started from something (`pretrained: false` is a model trained from scratch)
     pretraining = {k: v for k, v in (record.train.pretraining if record.train else {}).items() if v is not False}

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json, is_staging
+from rgb.data.catalog import WHITE_BOX
 from rgb.evaluation.exports import MODEL_INFO_DIR, write_exports
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
@@ -149,7 +150,7 @@ def find_records(paths) -> dict[Path, ScoresRecord]:
     return records
 
 
-def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = "white_box",
+def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = WHITE_BOX,
                       datasets: Sequence[str] | None = None, rank_by: str = "borda") -> Leaderboard:
     """Rows ranked by `rank_by`; a model missing a (dataset, setting) shows it as missing, never as 0."""
     if rank_by not in RANK_KEYS:
@@ -216,7 +217,7 @@ def model_info(record: ScoresRecord) -> dict:
         "training": {"loss": record.model.loss, "strategy": record.model.strategy},
         "weights_sha256": record.model.weights_sha256, "dataset": record.dataset,
         "clean_acc": accuracy[CLEAN_SETTING], "common_acc": accuracy[COMMON_SETTING],
-        "autoattack_acc": {n.key: record.not_applicable("white_box") or accuracy[attack_setting(n)]
+        "autoattack_acc": {n.key: record.not_applicable(WHITE_BOX) or accuracy[attack_setting(n)]
                            for n in WHITE_BOX_NORMS},
         "eps": record.eps, "seed": {n: a.seed for n, a in record.attacks.items()},
         "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.white_box.score,
@@ -357,7 +358,7 @@ def to_csv(board: Leaderboard) -> str:
     return buffer.getvalue()
 
 
-def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol: str = "white_box",
+def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol: str = WHITE_BOX,
                       datasets: Sequence[str] | None = None, rank_by: str = "borda") -> Leaderboard:
     board = build_leaderboard(pool, protocol, datasets, rank_by)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -395,7 +396,7 @@ def board_figure(board: Leaderboard):
                                       f"dataset, as in leaderboard.md", len(board.settings))
 
 
-def seed_spread(records: Sequence[ScoresRecord], metas: Sequence[dict], protocol: str = "white_box") -> dict | None:
+def seed_spread(records: Sequence[ScoresRecord], metas: Sequence[dict], protocol: str = WHITE_BOX) -> dict | None:
     """Mean and standard deviation (n - 1) over seeds, per setting and of the Sum, when the trained models (their
     scores records and model.json) are one recipe on one dataset that differ in the seed only; else None."""
     identities = [(meta.get("training") or {}).get("identity") for meta in metas]

@@ -30,7 +30,8 @@ from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, file_sha256
 from rgb.data import BenchmarkData
 from rgb.data.benchmark import BenchmarkError, decode_image, is_local, to_tensor
-from rgb.data.catalog import CONTROL_SPLIT, CORRUPTIONS, DATASETS, TRANSFER_SPLITS, transfer_coverage
+from rgb.data.catalog import (BLACK_BOX, CONTROL_SPLIT, CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX,
+                              transfer_coverage)
 from rgb.data.protocol import Protocol
 from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
@@ -317,7 +318,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
     record = ScoresRecord(
         model=ModelIdentity.of(meta, weights_sha256, model_name(meta)), dataset=datamodule.dataset,
         source=datamodule.source, n_test=len(test), eps=dict(datamodule.budgets),
-        white_box=ProtocolScore("white_box", settings),
+        white_box=ProtocolScore(WHITE_BOX, settings),
         common_by_corruption={c: Accuracy.of(per_sample["common"][corruption_of == c], settings["common"].partial)
                               for c in CORRUPTIONS if (corruption_of == c).any()},
         class_wise={setting: class_wise_summary(labels[: len(flags)], flags, len(names), request.worst_k)
@@ -444,7 +445,7 @@ def format_table(record: ScoresRecord) -> str:
     """The five-setting table of one record, with counts, as printed by evaluate.py and `make demo`; results
     that are not the protocol's (another version, precision or attack subset) follow, labelled, never scored.
     An API model's white-box settings are n/a; its nine black-box settings follow with their abstentions."""
-    na = record.not_applicable("white_box")
+    na = record.not_applicable(WHITE_BOX)
     part = f"; PARTIAL: {partial_reason(record)}" if record.partial else ""
     lines = [f"{record.model.run_name} on {record.dataset} (test n={record.n_test}{part})",
              f"{'setting':18s} {'accuracy':>9s} {'correct/total':>15s}"]
@@ -463,7 +464,7 @@ def format_table(record: ScoresRecord) -> str:
         lines.append(f"{CONTROL_SPLIT:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d}"
                      f"{' PARTIAL' if acc.partial else ''} [control: uniform noise, never in a score]")
     lines.append(f"{'score':18s} {na or record.white_box.describe()}")
-    differences = record.differences_for("white_box")
+    differences = record.differences_for(WHITE_BOX)
     if differences and not na:
         lines.append(f"{'protocol':18s} not the card's ({'; '.join(differences)}): shown apart, never in a Sum "
                      f"or Borda of card entries")
@@ -475,7 +476,7 @@ def format_table(record: ScoresRecord) -> str:
         lines += _black_box_lines(record)
     if record.black_box is not None:
         lines.append(f"{'black-box score':18s} {record.black_box.describe()}")
-        differences = record.differences_for("black_box")
+        differences = record.differences_for(BLACK_BOX)
         if differences:
             lines.append(f"{'black-box protocol':18s} not the card's ({'; '.join(differences)})")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from rgb.data.catalog import WHITE_BOX
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, BlackBoxScore, ScoresRecord  # noqa: E402
 
 ZERO_SLIVER = 0.006  # height (in accuracy units) that keeps a zero bar visible
@@ -231,7 +232,7 @@ def record_figures(record: ScoresRecord, class_names: list[str], out: Path) -> l
     """Every figure of one scores record, saved under `out`."""
     title = record.title
     settings = {s: (a.value if a else None) for s, a in record.white_box.settings.items()}
-    na = record.not_applicable("white_box")
+    na = record.not_applicable(WHITE_BOX)
     absent = {s: na for s in settings if na and s in ATTACK_SETTING_NORMS}
     figures = [save(settings_figure({record.dataset: settings}, f"five settings: {title}", absent),
                     out / "settings.png")]

@@ -21,7 +21,7 @@ from rgb.core.files import atomic_write_json
 from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, Norm, parse_norm
-from rgb.data.catalog import TRANSFER_SPLITS
+from rgb.data.catalog import BLACK_BOX, TRANSFER_SPLITS, WHITE_BOX
 from rgb.data.protocol import Protocol
 from rgb.endpoints.client import RequestStats
 from rgb.runs.store import RunSummary, partial_dir
@@ -45,7 +45,7 @@ WHITE_BOX_SETTINGS = (CLEAN_SETTING, COMMON_SETTING, *map(attack_setting, WHITE_
 # The same five as users write them (`rgb.benchmark(settings=...)`, error messages): an attack setting by its norm key.
 WHITE_BOX_SETTING_NAMES = (CLEAN_SETTING, COMMON_SETTING, *(norm.key for norm in WHITE_BOX_NORMS))
 BLACK_BOX_SETTINGS = (CLEAN_SETTING, COMMON_SETTING, *TRANSFER_SPLITS)
-PROTOCOLS = {"white_box": WHITE_BOX_SETTINGS, "black_box": BLACK_BOX_SETTINGS}
+PROTOCOLS = {WHITE_BOX: WHITE_BOX_SETTINGS, BLACK_BOX: BLACK_BOX_SETTINGS}
 # A complete evaluation writes SCORES_FILE (what a leaderboard pool collects); a PARTIAL one (max_images) writes
 # PARTIAL_SCORES_FILE in rgb.runs.store.partial_dir, so it never replaces the complete record nor enters a pool unasked.
 SCORES_FILE = "scores.json"
@@ -433,12 +433,12 @@ class ScoresRecord(JsonRecord):
         return PARTIAL_SCORES_FILE if self.partial else SCORES_FILE
 
     def score_under(self, name: str) -> ProtocolScore | None:
-        return {"white_box": self.white_box, "black_box": self.black_box}[name]
+        return {WHITE_BOX: self.white_box, BLACK_BOX: self.black_box}[name]
 
     def differences_for(self, name: str) -> list[str]:
         """How this record departs from the card's protocol `name` (empty: a card entry of its Sum and Borda)."""
         found = self.protocol.differences_for(name)
-        if name == "black_box" and self.black_box and self.black_box.own_surrogates:
+        if name == BLACK_BOX and self.black_box and self.black_box.own_surrogates:
             found.append(f"own adversarial examples as transfer ({', '.join(self.black_box.own_surrogates)})")
         return found
 
@@ -448,7 +448,7 @@ class ScoresRecord(JsonRecord):
 
     def not_applicable(self, protocol: str) -> str | None:
         """`n/a (API model)` where a protocol cannot apply to this model (a leaderboard lists it, unranked)."""
-        return f"n/a ({self.white_box_na})" if protocol == "white_box" and self.white_box_na else None
+        return f"n/a ({self.white_box_na})" if protocol == WHITE_BOX and self.white_box_na else None
 
     def metrics(self) -> dict[str, float]:
         """Every number of the record under a slash-separated key (accuracies as their value), for W&B."""

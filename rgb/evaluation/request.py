@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rgb.core.classwise import DEFAULT_WORST_K
+from rgb.data.catalog import WHITE_BOX
 from rgb.endpoints.client import RequestCaps
 
 
@@ -60,7 +61,7 @@ class EvalRequest:
     data: Callable[[], object]  # the data config's module (rgb.data.BenchmarkData), built when the scoring needs it
     device: str  # as configured: auto is resolved here
     batch_size: int
-    protocol: str = "white_box"  # black_box also scores the black-box protocol (as transfer)
+    protocol: str = WHITE_BOX  # black_box also scores the black-box protocol (as transfer)
     transfer: bool = False
     severity_sweep: bool = False
     allow_partial: bool = False

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rgb.core.files import atomic_write_json, replaced_whole
 from rgb.core.machine import resolve_device
+from rgb.data.catalog import BLACK_BOX
 from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.endpoint_eval import cache_path, request_budget
 from rgb.evaluation.leaderboard import (
@@ -159,7 +160,7 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     api_model = getattr(model, "inputs", "tensor") != "tensor"
     request = replace(  # resolved once, then read as it is by every step of the scoring
         request, attack_dir=attack_dir_read(request.attack_dir, request.max_images),
-        transfer=request.transfer or request.protocol == "black_box", device=resolve_device(request.device),
+        transfer=request.transfer or request.protocol == BLACK_BOX, device=resolve_device(request.device),
     )
     if (request.dry_run or request.caps.capped) and not api_model:
         raise EvaluationError(f"dry_run, {', '.join(RequestCaps.names())} count API requests; {run} holds "

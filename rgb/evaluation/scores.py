@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from rgb.data.catalog import DATASETS, TRANSFER_SPLITS
+from rgb.data.catalog import BLACK_BOX, DATASETS, TRANSFER_SPLITS, WHITE_BOX
 from rgb.evaluation.records import (CLEAN_SETTING, COMMON_SETTING, PROTOCOLS, Accuracy, BlackBoxScore, JsonRecord,
                                     ProtocolScore, ScoresRecord)
 
@@ -87,7 +87,7 @@ class SumScore(JsonRecord):
 
 
 def sum_score(per_dataset: Mapping[str, ProtocolScore | None], datasets: Sequence[str],
-              protocol: str = "white_box", differences: Mapping[str, list[str]] | None = None) -> SumScore:
+              protocol: str = WHITE_BOX, differences: Mapping[str, list[str]] | None = None) -> SumScore:
     """Sum over `datasets`; a dataset without a record counts all its settings as missing. `differences`: per
     dataset, how its record departs from the card's protocol (ScoresRecord.differences_for)."""
     missing, partial, total, covered = [], [], 0.0, 0
@@ -165,6 +165,6 @@ def black_box_score(
         if settings[split] is not None and short:
             settings[split] = replace(settings[split], partial=True)  # a minimum over part of the surrogates
     used = {s for split in TRANSFER_SPLITS for s in by[split]}
-    return BlackBoxScore("black_box", settings, chosen, by, {k: v for k, v in absent.items() if v},
+    return BlackBoxScore(BLACK_BOX, settings, chosen, by, {k: v for k, v in absent.items() if v},
                          {k: v for k, v in others.items() if v}, {k: v for k, v in not_asked.items() if v},
                          sorted(used & set(own)))

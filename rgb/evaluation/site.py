@@ -27,7 +27,7 @@ from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json, distinct_name
 from rgb.core.secrets import redact, redact_text
 from rgb.core.threat import parse_norm
-from rgb.data.catalog import TRANSFER_SPLITS, split_budget
+from rgb.data.catalog import BLACK_BOX, TRANSFER_SPLITS, WHITE_BOX, split_budget
 from rgb.data.protocol import budget_text
 from rgb.data.resolvers import transfer_budget
 from rgb.evaluation.leaderboard import (
@@ -51,7 +51,7 @@ SETTING_LABELS = {CLEAN_SETTING: "clean", **{setting: norm.value for setting, no
 # What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
 REPORT_FOLDERS = {ZEROSHOT_REPORT_DIR: "zero-shot report", TEXT_ROBUSTNESS_DIR: "text robustness"}
 MISSING = "—"
-BOARD_TITLES = {"white_box": "White-box (AutoAttack)", "black_box": "Black-box (transfer from the card's surrogates)"}
+BOARD_TITLES = {WHITE_BOX: "White-box (AutoAttack)", BLACK_BOX: "Black-box (transfer from the card's surrogates)"}
 # The benchmark's own citation (the dataset card's), shown under the boards.
 CITATION = TEMPLATES / "robustgenbench.bib"
 
@@ -207,7 +207,7 @@ def board_norms(board: Leaderboard) -> list[str]:
 def record_budgets(protocol: str, record: ScoresRecord) -> list[tuple[str, str]]:
     """(norm, eps text) of every budget behind a record's numbers under `protocol`: its white-box budgets
     (`protocol.budgets`), or the transfer splits' at its image size."""
-    if protocol == "white_box":
+    if protocol == WHITE_BOX:
         return [(norm.value, budget_text(norm.key, record.protocol.budgets[norm.key]))
                 for norm in ATTACK_SETTING_NORMS.values() if norm.key in record.protocol.budgets]
     return [(setting_norm(split), budget_text(split_budget(split)[0], transfer_budget(split, record.protocol.image_size)))
@@ -232,7 +232,7 @@ def threat_lines(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> lis
         parts = []
         for norm in (n for n in board_norms(board) if n in by_norm):
             ordered = sorted(by_norm[norm].items(), key=lambda item: -len(item[1]))  # the most used budget first
-            if board.protocol == "black_box":
+            if board.protocol == BLACK_BOX:
                 parts.append(f"{norm}, eps = {', '.join(eps for eps, _ in ordered)}")
                 continue
             others = "; ".join(f"{', '.join(models)}: eps = {eps}" for eps, models in ordered[1:])

@@ -15,6 +15,7 @@ from pathlib import Path
 import wandb
 
 from rgb.core.files import distinct_name, file_sha256, sha256_alias
+from rgb.data.catalog import WHITE_BOX
 from rgb.evaluation.exports import MODEL_INFO_DIR
 from rgb.evaluation.leaderboard import LEADERBOARD_FILES, Leaderboard, table_rows
 from rgb.evaluation.records import ATTACK_SETTING_NORMS, PROTOCOLS, ScoresRecord
@@ -79,7 +80,7 @@ def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: 
         for setting, acc in record.white_box.settings.items():
             norm = ATTACK_SETTING_NORMS.get(setting)
             table.add_data(setting, *((acc.value, acc.correct, acc.total, acc.partial) if acc else (None,) * 4),
-                           record.eps.get(norm.key) if norm else None, statuses["white_box"])
+                           record.eps.get(norm.key) if norm else None, statuses[WHITE_BOX])
         logged = {"settings": table}
         for plot in record.plots:
             logged[f"plots/{Path(plot).stem}"] = wandb.Image(str(out_dir / plot))

@@ -30,10 +30,9 @@ from fastapi.responses import Response
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json
-from rgb.endpoints.batch import BATCH_URL, FINISHED, MAX_REQUESTS  # OpenAI's Batch API, as the client speaks it
+from rgb.endpoints.batch import BATCH_URL, COMPLETION_WINDOW, FINISHED, MAX_REQUESTS  # OpenAI's Batch API, as the client speaks it
 
 log = logging.getLogger("rgb.serve")
-COMPLETION_WINDOW = "24h"
 
 
 class BatchStoreError(UserError, ValueError):

@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 
 from rgb.core import file_sha256
 from rgb.core.templates import PromptError, check_templates, prompt_class_names
-from rgb.data.catalog import DATASETS, MINI
+from rgb.data.catalog import DATASET_IDS  # the keys `dataset_templates` may use
 from rgb.models.openclip import LoadedCLIP, OpenCLIPClassifier, classifier_from_clip
 from rgb.zeroshot.ensembles import (
     ENSEMBLES,
@@ -36,7 +36,6 @@ from rgb.zeroshot.prompts import (
 from rgb.zeroshot.text import TextFeatureCache
 
 NEEDS_IMAGES = ("zpe", "zpe_select", "cpe")
-DATASET_IDS = (*DATASETS, MINI.name)  # the keys `dataset_templates` may use
 
 
 def load_pretraining_features(path: str | Path) -> tuple[torch.Tensor, str]:
