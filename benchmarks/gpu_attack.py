@@ -82,10 +82,10 @@ CPU_PLAN = {
 }
 
 
-def build_fixture(name: str, contraction: float, plan: dict):
-    """The model of part `fixture_<name>`, on the plan's device, in eval mode, parameters frozen."""
+def fixture_net(name: str, num_classes: int, image_size: int, contraction: float = 1):
+    """A random-init timm `name` behind the input contraction (module docstring); also the factory that rebuilds
+    pooled_vs_batch's export (`gpu_attack:fixture_net`, importable where this script runs: its folder is on the path)."""
     import timm
-    import torch
     from torch import nn
 
     class Contracted(nn.Module):
@@ -96,10 +96,16 @@ def build_fixture(name: str, contraction: float, plan: dict):
         def forward(self, x):
             return self.net(x if self.factor == 1 else 0.5 + (x - 0.5) / self.factor)
 
+    kwargs = {"img_size": image_size} if "vit" in name else {}
+    return Contracted(timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs), contraction)
+
+
+def build_fixture(name: str, contraction: float, plan: dict):
+    """The model of part `fixture_<name>`, on the plan's device, in eval mode, parameters frozen."""
+    import torch
+
     torch.manual_seed(0)
-    kwargs = {"img_size": plan["image_size"]} if "vit" in name else {}
-    net = timm.create_model(name, pretrained=False, num_classes=plan["num_classes"], **kwargs)
-    model = Contracted(net, contraction).to(plan["device"]).eval()
+    model = fixture_net(name, plan["num_classes"], plan["image_size"], contraction).to(plan["device"]).eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return model
@@ -272,21 +278,19 @@ def boundary_mix(model, plan: dict, seed: int = 3):
 
 
 class ScheduleCase:
-    """pooled_vs_batch's case as a user's run is: a timm model (rgb.models.create_model, random init, seed 0)
-    exported as training exports one, the mix written as a one-split snapshot by the suite's writer, and the
-    request attack.py makes of it per schedule (attacks and dry runs load the export by path)."""
+    """pooled_vs_batch's case as a user's run is: the fixture model (random init, no input normalisation: the
+    fixture part's resnet50, whose noise images survive), exported with the factory that rebuilds it, the mix written
+    as a one-split snapshot by the suite's writer, and the request attack.py makes of it per schedule (attacks and
+    dry runs load the export by path, as attack.py run=DIR does)."""
 
     def __init__(self, plan: dict, work: Path):
-        import torch
-
         from rgb.data.benchmark_data import BenchmarkData
         from rgb.data.snapshot import clean_columns, write_readme, write_split
-        from rgb.models import create_model, export_meta, export_model
+        from rgb.models import export_factory_model, export_meta
 
         self.plan, self.work, self.settings = plan, work, plan["pooled_vs_batch"]
         name = self.settings["model"]
-        torch.manual_seed(0)
-        model = create_model(name, plan["num_classes"], pretrained=False).to(plan["device"]).eval()
+        model = build_fixture(name, 1, plan)
         images_u8, labels, self.robust_by_design = boundary_mix(model, plan)
         class_names = [f"class_{c:03d}" for c in range(plan["num_classes"])]
         write_split(work / "snapshot" / "data" / "fixture_mix" / "test.parquet", class_names,
@@ -295,7 +299,9 @@ class ScheduleCase:
         self.datamodule = BenchmarkData(str(work / "snapshot"), "fixture_mix", plan["image_size"],
                                         plan["num_classes"], {"linf": EPS}, eval_batch_size=self.settings["batch"])
         self.run_dir = work / "models" / name
-        export_model(model.cpu(), self.run_dir, export_meta(self.datamodule, {"run_name": name}))
+        export_factory_model(model.cpu(), self.run_dir, f"{Path(__file__).stem}:fixture_net",
+                             {"name": name, "num_classes": plan["num_classes"], "image_size": plan["image_size"]},
+                             export_meta(self.datamodule, {"run_name": name}, timm_name=name))
 
     def request(self, schedule: str):
         import torch
