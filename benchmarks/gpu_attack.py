@@ -23,8 +23,8 @@ part cut by its limit costs only its own entry. Parts:
     robust images, model, budget (Linf 4/255) and batch: APGD-CE alone, so that it fits; the whole cascade's time
     follows from the throughput rows (a computed figure, labelled so).
   - pooled_vs_batch: one attack run per schedule through the library's own entry points (rgb.runs.AttackRequest and
-    rgb.runs.runner.execute, as attack.py runs them; the model in memory, as rgb.benchmark hands it over) on the
-    same images, model (resnet50), budget (Linf 4/255) and batch: the standard version's whole cascade with fewer
+    rgb.runs.runner.execute, as attack.py runs them; the fixture model exported with the factory that rebuilds it
+    and loaded by path) on the same images, model (resnet50), budget (Linf 4/255) and batch: the standard version's whole cascade with fewer
     steps and Square queries, so that both fit (labelled: not the protocol's). Each run's wall time (CUDA
     synchronised), rows, robust flags of both and whether they agree image by image. The images are a
     robust-model-like mix (`boundary_mix`), written as a one-split snapshot by the suite's writer: a share
