@@ -24,8 +24,8 @@ part cut by its limit costs only its own entry. Parts:
     follows from the throughput rows (a computed figure, labelled so).
   - pooled_vs_batch: one attack run per schedule through the library's own entry points (rgb.runs.AttackRequest and
     rgb.runs.runner.execute, as attack.py runs them; the fixture model exported with the factory that rebuilds it
-    and loaded by path) on the same images, model (resnet50), budget (Linf 4/255) and batch: the standard version's whole cascade with fewer
-    steps and Square queries, so that both fit (labelled: not the protocol's). Each run's wall time (CUDA
+    and loaded by path) on the same images, model (resnet50), budget (Linf 4/255) and batch: the standard version's
+    whole cascade with fewer steps and Square queries, so that both fit (labelled: not the protocol's). Each run's wall time (CUDA
     synchronised), rows, robust flags of both and whether they agree image by image. The images are a
     robust-model-like mix (`boundary_mix`), written as a one-split snapshot by the suite's writer: a share
     (~20%) of uniform-noise images, which a random-init net classifies with a margin APGD does not overcome (the
