@@ -25,15 +25,15 @@ part cut by its limit costs only its own entry. Parts:
   - pooled_vs_batch: one attack run per schedule through the library's own entry points (rgb.runs.AttackRequest and
     rgb.runs.runner.execute, as attack.py runs them; the fixture model exported with the factory that rebuilds it
     and loaded by path) on the same images, model (resnet50), budget (Linf 4/255) and batch: the standard version's
-    whole cascade with fewer steps and Square queries, so that both fit (labelled: not the protocol's). Each run's wall time (CUDA
-    synchronised), rows, robust flags of both and whether they agree image by image. The images are a
-    robust-model-like mix (`boundary_mix`), written as a one-split snapshot by the suite's writer: a share
-    (~20%) of uniform-noise images, which a random-init net classifies with a margin APGD does not overcome (the
-    fixture part: resnet50 survives), and the rest points near the decision boundary: on the line from a noise
-    image to a flat-colour image the net classifies otherwise, bisected to the class change, stepped back 1/255
-    (Linf) to the noise image's side and stored as 8-bit PNG, which APGD-CE flips within a few steps. Every image is
-    labelled by the model's prediction on its stored pixels, in an order that spreads the robust ones evenly over
-    the batches (each batch keeps ~20%, the case where the batch schedule's tails run nearly empty).
+    whole cascade with fewer steps and Square queries, so that both fit (labelled: not the protocol's). Each run's
+    wall time (CUDA synchronised), rows, robust flags of both and whether they agree image by image. The images are
+    a robust-model-like mix (`boundary_mix`), written as a one-split snapshot by the suite's writer: a share (~20%)
+    of uniform-noise images, which a random-init net classifies with a margin APGD does not overcome (the fixture
+    part: resnet50 survives), and the rest points near the decision boundary: on the line from a noise image to a
+    flat-colour image the net classifies otherwise, bisected to the class change, stepped back 1/255 (Linf) to the
+    noise image's side and stored as 8-bit PNG, which APGD-CE flips within a few steps. Every image is labelled by
+    the model's prediction on its stored pixels, in an order that spreads the robust ones evenly over the batches
+    (each batch keeps ~20%, the case where the batch schedule's tails run nearly empty).
   - dry_run_forecast: `attack.py dry_run=true`'s estimate (rgb.runs.cost.estimate) of the same case: its time from
     the throughput rows this run measured (this report, rewritten so far; the model's own rows, at the measured
     batch nearest the run's), else the bound, labelled by `time_basis`; the forecast at the robust share that
@@ -84,7 +84,7 @@ CPU_PLAN = {
 
 def fixture_net(name: str, num_classes: int, image_size: int, contraction: float = 1):
     """A random-init timm `name` behind the input contraction (module docstring); also the factory that rebuilds
-    pooled_vs_batch's export (`gpu_attack:fixture_net`, importable where this script runs: its folder is on the path)."""
+    pooled_vs_batch's export (`gpu_attack:fixture_net`: this script's folder is on the path where it runs)."""
     import timm
     from torch import nn
 
