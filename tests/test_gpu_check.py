@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.sh end to end at tiny CPU sizes, so the GPU script cannot rot between GPU sessions."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def test_gpu_attack_runs_every_part_on_cpu(tmp_path):
     report = json.loads(out.read_text())
     parts = report["parts"]
     assert list(parts) == ["fixture_test_resnet", "fixture_test_vit", "throughput_test_resnet", "throughput_test_vit",
-                           "versus_authors"]
+                           "versus_authors", "pooled_vs_batch", "dry_run_forecast"]
     assert all(part["returncode"] == 0 and part["seconds"] > 0 for part in parts.values())
     vit = parts["fixture_test_vit"]["result"]
     assert vit["input_contraction"] == 20 and vit["survived"] == 1.0  # the ViT fixture survives APGD-CE
@@ -61,6 +62,21 @@ def test_gpu_attack_runs_every_part_on_cpu(tmp_path):
     versus = parts["versus_authors"]["result"]
     assert versus["ours"]["seconds"] > 0 and versus["ours"]["robust_accuracy"] == 1.0
     assert "seconds" in versus["authors"] or "skipped" in versus["authors"]
+    schedules = parts["pooled_vs_batch"]["result"]  # both schedules through rgb.runs, on the same 8 images
+    assert schedules["images"] == 8 and sum(schedules["robust_by_design"]) == 2
+    for schedule in ("batch", "pooled"):
+        run = schedules["schedules"][schedule]
+        assert run["wall_seconds"] > 0 and len(run["robust"]) == 8 and run["n_robust"] == sum(run["robust"])
+    assert schedules["flags_agree"] == (schedules["schedules"]["batch"]["robust"]
+                                        == schedules["schedules"]["pooled"]["robust"])
+    assert sum(schedules["agreement"].values()) <= 8 and schedules["pooled_speedup"] > 0
+    forecast = parts["dry_run_forecast"]["result"]  # from the throughput rows this run measured on the CPU
+    assert forecast["time_basis"]["kind"] == "forecast" and forecast["time_basis"]["utilisation"]["device"] == "cpu"
+    assert forecast["robust_share_source"].startswith("measured by pooled_vs_batch")
+    assert forecast["forecast_seconds"] > 0
+    walls = forecast["measured_wall_seconds"]
+    assert walls == {s: schedules["schedules"][s]["wall_seconds"] for s in ("batch", "pooled")}
+    assert forecast["measured_over_forecast"] == {s: walls[s] / forecast["forecast_seconds"] for s in walls}
 
 
 @pytest.mark.slow
@@ -83,3 +99,11 @@ def test_gpu_check_fits_a_lent_gpu_command(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) <= 540
+    plans = {}
+    for name in ("gpu_attack", "gpu_check"):  # gpu_attack.py's parts at their limits end inside its part's limit
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        plans[name] = module
+    attack = plans["gpu_attack"]
+    assert sum(limit for _, limit in attack.parts(attack.GPU_PLAN)) < plans["gpu_check"].GPU_PLAN["gpu_attack"]["limit"]
