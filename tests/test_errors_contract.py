@@ -178,7 +178,7 @@ USER_ERRORS = {
         ValueError, "factory 'torch.nn:Linear' with kwargs .* give the factory and kwargs that build this model"),
     "rgb/training/optim.py::build_optimizer": (
         lambda tmp, fixture: build_optimizer(frozen_model(), 1e-3, 1e-3, 0.0, 0.0), ValueError,
-        "the model has no trainable parameters .* use strategy=full_finetune"),
+        "the model has no trainable parameters: every one has requires_grad=False .* use strategy=full_finetune"),
     "rgb/training/zeroshot.py::initialise_head": (
         lambda tmp, fixture: initialise_head(None, ModelSection(build=frozen_model, head_init="bogus"), None),
         ValueError, "unknown head_init 'bogus'; choose one of zeroshot"),

@@ -409,6 +409,27 @@ def test_workers_on_one_cpu_share_its_threads(monkeypatch, device, expected):
     assert events == [("error", (0, "AttackRunError: opened", None))]  # a user error: one line, no traceback
 
 
+def test_a_worker_reports_any_user_error_as_one_line(monkeypatch):
+    """An option the model refuses (AttackOptionsError, a UserError of rgb.attacks) is one line from a worker too,
+    as every UserError is; anything else keeps its traceback."""
+    import importlib
+    from types import SimpleNamespace
+
+    from rgb.attacks.options import AttackOptionsError
+
+    pool = importlib.import_module("rgb.runs.pool")
+    monkeypatch.setattr(pool, "configure_threads", lambda threads: None)
+    for raised, traced in ((AttackOptionsError("capture='trace' refused"), False), (KeyError("bug"), True)):
+        events = []
+
+        def job(*args, raised=raised):
+            raise raised
+
+        pool._worker(0, 1, SimpleNamespace(threads=1, device="cpu"), None, SimpleNamespace(put=events.append), job)
+        (kind, (rank, line, trace)), = events
+        assert (kind, rank, "\n" in line, trace is not None) == ("error", 0, False, traced), events
+
+
 @pytest.mark.parametrize("holder", ["saves the batch", "dies"])
 def test_a_batch_another_process_holds_is_waited_for_never_attacked_twice(
     surrogate, small_bench, reference, tmp_path, holder

@@ -108,7 +108,8 @@ class BenchmarkData:
         names = self.split("test").class_names
         if len(names) != self.num_classes:
             raise DataConfigError(f"data.num_classes={self.num_classes} but {self.dataset} in {self.source} has "
-                                  f"{len(names)} classes: set data.num_classes={len(names)}")
+                                  f"{len(names)} classes: set data.num_classes={len(names)}, or point the source at "
+                                  f"{self.dataset}'s snapshot")
         return names
 
     def loader_workers(self) -> int:

@@ -14,7 +14,7 @@ from queue import Empty
 
 import torch
 
-from rgb.attacks.common import AttackError
+from rgb.core.errors import UserError
 from rgb.core.machine import configure_threads, die_with_parent, keep_freed_memory
 from rgb.runs.request import AttackRequest
 from rgb.runs.store import AttackRunError
@@ -64,7 +64,7 @@ def _worker(rank: int, workers: int, request: AttackRequest, tasks, events, job:
         job(rank, device, request, tasks, _Events(events), inherited)
         events.put(("exit", (rank,)))
     except Exception as err:  # the parent names it and stops the other workers
-        user = isinstance(err, (AttackRunError, AttackError))
+        user = isinstance(err, UserError)  # AttackRunError, AttackError, an option a model refuses, ...
         events.put(("error", (rank, f"{type(err).__name__}: {err}", None if user else traceback.format_exc())))
 
 

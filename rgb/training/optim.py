@@ -70,6 +70,7 @@ def build_optimizer(
 ) -> torch.optim.AdamW:
     groups = parameter_groups(model, backbone_lr, head_lr, backbone_weight_decay, head_weight_decay)
     if not groups:
-        raise TrainingConfigError("the model has no trainable parameters (strategy=linear_probe with a loss that keeps "
-                                  "the head fixed freezes them all): use strategy=full_finetune")
+        raise TrainingConfigError("the model has no trainable parameters: every one has requires_grad=False (a model "
+                                  "built frozen, or linear_probe with a loss that keeps the head fixed): unfreeze the "
+                                  "model or use strategy=full_finetune")
     return torch.optim.AdamW(groups, betas=tuple(betas))
