@@ -19,9 +19,9 @@ RGB = REPO / "rgb"
 CONF = REPO / "conf"
 # A whole file from one call: the writes a JSON record must not be hand-made with.
 FILE_WRITES = {"write_text", "write_bytes", "atomic_write_bytes"}
-# Functions that own one per-norm rule (the budget's float tolerance, FAB's start noise; the norm's value is
-# rgb.core.threat.lp_norm's, outside rgb/attacks): a branch on the norm there is that rule's table.
-NORM_OWNERS = {"rgb/attacks/autoattack.py::within_budget", "rgb/attacks/fab.py::fab_random_start"}
+# Functions that own one per-norm rule (the budget's float tolerance; the norm's value is rgb.core.threat.lp_norm's,
+# outside rgb/attacks): a branch on the norm there is that rule's table.
+NORM_OWNERS = {"rgb/attacks/autoattack.py::within_budget"}
 
 
 def rgb_tree(tmp_path: Path, module: str, source: str) -> Path:

@@ -394,13 +394,22 @@ def fab_targeted(
     return outcome.result()
 
 
+def _uniform_noise(x0: torch.Tensor, generator) -> torch.Tensor:
+    return 2 * torch.rand(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype) - 1
+
+
+def _gaussian_noise(x0: torch.Tensor, generator) -> torch.Tensor:
+    return torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+
+
+# Each norm's start direction before scaling: uniform in [-1,1]^d for Linf, Gaussian for L2 and L1.
+_START_NOISE = {"Linf": _uniform_noise, "L2": _gaussian_noise, "L1": _gaussian_noise}
+
+
 def fab_random_start(x0: torch.Tensor, norm: str, eps: float, generator) -> torch.Tensor:
-    """A restart's first iterate (flattened rows): x0 plus a random perturbation of norm eps/2, clipped to the
-    box; uniform in [-1,1]^d then scaled for Linf, Gaussian then scaled for L2 and L1."""
-    if norm == "Linf":
-        t = 2 * torch.rand(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype) - 1
-    else:
-        t = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+    """A restart's first iterate (flattened rows): x0 plus a random perturbation of norm eps/2 in the norm's start
+    direction (`_START_NOISE`), clipped to the box."""
+    t = _START_NOISE[norm](x0, generator)
     return (x0 + 0.5 * eps * t / lp_norm(t, norm)[:, None]).clamp(0.0, 1.0)
 
 
