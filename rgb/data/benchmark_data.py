@@ -31,6 +31,8 @@ class BenchmarkData:
     training's, read by rgb.training.datamodule.RGBDataModule.
     With `build_mini_if_missing` (the mini config), an absent `source` is built as the mini benchmark first, so
     the default configuration serves on a fresh clone.
+    The keyword defaults are a Python caller's, safe on any machine (no worker processes, no pinned memory); the
+    data configs set the benchmark's own (conf/data/_benchmark.yaml) and `for_dataset` the configs' batch sizes.
     """
 
     def __init__(
