@@ -5,13 +5,11 @@ except at the sites of INTERNAL, each with why it is not the user's to cause; an
 makes that once raised a bare builtin to a one-line UserError of that builtin."""
 
 import ast
-import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from torch import nn
 
 from helpers import raises_one_line
@@ -21,8 +19,9 @@ from rgb.core.errors import UserError
 from rgb.core.threat import parse_norm
 from rgb.data.benchmark_data import BenchmarkData
 from rgb.data.corruptions import apply_corruption, corruption_of_row
+from rgb.data.layout import split_file
 from rgb.data.protocol import card_image_size
-from rgb.data.snapshot import snapshot_shape
+from rgb.data.snapshot import clean_columns, snapshot_shape, write_split
 from rgb.models import create_model, export_factory_model, export_model
 from rgb.models.user_factory import resolve_factory
 from rgb.training.losses import build_loss
@@ -126,15 +125,9 @@ def attacked(model: nn.Module, **options):
 
 
 def non_square_snapshot(root: Path, dataset: str = "odd") -> Path:
-    """A snapshot whose test split holds one 8x6 image (the layout rgb.data.snapshot writes)."""
-    import datasets
-
-    png = io.BytesIO()
-    Image.new("RGB", (8, 6)).save(png, format="PNG")
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
-    (root / "data" / dataset).mkdir(parents=True)
-    datasets.Dataset.from_dict({"image": [{"bytes": png.getvalue(), "path": None}], "label": [0]},
-                               features=features).to_parquet(root / "data" / dataset / "test.parquet")
+    """A snapshot whose test split holds one 8x6 image, written by the suite's snapshot writer."""
+    write_split(split_file(root, dataset, "test"), ["a", "b"], clean_columns(np.zeros((1, 6, 8, 3), np.uint8),
+                                                                            np.array([0])))
     return root
 
 
