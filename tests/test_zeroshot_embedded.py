@@ -23,6 +23,16 @@ def test_training_is_deterministic(mini_dir):
         assert torch.equal(a, b), name
 
 
+def test_training_from_random_init_warns_of_nothing(mini_dir, caplog):
+    """open_clip warns "No pretrained weights loaded ... initialized randomly" for the random start this training
+    wants: make demo printed it as a WARNING to every newcomer."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        train_embedded_clip(mini_dir, epochs=1)
+    assert "initialized randomly" not in caplog.text
+
+
 def test_a_directory_trained_with_other_settings_is_refused(tmp_path, mini_dir):
     (tmp_path / "open_clip_model.safetensors").write_bytes(b"")
     (tmp_path / CONFIG_FILE).write_text(json.dumps({"rgb_training": {"epochs": 1}}))

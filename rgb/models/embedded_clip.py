@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, tensor_file_problem
 from rgb.core.templates import check_templates, fill, prompt_class_names
 from rgb.models.factory import ModelSpecError
-from rgb.models.openclip import CHECKPOINT_FILE, CONFIG_FILE, load_clip, register_architecture
+from rgb.models.openclip import CHECKPOINT_FILE, CONFIG_FILE, load_clip, quiet_root_logger, register_architecture
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ def train_embedded_clip(mini_dir: Path, templates=CAPTION_TEMPLATES, epochs: int
 
 def _train(mini_dir: Path, templates, epochs, batch_size, lr, token_noise, seed):
     torch.manual_seed(seed)
-    clip = load_clip(EMBEDDED_ARCH)
+    with quiet_root_logger(keep=logging.ERROR):  # open_clip's "initialized randomly": the start this training wants
+        clip = load_clip(EMBEDDED_ARCH)
     model, tokenizer = clip.model.train(), clip.tokenizer
     images, labels, class_names = _train_images(mini_dir)
     images = (images - torch.tensor(clip.preprocess["mean"]).view(1, 3, 1, 1)) / torch.tensor(

@@ -219,7 +219,7 @@ class LoadedCLIP:
 
 
 @contextlib.contextmanager
-def _quiet_root_logger(keep: int = logging.WARNING):
+def quiet_root_logger(keep: int = logging.WARNING):
     """open_clip reports every model build as INFO on the root logger (about ten lines per load, in every command's
     output); only its warnings are kept (`keep`)."""
     root = logging.getLogger()
@@ -375,7 +375,7 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
         config["vision_cfg"]["image_size"] = int(image_size)
     reading = corrupt_file_named(Path(checkpoint), "CLIP weights file") if checkpoint else contextlib.nullcontext()
     fits = weights_must_fit(f"weights {checkpoint} do not fit open_clip {name!r}")
-    with fits, reading, hub(), torch.random.fork_rng(devices=[]), _quiet_root_logger():
+    with fits, reading, hub(), torch.random.fork_rng(devices=[]), quiet_root_logger():
         torch.manual_seed(0)  # random init (no weights) is reproducible: a reload has the same text tower
         model = open_clip.create_model(
             name, pretrained=checkpoint, force_image_size=image_size, pretrained_text=False,
@@ -383,7 +383,7 @@ def load_clip(name: str, pretrained: str | None = None, weights: str | None = No
         )
     if image_state is not None:
         _load_image_tower(model, image_state, str(weights), name)
-    with hub(), _quiet_root_logger():
+    with hub(), quiet_root_logger():
         tokenizer = open_clip.get_tokenizer(name)
     return LoadedCLIP(model.eval(), tokenizer, name, pretrained, None if weights is None else str(weights), config,
                       _preprocess_of(model, name, pretrained), None if text_weights is None else str(text_weights),
@@ -419,7 +419,7 @@ def _vision_tower(config: dict) -> nn.Module:
     digest = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
     name = f"rgb-rebuild-{digest}"
     register_architecture(name, config)
-    with torch.random.fork_rng(devices=[]), _quiet_root_logger(keep=logging.ERROR):  # "initialized randomly"
+    with torch.random.fork_rng(devices=[]), quiet_root_logger(keep=logging.ERROR):  # "initialized randomly"
         return open_clip.create_model(name, pretrained=None, pretrained_text=False, pretrained_image=False).visual
 
 
