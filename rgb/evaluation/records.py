@@ -21,6 +21,7 @@ from rgb.core.files import atomic_write_json
 from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, Norm, parse_norm
+from rgb.core.values import name_problem, shown_name
 from rgb.data.catalog import BLACK_BOX, TRANSFER_SPLITS, WHITE_BOX
 from rgb.data.protocol import Protocol
 from rgb.endpoints.client import RequestStats
@@ -397,6 +398,12 @@ class ScoresRecord(JsonRecord):
     def __post_init__(self):
         if self.protocol is None:
             raise RecordError(f"scores record of {self.model.run_name} on {self.dataset} without its protocol")
+        # every file a pool writes for a record is named from these (rgb.core.files.distinct_name): each must be one
+        # path component, never `..`, `a/b` or a name no file system takes
+        for what, name in (("model run_name", self.model.run_name), ("dataset", self.dataset)):
+            if name is not None and (problem := name_problem(name)):
+                raise RecordError(f"scores record with {what} {shown_name(name)}: {problem}; evaluate the model "
+                                  f"again under a {what} that is one directory name")
 
     @classmethod
     def from_json(cls, data: dict) -> ScoresRecord:
