@@ -175,6 +175,27 @@ def board_file_names_spelled_again(root: Path = RGB) -> list[str]:
             for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in LEADERBOARD_FILES]
 
 
+def file_names_from_run_names(root: Path = RGB) -> list[str]:
+    """'file:line' of a path part (`x / ...`) spelled from a model's run name other than through
+    rgb.core.files.distinct_name (a file of its own per name) or rgb.core.values.path_name (a run's own directory,
+    one path component): `x 1`, `x+1` and `x_1` once shared model_info/<dataset>/<norm>/x_1.json."""
+
+    def names_a_run(node: ast.AST) -> bool:
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("distinct_name", "path_name"):
+            return False
+        if (isinstance(node, ast.Attribute) and node.attr == "run_name") or (
+                isinstance(node, ast.Name) and node.id == "run_name") or (
+                isinstance(node, ast.Subscript) and ast.unparse(node.slice) in ("'run_name'", "'name'")):
+            return True
+        return any(names_a_run(child) for child in ast.iter_child_nodes(node))
+
+    found = []
+    for name, tree in _modules(root):
+        found += [f"{name}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.BinOp)
+                  and isinstance(node.op, ast.Div) and names_a_run(node.right)]
+    return sorted(found)
+
+
 def norm_branches(root: Path = RGB) -> list[str]:
     """'file:line' of every comparison with a norm's name ("Linf", "l2", Norm.L1, ...) in rgb/attacks outside the
     per-norm owners: what a norm means to an attack is a per-norm class or table looked up once (apgd's `_BALLS`,
@@ -304,6 +325,11 @@ CHECKS = [
     (openai_clients, "endpoints/client.py",
      "import openai\ndef sdk():\n    return openai.OpenAI()\ndef other():\n    return OpenAI(), openai.AsyncOpenAI()\n",
      ["rgb/endpoints/client.py:5", "rgb/endpoints/client.py:5"]),
+    (file_names_from_run_names, "evaluation/leaderboard.py",
+     'def f(out, record, info, run_name):\n    a = out / record.dataset / f"{record.model.run_name}.json"\n'
+     '    b = out / f"{info[\'name\']}.json"\n    c = out / run_name\n'
+     '    return out / f"{distinct_name(record.model.run_name)}.json", out / path_name(run_name)\n',
+     [f"rgb/evaluation/leaderboard.py:{n}" for n in (2, 3, 4)]),
     (norm_branches, "attacks/pgd.py",
      'def step(norm):\n    if norm == "Linf":\n        return 1\n    return 2 if norm != Norm.L2 else {"L1": 3}["L1"]\n'
      'def ok(norm):\n    return norm in ("l2", "L1") or norm.p == 2\n',
