@@ -1,14 +1,18 @@
 """Exports for other boards: a record in the formats their communities submit, beside rgb's own model_info.
 
-- RobustBench (github.com/RobustBench/robustbench, `model_info/<dataset>/<threat model>/<model>.json`, read by
-  its `robustbench/leaderboard/template.py` and `robustbench.utils`): one file per (model, dataset, norm) that
-  has a clean and an AutoAttack number; accuracies in % as strings with 2 decimals, eps as the paper writes it
-  ("4/255", "0.5"), paper fields from the model card (RobustBench's conventions where the card is silent: venue
-  "N/A", authors ""). rgb also writes L1, a norm RobustBench has no board for yet.
+- RobustBench (github.com/RobustBench/robustbench, `model_info/<dataset>/<threat model>/<stem>.json`, read by
+  `robustbench.utils` where its enums know the dataset and threat model): one file per (model, dataset, norm)
+  that has a clean and an AutoAttack number; accuracies in % as strings with 2 decimals, eps as the paper writes
+  it ("4/255", "0.5"), paper fields from the model card (RobustBench's conventions where the card is silent:
+  venue "N/A", authors ""). The stem has no `_` (RobustBench's model id is the stem before the first one). rgb
+  also writes L1, a norm RobustBench has no board for yet, and beside each folder's files `index.html`, the folder
+  as RobustBench's board lays it out (its own renderer takes only its enums' datasets).
 - CLIP_benchmark (github.com/LAION-AI/CLIP_benchmark, the JSON `clip_benchmark eval` dumps and `clip_benchmark
-  build` reads): one file per zero-shot (model, dataset), metrics as fractions. `acc5` is left out: a record keeps
-  whether each image's top-1 answer was right, not its top 5.
+  build <folder>` reads from the folder's top level): one file per zero-shot (model, dataset), flat in
+  `clip_benchmark/`, metrics as fractions, `pretrained` never empty. `acc5` is left out: a record keeps whether
+  each image's top-1 answer was right, not its top 5.
 
+Every file is named by rgb.core.files.distinct_name and claimed before any is written (DistinctFiles).
 A PARTIAL record (a setting over part of its split) is never exported; a record under another protocol than the
 card's is exported with what differs in RobustBench's `footnote` (the board shows it under the name) and not to
 CLIP_benchmark (no field to say so). What was not exported, and why, is listed in exports.json.
