@@ -27,8 +27,8 @@ from pathlib import Path
 import jinja2
 
 from rgb.core.files import DistinctFiles, atomic_write_bytes, atomic_write_json, distinct_name
-from rgb.core.values import shown_name
 from rgb.core.threat import NORMS
+from rgb.core.values import shown_name
 from rgb.data.catalog import WHITE_BOX
 from rgb.data.protocol import budget_text
 from rgb.evaluation.records import CLEAN_SETTING, ScoresRecord, attack_setting, percent_text
@@ -144,8 +144,8 @@ def robustbench_board(dataset: str, threat_model: str, entries: Iterable[dict]) 
     order of RobustBench's own leaderboard.html.j2 (its `generate_leaderboard` renders only the datasets and threat
     models of its enums, and its wheel lacks that template), best AutoAttack accuracy first."""
     rows = sorted(entries, key=lambda e: -float(e.get("external") or e["autoattack_acc"]))
-    return templates().get_template(ROBUSTBENCH_BOARD_TEMPLATE).render(dataset=dataset, threat_model=threat_model,
-                                                                models=rows)
+    template = templates().get_template(ROBUSTBENCH_BOARD_TEMPLATE)
+    return template.render(dataset=dataset, threat_model=threat_model, models=rows)
 
 
 @dataclass

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from rgb.core.files import DistinctFiles, atomic_write_bytes, atomic_write_json, distinct_name
 from rgb.core.secrets import redact, redact_text
-from rgb.core.values import shown_name
 from rgb.core.threat import parse_norm
+from rgb.core.values import shown_name
 from rgb.data.catalog import BLACK_BOX, TRANSFER_SPLITS, WHITE_BOX, split_budget
 from rgb.data.protocol import budget_text
 from rgb.data.resolvers import transfer_budget
