@@ -28,8 +28,8 @@ from PIL import Image
 from helpers import REPO, compose_config, raises_one_line, serving
 from rgb.endpoints.answers import choice_format
 from rgb.endpoints.cost import image_tokens, text_tokens
-from rgb.serve import Faults, Limits, ModelServer, ServeError
-from rgb.serve.app import Throughput
+from rgb.serve import Faults, Limits, ModelServer, ServeError, ServeRequest
+from rgb.serve.operations import Throughput
 from rgb.serve.batch import BatchStore, BatchStoreError
 
 NAME = "tiny"
@@ -77,9 +77,14 @@ def chat(image_url) -> dict:
     return {"model": NAME, "messages": messages(image_url), "temperature": 0}
 
 
-def running(model: torch.nn.Module, **kwargs):
+def served(**settings) -> ServeRequest:
+    """The request of the tests' servers: 8x8 images, served as NAME on a free port of 127.0.0.1, `settings` on top."""
+    return ServeRequest(image_size=8, served_name=NAME, **settings)
+
+
+def running(model: torch.nn.Module, **settings):
     """A ModelServer of `model` serving in a thread until the block ends."""
-    return serving(ModelServer(model, CLASSES, 8, NAME, **kwargs), TIMEOUT)
+    return serving(ModelServer(model, CLASSES, served(**settings)), TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -304,8 +309,9 @@ def test_each_request_gets_an_access_line_and_a_busy_interval_a_throughput_line(
     access = [r.getMessage() for r in caplog.records if r.name == "rgb.serve.access"]
     usage = reply.usage
     assert re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/chat/completions" 200 [\d.]+ ms '
-                        f"prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}", access[0])
-    assert re.fullmatch(r'127\.0\.0\.1:\d+ "GET /v1/models/other" 404 [\d.]+ ms', access[1])
+                        f"prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens} "
+                        f"request_id={reply._request_id}", access[0])
+    assert re.fullmatch(r'127\.0\.0\.1:\d+ "GET /v1/models/other" 404 [\d.]+ ms request_id=[0-9a-f]{32}', access[1])
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("throughput:"))
     assert re.fullmatch(r"throughput: [\d.]+ requests/s, prompt [\d.]+ tokens/s, generation [\d.]+ tokens/s, "
                         r"running \d+, waiting \d+ \(last [\d.]+ s\)", line)
@@ -467,8 +473,10 @@ def test_beyond_the_concurrency_limit_and_the_queue_a_request_is_a_429():
 
 
 def test_limits_are_checked():
-    with raises_one_line(ServeError, "max_concurrency must be >= 1"):
+    with raises_one_line(ServeError, r"limits.max_concurrency must be an integer >= 1, got 0"):
         Limits(max_concurrency=0)
+    with raises_one_line(ServeError, r"faults.slow_s must be a finite number >= 0, got -1"):
+        served(faults={"slow_s": -1})
 
 
 # -- the command -----------------------------------------------------------------------------------------------
@@ -486,7 +494,7 @@ def test_python_m_rgb_serve_is_the_rgb_serve_command(tmp_path):
 def test_a_port_in_use_is_one_line_naming_it(server):
     port = server.socket.getsockname()[1]
     with raises_one_line(ServeError, f"cannot listen on host=127.0.0.1 port={port}: .*in use.*port=0"):
-        ModelServer(Brightness(), CLASSES, 8, NAME, port=port)
+        ModelServer(Brightness(), CLASSES, served(port=port))
 
 
 @pytest.mark.parametrize("port", [70000, -1, "eighty"])
@@ -494,7 +502,7 @@ def test_a_port_out_of_range_is_one_line_before_the_model_loads(port, tmp_path):
     import rgb.commands.serve as serve_command
 
     cfg = compose_config("serve", f"run={tmp_path / 'no-run'}", f"paths.root_dir={tmp_path}", f"port={port}")
-    with raises_one_line(ServeError, "port=.*: a port is an integer from 0 .* to 65535"):
+    with raises_one_line(ServeError, r"port must be an integer from 0 \(any free one\) to 65535, got"):
         serve_command.serve_from_config(cfg)
 
 
