@@ -101,8 +101,9 @@ class ModelServer:
         self._model_lock = threading.Lock()
         self.socket = _listening_socket(request.host, request.port)
         self.server_address: tuple[str, int] = self.socket.getsockname()[:2]  # still known once it is closed
+        self.app = build_app(self)
         # log_config=None: the caller's logging stays as it is; uvicorn's access log is off (AccessLog's has tokens)
-        config = uvicorn.Config(AccessLog(build_app(self), self.metrics), log_config=None, access_log=False,
+        config = uvicorn.Config(AccessLog(self.app, self.metrics), log_config=None, access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=5)
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()

@@ -103,8 +103,10 @@ class Limits(_Ruled):
 
 @dataclass(frozen=True)
 class ServeRequest(_Ruled):
-    """What `rgb-serve` serves and how; `make_server(request)` loads `run` and serves it, a `ModelServer` serves a
-    model given to it (then `image_size` and `served_name` must be set; `run` is not read).
+    """What `rgb-serve` serves and how, checked once when made.
+
+    `make_server(request)` loads `run` and serves it; a `ModelServer` serves a model given to it (then `image_size`
+    and `served_name` must be set, and `run` is not read).
 
     Args:
         run: The train output dir or exported .safetensors file to serve (`make_server`).
