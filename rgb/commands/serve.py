@@ -11,7 +11,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from rgb.commands.schema import MACHINE, RUN
 from rgb.core.errors import UserError
-from rgb.core.machine import resolve_device
 from rgb.core.values import TEXT, optional
 from rgb.serve.request import ServeError, ServeRequest
 
@@ -29,6 +28,8 @@ SCHEMA = {**MACHINE, **ServeRequest.rules(), **RUN, "api_key_env": optional(TEXT
 
 def serve_request(cfg: DictConfig) -> ServeRequest:
     """The request conf/serve.yaml's values make, each key to the field of its name."""
+    from rgb.core.machine import resolve_device  # torch: not before the config is checked
+
     key_env = cfg.get("api_key_env")
     key = os.environ.get(str(key_env)) if key_env else None
     if key_env and not key:
