@@ -1,10 +1,12 @@
-"""rgb-serve (rgb/serve/app.py, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
+"""rgb-serve (rgb/serve/, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
 client, sync and async, streaming and not: the class answer, `n`, `logprobs`, usage by its stated rule, PNG/JPEG/
 WebP data URLs, `/v1/models`; every malformed body (sent with httpx, which the SDK would never produce) answered
 with a 400 in OpenAI's error shape while the server keeps serving; the concurrency limit; the Files and Batches
 endpoints (a JSONL run in the background into OpenAI's output and error files, a broken input failing the batch,
-a cancel); `python -m rgb.serve` is the `rgb-serve` command. The served model is a two-class module on 8x8 images:
-no training, no benchmark. Each server runs in a thread of this process on 127.0.0.1 (port 0: a free one)."""
+a cancel); `python -m rgb.serve` is the `rgb-serve` command; for operators, /metrics read by prometheus_client's own
+parser, /version, HEAD on every GET route and an x-request-id on every reply. The served model is a two-class
+module on 8x8 images: no training, no benchmark. Each server runs in a thread of this process on 127.0.0.1 (port 0:
+a free one)."""
 
 import asyncio
 import base64
