@@ -41,7 +41,7 @@ from rgb.commands import main as cli
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError, partial_dir
-from rgb.serve import MALFORMED_ANSWER, Faults, make_server
+from rgb.serve import MALFORMED_ANSWER, Faults, ServeRequest, make_server
 from rgb.commands.train import train
 from rgb.data.export import noise_transfer_splits
 
@@ -187,7 +187,7 @@ class Running:
     """rgb-serve in a thread of this process on 127.0.0.1 (port 0: any free port)."""
 
     def __init__(self, run: Path, **kwargs):
-        self.server = make_server(run, port=0, served_name="tiny", **kwargs)
+        self.server = make_server(ServeRequest(run=run, served_name="tiny", **kwargs))
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self):

@@ -19,7 +19,7 @@ from rgb.models.chat import ApiClassifier
 from rgb.endpoints.cache import AnswerCache, CacheError
 from rgb.endpoints.client import ApiError, RequestBudget
 from rgb.endpoints.cost import Price
-from rgb.serve import Faults, ModelServer
+from rgb.serve import Faults, ModelServer, ServeRequest
 
 NAME = "tiny"
 CLASSES = ["dark", "bright"]
@@ -47,7 +47,8 @@ EXPECTED = [int(v > 127) for v in VALUES]
 
 def running(tmp_path, **kwargs):
     """The served model in a thread until the block ends; its batch files under tmp_path."""
-    return serving(ModelServer(Brightness(), CLASSES, 8, NAME, batch_dir=tmp_path / "served", **kwargs), TIMEOUT)
+    request = ServeRequest(image_size=8, served_name=NAME, batch_dir=tmp_path / "served", **kwargs)
+    return serving(ModelServer(Brightness(), CLASSES, request), TIMEOUT)
 
 
 def classifier(server: ModelServer, batch: bool, **api) -> ApiClassifier:

@@ -364,8 +364,9 @@ YAML_DEFAULTS = [
     ("transfer.yaml", "", "rgb.attacks.options:AttackOptions"),
     ("prompts/_pool.yaml", "", "rgb.zeroshot.head:PromptSettings"),
     ("callbacks/robust_val.yaml", "robust_val", "rgb.training.robust_val:RobustValidation"),
-    ("serve.yaml", "limits", "rgb.serve.app:Limits"),
-    ("serve.yaml", "faults", "rgb.serve.app:Faults"),
+    ("serve.yaml", "", "rgb.serve.request:ServeRequest"),
+    ("serve.yaml", "limits", "rgb.serve.request:Limits"),
+    ("serve.yaml", "faults", "rgb.serve.request:Faults"),
     ("model/api_chat.yaml", "", "rgb.endpoints.settings:ApiSettings"),
     ("model/api_chat.yaml", "", "rgb.endpoints.settings:ClientSettings"),
 ]
@@ -373,6 +374,8 @@ YAML_DEFAULTS = [
 YAML_NOT_DEFAULTS = {
     ("prompts/_pool.yaml", "dataset_templates"): "CLIP's per-dataset prompts are the config's; PromptSettings() "
                                                  "starts with none",
+    ("serve.yaml", "port"): "the command listens where clients are told to look (vLLM's 8000); a ServeRequest made "
+                            "in code (tests, scripts) takes any free port (0) and reads it from base_url",
 }
 
 
@@ -393,14 +396,16 @@ def _plain(value):
 
 def yaml_defaults_that_differ(conf: Path = CONF, table=YAML_DEFAULTS) -> list[str]:
     """'file:key' of every YAML value that is not the default of the code it feeds. A null (the code's default, or
-    none) and an interpolation (`${...}`, another owner's value) are not compared."""
+    none), an interpolation (`${...}`, another owner's value), a required `???` and a section (a mapping: its own
+    row) are not compared."""
     found = []
     for file, section, target in table:
         values = yaml.safe_load((conf / file).read_text())
         values = values[section] if section else values
         defaults = _code_defaults(target)
         found += [f"{file}:{key}" for key, value in values.items() if key in defaults and value is not None
-                  and not (isinstance(value, str) and "${" in value) and (file, key) not in YAML_NOT_DEFAULTS
+                  and not (isinstance(value, str) and ("${" in value or value == "???"))
+                  and not isinstance(value, dict) and (file, key) not in YAML_NOT_DEFAULTS
                   and _plain(value) != _plain(defaults[key])]
     return found
 

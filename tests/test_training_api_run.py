@@ -14,7 +14,7 @@ from rgb.core.files import flock
 from rgb.core.values import path_name
 from rgb.data.mini import DATASET
 from rgb.endpoints.client import ApiError
-from rgb.serve import ModelServer
+from rgb.serve import ModelServer, ServeRequest
 from rgb.commands.train import train
 from rgb.training.config import TrainingError
 
@@ -132,7 +132,8 @@ def checked_run(root: Path, mini_dir: Path, base_url: str, *overrides: str) -> P
 
 
 def test_an_endpoint_that_serves_the_model_is_checked_and_the_run_dir_made(tmp_path, mini_dir):
-    with helpers.serving(ModelServer(torch.nn.Flatten(), ["a", "b"], 8, "tiny")) as served:
+    tiny = ServeRequest(image_size=8, served_name="tiny")
+    with helpers.serving(ModelServer(torch.nn.Flatten(), ["a", "b"], tiny)) as served:
         run = checked_run(tmp_path, mini_dir, served.base_url)
     assert (run / "model.json").is_file()
 
@@ -144,7 +145,8 @@ def test_an_endpoint_that_serves_the_model_is_checked_and_the_run_dir_made(tmp_p
 def test_a_refusing_endpoint_is_one_line_and_no_run_dir(served_name, api_key, pattern, tmp_path, mini_dir,
                                                          monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
-    server = ModelServer(torch.nn.Flatten(), ["a", "b"], 8, served_name, api_key=api_key)
+    server = ModelServer(torch.nn.Flatten(), ["a", "b"],
+                         ServeRequest(image_size=8, served_name=served_name, api_key=api_key))
     with helpers.serving(server) as served, raises_one_line(ApiError, match=pattern):
         checked_run(tmp_path, mini_dir, served.base_url, f"model.api_key_env={KEY_ENV}")
     assert not (tmp_path / "api_checked").exists()
