@@ -147,7 +147,7 @@ def test_an_answer_cut_by_the_token_limit_is_asked_again_never_cached_as_an_abst
         answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
                                     retry_max_tokens=256).answer([PNG], cache)
         sent = [seen["body"]["max_completion_tokens"] for seen in endpoint.seen]
-    assert answers == [None] and stats.truncated == 1 and stats.unanswered == 1 and stats.abstained == 0
+    assert answers == [None] and stats.truncated == 1 and stats.unanswered == 1 and stats.unparsed == 0
     assert sent == [8, 256] and len(cache.answers) == 0  # asked once more with the user's limit, nothing cached
     with Endpoint([cut, (200, {}, completion("cat"))]) as endpoint:  # the next run asks it again
         answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
@@ -246,7 +246,7 @@ def test_prompt_cached_tokens_are_billed_at_the_cached_price_and_recorded_per_an
 
 
 def test_the_usage_record_totals_spent_and_list_cost_and_reads_back():
-    counts = RequestStats(images=3, requests=1, cached=2, retries=0, abstained=0, unanswered=0, prompt_tokens=20,
+    counts = RequestStats(images=3, requests=1, cached=2, retries=0, unparsed=0, unanswered=0, prompt_tokens=20,
                           completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6,
                           spent=0.05, list_cost=0.08)
     usage = ApiUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts, "common": counts}, None, 2,

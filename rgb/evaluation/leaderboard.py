@@ -65,6 +65,8 @@ class LeaderboardRow(JsonRecord):
     sum: SumScore
     per_dataset: dict[str, ProtocolScore | None]
     non_standard: dict[str, list[str]]  # dataset -> "linf 0.1200 (plus)" lines, shown beside, never scored
+    # dataset -> an API model's answers read as no class (rgb.evaluation.records.ApiUsage.unparsed_line), shown apart
+    unparsed: dict[str, str] = field(default_factory=dict)
     DERIVED: ClassVar[tuple[str, ...]] = ("complete", "card_protocol", "status", "protocol_differences")
 
     @property
@@ -196,6 +198,7 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = WHITE_B
                 per_dataset=scores[m],
                 non_standard={d: [f"{n} {a.robust} ({a.label()})" for n, a in r.non_standard.items()]
                               for d, r in by_model[m].items() if r.non_standard},
+                unparsed={d: r.api.unparsed_line() for d, r in by_model[m].items() if r.api is not None},
             )
             for m in models
         ]
@@ -315,6 +318,10 @@ def to_markdown(board: Leaderboard) -> str:
                       f"{', '.join(outside)}."]
     if board.ignored:
         lines += ["", f"Not counted (dataset outside this leaderboard's list): {', '.join(board.ignored)}."]
+    unparsed = [[r.model, d, line] for r in board.rows for d, line in r.unparsed.items()]
+    if unparsed:
+        lines += ["", "## Answers read as no class (API models: counted wrong, shown apart)", ""]
+        lines += markdown_table(["model", "dataset", "unparsed"], unparsed, ["---", "---", "---"])
     detail_rows = []
     for r in board.rows:
         for d in board.datasets:
