@@ -298,12 +298,13 @@ EMPHASIS = ("```", "***", "**", "__", "*", "_", "`")
 LABEL = re.compile(r"(?P<em>[*_]{0,3})\s*(?:the\s+answer\s+is(?:\s*(?P=em)\s*:?|\s*:\s*(?P=em))"
                    r"|(?:(?:final\s+)?answer|prediction|class|label|category)(?:\s*(?P=em)\s*:|\s*:\s*(?P=em)))\s*",
                    re.IGNORECASE)
-_SEPARATORS = re.compile(r"[\s_\-\u2010\u2011]+")  # "_", "-" and spaces: "sea_lion" is "Sea Lion" is "sea-lion"
+# "_", "-" and spaces within a line: "sea_lion" is "Sea Lion" is "sea-lion" (a line break is not: "sea\nlion" is two)
+_SEPARATORS = re.compile(r"[ \t_\-\u2010\u2011]+")
 
 
 def folded(text: str) -> str:
     """The form StrictReader compares: NFKC, case folded, the accents of Latin, Greek and Arabic letters dropped,
-    `_`, `-` and spaces removed, one trailing period dropped ("St. Bernard" keeps its inner one)."""
+    `_`, `-`, spaces and tabs removed, one trailing period dropped ("St. Bernard" keeps its inner one)."""
     text = "".join(map(_unaccented, unicodedata.normalize("NFKC", text).casefold()))
     return _SEPARATORS.sub("", text).removesuffix(".")
 
