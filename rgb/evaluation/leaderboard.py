@@ -65,8 +65,6 @@ class LeaderboardRow(JsonRecord):
     sum: SumScore
     per_dataset: dict[str, ProtocolScore | None]
     non_standard: dict[str, list[str]]  # dataset -> "linf 0.1200 (plus)" lines, shown beside, never scored
-    # dataset -> an API model's answers read as no class (rgb.evaluation.records.ApiUsage.unparsed_line), shown apart
-    unparsed: dict[str, str] = field(default_factory=dict)
     DERIVED: ClassVar[tuple[str, ...]] = ("complete", "card_protocol", "status", "protocol_differences")
 
     @property
@@ -198,7 +196,6 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = WHITE_B
                 per_dataset=scores[m],
                 non_standard={d: [f"{n} {a.robust} ({a.label()})" for n, a in r.non_standard.items()]
                               for d, r in by_model[m].items() if r.non_standard},
-                unparsed={d: r.api.unparsed_line() for d, r in by_model[m].items() if r.api is not None},
             )
             for m in models
         ]
@@ -318,10 +315,6 @@ def to_markdown(board: Leaderboard) -> str:
                       f"{', '.join(outside)}."]
     if board.ignored:
         lines += ["", f"Not counted (dataset outside this leaderboard's list): {', '.join(board.ignored)}."]
-    unparsed = [[r.model, d, line] for r in board.rows for d, line in r.unparsed.items()]
-    if unparsed:
-        lines += ["", "## Answers read as no class (API models: counted wrong, shown apart)", ""]
-        lines += markdown_table(["model", "dataset", "unparsed"], unparsed, ["---", "---", "---"])
     detail_rows = []
     for r in board.rows:
         for d in board.datasets:
@@ -334,6 +327,17 @@ def to_markdown(board: Leaderboard) -> str:
     lines += ["", "## Accuracy per setting", ""]
     lines += markdown_table(["model", "dataset", *board.settings, "non-standard (not scored)"], detail_rows,
                     ["---", "---"] + ["---:"] * n_settings + ["---"])
+    return "\n".join(lines) + "\n"
+
+
+def _unparsed_markdown(records: Sequence[ScoresRecord]) -> str:
+    """leaderboard.md's last section: per API model and dataset, its answers read as no class (counted wrong in
+    every accuracy above, shown apart with their rate and reader); empty for a pool without an API model."""
+    rows = sorted([r.model.run_name or "?", r.dataset, r.api.unparsed_line()] for r in records if r.api is not None)
+    if not rows:
+        return ""
+    lines = ["", "## Answers read as no class (API models: counted wrong, shown apart)", "",
+             *markdown_table(["model", "dataset", "unparsed"], rows, ["---", "---", "---"])]
     return "\n".join(lines) + "\n"
 
 
@@ -369,7 +373,7 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
                       datasets: Sequence[str] | None = None, rank_by: str = "borda") -> Leaderboard:
     board = build_leaderboard(pool, protocol, datasets, rank_by)
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_dir / LEADERBOARD_MD, to_markdown(board).encode())
+    atomic_write_bytes(out_dir / LEADERBOARD_MD, (to_markdown(board) + _unparsed_markdown(list(pool.values()))).encode())
     atomic_write_bytes(out_dir / LEADERBOARD_CSV, to_csv(board).encode())
     atomic_write_json(out_dir / LEADERBOARD_JSON, board.to_json())
     for record in pool.values():
