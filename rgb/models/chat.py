@@ -45,7 +45,7 @@ COMPLETION_ESTIMATE = 16  # dry_run's completion tokens of a request that sends 
 @dataclass(frozen=True)
 class Answer:
     text: str
-    pred: int | None  # None: an abstention
+    pred: int | None  # None: unparsed (read as no class)
     reason: str       # the reader's (rgb.endpoints.answers): why pred is what it is
 
 
