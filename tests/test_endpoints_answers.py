@@ -9,13 +9,10 @@ the same cached answers without a request, and its numbers are marked as under a
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import html
 import json
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -190,7 +187,7 @@ def test_a_record_written_before_strict_reading_reads_its_abstentions_as_unparse
 
 # ------------------------------------------------------------------------------ end to end through evaluate.py
 fastapi = pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")  # helpers.asgi_on_localhost serves the stand-in
 openai_types = pytest.importorskip("openai.types.chat")
 
 N_IMAGES = 12
@@ -218,8 +215,9 @@ def mini_head(mini_dir: Path, out: Path) -> tuple[Path, dict[str, int]]:
 
 
 class Denier:
-    """A chat-completions endpoint on 127.0.0.1 that ignores response_format and denies, in one of the table's
-    languages (image by image in turn), the true class of every image it is shown."""
+    """A chat-completions endpoint (`app`, served on 127.0.0.1 by helpers.asgi_on_localhost) that ignores
+    response_format and denies, in one of the table's languages (image by image in turn), the true class of every
+    image it is shown; `asked` counts its requests."""
 
     def __init__(self, labels: dict[str, int]):
         self.templates = [t for ts in DENIALS.values() for t in ts] + HEDGES
@@ -233,30 +231,13 @@ class Denier:
             label = labels[hashlib.sha256(base64.b64decode(url.split(",", 1)[1])).hexdigest()]
             text = self.templates[self.asked % len(self.templates)].format(c=MINI[label])
             self.asked += 1
-            await asyncio.sleep(0)
             return openai_types.ChatCompletion(
                 id="chatcmpl-1", object="chat.completion", created=int(time.time()), model="denier",
                 choices=[{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
                 usage={"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25},
             ).model_dump(mode="json", exclude_unset=True)
 
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+        self.app = app
 
 
 def test_an_endpoint_denying_every_image_scores_zero_end_to_end_and_every_answer_is_unparsed(tmp_path, mini_dir):
@@ -275,9 +256,10 @@ def test_an_endpoint_denying_every_image_scores_zero_end_to_end_and_every_answer
     def config(name: str, *overrides: str):
         return helpers.compose_config(name, f"paths.root_dir={tmp_path}", f"paths.mini_dir={bench}", *overrides)
 
-    with Denier(labels) as endpoint:
+    endpoint = Denier(labels)
+    with helpers.asgi_on_localhost(endpoint.app) as base_url:
         def make(*overrides: str) -> None:  # train.py model=api_chat: model.json only, the defaults' format
-            train(config("train", "model=api_chat", f"model.base_url={endpoint.base_url}", "model.api_model=denier",
+            train(config("train", "model=api_chat", f"model.base_url={base_url}", "model.api_model=denier",
                          "model.check_endpoint=false", "model.max_concurrency=2", f"run_dir={run}", *overrides))
 
         def evaluate() -> tuple[ScoresRecord, dict]:

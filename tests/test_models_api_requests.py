@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import io
-import socket
-import threading
 import time
 
 import pytest
 from PIL import Image
 
 fastapi = pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")  # helpers.asgi_on_localhost serves the stand-in
 openai_types = pytest.importorskip("openai.types.chat")
 
+import helpers  # noqa: E402
 from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
 from rgb.evaluation.records import ApiUsage  # noqa: E402
@@ -68,23 +67,15 @@ class Endpoint:
             status, headers, body = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
             return fastapi.responses.JSONResponse(body, status_code=status, headers=headers)
 
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.app = app
 
     def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self._serving = helpers.asgi_on_localhost(self.app)
+        self.base_url = self._serving.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+        self._serving.__exit__(*exc)
 
 
 def classifier(base_url: str, api: dict | None = None, **client) -> ApiClassifier:
