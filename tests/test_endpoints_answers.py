@@ -278,7 +278,9 @@ def test_an_endpoint_denying_every_image_scores_zero_end_to_end_and_every_answer
         assert saved["api"]["total"]["unparsed"] == answers and saved["api"]["unparsed_rate"] == 1.0
         assert saved["api"]["answer_parser"] == "strict" and saved["api"]["parser_version"] == 4
         assert saved["api"]["per_split"]["test"]["unparsed"] == N_IMAGES
-        assert f"{answers} unparsed (100.0% of {answers} answers; answer parser strict v4)" in format_table(record)
+        assert saved["api"]["answer_format"] == "choice"
+        assert (f"{answers} unparsed (100.0% of {answers} answers; answer parser strict v4; answer format choice)"
+                in format_table(record))
         assert record.differences_for("black_box") == []  # the card's reader: a card entry
 
         # the same cached answers re-read by the lenient reader (a client setting: the same run dir), asking nothing

@@ -495,7 +495,8 @@ def test_a_cache_written_under_parser_1_is_rescored_by_the_chosen_reader_without
     parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight", texts[4]: None}
     assert [None if pd.isna(p) else p for p in ours["parsed_test"]] == [parsed[t] for t in ours["answer_test"]]
     negated, offered = asked.count(texts[0]), asked.count(texts[2])
-    assert f"{negated} denying a class, {offered} alternatives; answer parser lenient v3)" in format_table(record)
+    assert f"{negated} denying a class, {offered} alternatives; answer parser lenient v3; answer format choice)" \
+        in format_table(record)
     saved = json.loads((tmp_path / "outputs" / "eval" / DATASET / run.name / SCORES_FILE).read_text())
     assert saved["api"]["parser_version"] == 3 and saved["api"]["per_split"]["test"]["negations"] > 0
 

@@ -82,7 +82,8 @@ class ApiPredictor:
         price = self.budget.price
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
                         self.request.caps.max_requests, self.model.parser.version,
-                        None if price is None else asdict(price), self.model.parser.name)
+                        None if price is None else asdict(price), self.model.parser.name,
+                        self.model.settings.answer_format)
 
     def close(self) -> None:
         self.cache.close()

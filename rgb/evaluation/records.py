@@ -334,7 +334,8 @@ class ApiUsage(JsonRecord):
     PARTIAL, and a re-run asks only the rest. `answer_parser` and `parser_version`: the reader that mapped the
     answers to classes (rgb.endpoints.answers.READERS: `strict`, version 4, the card's; `lenient`, version 3;
     None in records made before they were kept: a lenient parser, version 1 when that is None too). A reader other
-    than the card's puts the record under another protocol (`reader_differences`)."""
+    than the card's puts the record under another protocol (`reader_differences`). `answer_format`: the answer
+    format the requests asked for (rgb.endpoints.settings.ANSWER_FORMATS)."""
 
     base_url: str
     api_model: str
@@ -343,6 +344,7 @@ class ApiUsage(JsonRecord):
     parser_version: int | None = None
     price: dict | None = None  # rgb.endpoints.cost.Price's fields (None: unknown, no money shown)
     answer_parser: str | None = None
+    answer_format: str | None = None  # what the requests asked for: choice or text (None: recorded before kept)
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost", "unparsed_rate")
 
     def __post_init__(self):  # a record written before secrets were redacted is shown without them
@@ -369,14 +371,16 @@ class ApiUsage(JsonRecord):
         return f"{self.answer_parser or 'lenient'} v{self.parser_version or 1}"
 
     def unparsed_line(self) -> str:
-        """The answers read as no class, their rate and the reader, as every table shows them: "12 unparsed (50.0%
-        of 24 answers; answer parser strict v4)", with the lenient reader's denials and alternatives among them."""
+        """The answers read as no class, their rate, the reader and the format asked, as every table shows them:
+        "12 unparsed (50.0% of 24 answers; answer parser strict v4; answer format choice)", with the lenient
+        reader's denials and alternatives among them."""
         total, rate = self.total, self.unparsed_rate
         lenient = (f"{int(total['negations'])} denying a class, {int(total['alternatives'])} alternatives; "
                    if self.answer_parser != CARD_PARSER else "")
         answered = int(total["images"] - total["unanswered"])
         share = "no answer" if rate is None else f"{100 * rate:.1f}% of {answered} answers"
-        return f"{int(total['unparsed'])} unparsed ({share}; {lenient}answer parser {self.reader})"
+        asked = f"; answer format {self.answer_format}" if self.answer_format else ""
+        return f"{int(total['unparsed'])} unparsed ({share}; {lenient}answer parser {self.reader}{asked})"
 
     def reader_differences(self) -> list[str]:
         """How the reading departs from the card's protocol (empty: the strict reader)."""
