@@ -44,6 +44,7 @@ def one_line_refusal(err) -> str:
     ("model.base_url=http://127.0.0.1:2/v1", "api.base_url"),
     ("model.prompt='Which digit? {classes}'", "api.prompt"),
     ("model.max_tokens=4", "api.max_tokens"),
+    ("model.answer_format=text", "api.answer_format"),  # a run made before choice became the default, and back
 ])
 def test_another_identity_under_the_same_name_is_refused_and_model_json_kept(change, key, tmp_path, mini_dir):
     run = api_run(tmp_path, mini_dir)
