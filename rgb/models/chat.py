@@ -6,7 +6,7 @@ image exactly as stored (the split's own PNG bytes as a base64 data URL: a re-en
 perturbation). Here: the classifier (images -> requests -> class predictions) and the family; the protocol it
 speaks is rgb.endpoints': the settings (rgb.endpoints.settings), the endpoint client (rgb.endpoints.client), the
 answer cache (one JSONL file per model identity, rgb.endpoints.cache), the Batch path (rgb.endpoints.batch) and
-the answer parser (rgb.endpoints.answers).
+the answer readers (rgb.endpoints.answers: strict, the default, or lenient).
 """
 
 from __future__ import annotations
