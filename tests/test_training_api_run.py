@@ -44,6 +44,7 @@ def one_line_refusal(err) -> str:
     ("model.base_url=http://127.0.0.1:2/v1", "api.base_url"),
     ("model.prompt='Which digit? {classes}'", "api.prompt"),
     ("model.max_tokens=4", "api.max_tokens"),
+    ("model.answer_format=text", "api.answer_format"),  # a run made before choice became the default, and back
 ])
 def test_another_identity_under_the_same_name_is_refused_and_model_json_kept(change, key, tmp_path, mini_dir):
     run = api_run(tmp_path, mini_dir)
@@ -106,7 +107,8 @@ def test_the_default_run_name_tells_endpoints_apart(tmp_path, mini_dir):
 def test_a_model_json_written_before_the_move_to_rgb_endpoints_loads_as_the_same_model(tmp_path):
     """tests/records/chat_model_before_issue45/model.json was written by export_model before the family moved from
     rgb/models/api.py to rgb/models/chat.py (and its settings to rgb.endpoints): family `api`, the same settings,
-    the same answer-cache identity, and written back byte for byte."""
+    the same answer-cache identity, and written back as it was, plus the reader its answers are now read by
+    (`client.answer_parser`: strict, the default; no part of the identity)."""
     from rgb.models import export_model, load_with_meta
 
     old = helpers.REPO / "tests" / "records" / "chat_model_before_issue45"
@@ -116,8 +118,9 @@ def test_a_model_json_written_before_the_move_to_rgb_endpoints_loads_as_the_same
         "choice", {"seed": 7}, 2)
     assert model.identity_sha256 == "ff78c0a8518d5498c2e917dd84de92c0e2002db68e9ba871bb820b98198890f3"
     written = export_model(model, tmp_path, {"task": meta["task"], "run_name": meta["run_name"]})
-    assert json.loads(written.read_text()) == {**json.loads((old / "model.json").read_text()),
-                                               "versions": json.loads(written.read_text())["versions"]}
+    before = json.loads((old / "model.json").read_text())
+    assert json.loads(written.read_text()) == {**before, "versions": json.loads(written.read_text())["versions"],
+                                               "client": {**before["client"], "answer_parser": "strict"}}
 
 
 # -- the endpoint check: train.py asks GET /models before it makes the run dir ---------------------------------

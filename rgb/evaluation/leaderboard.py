@@ -334,6 +334,17 @@ def to_markdown(board: Leaderboard) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _unparsed_markdown(records: Sequence[ScoresRecord]) -> str:
+    """leaderboard.md's last section: per API model and dataset, its answers read as no class (counted wrong in
+    every accuracy above, shown apart with their rate and reader); empty for a pool without an API model."""
+    rows = sorted([r.model.run_name or "?", r.dataset, r.api.unparsed_line()] for r in records if r.api is not None)
+    if not rows:
+        return ""
+    lines = ["", "## Answers read as no class (API models: counted wrong, shown apart)", "",
+             *markdown_table(["model", "dataset", "unparsed"], rows, ["---", "---", "---"])]
+    return "\n".join(lines) + "\n"
+
+
 def table_rows(board: Leaderboard) -> tuple[list[str], list[dict]]:
     """leaderboard.csv's columns and rows (one per model; accuracies as numbers, None where missing), also the
     W&B table of the pool."""
@@ -371,7 +382,7 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
              for r in pool.values()}
     exports = plan_exports(pool.values(), names)
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_dir / LEADERBOARD_MD, to_markdown(board).encode())
+    atomic_write_bytes(out_dir / LEADERBOARD_MD, (to_markdown(board) + _unparsed_markdown(list(pool.values()))).encode())
     atomic_write_bytes(out_dir / LEADERBOARD_CSV, to_csv(board).encode())
     atomic_write_json(out_dir / LEADERBOARD_JSON, board.to_json())
     for path, info in infos.items():
