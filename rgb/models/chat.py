@@ -14,23 +14,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import logging
-import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-
-from tqdm import tqdm
 
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
 from rgb.endpoints.answers import AnswerParser, Parsed, choice_format, parse_choice
 from rgb.endpoints.batch import ask_by_batch
 from rgb.endpoints.cache import AnswerCache
-from rgb.endpoints.client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
-from rgb.endpoints.cost import combined, image_tokens, png_size, text_tokens
+from rgb.endpoints.client import ApiError, Endpoint, RequestBudget, RequestStats
+from rgb.endpoints.cost import image_tokens, png_size, text_tokens
+from rgb.endpoints.online import ask_online
 from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
 
 
@@ -38,7 +33,6 @@ class InferenceOnlyError(UserError, ValueError):
     """Training asked of a model answered by an endpoint: it has no weights here."""
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-log = logging.getLogger(__name__)
 COMPLETION_ESTIMATE = 16  # dry_run's completion tokens of a request that sends no token limit (a class name or so)
 
 
@@ -98,9 +92,13 @@ class ApiClassifier:
     def cut(self, reply: dict) -> bool:
         """An answer the token limit cut before it named a class: an error to count and ask again, never an
         abstention to cache."""
-        return reply.get("finish_reason") == "length" and self._parse(reply).pred is None
+        return reply.get("finish_reason") == "length" and self.unparsed(reply)
 
-    def _retry_body(self, body: dict) -> dict | None:
+    def unparsed(self, record: dict) -> bool:
+        """The answer of a cache record names no class (an abstention)."""
+        return self._parse(record).pred is None
+
+    def retry_body(self, body: dict) -> dict | None:
         """The request once more with `retry_max_tokens` as its limit (in the field the request uses)."""
         limit = self.client_settings.retry_max_tokens
         if limit is None:
@@ -133,92 +131,15 @@ class ApiClassifier:
     def answer(self, images: Sequence[bytes], cache: AnswerCache, budget: RequestBudget | None = None,
                desc: str = "api") -> tuple[list[Answer | None], RequestStats]:
         """Answers for `images` in order (None: not asked, the budget ran out), asking each distinct uncached
-        image once, `max_concurrency` at a time; every answer enters the cache as it arrives."""
+        image once: online, `max_concurrency` at a time (rgb.endpoints.online), or by the Batch API
+        (rgb.endpoints.batch, `model.batch=true`); every answer enters the cache as it arrives."""
         budget = budget or RequestBudget()
         keys = [self.request_key(b) for b in images]
-        if self.client_settings.batch:  # the Batch API: the same records, asked by the batch
-            cached_before = {k for k in keys if k in cache}
+        cached_before = {k for k in keys if k in cache}
+        if self.client_settings.batch:
             stats = ask_by_batch(self, images, keys, cache, budget, desc)
-            return self.collect(keys, cache, stats, cached_before), stats
-        uses = Counter(keys)
-        first_image: dict[str, int] = {}
-        for i, k in enumerate(keys):
-            first_image.setdefault(k, i)
-        todo = [k for k in uses if k not in cache]
-        cached_before = set(uses) - set(todo)
-        todo = todo[: budget.take(len(todo))]
-        stats, lock = RequestStats(images=len(images)), threading.Lock()
-        limiter = RateLimiter(self.client_settings.requests_per_minute, self.client_settings.tokens_per_minute,
-                              sleep=self._sleep)
-        with tqdm(total=len(images), desc=desc, unit="img", leave=False) as bar, \
-                self.endpoint.session() as sdk, \
-                ThreadPoolExecutor(self.client_settings.max_concurrency) as pool:
-            cached = sum(uses[k] for k in uses if k in cache)
-            bar.update(cached)
-            abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
-            started = time.monotonic()
-
-            def ask(body: dict, held: tuple) -> dict:
-                try:
-                    reply = self.endpoint.ask(sdk, limiter, body, stats, lock)
-                except BaseException:
-                    with lock:
-                        budget.settle(held, None)
-                    raise
-                with lock:
-                    stats.requests += 1
-                    stats.prompt_tokens += reply["usage"]["prompt_tokens"]
-                    stats.completion_tokens += reply["usage"]["completion_tokens"]
-                    budget.settle(held, reply["billed"])
-                return reply
-
-            def reserve(prompt_tokens: int, completion_tokens: int) -> tuple | None:
-                with lock:
-                    first = budget.stopped_by is None
-                    held = budget.reserve(prompt_tokens, completion_tokens)
-                    if held is None and first:  # said once per evaluation
-                        log.warning("%s: %s reached, no new request (the answers so far are cached; re-run to "
-                                    "continue)", desc, budget.stopped_by)
-                return held
-
-            def one(k: str) -> None:
-                image = images[first_image[k]]
-                body = self.body(image)
-                prompt_tokens, completion_tokens = self.estimate(image)
-                held = reserve(prompt_tokens, completion_tokens)
-                if held is None:
-                    return
-                reply = ask(body, held)
-                retry = self._retry_body(body) if self.cut(reply) else None
-                held = None if retry is None else reserve(prompt_tokens, self.client_settings.retry_max_tokens)
-                if held is not None:
-                    again = ask(retry, held)
-                    reply = {**again, "max_tokens_retried": self.client_settings.retry_max_tokens,
-                             "billed": combined(reply["billed"], again["billed"])}
-                if self.cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
-                    with lock:
-                        stats.truncated += uses[k]
-                        bar.update(uses[k])
-                    return
-                cache.add({"key": k, **reply})
-                with lock:
-                    abstained[0] += uses[k] if self._parse(reply).pred is None else 0
-                    bar.update(uses[k])
-                    rate = stats.requests / max(time.monotonic() - started, 1e-9)
-                    money = {} if budget.price is None else {"usd": f"{budget.cost:.4f}"}
-                    bar.set_postfix(sent=stats.requests, req_s=f"{rate:.2f}", cached=cached, retried=stats.retries,
-                                    tokens=stats.prompt_tokens + stats.completion_tokens, **money,
-                                    abstained=abstained[0], refresh=False)
-
-            try:
-                done, _ = wait([pool.submit(one, k) for k in todo], return_when=FIRST_EXCEPTION)
-            except BaseException:  # Ctrl-C: ask nothing more; the requests in flight finish into the cache
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            failed = next((f.exception() for f in done if f.exception() is not None), None)
-            if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise failed
+        else:
+            stats = ask_online(self, images, keys, cache, budget, desc, self._sleep)
         return self.collect(keys, cache, stats, cached_before), stats
 
     def collect(self, keys: list[str], cache: AnswerCache, stats: RequestStats,

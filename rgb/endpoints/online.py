@@ -1,0 +1,136 @@
+"""The online path of a chat-completions requester (rgb.endpoints.requester): the distinct uncached images of a
+split asked one request each, `max_concurrency` at a time, under the rate limits and the budget's caps; each answer
+enters the cache as it arrives. Its twin is the Batch path (rgb.endpoints.batch): the same requests, the same
+cache records.
+
+A request holds its estimated tokens and cost in the budget until its usage is known. An answer cut by the token
+limit is asked once more with `retry_max_tokens` (when set); one still cut is not an answer: left unanswered (the
+split PARTIAL) and asked again by the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+from tqdm import tqdm
+
+from rgb.endpoints.cache import AnswerCache
+from rgb.endpoints.client import RateLimiter, RequestBudget, RequestStats
+from rgb.endpoints.cost import combined
+from rgb.endpoints.requester import Requester
+
+log = logging.getLogger(__name__)
+
+
+class OnlineRun:
+    """One split's online requests: what is asked (`todo`), what it cost (`stats`, under `lock`, shared by the
+    threads of the pool) and the progress bar."""
+
+    def __init__(self, model: Requester, images: Sequence[bytes], keys: list[str], cache: AnswerCache,
+                 budget: RequestBudget, desc: str, sleep=time.sleep):
+        self.model, self.images, self.cache, self.budget, self.desc = model, images, cache, budget, desc
+        self.uses = Counter(keys)
+        self.first_image: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            self.first_image.setdefault(k, i)
+        self.stats, self.lock = RequestStats(images=len(images)), threading.Lock()
+        settings = model.client_settings
+        self.limiter = RateLimiter(settings.requests_per_minute, settings.tokens_per_minute, sleep=sleep)
+        self.cached = sum(n for k, n in self.uses.items() if k in cache)
+        self.abstained = sum(n for k, n in self.uses.items() if k in cache and model.unparsed(cache.get(k)))
+        self.started = time.monotonic()
+        self.bar = None
+
+    def todo(self) -> list[str]:
+        """The distinct uncached keys in order of first use, as many as `max_requests` leaves."""
+        todo = [k for k in self.uses if k not in self.cache]
+        return todo[: self.budget.take(len(todo))]
+
+    def reserve(self, prompt_tokens: int, completion_tokens: int) -> tuple | None:
+        """The budget's hold of one request (None: a cap reached, said once per evaluation)."""
+        with self.lock:
+            first = self.budget.stopped_by is None
+            held = self.budget.reserve(prompt_tokens, completion_tokens)
+            if held is None and first:
+                log.warning("%s: %s reached, no new request (the answers so far are cached; re-run to continue)",
+                            self.desc, self.budget.stopped_by)
+        return held
+
+    def send(self, sdk, body: dict, held: tuple) -> dict:
+        """One request, its hold settled with what it was billed (nothing when it failed)."""
+        try:
+            reply = self.model.endpoint.ask(sdk, self.limiter, body, self.stats, self.lock)
+        except BaseException:
+            with self.lock:
+                self.budget.settle(held, None)
+            raise
+        with self.lock:
+            self.stats.requests += 1
+            self.stats.prompt_tokens += reply["usage"]["prompt_tokens"]
+            self.stats.completion_tokens += reply["usage"]["completion_tokens"]
+            self.budget.settle(held, reply["billed"])
+        return reply
+
+    def ask(self, sdk, key: str) -> None:
+        """The answer of one key into the cache: asked, asked again once when cut (`retry_max_tokens`)."""
+        image = self.images[self.first_image[key]]
+        body = self.model.body(image)
+        prompt_tokens, completion_tokens = self.model.estimate(image)
+        held = self.reserve(prompt_tokens, completion_tokens)
+        if held is None:
+            return
+        reply = self.send(sdk, body, held)
+        retry = self.model.retry_body(body) if self.model.cut(reply) else None
+        held = None if retry is None else self.reserve(prompt_tokens, self.model.client_settings.retry_max_tokens)
+        if held is not None:
+            again = self.send(sdk, retry, held)
+            reply = {**again, "max_tokens_retried": self.model.client_settings.retry_max_tokens,
+                     "billed": combined(reply["billed"], again["billed"])}
+        if self.model.cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
+            with self.lock:
+                self.stats.truncated += self.uses[key]
+                self.bar.update(self.uses[key])
+            return
+        self.cache.add({"key": key, **reply})
+        with self.lock:
+            self.abstained += self.uses[key] if self.model.unparsed(reply) else 0
+            self.bar.update(self.uses[key])
+            self.show()
+
+    def show(self) -> None:
+        """The progress bar's counts: sent, rate, cached, retried, tokens, USD (when priced), abstained."""
+        rate = self.stats.requests / max(time.monotonic() - self.started, 1e-9)
+        money = {} if self.budget.price is None else {"usd": f"{self.budget.cost:.4f}"}
+        self.bar.set_postfix(sent=self.stats.requests, req_s=f"{rate:.2f}", cached=self.cached,
+                             retried=self.stats.retries, tokens=self.stats.prompt_tokens + self.stats.completion_tokens,
+                             **money, abstained=self.abstained, refresh=False)
+
+    def run(self) -> RequestStats:
+        """Ask every key still to ask; a refusal for good stops the asking (the answers so far are cached)."""
+        todo = self.todo()
+        with tqdm(total=len(self.images), desc=self.desc, unit="img", leave=False) as self.bar, \
+                self.model.endpoint.session() as sdk, \
+                ThreadPoolExecutor(self.model.client_settings.max_concurrency) as pool:
+            self.bar.update(self.cached)
+            try:
+                done, _ = wait([pool.submit(self.ask, sdk, k) for k in todo], return_when=FIRST_EXCEPTION)
+            except BaseException:  # Ctrl-C: ask nothing more; the requests in flight finish into the cache
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            failed = next((f.exception() for f in done if f.exception() is not None), None)
+            if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise failed
+        return self.stats
+
+
+def ask_online(model: Requester, images: Sequence[bytes], keys: list[str], cache: AnswerCache,
+               budget: RequestBudget, desc: str, sleep=time.sleep) -> RequestStats:
+    """The answers of `images` (their request `keys`) into `cache`, one request per distinct uncached image. What
+    it cost is returned; the requester reads its answers from the cache."""
+    return OnlineRun(model, images, keys, cache, budget, desc, sleep).run()
