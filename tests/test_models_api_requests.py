@@ -25,7 +25,7 @@ from rgb.evaluation.records import ApiUsage  # noqa: E402
 from rgb.endpoints.settings import ApiSettings, ClientSettings  # noqa: E402
 from rgb.models.chat import COMPLETION_ESTIMATE, ApiClassifier  # noqa: E402
 from rgb.endpoints.cache import AnswerCache  # noqa: E402
-from rgb.endpoints.client import ApiError, RequestBudget, RequestStats  # noqa: E402
+from rgb.endpoints.client import ApiError, RequestBudget, RequestCaps, RequestStats  # noqa: E402
 from rgb.endpoints.cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
@@ -268,3 +268,51 @@ def test_a_request_is_estimated_from_its_texts_image_size_and_completion_limit()
     reasoning = classifier("http://127.0.0.1:1/v1", {"max_tokens": None, "request": {"max_completion_tokens": 64}})
     assert reasoning.estimate(png) == (prompt, 64)
     assert classifier("http://127.0.0.1:1/v1", {"max_tokens": None}).estimate(png) == (prompt, COMPLETION_ESTIMATE)
+
+
+@pytest.mark.parametrize("cap", ["max_tokens_total", "max_cost", "max_requests"])
+def test_caps_hold_with_eight_in_flight_when_the_endpoint_counts_ten_times_the_estimate(tmp_path, cap):
+    """An endpoint that counts 10x the estimated prompt tokens, eight requests at a time: the first answer
+    calibrates the bound every later request holds, so no cap is passed (before: the eight first requests held
+    a tenth of what they cost and took the run past its cap). The overshoot measured is 0."""
+    images = [png(v) for v in range(24)]
+    prompt, limit = classifier("http://127.0.0.1:1/v1").estimate(images[0])
+    actual = 10 * prompt + 3  # what each answer is billed (3 completion tokens)
+    value = {"max_tokens_total": 5 * actual + 7, "max_cost": (5 * actual + 7) * 1000 / 1e6, "max_requests": 5}[cap]
+    with Endpoint([(200, {}, completion("dog", prompt_tokens=10 * prompt))], delay_s=0.2) as endpoint:
+        budget = RequestBudget.of(RequestCaps(**{cap: value}), PRICE)
+        answers, stats = classifier(endpoint.base_url, max_concurrency=8).answer(
+            images, AnswerCache(tmp_path / "c.jsonl"), budget)
+    spent = {"max_tokens_total": budget.tokens, "max_cost": budget.cost, "max_requests": len(endpoint.seen)}[cap]
+    overshoot = max(0.0, spent - value)
+    assert overshoot == 0 and stats.requests == len(endpoint.seen) == stats.images - stats.unanswered
+    assert budget.stopped_by == f"{cap}={value:g}" and stats.requests >= 4  # the cap, not the calibration, stopped it
+    assert [a is not None for a in answers] == [True] * stats.requests + [False] * stats.unanswered  # in order
+
+
+def test_max_requests_counts_every_request_an_answer_asked_again_included(tmp_path):
+    """An answer cut by the token limit and asked again takes two requests: max_requests=3 sends three."""
+    cut = (200, {}, completion(None, finish_reason="length"))
+    with Endpoint([cut]) as endpoint:
+        budget = RequestBudget(3)
+        answers, stats = classifier(endpoint.base_url, retry_max_tokens=64, max_concurrency=4).answer(
+            [png(v) for v in range(4)], AnswerCache(tmp_path / "c.jsonl"), budget)
+    assert len(endpoint.seen) == stats.requests == 3 and budget.stopped_by == "max_requests=3"
+    assert answers == [None] * 4
+
+
+def test_a_usage_cap_needs_a_completion_limit_sent(tmp_path):
+    """Without a completion limit no request's tokens are bounded before it is sent: a token or cost cap refuses
+    the run in one line, before anything is asked."""
+    model = classifier("http://127.0.0.1:1/v1", {"max_tokens": None})
+    with raises_one_line(ConfigValueError, "bound each request by the completion limit it sends"):
+        model.answer([PNG], AnswerCache(tmp_path / "c.jsonl"), RequestBudget(max_tokens_total=10_000))
+
+
+def test_the_partial_line_names_the_cap_that_stopped_the_run():
+    counts = RequestStats(images=3, requests=1, unanswered=2)
+    usage = ApiUsage("u", "vlm", {"test": counts}, None, 3, None, "max_tokens_total=5000")
+    assert usage.waiting() == "2 images not asked yet (max_tokens_total=5000 reached)"
+    assert ApiUsage.from_json(usage.to_json()) == usage
+    legacy = ApiUsage("u", "vlm", {"test": counts}, 7)  # recorded before the cap was
+    assert legacy.waiting() == "2 images not asked yet (max_requests=7, or max_tokens_total / max_cost)"

@@ -15,16 +15,27 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import NamedTuple
 
 from tqdm import tqdm
 
 from rgb.endpoints.cache import AnswerCache
-from rgb.endpoints.client import RateLimiter, RequestBudget, RequestStats
+from rgb.core.values import ConfigValueError
+from rgb.endpoints.client import Hold, RateLimiter, RequestBudget, RequestStats
 from rgb.endpoints.cost import combined
 from rgb.endpoints.requester import Requester
 
 log = logging.getLogger(__name__)
+
+
+class Request(NamedTuple):
+    """The first request of a key: its body and estimated (prompt, completion) tokens."""
+
+    key: str
+    body: dict
+    prompt_tokens: int
+    completion_tokens: int
 
 
 class OnlineRun:
@@ -38,6 +49,9 @@ class OnlineRun:
         self.first_image: dict[str, int] = {}
         for i, k in enumerate(keys):
             self.first_image.setdefault(k, i)
+        if budget.caps_usage and model.completion_limit() is None:
+            raise ConfigValueError("max_tokens_total and max_cost bound each request by the completion limit it "
+                                   "sends: set model.max_tokens (or max_completion_tokens in model.request)")
         self.stats, self.lock = RequestStats(images=len(images)), threading.Lock()
         settings = model.client_settings
         self.limiter = RateLimiter(settings.requests_per_minute, settings.tokens_per_minute, sleep=sleep)
@@ -46,12 +60,7 @@ class OnlineRun:
         self.started = time.monotonic()
         self.bar = None
 
-    def todo(self) -> list[str]:
-        """The distinct uncached keys in order of first use, as many as `max_requests` leaves."""
-        todo = [k for k in self.uses if k not in self.cache]
-        return todo[: self.budget.take(len(todo))]
-
-    def reserve(self, prompt_tokens: int, completion_tokens: int) -> tuple | None:
+    def reserve(self, prompt_tokens: int, completion_tokens: int) -> Hold | None:
         """The budget's hold of one request (None: a cap reached, said once per evaluation)."""
         with self.lock:
             first = self.budget.stopped_by is None
@@ -61,7 +70,7 @@ class OnlineRun:
                             self.desc, self.budget.stopped_by)
         return held
 
-    def send(self, sdk, body: dict, held: tuple) -> dict:
+    def send(self, sdk, body: dict, held: Hold) -> dict:
         """One request, its hold settled with what it was billed (nothing when it failed)."""
         try:
             reply = self.model.endpoint.ask(sdk, self.limiter, body, self.stats, self.lock)
@@ -76,17 +85,19 @@ class OnlineRun:
             self.budget.settle(held, reply["billed"])
         return reply
 
-    def ask(self, sdk, key: str) -> None:
-        """The answer of one key into the cache: asked, asked again once when cut (`retry_max_tokens`)."""
+    def request(self, key: str) -> Request:
+        """The first request of a key: its image's body and estimate."""
         image = self.images[self.first_image[key]]
-        body = self.model.body(image)
-        prompt_tokens, completion_tokens = self.model.estimate(image)
-        held = self.reserve(prompt_tokens, completion_tokens)
-        if held is None:
-            return
-        reply = self.send(sdk, body, held)
-        retry = self.model.retry_body(body) if self.model.cut(reply) else None
-        held = None if retry is None else self.reserve(prompt_tokens, self.model.client_settings.retry_max_tokens)
+        return Request(key, self.model.body(image), *self.model.estimate(image))
+
+    def ask(self, sdk, request: Request, held: Hold) -> None:
+        """The answer of one key into the cache: its first request (held), asked again once when cut
+        (`retry_max_tokens`, its own hold)."""
+        key = request.key
+        reply = self.send(sdk, request.body, held)
+        retry = self.model.retry_body(request.body) if self.model.cut(reply) else None
+        held = None if retry is None else self.reserve(request.prompt_tokens,
+                                                       self.model.client_settings.retry_max_tokens)
         if held is not None:
             again = self.send(sdk, retry, held)
             reply = {**again, "max_tokens_retried": self.model.client_settings.retry_max_tokens,
@@ -111,21 +122,43 @@ class OnlineRun:
                              **money, abstained=self.abstained, refresh=False)
 
     def run(self) -> RequestStats:
-        """Ask every key still to ask; a refusal for good stops the asking (the answers so far are cached)."""
-        todo = self.todo()
+        """Ask every key still to ask, in order, each first request reserved before it is handed to a free thread
+        (so the caps stop at a prefix of the keys); until one answer has calibrated the budget's bounds, one
+        request at a time. A refusal for good stops the asking (the answers so far are cached)."""
+        todo = [k for k in self.uses if k not in self.cache]
+        free = threading.Semaphore(self.model.client_settings.max_concurrency)
+        failed = threading.Event()
+
+        def done(future: Future) -> None:
+            if future.exception() is not None:
+                failed.set()
+            free.release()
+
+        futures = []
         with tqdm(total=len(self.images), desc=self.desc, unit="img", leave=False) as self.bar, \
                 self.model.endpoint.session() as sdk, \
                 ThreadPoolExecutor(self.model.client_settings.max_concurrency) as pool:
             self.bar.update(self.cached)
             try:
-                done, _ = wait([pool.submit(self.ask, sdk, k) for k in todo], return_when=FIRST_EXCEPTION)
+                for key in todo:
+                    free.acquire()
+                    request = None if failed.is_set() else self.request(key)
+                    held = None if request is None else self.reserve(request.prompt_tokens, request.completion_tokens)
+                    if held is None:
+                        free.release()
+                        break
+                    futures.append(pool.submit(self.ask, sdk, request, held))
+                    futures[-1].add_done_callback(done)
+                    if not self.budget.calibrated:  # the first answer sets the bounds of the requests after it
+                        wait(futures[-1:])
+                finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
             except BaseException:  # Ctrl-C: ask nothing more; the requests in flight finish into the cache
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
-            failed = next((f.exception() for f in done if f.exception() is not None), None)
-            if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
+            error = next((f.exception() for f in finished if f.exception() is not None), None)
+            if error is not None:  # refused for good: stop asking (the answers so far are in the cache)
                 pool.shutdown(wait=True, cancel_futures=True)
-                raise failed
+                raise error
         return self.stats
 
 

@@ -82,7 +82,8 @@ class ApiPredictor:
     def usage(self) -> ApiUsage:
         price = self.budget.price
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
-                        self.request.caps.max_requests, PARSER_VERSION, None if price is None else asdict(price))
+                        self.request.caps.max_requests, PARSER_VERSION, None if price is None else asdict(price),
+                        self.budget.stopped_by)
 
     def close(self) -> None:
         self.cache.close()

@@ -339,6 +339,7 @@ class ApiUsage(JsonRecord):
     max_requests: int | None
     parser_version: int | None = None
     price: dict | None = None  # rgb.endpoints.cost.Price's fields (None: unknown, no money shown)
+    stopped_by: str | None = None  # the cap that stopped the asking, `name=value` (None: none, or recorded before)
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost")
 
     def __post_init__(self):  # a record written before secrets were redacted is shown without them
@@ -353,6 +354,16 @@ class ApiUsage(JsonRecord):
     @property
     def partial(self) -> bool:
         return self.total["unanswered"] > 0
+
+    def waiting(self) -> str:
+        """What a PARTIAL record waits for: the images not answered yet and why (the cap that stopped the asking,
+        answers cut by the token limit)."""
+        total = self.total
+        reasons = [f"{self.stopped_by} reached"] if self.stopped_by else []
+        reasons += ["answers cut by the token limit"] if total["truncated"] else []
+        if not reasons:  # recorded before the cap was
+            reasons = [f"max_requests={self.max_requests}, or max_tokens_total / max_cost"]
+        return f"{int(total['unanswered'])} images not asked yet ({'; '.join(reasons)})"
 
     @property
     def spent(self) -> float | None:

@@ -116,10 +116,14 @@ class ApiClassifier:
         characters / 4 and the image by OpenAI's tile rule; the completion at its limit (the field the request
         sends), else COMPLETION_ESTIMATE."""
         texts = self.prompt + (self.settings.system_prompt or "")
+        limit = self.completion_limit()
+        return (text_tokens(texts) + image_tokens(*png_size(image)), COMPLETION_ESTIMATE if limit is None else limit)
+
+    def completion_limit(self) -> int | None:
+        """The completion token limit each request sends (None: none)."""
         body = {**self.settings.decoding, **self.settings.request}
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        return (text_tokens(texts) + image_tokens(*png_size(image)),
-                COMPLETION_ESTIMATE if limit is None else int(limit))
+        return None if limit is None else int(limit)
 
     # ------------------------------------------------------------------------------------------ many images
     def plan(self, images: Sequence[bytes], cache: AnswerCache) -> tuple[int, list[str]]:
