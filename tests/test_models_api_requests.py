@@ -152,9 +152,22 @@ def test_an_answer_cut_by_the_token_limit_is_asked_again_never_cached_as_an_abst
     with Endpoint([cut, (200, {}, completion("cat"))]) as endpoint:  # the next run asks it again
         answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
                                     retry_max_tokens=256).answer([PNG], cache)
-    assert answers[0].pred == 0 and stats.truncated == 0
+    assert answers[0].pred == 0 and (stats.truncated, stats.reasked, stats.requests, stats.cached) == (1, 1, 2, 0)
     record = next(iter(cache.answers.values()))
     assert record["max_tokens_retried"] == 256 and record["billed"]["prompt_tokens"] == 40  # both requests billed
+
+
+def test_answers_cut_then_answered_count_truncated_and_reasked_and_cached_is_never_negative(tmp_path):
+    """Five images, each answer cut then answered when asked again, and a sixth, a duplicate of the first: ten
+    requests, six images truncated and reasked (counted per image, as every count), one image from the cache (the
+    duplicate). Before: truncated 0 and cached 6 - 10 = -4 (answered images minus requests sent)."""
+    cut, ok = (200, {}, completion(None, finish_reason="length")), (200, {}, completion("cat"))
+    images = [png(v) for v in range(5)] + [png(0)]
+    with Endpoint([cut, ok] * 5) as endpoint:
+        answers, stats = classifier(endpoint.base_url, retry_max_tokens=256, max_concurrency=1).answer(
+            images, AnswerCache(tmp_path / "c.jsonl"))
+    assert [a.pred for a in answers] == [0] * 6 and len(endpoint.seen) == 10
+    assert (stats.requests, stats.truncated, stats.reasked, stats.cached, stats.unanswered) == (10, 6, 6, 1, 0)
 
 
 def test_retry_after_ms_is_the_wait(tmp_path):

@@ -81,7 +81,7 @@ class RequestStats(JsonRecord):
     recorded before answer parser version 2). The fields keep the order scores.json has always written them in."""
 
     images: int = 0
-    requests: int = 0      # new answers received from the endpoint
+    requests: int = 0      # requests answered by the endpoint (an answer asked again after a cut: two)
     cached: int = 0        # images answered from the cache (other splits, earlier runs, duplicates in the split)
     retries: int = 0
     abstained: int = 0     # answers that name no class (counted wrong)
@@ -91,11 +91,13 @@ class RequestStats(JsonRecord):
     backoff_s: float = 0.0
     negations: int = 0     # abstentions naming a class but denying it ("not 3")
     alternatives: int = 0  # abstentions offering a class as one of several ("3 or 8")
-    truncated: int = 0     # answers cut by the token limit before naming a class: not cached, asked again next run
+    truncated: int = 0     # answers cut by the token limit before naming a class, each (asked again or not)
     cached_prompt_tokens: int = 0      # the usage of the cached answers used (once per distinct answer), so that
     cached_completion_tokens: int = 0  # a run resumed after a cap totals as one uninterrupted run (0 before kept)
     spent: float | None = None      # USD billed for the answers this split is the first of its evaluation to use
     list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
+    reasked: int = 0  # of the truncated, those asked again with retry_max_tokens (one still cut is not cached:
+    #                   unanswered, asked again by the next run)
 
 
 def _cap(rule: Rule):

@@ -95,16 +95,10 @@ class OnlineRun:
         (`retry_max_tokens`, its own hold)."""
         key = request.key
         reply = self.send(sdk, request.body, held)
-        retry = self.model.retry_body(request.body) if self.model.cut(reply) else None
-        held = None if retry is None else self.reserve(request.prompt_tokens,
-                                                       self.model.client_settings.retry_max_tokens)
-        if held is not None:
-            again = self.send(sdk, retry, held)
-            reply = {**again, "max_tokens_retried": self.model.client_settings.retry_max_tokens,
-                     "billed": combined(reply["billed"], again["billed"])}
+        if self.model.cut(reply):
+            reply = self.ask_again(sdk, request, reply)
         if self.model.cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
             with self.lock:
-                self.stats.truncated += self.uses[key]
                 self.bar.update(self.uses[key])
             return
         self.cache.add({"key": key, **reply})
@@ -112,6 +106,21 @@ class OnlineRun:
             self.abstained += self.uses[key] if self.model.unparsed(reply) else 0
             self.bar.update(self.uses[key])
             self.show()
+
+    def ask_again(self, sdk, request: Request, reply: dict) -> dict:
+        """A cut answer, counted truncated, asked once more with `retry_max_tokens` when set and the caps allow
+        (counted reasked): the second reply, billed for both; else the cut one."""
+        retry = self.model.retry_body(request.body)
+        held = None if retry is None else self.reserve(request.prompt_tokens,
+                                                       self.model.client_settings.retry_max_tokens)
+        with self.lock:
+            self.stats.truncated += self.uses[request.key]
+            self.stats.reasked += 0 if held is None else self.uses[request.key]
+        if held is None:
+            return reply
+        again = self.send(sdk, retry, held)
+        return {**again, "max_tokens_retried": self.model.client_settings.retry_max_tokens,
+                "billed": combined(reply["billed"], again["billed"])}
 
     def show(self) -> None:
         """The progress bar's counts: sent, rate, cached, retried, tokens, USD (when priced), abstained."""

@@ -148,8 +148,8 @@ class ApiClassifier:
 
     def collect(self, keys: list[str], cache: AnswerCache, stats: RequestStats,
                 cached_before: set[str]) -> list[Answer | None]:
-        """The cached answers of `keys` (None: not answered), and their counts into `stats` (its `requests` are
-        the new answers among them; `cached_before`: the keys answered before this run, whose tokens it used)."""
+        """The cached answers of `keys` (None: not answered), and their counts into `stats` (`cached_before`: the
+        keys answered before this call, whose tokens it used; the other answered keys are new, once each)."""
         parsed = {k: self._parse(cache.get(k)) for k in dict.fromkeys(keys) if k in cache}
         answers = [Answer(cache.get(k)["answer"], parsed[k].pred, parsed[k].reason) if k in parsed else None
                    for k in keys]
@@ -158,7 +158,8 @@ class ApiClassifier:
             usage = cache.get(k).get("usage") or {}
             stats.cached_prompt_tokens += int(usage.get("prompt_tokens") or 0)
             stats.cached_completion_tokens += int(usage.get("completion_tokens") or 0)
-        stats.cached = len(answered) - stats.requests
+        new = {k for k in parsed if k not in cached_before}  # asked by this call: the first of its images is new
+        stats.cached = len(answered) - len(new)
         stats.unanswered = len(keys) - len(answered)
         stats.abstained = sum(a.pred is None for a in answered)
         stats.negations = sum(a.reason == "negation" for a in answered)
