@@ -329,3 +329,26 @@ def test_the_partial_line_names_the_cap_that_stopped_the_run():
     assert ApiUsage.from_json(usage.to_json()) == usage
     legacy = ApiUsage("u", "vlm", {"test": counts}, 7)  # recorded before the cap was
     assert legacy.waiting() == "2 images not asked yet (max_requests=7, or max_tokens_total / max_cost)"
+
+
+REFUSES_FORMAT = (400, {}, {"error": {"message": "Invalid parameter: 'response_format' of type 'json_schema' is not "
+                                                 "supported with this model.", "type": "invalid_request_error"}})
+
+
+def test_an_endpoint_refusing_response_format_is_asked_in_text_said_once_and_recorded(tmp_path, caplog):
+    """answer_format=choice against an endpoint that refuses response_format (a 400 naming it): the refused request
+    is asked again in text, and every later one in text; one warning; each record says it was answered in text."""
+    with Endpoint([REFUSES_FORMAT, (200, {}, completion("cat"))]) as endpoint:
+        model = classifier(endpoint.base_url, {"answer_format": "choice"}, max_concurrency=1)
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        with caplog.at_level("WARNING"):
+            answers, stats = model.answer([png(1), png(2)], cache)
+    assert [a.pred for a in answers] == [0, 0] and "response_format" in endpoint.seen[0]["body"]
+    assert not any("response_format" in seen["body"] for seen in endpoint.seen[1:]) and len(endpoint.seen) == 3
+    assert [r.getMessage().count("refuses response_format") for r in caplog.records] == [1]
+    assert [r["answer_format_used"] for r in cache.answers.values()] == ["text", "text"]
+    assert (stats.answered_in_text, stats.requests, model.answer_format_used) == (2, 2, "text")  # 2 answered
+    with Endpoint([REFUSES_FORMAT]) as endpoint:  # a text request refused for its format: a refusal for good
+        with raises_one_line(ApiError, "HTTP 400: Invalid parameter: 'response_format'"):
+            classifier(endpoint.base_url, {"request": {"response_format": {"type": "json_object"}}}).answer(
+                [png(1)], AnswerCache(tmp_path / "t.jsonl"))

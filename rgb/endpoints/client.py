@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 import threading
 import time
 from collections import deque
@@ -34,6 +35,15 @@ RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 class ApiError(UserError, RuntimeError):
     """The endpoint refused for good (401, unknown model, image not supported) or kept failing: one line that
     names the endpoint and the model, never the key. Also class names no answer could tell apart."""
+
+
+class FormatRefused(ApiError):
+    """The endpoint refused a request for its `response_format` (an HTTP 400 naming it): it may be asked in text."""
+
+
+# What a 400 names when the endpoint refuses structured output (OpenAI: "Invalid parameter: 'response_format' of type
+# 'json_schema' is not supported with this model").
+FORMAT_FIELDS = re.compile(r"response_format|json_schema", re.IGNORECASE)
 
 
 class RateLimiter:
@@ -98,6 +108,7 @@ class RequestStats(JsonRecord):
     list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
     reasked: int = 0  # of the truncated, those asked again with retry_max_tokens (one still cut is not cached:
     #                   unanswered, asked again by the next run)
+    answered_in_text: int = 0  # answers asked in text, the endpoint having refused answer_format=choice's format
 
 
 def _cap(rule: Rule):
@@ -406,7 +417,10 @@ class Endpoint:
             if err.status_code in RETRY_STATUS:
                 raise _Transient(f"HTTP {err.status_code}", _retry_after(err.response.headers)) from None
             hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(err.status_code, "")
-            raise self.refused(f"HTTP {err.status_code}: {_error_message(err.response)}{hint}", key) from None
+            refusal = self.refused(f"HTTP {err.status_code}: {_error_message(err.response)}{hint}", key)
+            if err.status_code == 400 and FORMAT_FIELDS.search(_error_message(err.response)):
+                raise FormatRefused(str(refusal)) from None
+            raise refusal from None
         try:
             return completion_record(raw.parse().model_dump())
         except Exception:  # noqa: BLE001 - any body the SDK cannot read as a chat completion is a bad answer

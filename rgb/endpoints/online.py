@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from rgb.endpoints.cache import AnswerCache
 from rgb.core.values import ConfigValueError
-from rgb.endpoints.client import Hold, RateLimiter, RequestBudget, RequestStats
+from rgb.endpoints.client import FormatRefused, Hold, RateLimiter, RequestBudget, RequestStats
 from rgb.endpoints.cost import combined
 from rgb.endpoints.requester import Requester
 
@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 
 
 class Request(NamedTuple):
-    """The first request of a key: its body and estimated (prompt, completion) tokens."""
+    """The first request of a key: its image, body and estimated (prompt, completion) tokens."""
 
     key: str
+    image: bytes
     body: dict
     prompt_tokens: int
     completion_tokens: int
@@ -88,24 +89,40 @@ class OnlineRun:
     def request(self, key: str) -> Request:
         """The first request of a key: its image's body and estimate."""
         image = self.images[self.first_image[key]]
-        return Request(key, self.model.body(image), *self.model.estimate(image))
+        return Request(key, image, self.model.body(image), *self.model.estimate(image))
 
     def ask(self, sdk, request: Request, held: Hold) -> None:
         """The answer of one key into the cache: its first request (held), asked again once when cut
         (`retry_max_tokens`, its own hold)."""
         key = request.key
-        reply = self.send(sdk, request.body, held)
+        asked = self.first_reply(sdk, request, held)
+        if asked is None:
+            return
+        request, reply = asked
         if self.model.cut(reply):
             reply = self.ask_again(sdk, request, reply)
         if self.model.cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
             with self.lock:
                 self.bar.update(self.uses[key])
             return
-        self.cache.add({"key": key, **reply})
+        self.cache.add({"key": key, **reply, **self.model.format_note(request.body)})
         with self.lock:
             self.abstained += self.uses[key] if self.model.unparsed(reply) else 0
             self.bar.update(self.uses[key])
             self.show()
+
+    def first_reply(self, sdk, request: Request, held: Hold) -> tuple[Request, dict] | None:
+        """The request sent and its reply: asked once more in text when the endpoint refuses its response_format
+        (the requester falls back for good; None: no room left under the caps for the second request)."""
+        try:
+            return request, self.send(sdk, request.body, held)
+        except FormatRefused:
+            with self.lock:
+                if not self.model.fall_back_to_text():
+                    raise
+        request = request._replace(body=self.model.body(request.image))
+        held = self.reserve(request.prompt_tokens, request.completion_tokens)
+        return None if held is None else (request, self.send(sdk, request.body, held))
 
     def ask_again(self, sdk, request: Request, reply: dict) -> dict:
         """A cut answer, counted truncated, asked once more with `retry_max_tokens` when set and the caps allow

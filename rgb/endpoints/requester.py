@@ -11,8 +11,9 @@ from rgb.endpoints.settings import ClientSettings
 
 
 class Requester(Protocol):
-    """The request of an image, the endpoint and client settings to send it with, its token estimate, and how to
-    read an answer: cut by the token limit (asked again, never cached) or naming no class."""
+    """The request of an image, the endpoint and client settings to send it with, its token estimate, how to
+    read an answer (cut by the token limit: asked again, never cached; or naming no class), and its text fallback
+    when the endpoint refuses the response format asked for."""
 
     client_settings: ClientSettings
     endpoint: Endpoint
@@ -28,3 +29,7 @@ class Requester(Protocol):
     def completion_limit(self) -> int | None: ...
 
     def retry_body(self, body: dict) -> dict | None: ...
+
+    def fall_back_to_text(self) -> bool: ...
+
+    def format_note(self, body: dict) -> dict: ...

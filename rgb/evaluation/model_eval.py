@@ -506,6 +506,8 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
                  f"{int(total['cached_prompt_tokens'])}+{int(total['cached_completion_tokens'])} cached"
                  + ("" if record.api.spent is None else f", ${record.api.spent:.4f} spent (list price "
                                                          f"${record.api.list_cost:.4f})")
+                 + (f"; {int(total['answered_in_text'])} asked in text (the endpoint refused response_format)"
+                    if total["answered_in_text"] else "")
                  + (f"; PARTIAL: {record.api.waiting()}; re-run to continue" if record.api.partial else ""))
     return lines
 

@@ -340,6 +340,9 @@ class ApiUsage(JsonRecord):
     parser_version: int | None = None
     price: dict | None = None  # rgb.endpoints.cost.Price's fields (None: unknown, no money shown)
     stopped_by: str | None = None  # the cap that stopped the asking, `name=value` (None: none, or recorded before)
+    # the format the answers were asked in: model.answer_format, or "text" when the endpoint refused choice's
+    # response_format for some (counted per split: answered_in_text); None: recorded before it was kept
+    answer_format_used: str | None = None
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost")
 
     def __post_init__(self):  # a record written before secrets were redacted is shown without them

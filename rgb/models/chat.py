@@ -14,7 +14,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -33,6 +35,7 @@ class InferenceOnlyError(UserError, ValueError):
     """Training asked of a model answered by an endpoint: it has no weights here."""
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+log = logging.getLogger(__name__)
 COMPLETION_ESTIMATE = 16  # dry_run's completion tokens of a request that sends no token limit (a class name or so)
 
 
@@ -60,6 +63,7 @@ class ApiClassifier:
             raise ConfigValueError(f"model.prompt may hold only {{dataset}} and {{classes}} ({type(err).__name__}: "
                                    f"{err}); write a literal brace as {{{{ or }}}}") from None
         self.parser = AnswerParser(self.class_names)
+        self.answer_format_used = settings.answer_format  # "text" once the endpoint refused response_format
         self.endpoint = Endpoint(settings.base_url, settings.api_model, client, sleep)
         self._sleep = sleep
         identity = {"base_url": settings.base_url, "api_model": settings.api_model, "prompt": self.prompt,
@@ -85,9 +89,27 @@ class ApiClassifier:
         url = "data:image/png;base64," + base64.b64encode(image).decode("ascii")
         content = [{"type": "text", "text": self.prompt}, {"type": "image_url", "image_url": {"url": url}}]
         system = [{"role": "system", "content": self.settings.system_prompt}] if self.settings.system_prompt else []
-        answer = {"response_format": choice_format(self.class_names)} if self.settings.answer_format == "choice" else {}
+        answer = {"response_format": choice_format(self.class_names)} if self.answer_format_used == "choice" else {}
         return {"model": self.settings.api_model, "messages": [*system, {"role": "user", "content": content}],
                 **self.settings.decoding, **answer, **self.settings.request}
+
+    def fall_back_to_text(self) -> bool:
+        """Ask in text from now on, the endpoint having refused `response_format` (said once, in one line); False
+        when the requests asked for no format (nothing to fall back from)."""
+        if self.settings.answer_format != "choice":
+            return False
+        if self.answer_format_used == "choice":
+            log.warning("%s (model %r) refuses response_format: asking in text instead, read by the text rule and "
+                        "recorded as answered in text (model.answer_format=text asks so from the start)",
+                        self.settings.base_url, self.settings.api_model)
+            self.answer_format_used = "text"
+        return True
+
+    def format_note(self, body: dict) -> dict:
+        """What a cache record says of the format its request asked in: {"answer_format_used": "text"} when it
+        asked in text instead of the configured choice (the endpoint refused response_format), else nothing."""
+        fell_back = self.settings.answer_format == "choice" and "response_format" not in body
+        return {"answer_format_used": "text"} if fell_back else {}
 
     def cut(self, reply: dict) -> bool:
         """An answer the token limit cut before it named a class: an error to count and ask again, never an
@@ -162,6 +184,8 @@ class ApiClassifier:
         stats.cached = len(answered) - len(new)
         stats.unanswered = len(keys) - len(answered)
         stats.abstained = sum(a.pred is None for a in answered)
+        stats.answered_in_text = sum(uses for k, uses in Counter(keys).items()
+                                     if k in parsed and cache.get(k).get("answer_format_used") == "text")
         stats.negations = sum(a.reason == "negation" for a in answered)
         stats.alternatives = sum(a.reason == "alternative" for a in answered)
         return answers
