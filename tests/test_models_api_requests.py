@@ -352,3 +352,35 @@ def test_an_endpoint_refusing_response_format_is_asked_in_text_said_once_and_rec
         with raises_one_line(ApiError, "HTTP 400: Invalid parameter: 'response_format'"):
             classifier(endpoint.base_url, {"request": {"response_format": {"type": "json_object"}}}).answer(
                 [png(1)], AnswerCache(tmp_path / "t.jsonl"))
+
+
+def test_clarify_asks_one_more_turn_for_an_answer_naming_no_class_counted_priced_and_capped(tmp_path):
+    """model.clarify=true: an unparsed answer is followed, in the same conversation, by "Reply with exactly one
+    of: ..."; its answer read as any answer (one still naming no class stays unparsed), its own request (counted,
+    billed into the record, under max_requests). Part of the identity only when true."""
+    unsure, dog, either = (200, {}, completion("I am not sure")), (200, {}, completion("dog")), \
+        (200, {}, completion("cat or dog"))
+    with Endpoint([unsure, dog, unsure, either]) as endpoint:
+        model = classifier(endpoint.base_url, {"clarify": True}, max_concurrency=1)
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        answers, stats = model.answer([png(1), png(2)], cache)
+    follow_up = endpoint.seen[1]["body"]["messages"]
+    assert follow_up[:1] == endpoint.seen[0]["body"]["messages"] and follow_up[1:] == [
+        {"role": "assistant", "content": "I am not sure"},
+        {"role": "user", "content": "Reply with exactly one of: cat; dog; three"}]
+    assert [a.pred for a in answers] == [1, None] and answers[0].text == "I am not sure\n[clarified] dog"
+    assert (stats.requests, stats.clarified, stats.abstained, stats.prompt_tokens) == (4, 2, 1, 80)
+    assert [r["billed"]["prompt_tokens"] for r in cache.answers.values()] == [40, 40]  # both turns priced
+    with Endpoint([unsure]) as endpoint:  # no room for the clarification: the answer as it came, unparsed
+        budget = RequestBudget(1)
+        answers, stats = classifier(endpoint.base_url, {"clarify": True}).answer(
+            [png(3)], AnswerCache(tmp_path / "d.jsonl"), budget)
+    assert len(endpoint.seen) == 1 and answers[0].pred is None and budget.stopped_by == "max_requests=1"
+    plain = classifier("http://127.0.0.1:1/v1")
+    assert classifier("http://127.0.0.1:1/v1", {"clarify": False}).identity_sha256 == plain.identity_sha256
+    assert model.identity_sha256 != classifier(model.settings.base_url).identity_sha256
+    assert model.describe()["api"]["clarify"] is True and "clarify" not in plain.describe()["api"]
+    with raises_one_line(ConfigValueError, "model.clarify=true asks a follow-up turn"):
+        classifier("http://127.0.0.1:1/v1", {"clarify": True}, batch=True)
+    with raises_one_line(ConfigValueError, "model.clarify must be true or false"):
+        classifier("http://127.0.0.1:1/v1", {"clarify": "yes"})

@@ -109,6 +109,7 @@ class RequestStats(JsonRecord):
     reasked: int = 0  # of the truncated, those asked again with retry_max_tokens (one still cut is not cached:
     #                   unanswered, asked again by the next run)
     answered_in_text: int = 0  # answers asked in text, the endpoint having refused answer_format=choice's format
+    clarified: int = 0  # answers naming no class followed by a clarifying turn (model.clarify; its own request)
 
 
 def _cap(rule: Rule):

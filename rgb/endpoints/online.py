@@ -3,9 +3,10 @@ split asked one request each, `max_concurrency` at a time, under the rate limits
 enters the cache as it arrives. Its twin is the Batch path (rgb.endpoints.batch): the same requests, the same
 cache records.
 
-A request holds its estimated tokens and cost in the budget until its usage is known. An answer cut by the token
+A request holds a bound of its tokens and cost in the budget until its usage is known. An answer cut by the token
 limit is asked once more with `retry_max_tokens` (when set); one still cut is not an answer: left unanswered (the
-split PARTIAL) and asked again by the next run.
+split PARTIAL) and asked again by the next run. An answer naming no class is followed by one clarifying turn when
+the requester asks for it (`model.clarify=true`). An endpoint refusing the response format is asked in text.
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class OnlineRun:
             with self.lock:
                 self.bar.update(self.uses[key])
             return
+        if self.model.unparsed(reply):
+            reply = self.clarify(sdk, request, reply)
         self.cache.add({"key": key, **reply, **self.model.format_note(request.body)})
         with self.lock:
             self.abstained += self.uses[key] if self.model.unparsed(reply) else 0
@@ -138,6 +141,19 @@ class OnlineRun:
         again = self.send(sdk, retry, held)
         return {**again, "max_tokens_retried": self.model.client_settings.retry_max_tokens,
                 "billed": combined(reply["billed"], again["billed"])}
+
+    def clarify(self, sdk, request: Request, reply: dict) -> dict:
+        """An answer naming no class followed by the requester's clarifying turn (`model.clarify=true`), its own
+        request under the caps: the answer with its `clarification` (the second reply's record), billed for both;
+        else the answer as it is (clarify off, or no room left under the caps)."""
+        clarification = self.model.clarification(request.body, reply)
+        held = None if clarification is None else self.reserve(request.prompt_tokens + clarification[1],
+                                                               request.completion_tokens)
+        if held is None:
+            return reply
+        second = self.send(sdk, clarification[0], held)
+        return {**reply, "clarification": {k: v for k, v in second.items() if k != "billed"},
+                "billed": combined(reply["billed"], second["billed"])}
 
     def show(self) -> None:
         """The progress bar's counts: sent, rate, cached, retried, tokens, USD (when priced), abstained."""

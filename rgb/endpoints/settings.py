@@ -25,6 +25,8 @@ DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task
                   "Answer with exactly one class name from this list and nothing else.")
 # free text, or a JSON object whose one value is a class name (rgb.endpoints.answers.choice_format)
 ANSWER_FORMATS = ("text", "choice")
+# model.clarify=true: the user turn that follows an answer naming no class ({classes}: the class names joined by "; ")
+CLARIFY_TURN = "Reply with exactly one of: {classes}"
 
 
 def _text(v) -> bool:
@@ -48,6 +50,7 @@ API_RULES: dict[str, Rule] = {
     "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
                       and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
     "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
+    "model.clarify": (lambda v: isinstance(v, bool), "true or false"),
 }
 CLIENT_RULES: dict[str, Rule] = {
     "model.api_key_env": (_text, "the name of an environment variable"),
@@ -90,6 +93,9 @@ class ApiSettings:
     system_prompt: str | None = None
     request: dict | None = field(default_factory=dict)
     answer_format: str = "text"
+    # an answer that names no class is followed, in the same conversation, by one turn asking for exactly one of the
+    # class names (rgb.endpoints.online; CLARIFY_TURN): its own request, counted and priced as one
+    clarify: bool = False
 
     def __post_init__(self):
         _check(self, API_RULES)
@@ -110,13 +116,14 @@ class ApiSettings:
     def identity_extras(self) -> dict:
         """What identifies the answers beyond the legacy identity: only what is set."""
         extras = (("system_prompt", self.system_prompt), ("request", self.request),
-                  ("answer_format", None if self.answer_format == "text" else self.answer_format))
+                  ("answer_format", None if self.answer_format == "text" else self.answer_format),
+                  ("clarify", self.clarify))
         return {k: v for k, v in extras if v}
 
     def record(self) -> dict:
         """model.json's `api`: the legacy fields, and the extras only when set (earlier run dirs keep their
         identity)."""
-        extras = ("system_prompt", "request", "answer_format")
+        extras = ("system_prompt", "request", "answer_format", "clarify")
         legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in extras}
         return {**legacy, **self.identity_extras()}
 

@@ -508,6 +508,7 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
                                                          f"${record.api.list_cost:.4f})")
                  + (f"; {int(total['answered_in_text'])} asked in text (the endpoint refused response_format)"
                     if total["answered_in_text"] else "")
+                 + (f"; {int(total['clarified'])} asked to clarify" if total["clarified"] else "")
                  + (f"; PARTIAL: {record.api.waiting()}; re-run to continue" if record.api.partial else ""))
     return lines
 

@@ -28,7 +28,7 @@ from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.client import ApiError, Endpoint, RequestBudget, RequestStats
 from rgb.endpoints.cost import image_tokens, png_size, text_tokens
 from rgb.endpoints.online import ask_online
-from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
+from rgb.endpoints.settings import CLARIFY_TURN, ApiSettings, ClientSettings, split_config
 
 
 class InferenceOnlyError(UserError, ValueError):
@@ -64,6 +64,9 @@ class ApiClassifier:
                                    f"{err}); write a literal brace as {{{{ or }}}}") from None
         self.parser = AnswerParser(self.class_names)
         self.answer_format_used = settings.answer_format  # "text" once the endpoint refused response_format
+        if settings.clarify and client.batch:
+            raise ConfigValueError("model.clarify=true asks a follow-up turn as soon as an answer names no class; a "
+                                   "Batch answers all at once: set model.batch=false or model.clarify=false")
         self.endpoint = Endpoint(settings.base_url, settings.api_model, client, sleep)
         self._sleep = sleep
         identity = {"base_url": settings.base_url, "api_model": settings.api_model, "prompt": self.prompt,
@@ -117,8 +120,25 @@ class ApiClassifier:
         return reply.get("finish_reason") == "length" and self.unparsed(reply)
 
     def unparsed(self, record: dict) -> bool:
-        """The answer of a cache record names no class (an abstention)."""
-        return self._parse(record).pred is None
+        """The answer of a cache record names no class (an abstention), its clarification's neither."""
+        return self._read(record).pred is None
+
+    def clarification(self, body: dict, reply: dict) -> tuple[dict, int] | None:
+        """`model.clarify=true`: the request that follows `body`'s answer (`reply`) in the same conversation with
+        CLARIFY_TURN, and the prompt tokens it adds to `body`'s estimate (None: clarify is off)."""
+        if not self.settings.clarify:
+            return None
+        turn = CLARIFY_TURN.format(classes="; ".join(self.class_names))
+        messages = [*body["messages"], {"role": "assistant", "content": reply["answer"]},
+                    {"role": "user", "content": turn}]
+        return {**body, "messages": messages}, text_tokens(reply["answer"]) + text_tokens(turn)
+
+    def _read(self, record: dict) -> Parsed:
+        """What a cache record answers: its answer's class, else its clarification's (`model.clarify=true`)."""
+        parsed = self._parse(record)
+        if parsed.pred is None and "clarification" in record:
+            return self._parse(record["clarification"])
+        return parsed
 
     def retry_body(self, body: dict) -> dict | None:
         """The request once more with `retry_max_tokens` as its limit (in the field the request uses)."""
@@ -168,12 +188,19 @@ class ApiClassifier:
             stats = ask_online(self, images, keys, cache, budget, desc, self._sleep)
         return self.collect(keys, cache, stats, cached_before), stats
 
+    @staticmethod
+    def _text(record: dict) -> str:
+        """The answer of a cache record as predictions.parquet keeps it: with its clarification's, when asked."""
+        if "clarification" not in record:
+            return record["answer"]
+        return f"{record['answer']}\n[clarified] {record['clarification']['answer']}"
+
     def collect(self, keys: list[str], cache: AnswerCache, stats: RequestStats,
                 cached_before: set[str]) -> list[Answer | None]:
         """The cached answers of `keys` (None: not answered), and their counts into `stats` (`cached_before`: the
         keys answered before this call, whose tokens it used; the other answered keys are new, once each)."""
-        parsed = {k: self._parse(cache.get(k)) for k in dict.fromkeys(keys) if k in cache}
-        answers = [Answer(cache.get(k)["answer"], parsed[k].pred, parsed[k].reason) if k in parsed else None
+        parsed = {k: self._read(cache.get(k)) for k in dict.fromkeys(keys) if k in cache}
+        answers = [Answer(self._text(cache.get(k)), parsed[k].pred, parsed[k].reason) if k in parsed else None
                    for k in keys]
         answered = [a for a in answers if a is not None]
         for k in set(keys) & cached_before:
@@ -186,6 +213,8 @@ class ApiClassifier:
         stats.abstained = sum(a.pred is None for a in answered)
         stats.answered_in_text = sum(uses for k, uses in Counter(keys).items()
                                      if k in parsed and cache.get(k).get("answer_format_used") == "text")
+        stats.clarified = sum(uses for k, uses in Counter(keys).items()
+                              if k in parsed and "clarification" in cache.get(k))
         stats.negations = sum(a.reason == "negation" for a in answered)
         stats.alternatives = sum(a.reason == "alternative" for a in answered)
         return answers
