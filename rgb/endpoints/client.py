@@ -164,8 +164,9 @@ class RequestBudget:
     its usage is known (`settle`), and is sent only when the spent, the held and its own fit under the caps, so
     the requests in flight never take a run past a cap. The bound: the completion at the limit the request sends,
     the prompt at its estimate scaled by the largest actual/estimated prompt tokens seen, known once one answer
-    came (`calibrated`): until then a capped run has one request in flight (rgb.endpoints.online). When a cap is
-    reached no new request is sent: the answers so far are cached, the rest is left to a re-run."""
+    came (`calibrated`): until then a capped run has one request in flight (rgb.endpoints.online), sent on its
+    estimate alone (nothing is known of how the endpoint counts before its first answer). When a cap is reached no
+    new request is sent: the answers so far are cached, the rest is left to a re-run."""
 
     remaining: int | None = None
     max_tokens_total: int | None = None
