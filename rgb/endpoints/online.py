@@ -41,7 +41,8 @@ class Request(NamedTuple):
 
 
 class OnlineRun:
-    """One split's online requests: what is asked (`todo`), what it cost (`stats`, under `lock`, shared by the
+    """One split's online requests: each distinct uncached key asked once (`ask`: its first request, asked again
+    in text, after a cut, or to clarify as the requester says), what it cost (`stats`, under `lock`, shared by the
     threads of the pool) and the progress bar."""
 
     def __init__(self, model: Requester, images: Sequence[bytes], keys: list[str], cache: AnswerCache,
