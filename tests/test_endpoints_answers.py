@@ -20,11 +20,12 @@ import pytest
 
 import helpers
 from helpers import raises_one_line
+from rgb.core.files import distinct_name
 from rgb.data.mini import CLASS_NAMES as MINI
-from rgb.endpoints.answers import (CARD_PARSER, CLARIFY, READERS, UNPARSED, AnswerParser, Parsed, StrictReader,
+from rgb.endpoints.answers import (CARD_PARSER, READERS, UNPARSED, AnswerParser, Parsed, StrictReader,
                                    parse_answer, parse_choice)
 from rgb.endpoints.client import ApiError, RequestStats
-from rgb.endpoints.settings import ANSWER_PARSERS, ApiSettings, ClientSettings
+from rgb.endpoints.settings import ANSWER_PARSERS, CLARIFY_TURN, ApiSettings, ClientSettings
 from rgb.evaluation.records import ApiUsage
 from rgb.models.chat import ApiClassifier
 
@@ -167,7 +168,7 @@ def test_the_readers_are_named_once_and_the_default_is_the_cards():
     assert tuple(READERS) == ANSWER_PARSERS and ANSWER_PARSERS[0] == CARD_PARSER == "strict"
     assert ClientSettings().answer_parser == CARD_PARSER and ApiSettings("http://127.0.0.1:1/v1", "m").answer_format \
         == "choice"
-    assert CLARIFY.format(classes="; ".join(MINI)).endswith("eight; nine")
+    assert CLARIFY_TURN.format(classes="; ".join(MINI)).endswith("eight; nine")
     with raises_one_line(ValueError, "model.answer_parser must be strict or lenient, got 'loose'"):
         ClientSettings(answer_parser="loose")
 
@@ -297,5 +298,5 @@ def test_an_endpoint_denying_every_image_scores_zero_end_to_end_and_every_answer
                           f"leaderboard_datasets=[{DATASET}]"))
     markdown = next(tmp_path.rglob("leaderboard.md")).read_text()
     assert "Answers read as no class" in markdown and lenient.api.unparsed_line() in markdown
-    page = next(tmp_path.rglob(f"site/models/*{run.name}*.html")).read_text()
+    page = next(tmp_path.rglob(f"site/models/{distinct_name(run.name)}.html")).read_text()
     assert html.escape(lenient.api.unparsed_line()) in page and OTHER_PROTOCOL in page

@@ -372,8 +372,8 @@ def test_dry_run_counts_and_max_requests_stops_partial_then_resumes(tmp_path, be
         assert partial.white_box.settings["common"].partial and partial.white_box.settings["common"].total == 6
         unanswered = int(partial.api.total["unanswered"])
         header = format_table(partial).splitlines()[0]  # what made it partial: the cap, never "the first None"
-        assert header.endswith(f"PARTIAL: {unanswered} images not asked yet (max_requests=30, or max_tokens_total"
-                               f" / max_cost))") and "None" not in header
+        assert header.endswith(f"PARTIAL: {unanswered} images not asked yet (max_requests=30 reached))")
+        assert partial.api.stopped_by == "max_requests=30" and "None" not in header
         warning = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("PARTIAL evaluation"))
         named = Path(warning.split(": written to ")[1].split(";")[0])
         assert named.is_file() and named == partial_dir(tmp_path / "outputs" / "eval" / DATASET / run.name) / \

@@ -24,7 +24,7 @@ from rgb.evaluation.records import ApiUsage  # noqa: E402
 from rgb.endpoints.settings import ApiSettings, ClientSettings  # noqa: E402
 from rgb.models.chat import COMPLETION_ESTIMATE, ApiClassifier  # noqa: E402
 from rgb.endpoints.cache import AnswerCache  # noqa: E402
-from rgb.endpoints.client import ApiError, RequestBudget, RequestStats  # noqa: E402
+from rgb.endpoints.client import ApiError, RequestBudget, RequestCaps, RequestStats  # noqa: E402
 from rgb.endpoints.cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
@@ -143,9 +143,22 @@ def test_an_answer_cut_by_the_token_limit_is_asked_again_never_cached_as_an_abst
     with Endpoint([cut, (200, {}, completion("cat"))]) as endpoint:  # the next run asks it again
         answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
                                     retry_max_tokens=256).answer([PNG], cache)
-    assert answers[0].pred == 0 and stats.truncated == 0
+    assert answers[0].pred == 0 and (stats.truncated, stats.reasked, stats.requests, stats.cached) == (1, 1, 2, 0)
     record = next(iter(cache.answers.values()))
     assert record["max_tokens_retried"] == 256 and record["billed"]["prompt_tokens"] == 40  # both requests billed
+
+
+def test_answers_cut_then_answered_count_truncated_and_reasked_and_cached_is_never_negative(tmp_path):
+    """Five images, each answer cut then answered when asked again, and a sixth, a duplicate of the first: ten
+    requests, six images truncated and reasked (counted per image, as every count), one image from the cache (the
+    duplicate). Before: truncated 0 and cached 6 - 10 = -4 (answered images minus requests sent)."""
+    cut, ok = (200, {}, completion(None, finish_reason="length")), (200, {}, completion("cat"))
+    images = [png(v) for v in range(5)] + [png(0)]
+    with Endpoint([cut, ok] * 5) as endpoint:
+        answers, stats = classifier(endpoint.base_url, retry_max_tokens=256, max_concurrency=1).answer(
+            images, AnswerCache(tmp_path / "c.jsonl"))
+    assert [a.pred for a in answers] == [0] * 6 and len(endpoint.seen) == 10
+    assert (stats.requests, stats.truncated, stats.reasked, stats.cached, stats.unanswered) == (10, 6, 6, 1, 0)
 
 
 def test_retry_after_ms_is_the_wait(tmp_path):
@@ -259,3 +272,112 @@ def test_a_request_is_estimated_from_its_texts_image_size_and_completion_limit()
     reasoning = classifier("http://127.0.0.1:1/v1", {"max_tokens": None, "request": {"max_completion_tokens": 64}})
     assert reasoning.estimate(png) == (prompt, 64)
     assert classifier("http://127.0.0.1:1/v1", {"max_tokens": None}).estimate(png) == (prompt, COMPLETION_ESTIMATE)
+
+
+@pytest.mark.parametrize("completion_tokens", [3, 160], ids=["prompt_10x", "both_10x"])
+@pytest.mark.parametrize("cap", ["max_tokens_total", "max_cost", "max_requests"])
+def test_caps_hold_with_eight_in_flight_when_the_endpoint_counts_ten_times_the_estimate(tmp_path, cap,
+                                                                                        completion_tokens):
+    """An endpoint that counts 10x the estimated prompt tokens (and, `both_10x`, 10x the completion limit sent:
+    160 for 16), eight requests at a time: the first answer calibrates the bound every later request holds, so no
+    cap is passed (before: the eight first requests held a tenth of what they cost and took the run past its cap).
+    The overshoot measured is 0."""
+    images = [png(v) for v in range(24)]
+    prompt, limit = classifier("http://127.0.0.1:1/v1").estimate(images[0])
+    actual = 10 * prompt + completion_tokens  # what each answer is billed
+    value = {"max_tokens_total": 5 * actual + 7, "max_cost": (5 * actual + 7) * 1000 / 1e6, "max_requests": 5}[cap]
+    reply = completion("dog", prompt_tokens=10 * prompt)
+    reply["usage"] = {**reply["usage"], "completion_tokens": completion_tokens,
+                      "total_tokens": 10 * prompt + completion_tokens}
+    with Endpoint([(200, {}, reply)], delay_s=0.2) as endpoint:
+        budget = RequestBudget.of(RequestCaps(**{cap: value}), PRICE)
+        answers, stats = classifier(endpoint.base_url, max_concurrency=8).answer(
+            images, AnswerCache(tmp_path / "c.jsonl"), budget)
+    spent = {"max_tokens_total": budget.tokens, "max_cost": budget.cost, "max_requests": len(endpoint.seen)}[cap]
+    overshoot = max(0.0, spent - value)
+    assert overshoot == 0 and stats.requests == len(endpoint.seen) == stats.images - stats.unanswered
+    assert budget.stopped_by == f"{cap}={value:g}" and stats.requests >= 4  # the cap, not the calibration, stopped it
+    assert [a is not None for a in answers] == [True] * stats.requests + [False] * stats.unanswered  # in order
+
+
+def test_max_requests_counts_every_request_an_answer_asked_again_included(tmp_path):
+    """An answer cut by the token limit and asked again takes two requests: max_requests=3 sends three."""
+    cut = (200, {}, completion(None, finish_reason="length"))
+    with Endpoint([cut]) as endpoint:
+        budget = RequestBudget(3)
+        answers, stats = classifier(endpoint.base_url, retry_max_tokens=64, max_concurrency=4).answer(
+            [png(v) for v in range(4)], AnswerCache(tmp_path / "c.jsonl"), budget)
+    assert len(endpoint.seen) == stats.requests == 3 and budget.stopped_by == "max_requests=3"
+    assert answers == [None] * 4
+
+
+def test_a_usage_cap_needs_a_completion_limit_sent(tmp_path):
+    """Without a completion limit no request's tokens are bounded before it is sent: a token or cost cap refuses
+    the run in one line, before anything is asked."""
+    model = classifier("http://127.0.0.1:1/v1", {"max_tokens": None})
+    with raises_one_line(ConfigValueError, "bound each request by the completion limit it sends"):
+        model.answer([PNG], AnswerCache(tmp_path / "c.jsonl"), RequestBudget(max_tokens_total=10_000))
+
+
+def test_the_partial_line_names_the_cap_that_stopped_the_run():
+    counts = RequestStats(images=3, requests=1, unanswered=2)
+    usage = ApiUsage("u", "vlm", {"test": counts}, None, 3, None, stopped_by="max_tokens_total=5000")
+    assert usage.waiting() == "2 images not asked yet (max_tokens_total=5000 reached)"
+    assert ApiUsage.from_json(usage.to_json()) == usage
+    legacy = ApiUsage("u", "vlm", {"test": counts}, 7)  # recorded before the cap was
+    assert legacy.waiting() == "2 images not asked yet (max_requests=7, or max_tokens_total / max_cost)"
+
+
+REFUSES_FORMAT = (400, {}, {"error": {"message": "Invalid parameter: 'response_format' of type 'json_schema' is not "
+                                                 "supported with this model.", "type": "invalid_request_error"}})
+
+
+def test_an_endpoint_refusing_response_format_is_asked_in_text_said_once_and_recorded(tmp_path, caplog):
+    """answer_format=choice against an endpoint that refuses response_format (a 400 naming it): the refused request
+    is asked again in text, and every later one in text; one warning; each record says it was answered in text."""
+    with Endpoint([REFUSES_FORMAT, (200, {}, completion("cat"))]) as endpoint:
+        model = classifier(endpoint.base_url, {"answer_format": "choice"}, max_concurrency=1)
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        with caplog.at_level("WARNING"):
+            answers, stats = model.answer([png(1), png(2)], cache)
+    assert [a.pred for a in answers] == [0, 0] and "response_format" in endpoint.seen[0]["body"]
+    assert not any("response_format" in seen["body"] for seen in endpoint.seen[1:]) and len(endpoint.seen) == 3
+    assert [r.getMessage().count("refuses response_format") for r in caplog.records] == [1]
+    assert [r["answer_format_used"] for r in cache.answers.values()] == ["text", "text"]
+    assert (stats.answered_in_text, stats.requests, model.answer_format_used) == (2, 2, "text")  # 2 answered
+    with Endpoint([REFUSES_FORMAT]) as endpoint:  # a text request refused for its format: a refusal for good
+        with raises_one_line(ApiError, "HTTP 400: Invalid parameter: 'response_format'"):
+            classifier(endpoint.base_url, {"request": {"response_format": {"type": "json_object"}}}).answer(
+                [png(1)], AnswerCache(tmp_path / "t.jsonl"))
+
+
+def test_clarify_asks_one_more_turn_for_an_answer_naming_no_class_counted_priced_and_capped(tmp_path):
+    """model.clarify=true: an unparsed answer is followed, in the same conversation, by "Reply with exactly one
+    of: ..."; its answer read as any answer (one still naming no class stays unparsed), its own request (counted,
+    billed into the record, under max_requests). Part of the identity only when true."""
+    unsure, dog, either = (200, {}, completion("I am not sure")), (200, {}, completion("dog")), \
+        (200, {}, completion("cat or dog"))
+    with Endpoint([unsure, dog, unsure, either]) as endpoint:
+        model = classifier(endpoint.base_url, {"clarify": True}, max_concurrency=1)
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        answers, stats = model.answer([png(1), png(2)], cache)
+    follow_up = endpoint.seen[1]["body"]["messages"]
+    assert follow_up[:1] == endpoint.seen[0]["body"]["messages"] and follow_up[1:] == [
+        {"role": "assistant", "content": "I am not sure"},
+        {"role": "user", "content": "Reply with exactly one of: cat; dog; three"}]
+    assert [a.pred for a in answers] == [1, None] and answers[0].text == "I am not sure\n[clarified] dog"
+    assert (stats.requests, stats.clarified, stats.unparsed, stats.prompt_tokens) == (4, 2, 1, 80)
+    assert [r["billed"]["prompt_tokens"] for r in cache.answers.values()] == [40, 40]  # both turns priced
+    with Endpoint([unsure]) as endpoint:  # no room for the clarification: the answer as it came, unparsed
+        budget = RequestBudget(1)
+        answers, stats = classifier(endpoint.base_url, {"clarify": True}).answer(
+            [png(3)], AnswerCache(tmp_path / "d.jsonl"), budget)
+    assert len(endpoint.seen) == 1 and answers[0].pred is None and budget.stopped_by == "max_requests=1"
+    plain = classifier("http://127.0.0.1:1/v1")
+    assert classifier("http://127.0.0.1:1/v1", {"clarify": False}).identity_sha256 == plain.identity_sha256
+    assert model.identity_sha256 != classifier(model.settings.base_url).identity_sha256
+    assert model.describe()["api"]["clarify"] is True and "clarify" not in plain.describe()["api"]
+    with raises_one_line(ConfigValueError, "model.clarify=true asks a follow-up turn"):
+        classifier("http://127.0.0.1:1/v1", {"clarify": True}, batch=True)
+    with raises_one_line(ConfigValueError, "model.clarify must be true or false"):
+        classifier("http://127.0.0.1:1/v1", {"clarify": "yes"})

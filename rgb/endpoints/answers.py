@@ -22,9 +22,6 @@ from rgb.endpoints.settings import ANSWER_PARSERS
 
 CARD_PARSER = ANSWER_PARSERS[0]  # the card's reader ("strict"): numbers read otherwise are under another protocol
 UNPARSED = "unparsed"  # StrictReader's reason for an answer that is not exactly one class name (counted wrong)
-# The follow-up turn an endpoint loop may send after an unparsed answer (model.clarify): {classes} is the class
-# names joined by "; ", as the prompt lists them; its answer is read by the same reader.
-CLARIFY = "Reply with exactly one of: {classes}"
 CHOICE_FIELD = "answer"  # model.answer_format=choice: a JSON object {CHOICE_FIELD: one of the class names}
 
 _MARKDOWN = re.compile(r"[*_`#>~|\[\]()\"“”]")  # not "'": "isn't" must stay one word

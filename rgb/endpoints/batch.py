@@ -19,14 +19,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from tqdm import tqdm
 
 from rgb.core.files import atomic_write_json
 from rgb.endpoints.cache import AnswerCache, CacheError
-from rgb.endpoints.client import ApiError, Endpoint, RequestBudget, RequestStats, completion_record
-from rgb.endpoints.settings import ClientSettings
+from rgb.endpoints.client import ApiError, RequestBudget, RequestStats, completion_record
+from rgb.endpoints.requester import Requester
 
 log = logging.getLogger(__name__)
 BATCH_URL = "/v1/chat/completions"
@@ -34,18 +33,6 @@ COMPLETION_WINDOW = "24h"  # the one window OpenAI's Batch API offers
 MAX_REQUESTS = 50_000        # OpenAI's limit of requests per batch
 MAX_FILE_BYTES = 190 * 2**20  # under OpenAI's 200 MB per input file
 FINISHED = frozenset({"completed", "failed", "cancelled", "expired"})
-
-
-class Requester(Protocol):
-    """What the Batch path asks of a model (rgb.models.chat.ApiClassifier is one): the request of an image, the
-    endpoint and client settings to send it with, and which answers the token limit cut."""
-
-    client_settings: ClientSettings
-    endpoint: Endpoint
-
-    def body(self, image: bytes) -> dict: ...
-
-    def cut(self, record: dict) -> bool: ...
 
 
 class BatchState:

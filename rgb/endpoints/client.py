@@ -11,10 +11,12 @@ import json
 import math
 import os
 import random
+import re
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 from rgb.core.errors import UserError
 from rgb.core.jsonrecord import JsonRecord
@@ -33,6 +35,15 @@ RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 class ApiError(UserError, RuntimeError):
     """The endpoint refused for good (401, unknown model, image not supported) or kept failing: one line that
     names the endpoint and the model, never the key. Also class names no answer could tell apart."""
+
+
+class FormatRefused(ApiError):
+    """The endpoint refused a request for its `response_format` (an HTTP 400 naming it): it may be asked in text."""
+
+
+# What a 400 names when the endpoint refuses structured output (OpenAI: "Invalid parameter: 'response_format' of type
+# 'json_schema' is not supported with this model").
+FORMAT_FIELDS = re.compile(r"response_format|json_schema", re.IGNORECASE)
 
 
 class RateLimiter:
@@ -82,7 +93,7 @@ class RequestStats(JsonRecord):
     always written them in."""
 
     images: int = 0
-    requests: int = 0      # new answers received from the endpoint
+    requests: int = 0      # requests answered by the endpoint (an answer asked again after a cut: two)
     cached: int = 0        # images answered from the cache (other splits, earlier runs, duplicates in the split)
     retries: int = 0
     unparsed: int = 0      # answers read as no class (counted wrong)
@@ -92,11 +103,15 @@ class RequestStats(JsonRecord):
     backoff_s: float = 0.0
     negations: int = 0     # abstentions naming a class but denying it ("not 3")
     alternatives: int = 0  # abstentions offering a class as one of several ("3 or 8")
-    truncated: int = 0     # answers cut by the token limit before naming a class: not cached, asked again next run
+    truncated: int = 0     # answers cut by the token limit before naming a class, each (asked again or not)
     cached_prompt_tokens: int = 0      # the usage of the cached answers used (once per distinct answer), so that
     cached_completion_tokens: int = 0  # a run resumed after a cap totals as one uninterrupted run (0 before kept)
     spent: float | None = None      # USD billed for the answers this split is the first of its evaluation to use
     list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
+    reasked: int = 0  # of the truncated, those asked again with retry_max_tokens (one still cut is not cached:
+    #                   unanswered, asked again by the next run)
+    answered_in_text: int = 0  # answers asked in text, the endpoint having refused answer_format=choice's format
+    clarified: int = 0  # answers naming no class followed by a clarifying turn (model.clarify; its own request)
 
     @property
     def unparsed_rate(self) -> float | None:
@@ -146,14 +161,27 @@ class RequestCaps:
         return any(getattr(self, name) is not None for name in self.names())
 
 
+class Hold(NamedTuple):
+    """What one request holds of the budget until its usage is known: its reserved tokens and USD (its estimate
+    scaled), and the estimate itself (prompt, completion), to calibrate the scales by."""
+
+    tokens: int
+    cost: float
+    prompt_estimate: int
+    completion_estimate: int
+
+
 @dataclass
 class RequestBudget:
-    """What this evaluation may still spend: `max_requests` new requests, `max_tokens_total` tokens (prompt and
-    completion) and `max_cost` USD billed (priced by `price`) of new answers (None: no limit). Each request holds
-    its estimated tokens and cost (`reserve`) until its usage is known (`settle`), and is sent only when the spent,
-    the held and its own fit under the caps, so the requests in flight never take a run past a cap. An estimate
-    is scaled by the largest actual/estimated tokens seen, should the endpoint count more than the estimate. When
-    a cap is reached no new request is sent: the answers so far are cached, the rest is left to a re-run."""
+    """What this evaluation may still spend: `max_requests` new requests (`remaining`), `max_tokens_total` tokens
+    (prompt and completion) and `max_cost` USD billed (priced by `price`) of new answers (None: no limit). Each
+    request (an answer asked again or clarified is its own) holds a bound of its tokens and cost (`reserve`) until
+    its usage is known (`settle`), and is sent only when the spent, the held and its own fit under the caps, so
+    the requests in flight never take a run past a cap. The bound: the completion at the limit the request sends,
+    the prompt at its estimate scaled by the largest actual/estimated prompt tokens seen, known once one answer
+    came (`calibrated`): until then a capped run has one request in flight (rgb.endpoints.online), sent on its
+    estimate alone (nothing is known of how the endpoint counts before its first answer). When a cap is reached no
+    new request is sent: the answers so far are cached, the rest is left to a re-run."""
 
     remaining: int | None = None
     max_tokens_total: int | None = None
@@ -163,11 +191,14 @@ class RequestBudget:
     cost: float = 0.0    # USD billed for them
     held_tokens: int = 0  # reserved by the requests in flight
     held_cost: float = 0.0
-    scale: float = 1.0    # the largest actual/estimated tokens of a request so far (at least 1)
-    stopped_by: str | None = None  # the cap that stopped the asking (logged once)
+    prompt_scale: float = 1.0      # the largest actual/estimated prompt tokens of an answer so far (at least 1)
+    completion_scale: float = 1.0  # the same of completion tokens (1 while the endpoint keeps to the limit sent)
+    answers: int = 0     # requests settled with a usage: the scales are calibrated once there is one
+    stopped_by: str | None = None  # the cap that stopped the asking, as `name=value` (logged once, recorded)
 
     def __post_init__(self):
         RequestCaps(self.remaining, self.max_tokens_total, self.max_cost)  # each cap's rule
+        self.max_requests = self.remaining
         if self.max_cost is not None and self.price is None:
             raise ConfigValueError("max_cost needs the model's price: set model.price={input: USD, output: USD} per "
                                    "1M tokens (its model is not in conf/prices.yaml)")
@@ -176,41 +207,59 @@ class RequestBudget:
     def of(cls, caps: RequestCaps, price: Price | None) -> RequestBudget:
         return cls(caps.max_requests, caps.max_tokens_total, caps.max_cost, price)
 
+    @property
+    def caps_usage(self) -> bool:
+        """A token or cost cap is set: a request's usage must be bounded before it is sent."""
+        return self.max_tokens_total is not None or self.max_cost is not None
+
+    @property
+    def calibrated(self) -> bool:
+        """No usage cap, or one answer's usage has set the scales: requests may go many at a time."""
+        return not self.caps_usage or self.answers > 0
+
     def take(self, wanted: int) -> int:
+        """Of `wanted` requests, how many `max_requests` still allows (taken from it at once: the Batch path)."""
         granted = wanted if self.remaining is None else min(wanted, self.remaining)
         if self.remaining is not None:
             self.remaining -= granted
+        if granted < wanted:
+            self.stopped_by = self.stopped_by or f"max_requests={self.max_requests}"
         return granted
 
-    def reserve(self, prompt_tokens: int, completion_tokens: int) -> tuple[int, float, int] | None:
-        """Hold one request's estimate (tokens, USD at the online price, the unscaled tokens) until `settle`; None,
-        holding nothing, when it could take the run past a cap, which is then `stopped_by` for good (the caller
-        holds the lock of its requests)."""
+    def reserve(self, prompt_tokens: int, completion_tokens: int) -> Hold | None:
+        """Hold one request's bound (its estimate scaled) until `settle`, and count it against `max_requests`;
+        None, holding nothing, when it could take the run past a cap, which is then `stopped_by` for good (the
+        caller holds the lock of its requests)."""
         if self.stopped_by is not None:
             return None
-        prompt, completion = math.ceil(prompt_tokens * self.scale), math.ceil(completion_tokens * self.scale)
+        prompt = math.ceil(prompt_tokens * self.prompt_scale)
+        completion = math.ceil(completion_tokens * self.completion_scale)
         tokens, cost = prompt + completion, 0.0 if self.price is None else self.price.cost(prompt, completion)
-        if self.max_tokens_total is not None and self.tokens + self.held_tokens + tokens > self.max_tokens_total:
+        if self.remaining is not None and self.remaining < 1:
+            self.stopped_by = f"max_requests={self.max_requests}"
+        elif self.max_tokens_total is not None and self.tokens + self.held_tokens + tokens > self.max_tokens_total:
             self.stopped_by = f"max_tokens_total={self.max_tokens_total}"
         elif self.max_cost is not None and self.cost + self.held_cost + cost > self.max_cost:
             self.stopped_by = f"max_cost={self.max_cost:g}"
         if self.stopped_by is not None:
             return None
+        self.take(1)
         self.held_tokens += tokens
         self.held_cost += cost
-        return tokens, cost, prompt_tokens + completion_tokens
+        return Hold(tokens, cost, prompt_tokens, completion_tokens)
 
-    def settle(self, held: tuple[int, float, int], billed: dict | None) -> None:
+    def settle(self, held: Hold, billed: dict | None) -> None:
         """Release a request's hold and count what it was billed (rgb.endpoints.cost.billed_usage; None: it
-        failed, nothing billed)."""
-        self.held_tokens -= held[0]
-        self.held_cost -= held[1]
+        failed, nothing billed), calibrating the scales by it."""
+        self.held_tokens -= held.tokens
+        self.held_cost -= held.cost
         if billed is None:
             return
-        tokens = billed["prompt_tokens"] + billed["completion_tokens"]
-        self.tokens += tokens
+        self.tokens += billed["prompt_tokens"] + billed["completion_tokens"]
         self.cost += 0.0 if self.price is None else self.price.billed(billed)
-        self.scale = max(self.scale, tokens / max(held[2], 1))
+        self.prompt_scale = max(self.prompt_scale, billed["prompt_tokens"] / max(held.prompt_estimate, 1))
+        self.completion_scale = max(self.completion_scale, billed["completion_tokens"] / max(held.completion_estimate, 1))
+        self.answers += 1
 
 
 def _retry_after(headers) -> float | None:
@@ -385,7 +434,10 @@ class Endpoint:
             if err.status_code in RETRY_STATUS:
                 raise _Transient(f"HTTP {err.status_code}", _retry_after(err.response.headers)) from None
             hint = {401: f"; is {self.client_settings.api_key_env} set to a valid key?"}.get(err.status_code, "")
-            raise self.refused(f"HTTP {err.status_code}: {_error_message(err.response)}{hint}", key) from None
+            refusal = self.refused(f"HTTP {err.status_code}: {_error_message(err.response)}{hint}", key)
+            if err.status_code == 400 and FORMAT_FIELDS.search(_error_message(err.response)):
+                raise FormatRefused(str(refusal)) from None
+            raise refusal from None
         try:
             return completion_record(raw.parse().model_dump())
         except Exception:  # noqa: BLE001 - any body the SDK cannot read as a chat completion is a bad answer

@@ -31,6 +31,8 @@ RECORDED_FORMAT_DEFAULT = "text"
 # model.answer_parser: the readers of rgb.endpoints.answers.READERS by name, the card's first (its numbers alone enter
 # a Sum or Borda of card entries; the others' are marked as under another protocol)
 ANSWER_PARSERS = ("strict", "lenient")
+# model.clarify=true: the user turn that follows an answer naming no class ({classes}: the class names joined by "; ")
+CLARIFY_TURN = "Reply with exactly one of: {classes}"
 
 
 def _text(v) -> bool:
@@ -54,6 +56,7 @@ API_RULES: dict[str, Rule] = {
     "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
                       and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
     "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
+    "model.clarify": (lambda v: isinstance(v, bool), "true or false"),
 }
 CLIENT_RULES: dict[str, Rule] = {
     "model.api_key_env": (_text, "the name of an environment variable"),
@@ -99,6 +102,9 @@ class ApiSettings:
     system_prompt: str | None = None
     request: dict | None = field(default_factory=dict)
     answer_format: str = "choice"
+    # an answer that names no class is followed, in the same conversation, by one turn asking for exactly one of the
+    # class names (rgb.endpoints.online; CLARIFY_TURN): its own request, counted and priced as one
+    clarify: bool = False
 
     def __post_init__(self):
         _check(self, API_RULES)
@@ -119,13 +125,14 @@ class ApiSettings:
     def identity_extras(self) -> dict:
         """What identifies the answers beyond the legacy identity: only what is set."""
         extras = (("system_prompt", self.system_prompt), ("request", self.request),
-                  ("answer_format", None if self.answer_format == "text" else self.answer_format))
+                  ("answer_format", None if self.answer_format == "text" else self.answer_format),
+                  ("clarify", self.clarify))
         return {k: v for k, v in extras if v}
 
     def record(self) -> dict:
         """model.json's `api`: the legacy fields, and the extras only when set (earlier run dirs keep their
         identity)."""
-        extras = ("system_prompt", "request", "answer_format")
+        extras = ("system_prompt", "request", "answer_format", "clarify")
         legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in extras}
         return {**legacy, **self.identity_extras()}
 

@@ -82,8 +82,14 @@ class ApiPredictor:
         price = self.budget.price
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
                         self.request.caps.max_requests, self.model.parser.version,
-                        None if price is None else asdict(price), self.model.parser.name,
-                        self.model.settings.answer_format)
+                        None if price is None else asdict(price), self.model.parser.name, self.budget.stopped_by,
+                        self.answer_format_used())
+
+    def answer_format_used(self) -> str:
+        """The configured answer format, or "text" when some answers were asked in text instead (the endpoint
+        refused choice's response_format)."""
+        fell_back = any(stats.answered_in_text for stats in self.per_split.values())
+        return "text" if fell_back else self.model.settings.answer_format
 
     def close(self) -> None:
         self.cache.close()

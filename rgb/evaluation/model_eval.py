@@ -436,8 +436,7 @@ def partial_reason(record: ScoresRecord) -> str:
     """What made a PARTIAL record partial: max_images, an API run's request/token/cost cap, or both."""
     reasons = [f"the first {record.max_images} images of each split"] if record.max_images is not None else []
     if record.api is not None and record.api.partial:
-        reasons.append(f"{int(record.api.total['unanswered'])} images not asked yet (max_requests="
-                       f"{record.api.max_requests}, or max_tokens_total / max_cost)")
+        reasons.append(record.api.waiting())
     return "; ".join(reasons)
 
 
@@ -506,9 +505,10 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
                  f"{int(total['cached_prompt_tokens'])}+{int(total['cached_completion_tokens'])} cached"
                  + ("" if record.api.spent is None else f", ${record.api.spent:.4f} spent (list price "
                                                          f"${record.api.list_cost:.4f})")
-                 + (f"; PARTIAL: {int(total['unanswered'])} images not asked yet (max_requests="
-                    f"{record.api.max_requests}, or max_tokens_total / max_cost); re-run to continue"
-                    if record.api.partial else ""))
+                 + (f"; {int(total['answered_in_text'])} asked in text (the endpoint refused response_format)"
+                    if total["answered_in_text"] else "")
+                 + (f"; {int(total['clarified'])} asked to clarify" if total["clarified"] else "")
+                 + (f"; PARTIAL: {record.api.waiting()}; re-run to continue" if record.api.partial else ""))
     return lines
 
 

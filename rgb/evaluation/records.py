@@ -345,7 +345,10 @@ class ApiUsage(JsonRecord):
     parser_version: int | None = None
     price: dict | None = None  # rgb.endpoints.cost.Price's fields (None: unknown, no money shown)
     answer_parser: str | None = None
-    answer_format: str | None = None  # what the requests asked for: choice or text (None: recorded before kept)
+    stopped_by: str | None = None  # the cap that stopped the asking, `name=value` (None: none, or recorded before)
+    # the format the answers were asked in: model.answer_format, or "text" when the endpoint refused choice's
+    # response_format for some (counted per split: answered_in_text); None: recorded before it was kept
+    answer_format: str | None = None
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost", "unparsed_rate")
 
     def __post_init__(self):  # a record written before secrets were redacted is shown without them
@@ -360,6 +363,16 @@ class ApiUsage(JsonRecord):
     @property
     def partial(self) -> bool:
         return self.total["unanswered"] > 0
+
+    def waiting(self) -> str:
+        """What a PARTIAL record waits for: the images not answered yet and why (the cap that stopped the asking,
+        answers cut by the token limit)."""
+        total = self.total
+        reasons = [f"{self.stopped_by} reached"] if self.stopped_by else []
+        reasons += ["answers cut by the token limit"] if total["truncated"] else []
+        if not reasons:  # recorded before the cap was
+            reasons = [f"max_requests={self.max_requests}, or max_tokens_total / max_cost"]
+        return f"{int(total['unanswered'])} images not asked yet ({'; '.join(reasons)})"
 
     @property
     def unparsed_rate(self) -> float | None:

@@ -15,23 +15,20 @@ import base64
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-
-from tqdm import tqdm
 
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
 from rgb.endpoints.answers import READERS, Parsed, choice_format, parse_choice
 from rgb.endpoints.batch import ask_by_batch
 from rgb.endpoints.cache import AnswerCache
-from rgb.endpoints.client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
-from rgb.endpoints.cost import combined, image_tokens, png_size, text_tokens
-from rgb.endpoints.settings import RECORDED_FORMAT_DEFAULT, ApiSettings, ClientSettings, split_config
+from rgb.endpoints.client import ApiError, Endpoint, RequestBudget, RequestStats
+from rgb.endpoints.cost import image_tokens, png_size, text_tokens
+from rgb.endpoints.online import ask_online
+from rgb.endpoints.settings import CLARIFY_TURN, RECORDED_FORMAT_DEFAULT, ApiSettings, ClientSettings, split_config
 
 
 class InferenceOnlyError(UserError, ValueError):
@@ -66,6 +63,10 @@ class ApiClassifier:
             raise ConfigValueError(f"model.prompt may hold only {{dataset}} and {{classes}} ({type(err).__name__}: "
                                    f"{err}); write a literal brace as {{{{ or }}}}") from None
         self.parser = READERS[client.answer_parser](self.class_names)  # reads answers, cached ones too
+        self.answer_format_used = settings.answer_format  # "text" once the endpoint refused response_format
+        if settings.clarify and client.batch:
+            raise ConfigValueError("model.clarify=true asks a follow-up turn as soon as an answer names no class; a "
+                                   "Batch answers all at once: set model.batch=false or model.clarify=false")
         self.endpoint = Endpoint(settings.base_url, settings.api_model, client, sleep)
         self._sleep = sleep
         identity = {"base_url": settings.base_url, "api_model": settings.api_model, "prompt": self.prompt,
@@ -91,16 +92,55 @@ class ApiClassifier:
         url = "data:image/png;base64," + base64.b64encode(image).decode("ascii")
         content = [{"type": "text", "text": self.prompt}, {"type": "image_url", "image_url": {"url": url}}]
         system = [{"role": "system", "content": self.settings.system_prompt}] if self.settings.system_prompt else []
-        answer = {"response_format": choice_format(self.class_names)} if self.settings.answer_format == "choice" else {}
+        answer = {"response_format": choice_format(self.class_names)} if self.answer_format_used == "choice" else {}
         return {"model": self.settings.api_model, "messages": [*system, {"role": "user", "content": content}],
                 **self.settings.decoding, **answer, **self.settings.request}
+
+    def fall_back_to_text(self) -> bool:
+        """Ask in text from now on, the endpoint having refused `response_format` (said once, in one line); False
+        when the requests asked for no format (nothing to fall back from)."""
+        if self.settings.answer_format != "choice":
+            return False
+        if self.answer_format_used == "choice":
+            log.warning("%s (model %r) refuses response_format: asking in text instead, read by the text rule and "
+                        "recorded as answered in text (model.answer_format=text asks so from the start)",
+                        self.settings.base_url, self.settings.api_model)
+            self.answer_format_used = "text"
+        return True
+
+    def format_note(self, body: dict) -> dict:
+        """What a cache record says of the format its request asked in: {"answer_format_used": "text"} when it
+        asked in text instead of the configured choice (the endpoint refused response_format), else nothing."""
+        fell_back = self.settings.answer_format == "choice" and "response_format" not in body
+        return {"answer_format_used": "text"} if fell_back else {}
 
     def cut(self, reply: dict) -> bool:
         """An answer the token limit cut before it named a class: an error to count and ask again, never an
         abstention to cache."""
-        return reply.get("finish_reason") == "length" and self._parse(reply).pred is None
+        return reply.get("finish_reason") == "length" and self.unparsed(reply)
 
-    def _retry_body(self, body: dict) -> dict | None:
+    def unparsed(self, record: dict) -> bool:
+        """The answer of a cache record names no class (an abstention), its clarification's neither."""
+        return self._read(record).pred is None
+
+    def clarification(self, body: dict, reply: dict) -> tuple[dict, int] | None:
+        """`model.clarify=true`: the request that follows `body`'s answer (`reply`) in the same conversation with
+        CLARIFY_TURN, and the prompt tokens it adds to `body`'s estimate (None: clarify is off)."""
+        if not self.settings.clarify:
+            return None
+        turn = CLARIFY_TURN.format(classes="; ".join(self.class_names))
+        messages = [*body["messages"], {"role": "assistant", "content": reply["answer"]},
+                    {"role": "user", "content": turn}]
+        return {**body, "messages": messages}, text_tokens(reply["answer"]) + text_tokens(turn)
+
+    def _read(self, record: dict) -> Parsed:
+        """What a cache record answers: its answer's class, else its clarification's (`model.clarify=true`)."""
+        parsed = self._parse(record)
+        if parsed.pred is None and "clarification" in record:
+            return self._parse(record["clarification"])
+        return parsed
+
+    def retry_body(self, body: dict) -> dict | None:
         """The request once more with `retry_max_tokens` as its limit (in the field the request uses)."""
         limit = self.client_settings.retry_max_tokens
         if limit is None:
@@ -118,10 +158,14 @@ class ApiClassifier:
         characters / 4 and the image by OpenAI's tile rule; the completion at its limit (the field the request
         sends), else COMPLETION_ESTIMATE."""
         texts = self.prompt + (self.settings.system_prompt or "")
+        limit = self.completion_limit()
+        return (text_tokens(texts) + image_tokens(*png_size(image)), COMPLETION_ESTIMATE if limit is None else limit)
+
+    def completion_limit(self) -> int | None:
+        """The completion token limit each request sends (None: none)."""
         body = {**self.settings.decoding, **self.settings.request}
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        return (text_tokens(texts) + image_tokens(*png_size(image)),
-                COMPLETION_ESTIMATE if limit is None else int(limit))
+        return None if limit is None else int(limit)
 
     # ------------------------------------------------------------------------------------------ many images
     def plan(self, images: Sequence[bytes], cache: AnswerCache) -> tuple[int, list[str]]:
@@ -133,109 +177,44 @@ class ApiClassifier:
     def answer(self, images: Sequence[bytes], cache: AnswerCache, budget: RequestBudget | None = None,
                desc: str = "api") -> tuple[list[Answer | None], RequestStats]:
         """Answers for `images` in order (None: not asked, the budget ran out), asking each distinct uncached
-        image once, `max_concurrency` at a time; every answer enters the cache as it arrives."""
+        image once: online, `max_concurrency` at a time (rgb.endpoints.online), or by the Batch API
+        (rgb.endpoints.batch, `model.batch=true`); every answer enters the cache as it arrives."""
         budget = budget or RequestBudget()
         keys = [self.request_key(b) for b in images]
-        if self.client_settings.batch:  # the Batch API: the same records, asked by the batch
-            cached_before = {k for k in keys if k in cache}
+        cached_before = {k for k in keys if k in cache}
+        if self.client_settings.batch:
             stats = ask_by_batch(self, images, keys, cache, budget, desc)
-            return self.collect(keys, cache, stats, cached_before), stats
-        uses = Counter(keys)
-        first_image: dict[str, int] = {}
-        for i, k in enumerate(keys):
-            first_image.setdefault(k, i)
-        todo = [k for k in uses if k not in cache]
-        cached_before = set(uses) - set(todo)
-        todo = todo[: budget.take(len(todo))]
-        stats, lock = RequestStats(images=len(images)), threading.Lock()
-        limiter = RateLimiter(self.client_settings.requests_per_minute, self.client_settings.tokens_per_minute,
-                              sleep=self._sleep)
-        with tqdm(total=len(images), desc=desc, unit="img", leave=False) as bar, \
-                self.endpoint.session() as sdk, \
-                ThreadPoolExecutor(self.client_settings.max_concurrency) as pool:
-            cached = sum(uses[k] for k in uses if k in cache)
-            bar.update(cached)
-            abstained = [sum(uses[k] for k in uses if k in cache and self._parse(cache.get(k)).pred is None)]
-            started = time.monotonic()
-
-            def ask(body: dict, held: tuple) -> dict:
-                try:
-                    reply = self.endpoint.ask(sdk, limiter, body, stats, lock)
-                except BaseException:
-                    with lock:
-                        budget.settle(held, None)
-                    raise
-                with lock:
-                    stats.requests += 1
-                    stats.prompt_tokens += reply["usage"]["prompt_tokens"]
-                    stats.completion_tokens += reply["usage"]["completion_tokens"]
-                    budget.settle(held, reply["billed"])
-                return reply
-
-            def reserve(prompt_tokens: int, completion_tokens: int) -> tuple | None:
-                with lock:
-                    first = budget.stopped_by is None
-                    held = budget.reserve(prompt_tokens, completion_tokens)
-                    if held is None and first:  # said once per evaluation
-                        log.warning("%s: %s reached, no new request (the answers so far are cached; re-run to "
-                                    "continue)", desc, budget.stopped_by)
-                return held
-
-            def one(k: str) -> None:
-                image = images[first_image[k]]
-                body = self.body(image)
-                prompt_tokens, completion_tokens = self.estimate(image)
-                held = reserve(prompt_tokens, completion_tokens)
-                if held is None:
-                    return
-                reply = ask(body, held)
-                retry = self._retry_body(body) if self.cut(reply) else None
-                held = None if retry is None else reserve(prompt_tokens, self.client_settings.retry_max_tokens)
-                if held is not None:
-                    again = ask(retry, held)
-                    reply = {**again, "max_tokens_retried": self.client_settings.retry_max_tokens,
-                             "billed": combined(reply["billed"], again["billed"])}
-                if self.cut(reply):  # not an answer: left unanswered (PARTIAL), asked again by the next run
-                    with lock:
-                        stats.truncated += uses[k]
-                        bar.update(uses[k])
-                    return
-                cache.add({"key": k, **reply})
-                with lock:
-                    abstained[0] += uses[k] if self._parse(reply).pred is None else 0
-                    bar.update(uses[k])
-                    rate = stats.requests / max(time.monotonic() - started, 1e-9)
-                    money = {} if budget.price is None else {"usd": f"{budget.cost:.4f}"}
-                    bar.set_postfix(sent=stats.requests, req_s=f"{rate:.2f}", cached=cached, retried=stats.retries,
-                                    tokens=stats.prompt_tokens + stats.completion_tokens, **money,
-                                    unparsed=abstained[0], refresh=False)
-
-            try:
-                done, _ = wait([pool.submit(one, k) for k in todo], return_when=FIRST_EXCEPTION)
-            except BaseException:  # Ctrl-C: ask nothing more; the requests in flight finish into the cache
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            failed = next((f.exception() for f in done if f.exception() is not None), None)
-            if failed is not None:  # refused for good: stop asking (the answers so far are in the cache)
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise failed
+        else:
+            stats = ask_online(self, images, keys, cache, budget, desc, self._sleep)
         return self.collect(keys, cache, stats, cached_before), stats
+
+    @staticmethod
+    def _text(record: dict) -> str:
+        """The answer of a cache record as predictions.parquet keeps it: with its clarification's, when asked."""
+        if "clarification" not in record:
+            return record["answer"]
+        return f"{record['answer']}\n[clarified] {record['clarification']['answer']}"
 
     def collect(self, keys: list[str], cache: AnswerCache, stats: RequestStats,
                 cached_before: set[str]) -> list[Answer | None]:
-        """The cached answers of `keys` (None: not answered), and their counts into `stats` (its `requests` are
-        the new answers among them; `cached_before`: the keys answered before this run, whose tokens it used)."""
-        parsed = {k: self._parse(cache.get(k)) for k in dict.fromkeys(keys) if k in cache}
-        answers = [Answer(cache.get(k)["answer"], parsed[k].pred, parsed[k].reason) if k in parsed else None
+        """The cached answers of `keys` (None: not answered), and their counts into `stats` (`cached_before`: the
+        keys answered before this call, whose tokens it used; the other answered keys are new, once each)."""
+        parsed = {k: self._read(cache.get(k)) for k in dict.fromkeys(keys) if k in cache}
+        answers = [Answer(self._text(cache.get(k)), parsed[k].pred, parsed[k].reason) if k in parsed else None
                    for k in keys]
         answered = [a for a in answers if a is not None]
         for k in set(keys) & cached_before:
             usage = cache.get(k).get("usage") or {}
             stats.cached_prompt_tokens += int(usage.get("prompt_tokens") or 0)
             stats.cached_completion_tokens += int(usage.get("completion_tokens") or 0)
-        stats.cached = len(answered) - stats.requests
+        new = {k for k in parsed if k not in cached_before}  # asked by this call: the first of its images is new
+        stats.cached = len(answered) - len(new)
         stats.unanswered = len(keys) - len(answered)
         stats.unparsed = sum(a.pred is None for a in answered)
+        stats.answered_in_text = sum(uses for k, uses in Counter(keys).items()
+                                     if k in parsed and cache.get(k).get("answer_format_used") == "text")
+        stats.clarified = sum(uses for k, uses in Counter(keys).items()
+                              if k in parsed and "clarification" in cache.get(k))
         stats.negations = sum(a.reason == "negation" for a in answered)
         stats.alternatives = sum(a.reason == "alternative" for a in answered)
         return answers
