@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import FAST, compose_config, record, save_pool
+from helpers import FAST, compose_config, record, save_pool, wandb_records
 
 from rgb.commands.train import train
 from rgb.core.errors import UserError
@@ -49,6 +49,13 @@ def test_a_train_run_records_its_parameters_and_card_and_logs_its_export_as_an_a
     assert meta["card"] == {"title": "Tiny robust digits", "authors": "A. Author", "venue": "NeurIPS 2024",
                             "additional_data": True}
     assert meta["wandb"]["artifact"].startswith("model-") and meta["wandb"]["id"]
+    # the artifact's metadata is model.json's (9 of its 12 fields were null: the request's names were passed)
+    (artifact,) = [r.artifact for r in wandb_records(run_dir / "wandb") if r.HasField("artifact")]
+    metadata = json.loads(artifact.metadata)
+    assert artifact.name == meta["wandb"]["artifact"] and artifact.type == "model"
+    for key in ("run_name", "dataset", "num_classes", "image_size", "family", "loss", "strategy", "epochs", "seed",
+                "weights", "parameters", "card"):
+        assert metadata[key] == meta[key] and meta[key] not in (None, ""), key
     logged = _logged(run_dir / "wandb")
     for key in (b"model/params/total", b"model/params/trainable", b"model/params/non_trainable",
                 meta["wandb"]["artifact"].encode(), b"sha256-", (run_dir / "model.safetensors").resolve().as_uri()
