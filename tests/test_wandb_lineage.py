@@ -96,7 +96,10 @@ def test_an_evaluation_declares_the_model_artifact_it_scored_and_a_pool_the_scor
     save_pool([scored], tmp_path / "eval")
     folder = tmp_path / "eval" / "d1" / "ce"
     train_ref = {"run_dir": "train/d1/ce", "wandb_id": "abc", "model_artifact": "model-ce-0123456789:sha256-0"}
-    logged = _logged(log_evaluation(scored, folder, project="rgb-tests", train=train_ref))
+    run_dir = log_evaluation(scored, folder, project="rgb-tests", train=train_ref)
+    runs = [r.run for r in wandb_records(run_dir) if r.HasField("run")]
+    assert runs and all(list(run.tags) == ["d1", "white_box", "timm"] for run in runs)  # dataset, protocol, family
+    logged = _logged(run_dir)
     assert b"inputs" in logged and b"model-ce-0123456789:sha256-0" in logged
     out = tmp_path / "leaderboard"
     records = find_records([tmp_path / "eval"])
