@@ -7,8 +7,10 @@ the board's JSON (leaderboard.json for the pool's protocol, `site/data/leaderboa
 test can check the site against the JSON number by number. Accuracies show in % with 2 decimals (the JSON keeps
 fractions). Each board states the threat model of its numbers ("digits, Linf, eps = 4/255"), read from every
 record's protocol. Plots are inline SVG whose marks carry `<title>` tooltips and the same `data-json` paths.
-Templates and assets are package data (rgb/evaluation/site_templates); site.js adds search, "show N entries",
-sorting and filters whose state lives in the URL's hash, so a filtered view can be shared, from file:// too.
+Templates and assets are package data (rgb/evaluation/site_templates); site.js adds search, "show N entries" with
+its pages, sorting (by mouse or keyboard) and filters whose state lives in the URL's hash, so a filtered view can be
+shared, from file:// too, and keeps rank, model, Sum and Borda in view while a wide table scrolls. A model keeps one
+colour in every chart; the model card's paper, venue and extra data are columns when any model has a card.
 """
 
 from __future__ import annotations
