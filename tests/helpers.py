@@ -251,3 +251,34 @@ def asgi_on_localhost(app, timeout_s: float = 10) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout_s)
         sock.close()
+
+
+def wandb_records(folder: Path) -> list:
+    """Every record of the offline runs under `folder`, parsed by wandb's own protobuf (`wandb.proto`
+    wandb_internal_pb2.Record) from the `.wandb` transaction logs. wandb 0.31 dropped its Python scanner
+    (wandb.sdk.internal.datastore); the LevelDB-log framing it read is kept here: a 7-byte `:W&B` header, then
+    32 KiB blocks of chunks (crc32 4 bytes, length 2, type 1: full 1, first 2, middle 3, last 4)."""
+    import struct
+
+    import wandb
+    from wandb.proto import wandb_internal_pb2
+
+    wandb.teardown()  # flush and close the runs still open
+    records = []
+    for file in sorted(folder.rglob("*.wandb")):
+        data = file.read_bytes()
+        assert data[:4] == b":W&B", file
+        offset, pending = 7, b""
+        while offset + 7 <= len(data):
+            if 32768 - offset % 32768 < 7:  # a block's tail too short for a chunk header is padding
+                offset += 32768 - offset % 32768
+                continue
+            _, length, kind = struct.unpack("<IHB", data[offset:offset + 7])
+            if kind == 0:
+                break
+            pending += data[offset + 7:offset + 7 + length]
+            offset += 7 + length
+            if kind in (1, 4):
+                records.append(wandb_internal_pb2.Record.FromString(pending))
+                pending = b""
+    return records

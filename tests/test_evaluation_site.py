@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import unicodedata
+from contextlib import contextmanager
 from dataclasses import replace
 from html import escape
 from html.parser import HTMLParser
@@ -28,7 +29,7 @@ from helpers import card_protocol, datamodule, raises_one_line, record, save_poo
 
 from rgb.core.files import NameClashError
 from rgb.evaluation.leaderboard import build_leaderboard, find_records
-from rgb.evaluation.records import Accuracy, ProtocolScore
+from rgb.evaluation.records import Accuracy, ProtocolScore, TrainRun
 from rgb.evaluation.request import EvalRequest, RunOutputs
 from rgb.evaluation.run import PoolRequest, evaluate_pool
 from rgb.evaluation.site import SiteEntry, page_names, write_site
@@ -57,7 +58,15 @@ def site(tmp_path_factory, mini_dir, tiny_run, clean_pred) -> Path:
     partial = entry("skim", [0.5] * 5, "ce")
     partial = replace(partial, white_box=ProtocolScore("white_box", {
         **partial.white_box.settings, "autoattack_linf": Accuracy(10, 20, partial=True)}), max_images=20)
-    others = [entry("trades", [0.8, 0.7, 0.3, 0.4, 0.3], "trades"), entry("half", [0.6, 0.5, None, 0.2, None], "ce"),
+    # trades carries its train run's card, counts and seed (a pool of eval folders); half is a model behind an
+    # endpoint (family api: model.json says 0 epochs)
+    carded = TrainRun.of({"run_name": "trades", "run_dir": "train/digits/trades"}, {
+        "epochs": 30, "seed": 7, "parameters": {"total": 368_234, "trainable": 368_234, "non_trainable": 0},
+        "card": {"title": "Theoretically Principled Trade-off", "venue": "ICML 2019", "additional_data": False,
+                 "url": "https://arxiv.org/abs/1901.08573"}})
+    half = entry("half", [0.6, 0.5, None, 0.2, None], "ce", train=TrainRun.of({"run_name": "half"}, {"epochs": 0}))
+    half = replace(half, model=replace(half.model, family="api"))
+    others = [entry("trades", [0.8, 0.7, 0.3, 0.4, 0.3], "trades", train=carded), half,
               partial, entry("big-eps", [0.7, 0.6, 0.5, 0.4, 0.3], "ce",
                              protocol=card_protocol("digits", image_size=32, l2=1.0))]
     save_pool(others, root / "files")
@@ -214,11 +223,10 @@ def test_two_models_on_one_page_are_refused():
     assert len(set(page_names(["X", "x", "x 1", "x_1"]).values())) == 4  # case-only and punctuation: apart
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
-def test_the_site_in_headless_chromium(site, tmp_path):
+@contextmanager
+def _chromium():
+    """Debian's headless Chromium through Playwright: the browser and a page; on leaving, no page logged an error."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the dev extra) is not installed")
-    index = site / "site" / "index.html"
     errors = []
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -227,87 +235,98 @@ def test_the_site_in_headless_chromium(site, tmp_path):
             page.set_default_timeout(10_000)
             page.on("console", lambda message: message.type == "error" and errors.append(message.text))
             page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(index.as_uri())
-
-            ranked = page.locator("section#white_box table.sortable").first
-            header = ranked.locator("thead th", has_text="digits clean")
-            column = [t.strip() for t in ranked.locator("thead th").all_inner_texts()].index("digits clean")
-
-            def clean_column() -> list[float]:
-                return [float(v) for v in ranked.locator(f"tbody tr td:nth-child({column + 1})").evaluate_all(
-                    "cells => cells.map(c => c.dataset.value)")]
-
-            header.click()  # the first click on an accuracy sorts best first
-            assert clean_column() == sorted(clean_column(), reverse=True) and len(clean_column()) == 2
-            assert header.get_attribute("aria-sort") == "descending"
-            header.click()
-            assert clean_column() == sorted(clean_column())
-            assert "sort=digits%2Ftest&dir=ascending" in page.url
-
-            page.select_option("select[data-filter-row=loss]", "trades")
-            visible = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
-            assert visible == ["trades"]
-            page.select_option("select[data-filter-row=loss]", "")
-            page.select_option("select[data-filter-column=setting]", "autoattack_linf")
-            shown = [t.strip() for t in ranked.locator("thead th:visible").all_inner_texts()]
-            assert "digits Linf" in shown and "digits clean" not in shown
-            assert shown[:4] == ["rank", "model", "Sum (/5)", "Borda"]  # the ranking keys before the settings
-            # a transfer split: the white-box board's tables go (no Sum left over a setting it does not have)
-            page.select_option("select[data-filter-column=setting]", "linf_30")
-            assert page.locator("section#white_box table:visible").count() == 0
-            assert page.locator("section#white_box .filtered-out").is_visible()
-            page.select_option("select[data-filter-column=setting]", "")
-
-            page.fill("#search", "TRA")  # the search box: model names (and recipe columns), any case
-            all_visible = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
-            assert all_visible == ["trades"]
-            page.select_option("select[data-filter-row=loss]", "ce")
-            page.fill("#search", "")
-            page.select_option("#show", "10")
-            shared = page.url  # a filtered, sorted view, as a user copies it
-            assert "loss=ce" in shared and "show=10" in shared
-            expected = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
-            assert "trades" not in expected and expected
-
-            fresh = browser.new_page()
-            fresh.goto(shared)  # the shared link restores the view
-            assert fresh.locator("select[data-filter-row=loss]").input_value() == "ce"
-            assert fresh.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts() == expected
-            restored = fresh.locator("section#white_box table.sortable").first
-            assert restored.locator("thead th", has_text="digits clean").get_attribute("aria-sort") == "ascending"
-            fresh.close()
-
-            page.goto(index.as_uri())
-            page.set_viewport_size({"width": 700, "height": 900})
-            scroller = page.locator("section#white_box .scroll").first
-            model_cell = page.locator("section#white_box tbody td.sticky").first
-            before = model_cell.bounding_box()["x"]
-            scroller.evaluate("el => { el.scrollLeft = 600; }")
-            assert scroller.evaluate("el => el.scrollLeft") > 0  # the table is wider than the page
-            assert abs(model_cell.bounding_box()["x"] - min(before, scroller.bounding_box()["x"])) < 2  # sticky
-            page.set_viewport_size({"width": 1400, "height": 900})
-            page.goto(index.as_uri())
-            page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
-            if os.environ.get("RGB_SITE_SCREENSHOT"):  # docs/leaderboard-site.png is this view
-                page.screenshot(path=os.environ["RGB_SITE_SCREENSHOT"], full_page=False)
-
-            pages = [index, *sorted((site / "site" / "models").glob("*.html"))]
-            for html in pages:
-                page.goto(html.as_uri())
-                targets = page.locator("a[href], img[src], link[href], script[src]").evaluate_all(
-                    "els => els.map(e => e.href || e.src)")
-                for target in targets:
-                    if target.startswith("data:"):
-                        continue
-                    url = urlparse(target)
-                    assert url.scheme == "file" and Path(unquote(url.path)).is_file(), (html.name, target)
-                assert page.locator("svg.plot").count() > 0, html.name
-            page.goto(pages[1].as_uri())
-            page.locator("svg.plot rect[data-json]").first.hover()
-            page.screenshot(path=str(tmp_path / "model.png"), full_page=True)
+            yield browser, page
         finally:
             browser.close()
     assert errors == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_the_site_in_headless_chromium(site, tmp_path):
+    index = site / "site" / "index.html"
+    with _chromium() as (browser, page):
+        page.goto(index.as_uri())
+
+        ranked = page.locator("section#white_box table.sortable").first
+        header = ranked.locator("thead th", has_text="digits clean")
+        column = [t.strip() for t in ranked.locator("thead th").all_inner_texts()].index("digits clean")
+
+        def clean_column() -> list[float]:
+            return [float(v) for v in ranked.locator(f"tbody tr td:nth-child({column + 1})").evaluate_all(
+                "cells => cells.map(c => c.dataset.value)")]
+
+        header.click()  # the first click on an accuracy sorts best first
+        assert clean_column() == sorted(clean_column(), reverse=True) and len(clean_column()) == 2
+        assert header.get_attribute("aria-sort") == "descending"
+        header.click()
+        assert clean_column() == sorted(clean_column())
+        assert "sort=digits%2Ftest&dir=ascending" in page.url
+
+        page.select_option("select[data-filter-row=loss]", "trades")
+        visible = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
+        assert visible == ["trades"]
+        page.select_option("select[data-filter-row=loss]", "")
+        page.select_option("select[data-filter-column=setting]", "autoattack_linf")
+        shown = [t.strip() for t in ranked.locator("thead th:visible").all_inner_texts()]
+        assert "digits Linf" in shown and "digits clean" not in shown
+        assert shown[:4] == ["rank", "model", "Sum (/5)", "Borda"]  # the ranking keys before the settings
+        # a transfer split: the white-box board's tables go (no Sum left over a setting it does not have)
+        page.select_option("select[data-filter-column=setting]", "linf_30")
+        assert page.locator("section#white_box table:visible").count() == 0
+        assert page.locator("section#white_box .filtered-out").is_visible()
+        page.select_option("select[data-filter-column=setting]", "")
+
+        page.fill("#search", "TRA")  # the search box: model names (and recipe columns), any case
+        all_visible = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
+        assert all_visible == ["trades"]
+        page.select_option("select[data-filter-row=loss]", "ce")
+        page.fill("#search", "")
+        page.select_option("#show", "10")
+        shared = page.url  # a filtered, sorted view, as a user copies it
+        assert "loss=ce" in shared and "show=10" in shared
+        expected = page.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts()
+        assert "trades" not in expected and expected
+
+        fresh = browser.new_page()
+        fresh.goto(shared)  # the shared link restores the view
+        assert fresh.locator("select[data-filter-row=loss]").input_value() == "ce"
+        assert fresh.locator("section#white_box tbody tr:visible td:nth-child(2)").all_inner_texts() == expected
+        restored = fresh.locator("section#white_box table.sortable").first
+        assert restored.locator("thead th", has_text="digits clean").get_attribute("aria-sort") == "ascending"
+        fresh.close()
+
+        page.goto(index.as_uri())
+        page.set_viewport_size({"width": 700, "height": 900})
+        scroller = page.locator("section#white_box .scroll").first
+        # rank, model, Sum and Borda stay in view together (the model column alone did; Sum scrolled away)
+        pinned = page.locator("section#white_box table.leaderboard").first.locator("tbody tr").first.locator("td")
+        before = [pinned.nth(i).bounding_box()["x"] for i in range(5)]
+        scroller.evaluate("el => { el.scrollLeft = 600; }")
+        assert scroller.evaluate("el => el.scrollLeft") > 0  # the table is wider than the page
+        after = [pinned.nth(i).bounding_box()["x"] for i in range(5)]
+        assert all(abs(a - b) < 2 for a, b in zip(after[:4], before[:4])), (before, after)
+        assert after[4] < before[4] - 100  # the first setting scrolled away
+        page.set_viewport_size({"width": 1400, "height": 900})
+        page.goto(index.as_uri())
+        page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
+        if os.environ.get("RGB_SITE_SCREENSHOT"):  # docs/leaderboard-site.png is this view
+            page.screenshot(path=os.environ["RGB_SITE_SCREENSHOT"], full_page=False)
+
+        pages = [index, *sorted((site / "site" / "models").glob("*.html"))]
+        for html in pages:
+            page.goto(html.as_uri())
+            targets = page.locator("a[href], img[src], link[href], script[src]").evaluate_all(
+                "els => els.map(e => e.href || e.src)")
+            for target in targets:
+                if target.startswith(("data:", "https:")):  # a card's paper
+                    continue
+                url = urlparse(target)
+                assert url.scheme == "file" and Path(unquote(url.path)).is_file(), (html.name, target)
+            assert page.locator("svg.plot").count() > 0, html.name
+        page.goto(pages[1].as_uri())
+        page.locator("svg.plot rect[data-json]").first.hover()
+        page.screenshot(path=str(tmp_path / "model.png"), full_page=True)
     assert (tmp_path / "index.png").stat().st_size > 10_000 and (tmp_path / "model.png").stat().st_size > 10_000
 
 
@@ -393,9 +412,12 @@ def test_model_page_shows_parameters_card_rendered_report_and_one_sha(tmp_path):
     assert '<table class="report"><thead><tr><th>ensemble</th><th>acc</th>' in html and "<pre>#" not in html
     assert "<li>weights: <code>x</code></li>" in html
     index = (out / "index.html").read_text()
-    assert "total 1,234,567, trainable 4,321" in index  # the parameters column
+    assert "total 1,234,567" not in index and '<td data-value="1234567">1.23 M</td>' in index  # full counts: its page
+    assert _headers(index)[-12:-9] == ["paper", "venue", "extra data"]  # the card's columns, RobustBench's first
+    assert '<td class="paper"><a href="https://example.org">A paper</a></td>' in index
     bare = _pool_site(tmp_path / "bare", _entries(tmp_path / "bare", [made]))
     assert "no model card recorded" in _model_pages(bare)["carded"].read_text()
+    assert "paper" not in _headers((bare / "index.html").read_text())  # no card: no card columns
 
 
 def test_a_pool_of_eval_folders_shows_what_the_records_train_run_carries(tmp_path):
@@ -405,7 +427,7 @@ def test_a_pool_of_eval_folders_shows_what_the_records_train_run_carries(tmp_pat
 
     made = record("carried", "digits", [0.6, 0.5, 0.4, 0.3, 0.2], protocol=card_protocol("digits", image_size=32))
     train = TrainRun.of({"run_name": "carried", "run_dir": "train/digits/carried", "wandb_id": None},
-                        {"epochs": 7, "parameters": {"total": 2048, "trainable": 1024, "non_trainable": 1024},
+                        {"epochs": 7, "seed": 3, "parameters": {"total": 2048, "trainable": 1024, "non_trainable": 1024},
                          "card": {"title": "Carried paper"},
                          "training": {"identity": {"model.pretrained": "laion2b"}}})
     out = _pool_site(tmp_path, _entries(tmp_path, [replace(made, train=train)]))
@@ -413,6 +435,7 @@ def test_a_pool_of_eval_folders_shows_what_the_records_train_run_carries(tmp_pat
     for text in ("total 2,048, trainable 1,024", "Carried paper", "pretrained=laion2b", "train/digits/carried"):
         assert text in html, text
     assert re.search(r"epochs</t[hd]>\s*<td>7<", html), "epochs"
+    assert re.search(r"seed</t[hd]>\s*<td>3<", html), "seed"  # carried by the record's train, not "—"
 
 
 def test_settings_png_labels_keep_four_decimals():
@@ -420,3 +443,110 @@ def test_settings_png_labels_keep_four_decimals():
 
     texts = [t.get_text() for t in settings_figure({"digits": {"test": 0.5950, "common": 0.5}}, "t").axes[0].texts]
     assert "0.5950" in texts and "0.59" not in texts  # 0.5950 printed as 0.59
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_cards_parameters_colours_seed_epochs_pages_and_keyboard_in_chromium(tmp_path):
+    """Issue 53: no venue / paper / extra-data columns although a card existed; parameters as 1,234,567 (~320 px a
+    cell); a model changed colour between charts; "seed —" with the seed recorded; API rows showed epochs "0";
+    "show 10" hid the rest with no next page; headers could not be sorted from the keyboard."""
+    protocol = card_protocol("digits", image_size=32)
+    made = [record(f"m{i:02d}", "digits", [0.9 - i / 20, 0.8 - i / 20, 0.3, 0.2, 0.1], protocol=protocol)
+            for i in range(12)]
+    card = {"title": "Robust digits", "venue": "NeurIPS 2024", "additional_data": True, "url": "https://example.org/p"}
+    made[3] = replace(made[3], train=TrainRun.of({"run_name": "m03"}, {
+        "epochs": 30, "seed": 7, "card": card,
+        "parameters": {"total": 368_234, "trainable": 368_234, "non_trainable": 0}}))
+    made[5] = replace(made[5], model=replace(made[5].model, family="api"),
+                      train=TrainRun.of({"run_name": "m05"}, {"epochs": 0, "seed": 0}))
+    out = _pool_site(tmp_path, _entries(tmp_path, made))
+    pages = _model_pages(out)
+    with _chromium() as (browser, page):
+        page.goto((out / "index.html").as_uri())
+        table = page.locator("section#white_box table.leaderboard").first
+        heads = [t.strip() for t in table.locator("thead th").all_inner_texts()]
+        assert {"paper", "venue", "extra data"} <= set(heads)
+
+        def cell(model: str, column: str):
+            return table.locator("tbody tr", has=page.locator(f"td:nth-child(2) >> text='{model}'")).locator(
+                f"td:nth-child({heads.index(column) + 1})")
+
+        assert cell("m03", "paper").locator("a").get_attribute("href") == "https://example.org/p"
+        assert cell("m03", "paper").inner_text() == "Robust digits"
+        assert (cell("m03", "venue").inner_text(), cell("m03", "extra data").inner_text()) == ("NeurIPS 2024", "yes")
+        assert cell("m04", "venue").inner_text() == "—"
+        assert cell("m03", "parameters").inner_text() == "0.37 M"
+        assert cell("m03", "parameters").bounding_box()["width"] < 120  # was ~320 px
+        assert cell("m05", "epochs").inner_text() == "—" and cell("m03", "epochs").inner_text() == "30"
+
+        # one colour per model: its bars on the index, its point on the scatter, its bars on its own page
+        def fills(selector: str) -> dict[str, set[str]]:
+            marks = page.locator(selector).evaluate_all(
+                "els => els.map(e => [e.querySelector('title').textContent, e.getAttribute('fill')])")
+            found: dict[str, set[str]] = {}
+            for title, fill in marks:
+                found.setdefault(title.split(":")[0].split(",")[0], set()).add(fill)
+            return found
+
+        bars = fills("section#white_box svg.plot rect[data-json]")
+        points = fills("section#white_box svg.plot circle.point")
+        assert len(bars) == 12 and all(len(f) == 1 for f in bars.values())
+        assert len({next(iter(f)) for f in bars.values()}) == 12  # twelve models, twelve colours
+        assert all(points[m] == bars[m] for m in points) and len(points) == 12
+        assert page.locator("svg circle.point").first.evaluate("e => getComputedStyle(e).fill") != ""
+        index_fills = bars
+        for model in ("m03", "m05"):
+            page.goto(pages[model].as_uri())
+            assert fills("svg.plot rect[data-json]") == {model: index_fills[model]}, model
+        page.goto(pages["m03"].as_uri())
+        facts = dict(zip(page.locator("table.facts th").all_inner_texts(),
+                         page.locator("table.facts td").all_inner_texts()))
+        assert facts["seed"] == "7" and facts["parameters"] == "total 368,234, trainable 368,234, non_trainable 0"
+        page.goto(pages["m05"].as_uri())
+        facts = dict(zip(page.locator("table.facts th").all_inner_texts(),
+                         page.locator("table.facts td").all_inner_texts()))
+        assert facts["seed"] == "0" and facts["epochs"] == "—"
+
+        # "show 10": a next page holds the other two, and a previous page comes back
+        page.goto((out / "index.html").as_uri())
+        page.select_option("#show", "10")
+        visible = table.locator("tbody tr:visible td:nth-child(2)")
+        assert visible.count() == 10
+        pager = page.locator("section#white_box nav.pager").first
+        assert pager.is_visible() and pager.locator(".previous").is_disabled()
+        first_page = visible.all_inner_texts()
+        pager.locator(".next").click()
+        second = visible.all_inner_texts()
+        assert len(second) == 2 and not set(second) & set(first_page)
+        assert sorted(first_page + second) == [f"m{i:02d}" for i in range(12)]
+        assert pager.locator(".next").is_disabled() and "page 2 of 2" in pager.inner_text()
+        assert "page1=2" in page.url and "11-12 of 12" in page.locator(".shown-count").first.inner_text()
+        fresh = browser.new_page()
+        fresh.goto(page.url)  # the page is part of the shared view
+        assert fresh.locator("section#white_box table.leaderboard").first.locator(
+            "tbody tr:visible td:nth-child(2)").all_inner_texts() == second
+        fresh.close()
+        pager.locator(".previous").click()
+        assert visible.all_inner_texts() == first_page
+
+        # the keyboard: Tab reaches the headers; Enter and Space sort; aria-sort says how
+        page.select_option("#show", "")
+        head = table.locator("thead th", has_text="digits clean")
+        assert head.get_attribute("tabindex") == "0" and head.get_attribute("aria-sort") == "none"
+        page.locator("#search").focus()
+        for _ in range(60):
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.textContent.trim()") == "digits clean":
+                break
+        assert page.evaluate("document.activeElement.textContent.trim()") == "digits clean"
+        column = heads.index("digits clean") + 1
+        values = table.locator(f"tbody tr td:nth-child({column})")
+        page.keyboard.press("Enter")
+        assert head.get_attribute("aria-sort") == "descending"
+        shown = [float(v) for v in values.evaluate_all("cs => cs.map(c => c.dataset.value)")]
+        assert shown == sorted(shown, reverse=True)
+        page.keyboard.press(" ")
+        assert head.get_attribute("aria-sort") == "ascending"
+        shown = [float(v) for v in values.evaluate_all("cs => cs.map(c => c.dataset.value)")]
+        assert shown == sorted(shown)

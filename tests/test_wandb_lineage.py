@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import FAST, compose_config, record, save_pool
+from helpers import FAST, compose_config, record, save_pool, wandb_records
 
 from rgb.commands.train import train
 from rgb.core.errors import UserError
@@ -49,6 +49,13 @@ def test_a_train_run_records_its_parameters_and_card_and_logs_its_export_as_an_a
     assert meta["card"] == {"title": "Tiny robust digits", "authors": "A. Author", "venue": "NeurIPS 2024",
                             "additional_data": True}
     assert meta["wandb"]["artifact"].startswith("model-") and meta["wandb"]["id"]
+    # the artifact's metadata is model.json's (9 of its 12 fields were null: the request's names were passed)
+    (artifact,) = [r.artifact for r in wandb_records(run_dir / "wandb") if r.HasField("artifact")]
+    metadata = json.loads(artifact.metadata)
+    assert artifact.name == meta["wandb"]["artifact"] and artifact.type == "model"
+    for key in ("run_name", "dataset", "num_classes", "image_size", "family", "loss", "strategy", "epochs", "seed",
+                "weights", "parameters", "card"):
+        assert metadata[key] == meta[key] and meta[key] not in (None, ""), key
     logged = _logged(run_dir / "wandb")
     for key in (b"model/params/total", b"model/params/trainable", b"model/params/non_trainable",
                 meta["wandb"]["artifact"].encode(), b"sha256-", (run_dir / "model.safetensors").resolve().as_uri()
@@ -89,7 +96,10 @@ def test_an_evaluation_declares_the_model_artifact_it_scored_and_a_pool_the_scor
     save_pool([scored], tmp_path / "eval")
     folder = tmp_path / "eval" / "d1" / "ce"
     train_ref = {"run_dir": "train/d1/ce", "wandb_id": "abc", "model_artifact": "model-ce-0123456789:sha256-0"}
-    logged = _logged(log_evaluation(scored, folder, project="rgb-tests", train=train_ref))
+    run_dir = log_evaluation(scored, folder, project="rgb-tests", train=train_ref)
+    runs = [r.run for r in wandb_records(run_dir) if r.HasField("run")]
+    assert runs and all(list(run.tags) == ["d1", "white_box", "timm"] for run in runs)  # dataset, protocol, family
+    logged = _logged(run_dir)
     assert b"inputs" in logged and b"model-ce-0123456789:sha256-0" in logged
     out = tmp_path / "leaderboard"
     records = find_records([tmp_path / "eval"])

@@ -134,7 +134,8 @@ PRETRAINING_KEYS = ("model.pretrained", "model.pretrained_tag", "model.weights")
 class TrainRun(JsonRecord):
     """The training run of the scored model as its model.json and W&B know it, carried by the record so that a
     pool of eval folders (no train run at hand) still shows it: the run (its dir relative to the output root), the
-    W&B run and `model` artifact when they exist, epochs, what it started from, its parameter counts and card."""
+    W&B run and `model` artifact when they exist, epochs, what it started from, its parameter counts, card
+    and seed."""
 
     run_name: str | None
     run_dir: str | None
@@ -145,6 +146,7 @@ class TrainRun(JsonRecord):
     pretraining: dict[str, Any]
     parameters: dict[str, int] | None
     card: dict[str, Any]
+    seed: int | None = None  # absent from records written before it was carried
 
     @classmethod
     def of(cls, reference: dict, meta: dict) -> TrainRun:
@@ -154,7 +156,7 @@ class TrainRun(JsonRecord):
                        for key, value in identity.items() if key in PRETRAINING_KEYS and value not in (None, "")}
         return cls(reference.get("run_name"), reference.get("run_dir"), reference.get("sweep"),
                    reference.get("wandb_id"), reference.get("model_artifact"), meta.get("epochs"), pretraining,
-                   meta.get("parameters"), dict(meta.get("card") or {}))
+                   meta.get("parameters"), dict(meta.get("card") or {}), meta.get("seed"))
 
 
 @dataclass(frozen=True)

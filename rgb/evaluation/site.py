@@ -7,8 +7,10 @@ the board's JSON (leaderboard.json for the pool's protocol, `site/data/leaderboa
 test can check the site against the JSON number by number. Accuracies show in % with 2 decimals (the JSON keeps
 fractions). Each board states the threat model of its numbers ("digits, Linf, eps = 4/255"), read from every
 record's protocol. Plots are inline SVG whose marks carry `<title>` tooltips and the same `data-json` paths.
-Templates and assets are package data (rgb/evaluation/site_templates); site.js adds search, "show N entries",
-sorting and filters whose state lives in the URL's hash, so a filtered view can be shared, from file:// too.
+Templates and assets are package data (rgb/evaluation/site_templates); site.js adds search, "show N entries" with
+its pages, sorting (by mouse or keyboard) and filters whose state lives in the URL's hash, so a filtered view can be
+shared, from file:// too, and keeps rank, model, Sum and Borda in view while a wide table scrolls. A model keeps one
+colour in every chart; the model card's paper, venue and extra data are columns when any model has a card.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from rgb.evaluation.leaderboard import (
 )
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, CLEAN_SETTING, PROTOCOLS, SCORES_FILE, ScoresRecord,
                                     percent_text)
+from rgb.models import FAMILIES
 from rgb.models.card import CARD_FIELDS
 from rgb.runs.store import SUMMARY_FILE, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR, train_reference
 
@@ -50,6 +53,10 @@ SETTING_LABELS = {CLEAN_SETTING: "clean", **{setting: norm.value for setting, no
 # What a side folder of an evaluation holds, shown on the model page when present (evaluate.py's other reports).
 REPORT_FOLDERS = {ZEROSHOT_REPORT_DIR: "zero-shot report", TEXT_ROBUSTNESS_DIR: "text robustness"}
 MISSING = "—"
+# The models' colours (Tableau 20), one per model across every chart of the site.
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#bab0ac", "#a0cbe8", "#ffbe7d", "#8cd17d", "#b6992d", "#499894", "#86bcb6", "#f1ce63", "#d37295",
+           "#fabfd2", "#d4a6c8")
 BOARD_TITLES = {WHITE_BOX: "White-box (AutoAttack)", BLACK_BOX: "Black-box (transfer from the card's surrogates)"}
 # The benchmark's own citation (the dataset card's), shown under the boards.
 CITATION = TEMPLATES / "robustgenbench.bib"
@@ -113,8 +120,12 @@ def recorded(entries: Sequence[SiteEntry], *names: str):
     return None
 
 
-def _parameters(value) -> str:
-    """Parameter counts as recorded: a number, or {"total": n, "trainable": m}."""
+def _parameters(value, short: bool = False) -> str:
+    """Parameter counts as recorded: a number, or {"total": n, "trainable": m}. `short` (a table's cell): the total
+    in millions, `0.37 M` (below 10,000, the count itself); the model page keeps every count in full."""
+    total = value.get("total") if isinstance(value, dict) else value
+    if short and isinstance(total, int):
+        return f"{total / 1e6:.2f} M" if total >= 10_000 else f"{total:,}"
     if isinstance(value, dict):
         return ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in value.items()) or MISSING
     return f"{value:,}" if isinstance(value, int) else _text(value)
@@ -131,16 +142,38 @@ def model_card(entries: Sequence[SiteEntry]) -> dict[str, str]:
     return shown
 
 
-def model_columns(entries: Sequence[SiteEntry]) -> dict[str, str]:
-    """The descriptive columns of a model (its first record, completed by the run's model.json when known)."""
+def _epochs(entries: Sequence[SiteEntry]) -> str:
+    """The epochs trained; a model behind an endpoint (a family without weights) was never trained here: "—",
+    never "0"."""
+    family = FAMILIES.get(entries[0].record.model.family or "")
+    return MISSING if family is not None and not family.weights else _text(recorded(entries, "epochs"))
+
+
+def model_columns(entries: Sequence[SiteEntry], short: bool = True) -> dict[str, str]:
+    """The descriptive columns of a model (its first record, completed by the run's model.json when known);
+    `short`: parameters as a table shows them (`0.37 M`), else every count."""
     record = entries[0].record
     meta = next((e.meta for e in entries if e.meta), None) or {}
     return {"architecture": _text(record.model.name), "family": _text(record.model.family),
-            "parameters": _parameters(recorded(entries, "parameters", "num_parameters")),
+            "parameters": _parameters(recorded(entries, "parameters", "num_parameters"), short),
             "pretraining": _pretraining(entries, meta),
             "loss": _text(record.model.loss), "strategy": _text(record.model.strategy),
-            "epochs": _text(recorded(entries, "epochs")), "weights_sha256": record.model.weights_sha256,
+            "epochs": _epochs(entries), "weights_sha256": record.model.weights_sha256,
             "rgb": _text(record.versions.get("rgb"))}
+
+
+def card_columns(entries: Sequence[SiteEntry]) -> dict[str, str]:
+    """RobustBench's first columns from the model card: venue, paper (its title; linked by the template when the
+    card has a url) and extra data (training data beyond the benchmark's split); "—" where the card says nothing."""
+    card = recorded(entries, "model_card", "card") or {}
+    extra = card.get("additional_data")
+    return {"venue": _text(card.get("venue")), "paper": _text(card.get("title")), "url": card.get("url") or "",
+            "extra data": MISSING if extra is None else ("yes" if extra else "no")}
+
+
+def model_colours(models: Sequence[str]) -> dict[str, str]:
+    """One colour per model, the same in every chart of the site (by the sorted names of the pool's models)."""
+    return {model: PALETTE[i % len(PALETTE)] for i, model in enumerate(sorted(set(models)))}
 
 
 @dataclass(frozen=True)
@@ -245,10 +278,9 @@ def _svg_attrs(cell: Cell) -> str:
     return f' data-json="{escape(cell.path)}" data-value="{cell.value!r}"'
 
 
-def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: str) -> str:
-    """Grouped vertical bars (accuracies in [0, 1]), one colour per series, each bar's value in its <title>; a
-    setting without a number is a cross in its series' colour."""
-    colours = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
+def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: str, colours: Sequence[str]) -> str:
+    """Grouped vertical bars (accuracies in [0, 1]), series s in `colours[s]` (its model's: model_colours), each
+    bar's value in its <title>; a setting without a number is a cross in its series' colour."""
     n = max(len(series), 1)
     bar, gap, height, left, top = 14, 16, 160, 36, 24
     step = max(n * bar + gap, 48)  # a group wide enough for its label
@@ -267,24 +299,25 @@ def bars_svg(groups: Sequence[str], series: dict[str, Sequence[Cell]], title: st
             cell = cells[g]
             if cell.value is None:  # marked, so that a missing setting never reads as an accuracy of 0
                 parts.append(f'<text x="{x0 + s * bar + 2}" y="{top + height - 4}" class="tick missing" '
-                             f'fill="{colours[s % len(colours)]}">&#215;<title>{escape(name)}, {escape(group)}: '
+                             f'fill="{colours[s]}">&#215;<title>{escape(name)}, {escape(group)}: '
                              f'{escape(cell.text or MISSING)}</title></text>')
                 continue
             h = max(height * cell.value, 1.5)  # an accuracy of 0 still shows as a (flat) bar
             parts.append(f'<rect x="{x0 + s * bar}" y="{top + height - h:.2f}" width="{bar - 2}" height="{h:.2f}" '
-                         f'fill="{colours[s % len(colours)]}"{_svg_attrs(cell)}><title>{escape(name)}, '
+                         f'fill="{colours[s]}"{_svg_attrs(cell)}><title>{escape(name)}, '
                          f'{escape(group)}: {escape(cell.text)}</title></rect>')
         parts.append(f'<text x="{x0}" y="{top + height + 14}" class="tick">{escape(group)}</text>')
     for s, name in enumerate(series):
         y = top + height + 30 + 16 * s
-        parts.append(f'<rect x="{left}" y="{y - 10}" width="10" height="10" fill="{colours[s % len(colours)]}"/>'
+        parts.append(f'<rect x="{left}" y="{y - 10}" width="10" height="10" fill="{colours[s]}"/>'
                      f'<text x="{left + 14}" y="{y}" class="tick">{escape(name)}</text>')
     return "".join(parts) + "</svg>"
 
 
 def scatter_svg(points: Sequence[tuple[str, Cell, Cell]], x_label: str, y_label: str, y_max: float,
-                title: str) -> str:
-    """One point per (label, x in [0, 1], y in [0, y_max]), labelled beside it, its numbers in its <title>. Points
+                title: str, colours: dict[str, str]) -> str:
+    """One point per (label, x in [0, 1], y in [0, y_max]) in its label's colour (model_colours), labelled beside
+    it, its numbers in its <title>. Points
     that coincide are set side by side and their labels stacked, so that two models at equal scores both show."""
     width, height, left, top = 360, 220, 44, 24
     label_width = 7 * max((len(label) for label, _, _ in points), default=0)
@@ -306,7 +339,7 @@ def scatter_svg(points: Sequence[tuple[str, Cell, Cell]], x_label: str, y_label:
         cx, cy = left + width * x.value, top + height * (1 - y.value / y_max)
         k = placed.get((round(cx), round(cy)), 0)
         placed[round(cx), round(cy)] = k + 1
-        parts.append(f'<circle cx="{cx + 7 * k:.2f}" cy="{cy:.2f}" r="5" class="point"{_svg_attrs(y)}>'
+        parts.append(f'<circle cx="{cx + 7 * k:.2f}" cy="{cy:.2f}" r="5" class="point" fill="{colours[label]}"{_svg_attrs(y)}>'
                      f'<title>{escape(label)}: {escape(x_label)} {escape(x.text)}, {escape(y_label)} '
                      f'{escape(y.text)}</title></circle>'
                      f'<text x="{cx + 9:.2f}" y="{cy + 4 + 12 * k:.2f}" class="point-label">{escape(label)}</text>')
@@ -314,15 +347,19 @@ def scatter_svg(points: Sequence[tuple[str, Cell, Cell]], x_label: str, y_label:
 
 
 def board_view(board: Leaderboard, boards: Sequence[Leaderboard], entries: dict[str, list[SiteEntry]],
-               pages: dict[str, str]) -> dict:
+               pages: dict[str, str], colours: dict[str, str]) -> dict:
     """What a board's templates show: its title and budgets, its groups (as leaderboard.md groups them), each
-    row's cells and plots."""
+    row's cells and plots; the card's columns when any model of the pool has a card."""
     settings = board.settings
 
     def row_view(index: int, row: LeaderboardRow) -> dict:
         columns = model_columns(entries[row.model]) if row.model in entries else {}
+        card = card_columns(entries[row.model]) if row.model in entries else {}
+        counts = recorded(entries[row.model], "parameters", "num_parameters") if row.model in entries else None
+        total = counts.get("total") if isinstance(counts, dict) else counts
         return {"row": row, "rank": row.rank or MISSING, "page": f"models/{pages[row.model]}.html",
-                "columns": columns, "sum": sum_cell(board, index), "borda": borda_cell(board, index),
+                "columns": columns, "card": card,
+                "sort_values": {"parameters": total if isinstance(total, int) else ""}, "sum": sum_cell(board, index), "borda": borda_cell(board, index),
                 "cells": [(d, s, shared_cell(boards, board, index, d, s)) for d in board.datasets for s in settings],
                 "search": " ".join([row.model, *(columns.get(k, "") for k in ("architecture", "family", "loss",
                                                                               "strategy", "pretraining"))]).lower()}
@@ -341,17 +378,19 @@ def board_view(board: Leaderboard, boards: Sequence[Leaderboard], entries: dict[
                   for r in board.rows}
         if any(c.value is not None for cells in series.values() for c in cells):
             plots.append(bars_svg([setting_label(s) for s in settings], series,
-                                  f"{dataset}: accuracy per setting ({board.protocol})"))
+                                  f"{dataset}: accuracy per setting ({board.protocol})",
+                                  [colours[r.model] for r in board.rows]))
     # complete card entries only: a partial Sum drawn beside a complete one would look comparable (issue 33)
     sums = [(r.model, _clean_mean(board, index[r.model]), sum_cell(board, index[r.model]))
             for r in board.complete_rows]
     if any(x.value is not None for _, x, _ in sums):
         plots.append(scatter_svg(sums, "clean accuracy (mean over datasets)", "Sum", board.rows[0].sum.max,
-                                 f"Sum vs clean accuracy ({board.protocol}; complete entries)"))
+                                 f"Sum vs clean accuracy ({board.protocol}; complete entries)", colours))
     return {"board": board, "groups": groups, "plots": plots, "threats": threat_lines(board, entries),
             "title": f"{BOARD_TITLES[board.protocol]}: {', '.join(board.datasets)}, {', '.join(board_norms(board))}",
             "settings": [(s, setting_label(s)) for s in settings], "max_sum": max_sum,
-            "has_numbers": has_numbers,
+            "has_numbers": has_numbers, "card_columns": any(
+                recorded(entries[r.model], "model_card", "card") for r in board.rows if r.model in entries),
             "not_applicable": sorted(board.not_applicable.items())}
 
 
@@ -435,7 +474,8 @@ def _copy(source: Path, target: Path) -> str | None:
     return target.relative_to(models).as_posix()
 
 
-def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderboard], folder: Path) -> dict:
+def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderboard], folder: Path,
+               colour: str) -> dict:
     """A model's page: its columns, provenance, per dataset its settings (board numbers), class-wise metrics,
     plots and files (copied into its `folder`, `models/<page>/<dataset>/`)."""
     datasets = []
@@ -472,7 +512,7 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
                            "threat": f"{record.dataset}, {budgets}",
                            "plot": bars_svg([setting_label(s) for s, _, _ in cells],
                                             {row.sum.marked(name): [c for _, c, _ in cells]},
-                                            f"{record.dataset}: {board.protocol}")})
+                                            f"{record.dataset}: {board.protocol}", [colour])})
         datasets.append({"record": record, "files": files, "images": images, "reports": reports,
                          "tables": tables, "class_wise": record.class_wise, "entry": entry})
     meta = next((e.meta for e in entries if e.meta), None)
@@ -483,10 +523,10 @@ def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderb
         reference = train_reference(run.run, run.record.model.weights_sha256)
         provenance = {"train run": reference["run_dir"], "W&B id of the train run": reference["wandb_id"]}
     record = entries[0].record
-    provenance.update({"sweep": (meta or {}).get("sweep"), "data source": record.source, "seed": (meta or {}).get("seed"),
+    provenance.update({"sweep": (meta or {}).get("sweep"), "data source": record.source, "seed": recorded(entries, "seed"),
                        "versions": ", ".join(f"{k} {v}" for k, v in sorted(record.versions.items())) or None})
     config = {k: v for k, v in (meta or {}).items() if k not in ("training", "class_names", "zeroshot")}
-    return {"name": name, "columns": model_columns(entries), "datasets": datasets, "card": model_card(entries),
+    return {"name": name, "columns": model_columns(entries, short=False), "datasets": datasets, "card": model_card(entries),
             "provenance": {k: _text(v) for k, v in provenance.items()},
             "config": json.dumps(redact(config or record.model.to_json()), indent=2, sort_keys=True, default=str)}
 
@@ -504,7 +544,8 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
     (out / "data").mkdir(exist_ok=True)
     for board in boards:
         atomic_write_json(out / "data" / f"leaderboard.{board.protocol}.json", board.to_json())
-    views = [board_view(board, boards, by_model, pages) for board in boards]
+    colours = model_colours([*by_model, *(row.model for board in boards for row in board.rows)])
+    views = [board_view(board, boards, by_model, pages, colours) for board in boards]
     filters = {key: sorted({model_columns(e)[key] for e in by_model.values()}) for key in ("family", "loss", "strategy")}
     datasets = sorted({d for board in boards for d in board.datasets})
     index = out / "index.html"
@@ -513,7 +554,7 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
         label=setting_label, citation=CITATION.read_text()).encode())
     (out / "models").mkdir(exist_ok=True)
     for name, model_entries in sorted(by_model.items()):
-        view = model_view(name, model_entries, boards, out / "models" / pages[name])
+        view = model_view(name, model_entries, boards, out / "models" / pages[name], colours[name])
         atomic_write_bytes(out / "models" / f"{pages[name]}.html", env.get_template("model.html.j2").render(
             model=view, missing=MISSING, label=setting_label).encode())
     return index

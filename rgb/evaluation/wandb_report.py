@@ -71,8 +71,10 @@ def log_evaluation(record: ScoresRecord, out_dir: Path, project: str, job_type: 
     the leaderboard marks it); returns the local W&B run directory. `train`: the training run it scores (its
     dir, W&B id, sweep, weights hash), in the config."""
     config = {"model": record.model.to_json(), "eps": record.eps, "train": train}
+    # tags to filter the project's runs by: the dataset, each protocol the record is scored under, the family
+    tags = [record.dataset, *(p for p in PROTOCOLS if record.score_under(p) is not None), record.model.family]
     with wandb_run(project, out_dir, name=f"{record.model.run_name}@{record.dataset}", job_type=job_type,
-                   group=record.dataset, config=config) as run:
+                   group=record.dataset, tags=[str(t)[:64] for t in dict.fromkeys(tags) if t], config=config) as run:
         statuses = {protocol: record_sum(record, protocol).status_line() for protocol in PROTOCOLS
                     if record.score_under(protocol) is not None}
         run.summary.update({**record.metrics(), **{f"{protocol}/status": s for protocol, s in statuses.items()}})

@@ -258,7 +258,7 @@ def fit_and_export(
                          "wandb": export_wandb_record(loggers, request.names["run_name"] or run_dir.name)}
             exported = export_best(datamodule, module, best, request, record, described)
             log.info("exported %s (%s = %.4f)", exported, metric, value)
-            logged = log_export(loggers, run_dir, {**request.names, **described}, request.logging.log_weights)
+            logged = log_export(loggers, run_dir, request.logging.log_weights)
             if logged:
                 log.info("W&B: export logged as artifact %s", logged)
         elif trainer.is_global_zero:

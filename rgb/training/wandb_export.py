@@ -4,6 +4,7 @@ them is asked), aliased by the weights' hash so that an evaluation declares the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from lightning.pytorch.loggers import Logger, WandbLogger
@@ -35,12 +36,14 @@ def export_wandb_record(loggers: list[Logger], run_name: str) -> dict | None:
     return {"project": run.project, "id": run.id, "artifact": f"model-{distinct_name(run_name)}"}
 
 
-def log_export(loggers: list[Logger], run_dir: Path, record: dict, log_weights: bool) -> str | None:
-    """Log the export in `run_dir` as the artifact model.json names (`wandb.artifact`); returns `name:alias`."""
+def log_export(loggers: list[Logger], run_dir: Path, log_weights: bool) -> str | None:
+    """Log the export in `run_dir` as the artifact its model.json names (`wandb.artifact`), the artifact's metadata
+    read from that model.json (what the export records, not what the request asked); returns `name:alias`."""
     import wandb
 
     logger = wandb_logger(loggers)
-    if logger is None or not record.get("wandb"):
+    record = json.loads((run_dir / META_FILE).read_text()) if logger is not None else {}
+    if not record.get("wandb"):
         return None
     weights = run_dir / WEIGHTS_FILE
     sha256 = file_sha256(weights)

@@ -1,4 +1,5 @@
-// Sorting, search, "show N entries" and the filters of index.html; the tables read without it. The view's state
+// Sorting (by mouse or keyboard), search, "show N entries" with its pages, the filters of index.html and the
+// ranking keys (rank, model, Sum, Borda) pinned while a wide table scrolls; the tables read without it. The view's state
 // lives in the URL's hash (#search=...&setting=...&sort=...), written on every change and read on load, so a
 // filtered view can be shared; a hash works from file:// too.
 "use strict";
@@ -23,7 +24,7 @@ const view = {sort: "", dir: ""};
 function sortTable(header, direction) {
   const table = header.closest("table");
   const column = Array.from(header.parentNode.children).indexOf(header);
-  table.querySelectorAll("thead th").forEach(th => th.removeAttribute("aria-sort"));
+  table.querySelectorAll("thead th").forEach(th => th.setAttribute("aria-sort", "none"));
   header.setAttribute("aria-sort", direction);
   const body = table.tBodies[0];
   const rows = Array.from(body.rows);
@@ -44,7 +45,7 @@ function applySort() {
 
 // A click sorts by the column; the first click on a score (accuracy, Sum, Borda) sorts best first.
 function clickSort(header) {
-  const current = header.getAttribute("aria-sort");
+  const current = header.getAttribute("aria-sort") === "none" ? null : header.getAttribute("aria-sort");
   const first = header.dataset.first || "ascending";
   const direction = current ? (current === "ascending" ? "descending" : "ascending") : first;
   if (header.dataset.key && header.closest("table.leaderboard")) {
@@ -71,6 +72,9 @@ function chosen() {
   return values;
 }
 
+// The page each leaderboard table shows after "show N" (by the table's place in the page; 0: the first).
+const pages = [];
+
 function applyFilters() {
   const state = chosen();
   const query = (state.search || "").trim().toLowerCase();
@@ -87,21 +91,53 @@ function applyFilters() {
                  (state.setting && cell.dataset.setting !== state.setting);
     cell.classList.toggle("hidden-col", Boolean(hide));
   });
-  document.querySelectorAll("table.leaderboard").forEach(table => {
-    let shown = 0, matching = 0;
-    Array.from(table.tBodies[0].rows).forEach(row => {
-      const match = !["family", "loss", "strategy"].some(key => state[key] && row.dataset[key] !== state[key]) &&
-                    (!query || row.dataset.search.includes(query));
-      matching += match ? 1 : 0;
-      const show = match && shown < limit;
+  document.querySelectorAll("table.leaderboard").forEach((table, t) => {
+    const rows = Array.from(table.tBodies[0].rows);
+    const matches = rows.map(row =>
+      !["family", "loss", "strategy"].some(key => state[key] && row.dataset[key] !== state[key]) &&
+      (!query || row.dataset.search.includes(query)));
+    const matching = matches.filter(Boolean).length;
+    const last = limit === Infinity ? 0 : Math.max(Math.ceil(matching / limit) - 1, 0);
+    const page = pages[t] = Math.min(pages[t] || 0, last);
+    const first = limit === Infinity ? 0 : page * limit;
+    let seen = 0, shown = 0;
+    rows.forEach((row, i) => {
+      const show = matches[i] && seen >= first && seen < first + limit;
+      seen += matches[i] ? 1 : 0;
       shown += show ? 1 : 0;
       row.classList.toggle("hidden-row", !show);
     });
     const count = table.closest(".scroll").nextElementSibling;
     if (count && count.classList.contains("shown-count")) {
-      count.textContent = `Showing ${shown} of ${matching} entries` +
-        (matching < table.tBodies[0].rows.length ? ` (filtered from ${table.tBodies[0].rows.length})` : "");
+      const range = shown && limit !== Infinity ? `${first + 1}-${first + shown}` : `${shown}`;
+      count.textContent = `Showing ${range} of ${matching} entries` +
+        (matching < rows.length ? ` (filtered from ${rows.length})` : "");
+      const pager = count.nextElementSibling;
+      if (pager && pager.classList.contains("pager")) {
+        pager.hidden = last === 0;
+        pager.querySelector(".previous").disabled = page === 0;
+        pager.querySelector(".next").disabled = page === last;
+        pager.querySelector(".page-of").textContent = `page ${page + 1} of ${last + 1}`;
+      }
     }
+  });
+  pinColumns();
+}
+
+// The ranking keys stay in view together while the settings scroll by: each pinned column sticks at the width of
+// the pinned columns before it (measured, as names and Sums differ in width).
+function pinColumns() {
+  document.querySelectorAll("table.leaderboard").forEach(table => {
+    const heads = Array.from(table.tHead.rows[0].cells);
+    let left = 0;
+    heads.forEach((th, column) => {
+      if (!th.classList.contains("pin")) return;
+      const offset = `${left}px`;
+      th.style.left = offset;
+      Array.from(table.tBodies[0].rows).forEach(row => { row.cells[column].style.left = offset; });
+      left += th.getBoundingClientRect().width;
+    });
+    table.classList.add("pinned");
   });
 }
 
@@ -109,6 +145,7 @@ function writeState() {
   const params = new URLSearchParams();
   for (const [key, value] of Object.entries(chosen())) if (value) params.set(key, value);
   if (view.sort) { params.set("sort", view.sort); params.set("dir", view.dir); }
+  pages.forEach((page, t) => { if (page) params.set(`page${t + 1}`, page + 1); });
   const hash = params.toString();
   if (hash !== location.hash.slice(1)) location.replace("#" + hash);
 }
@@ -122,16 +159,39 @@ function readState() {
     if (control.tagName === "SELECT" && value && !Array.from(control.options).some(o => o.value === value)) continue;
     control.value = value;
   }
+  document.querySelectorAll("table.leaderboard").forEach((_, t) => {
+    pages[t] = Math.max(Number(params.get(`page${t + 1}`)) - 1 || 0, 0);
+  });
   view.sort = params.get("sort") || "";
   view.dir = params.get("dir") === "ascending" ? "ascending" : "descending";
   applySort();
   applyFilters();
 }
 
-document.querySelectorAll("table.sortable thead th").forEach(th => th.addEventListener("click", () => clickSort(th)));
+// Every sortable header is a control of its own: reached by Tab, sorted by Enter or Space, its state in aria-sort.
+document.querySelectorAll("table.sortable thead th").forEach(th => {
+  th.tabIndex = 0;
+  if (!th.hasAttribute("aria-sort")) th.setAttribute("aria-sort", "none");
+  th.addEventListener("click", () => clickSort(th));
+  th.addEventListener("keydown", event => {
+    if (event.key !== "Enter" && event.key !== " ") return;
+    event.preventDefault();  // Space would scroll the page
+    clickSort(th);
+  });
+});
+document.querySelectorAll("table.leaderboard").forEach((table, t) => {
+  const pager = table.closest(".scroll").nextElementSibling.nextElementSibling;
+  [["previous", -1], ["next", 1]].forEach(([name, step]) => pager.querySelector(`.${name}`).addEventListener(
+    "click", () => { pages[t] = Math.max((pages[t] || 0) + step, 0); applyFilters(); writeState(); }));
+});
 Object.values(controls()).forEach(control => {
   if (!control) return;
-  control.addEventListener(control.tagName === "INPUT" ? "input" : "change", () => { applyFilters(); writeState(); });
+  control.addEventListener(control.tagName === "INPUT" ? "input" : "change", () => {
+    pages.fill(0);  // a new search or page size starts at the first page
+    applyFilters();
+    writeState();
+  });
 });
+window.addEventListener("resize", pinColumns);
 window.addEventListener("hashchange", readState);
 if (document.getElementById("filters")) readState();
