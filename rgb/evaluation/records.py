@@ -450,9 +450,21 @@ class ScoresRecord(JsonRecord):
         """`n/a (API model)` where a protocol cannot apply to this model (a leaderboard lists it, unranked)."""
         return f"n/a ({self.white_box_na})" if protocol == WHITE_BOX and self.white_box_na else None
 
+    def card_score(self, name: str) -> float | None:
+        """The score of protocol `name` (its sum over this dataset's settings, every one a full number) when the
+        record was made under the card's protocol; None otherwise: a sum at other budgets, image size or
+        surrogates is no score anywhere (printed, W&B, model_info, a sweep's objective)."""
+        found = self.score_under(name)
+        return None if found is None or self.differences_for(name) else found.score
+
     def metrics(self) -> dict[str, float]:
-        """Every number of the record under a slash-separated key (accuracies as their value), for W&B."""
-        return dict(_flatten(self, ""))
+        """Every number of the record under a slash-separated key (accuracies as their value), for W&B; a
+        protocol's `score` only where `card_score` gives one."""
+        found = dict(_flatten(self, ""))
+        for name in PROTOCOLS:
+            if self.card_score(name) is None:
+                found.pop(f"{name}/score", None)
+        return found
 
 
 def _flatten(value: Any, prefix: str):
