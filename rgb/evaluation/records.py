@@ -7,7 +7,6 @@ through one codec driven by the field types: a new metric is one field (plus, wh
 
 from __future__ import annotations
 
-import json
 import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
@@ -18,7 +17,7 @@ import numpy as np
 
 from rgb.core.classwise import ClassWise
 from rgb.core.files import atomic_write_json
-from rgb.core.jsonrecord import JsonRecord, RecordError
+from rgb.core.jsonrecord import JsonRecord, RecordError, load_record
 from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, Norm, parse_norm
 from rgb.data.catalog import BLACK_BOX, TRANSFER_SPLITS, WHITE_BOX
@@ -399,18 +398,16 @@ class ScoresRecord(JsonRecord):
             raise RecordError(f"scores record of {self.model.run_name} on {self.dataset} without its protocol")
 
     @classmethod
-    def from_json(cls, data: dict) -> ScoresRecord:
-        if data.get("schema") != SCORES_SCHEMA:
-            raise RecordError(f"scores schema {data.get('schema')} (this rgb writes {SCORES_SCHEMA}); re-run "
-                              f"evaluate.py for this model")
-        return super().from_json(data)
+    def from_json(cls, data: dict, where: str = "") -> ScoresRecord:
+        if isinstance(data, dict) and data.get("schema") != SCORES_SCHEMA:
+            raise RecordError(f"scores schema {data.get('schema')} (this rgb writes {SCORES_SCHEMA})")
+        return super().from_json(data, where)
 
     @classmethod
     def load(cls, path: Path) -> ScoresRecord:
-        try:
-            return cls.from_json(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, TypeError) as err:
-            raise RecordError(f"unreadable scores record {path}: {err}") from err
+        """The record of a scores.json; anything malformed is one RecordError naming the file and what to do."""
+        return load_record(cls, path, RecordError, "re-run evaluate.py for this model (or move the file out of the "
+                                                   "pool)")
 
     def save(self, path: Path) -> None:
         atomic_write_json(Path(path), self.to_json())
