@@ -42,7 +42,7 @@ def read_json(path: str | Path, error: type[Exception] = RecordError, fix: str =
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise error(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); {fix}") from None
+        raise error(f"{path} is not valid JSON ({err.msg}: line {err.lineno} column {err.colno}); {fix}") from None
     if not isinstance(value, kind):
         raise error(f"{path} holds {_kind_of(value)} where {_kind_of(kind())} belongs; {fix}")
     return value

@@ -125,9 +125,10 @@ def export_paths(run: str | Path) -> tuple[Path, Path]:
 
 # The keys of a model.json rgb reads as values, and their types (checked when the record is read; the family's
 # own rebuild fields are checked by its rebuild).
-RECORD_TYPES = {"family": str, "run_name": str, "dataset": str, "num_classes": int, "class_names": list[str],
-                "image_size": int, "epochs": int, "parameters": dict[str, int], "training": dict, "card": dict,
-                "sweep": dict, "wandb": dict}
+RECORD_TYPES = {"family": str, "num_classes": int, "class_names": list[str], "run_name": str | None,
+                "dataset": str | None, "image_size": int | None, "epochs": int | None,
+                "parameters": dict[str, int] | None, "training": dict | None, "card": dict | None,
+                "sweep": dict | None, "wandb": dict | None}
 
 
 def read_model_record(meta_file: Path) -> dict:
@@ -136,7 +137,7 @@ def read_model_record(meta_file: Path) -> dict:
     meta = read_json(meta_file, ExportFileError, "export the model again (train.py writes it)")
     try:
         for key, kind in RECORD_TYPES.items():
-            if meta.get(key) is not None:
+            if key in meta:
                 decode(kind, meta[key], key)
     except RecordError as err:
         raise ExportFileError(f"{meta_file}: {err}; export the model again (train.py writes it)") from None
