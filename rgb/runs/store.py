@@ -439,17 +439,17 @@ class RunDirectory:
         """The batch starts whose images a pooled run of shard `index` of `count` pools: the shard's batches left
         unfinished when its first pooled run began, kept in `plan.json`, so every resumed run cuts the same chunks."""
         path = self.pooled_dir(index, count) / POOLED_PLAN
-        if not path.is_file():
+        if not path.exists():
             if not unfinished:
                 return []
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path, {"starts": list(unfinished)})
+        restart = f"delete {path.parent} to restart its pooled stages"
         try:
-            starts = json.loads(path.read_text())["starts"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise AttackRunError(f"unreadable {path} ({err}): delete {path.parent} to restart its pooled "
-                                 f"stages") from err
-        if not isinstance(starts, list) or not set(starts) <= set(self.shard_starts(index, count)):
+            starts = decode(list[int], read_json(path, AttackRunError, restart).get("starts"), "starts")
+        except RecordError as err:
+            raise AttackRunError(f"{path}: {err}; {restart}") from None
+        if not set(starts) <= set(self.shard_starts(index, count)):
             raise AttackRunError(f"{path} names batches outside shard {index} of {count}: delete {path.parent}")
         return starts
 
@@ -511,7 +511,7 @@ class RunDirectory:
     def batch_size_record(self) -> dict | None:
         """How batch_size=auto was resolved for this directory (None: it was given as a number)."""
         path = self.directory / BATCH_SIZE_FILE
-        return json.loads(path.read_text()) if path.is_file() else None
+        return read_json(path, AttackRunError, f"delete {path} (batch_size=auto probes again)") if path.exists() else None
 
     def write_summary(self, summary: RunSummary) -> None:
         atomic_write_json(self.directory / SUMMARY_FILE, summary.to_json())
