@@ -109,6 +109,19 @@ def decode(kind: Any, value: Any, where: str = "value") -> Any:
     return value
 
 
+def check_fields(value: Any, types: dict[str, Any], where: str = "", required: tuple[str, ...] = ()) -> dict:
+    """`value` as an object whose keys named in `types` hold their types (those in `required` present): the check
+    of a record kept as a dict (model.json, an answer cache line); RecordError names the field under `where`."""
+    _check(value, dict, where or "the record")
+    lacking = [k for k in required if k not in value]
+    if lacking:
+        raise RecordError(f"{where or 'the record'} lacks {', '.join(lacking)}")
+    for name, kind in types.items():
+        if name in value:
+            decode(kind, value[name], f"{where}.{name}" if where else name)
+    return value
+
+
 def _key(kind: Any, key: str, where: str) -> Any:
     """An object's key as its type: JSON keys are strings, an int key ("3": a severity) is read back."""
     if kind is int:

@@ -24,7 +24,7 @@ from typing import Protocol
 from tqdm import tqdm
 
 from rgb.core.files import atomic_write_json
-from rgb.core.jsonrecord import RecordError, decode, read_json
+from rgb.core.jsonrecord import RecordError, check_fields, decode, read_json
 from rgb.endpoints.cache import AnswerCache, CacheError
 from rgb.endpoints.client import ApiError, Endpoint, RequestBudget, RequestStats, completion_record
 from rgb.endpoints.settings import ClientSettings
@@ -61,11 +61,7 @@ def pending_batches(path: Path) -> list[dict]:
     try:
         pending = decode(list[dict], state.get("pending"), "pending")
         for number, entry in enumerate(pending):
-            lacking = [k for k in PENDING_TYPES if k not in entry]
-            if lacking:
-                raise RecordError(f"pending[{number}] lacks {', '.join(lacking)}")
-            for name, kind in PENDING_TYPES.items():
-                decode(kind, entry[name], f"pending[{number}].{name}")
+            check_fields(entry, PENDING_TYPES, f"pending[{number}]", tuple(PENDING_TYPES))
     except RecordError as err:
         raise CacheError(f"{path} is not a state of pending batches ({err}); {MOVE_STATE}") from None
     return pending

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from rgb.core.errors import UserError
-from rgb.core.jsonrecord import RecordError, decode
+from rgb.core.jsonrecord import RecordError, check_fields
 
 
 class CacheError(UserError, RuntimeError):
@@ -36,9 +36,7 @@ def answer_record(value, where: str) -> dict:
     if lacking:
         raise CacheError(f"{where} is not an answer record (no {', '.join(lacking)}); {FRESH_CACHE}")
     try:
-        for name, kind in RECORD_TYPES.items():
-            if name in value:
-                decode(kind, value[name], name)
+        check_fields(value, RECORD_TYPES)
     except RecordError as err:
         raise CacheError(f"{where}: {err}; {FRESH_CACHE}") from None
     return value

@@ -14,7 +14,7 @@ from torch import nn
 import rgb
 from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
-from rgb.core.jsonrecord import RecordError, decode, read_json
+from rgb.core.jsonrecord import RecordError, check_fields, read_json
 from rgb.models.factory import ModelLoadError, ModelSpecError
 from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
@@ -135,9 +135,7 @@ def read_model_record(meta_file: Path) -> dict:
     their types (a directory, invalid JSON, a list, `epochs` as a string) is one ExportFileError naming the file."""
     meta = read_json(meta_file, ExportFileError, "export the model again (train.py writes it)")
     try:
-        for key, kind in RECORD_TYPES.items():
-            if key in meta:
-                decode(kind, meta[key], key)
+        check_fields(meta, RECORD_TYPES)
     except RecordError as err:
         raise ExportFileError(f"{meta_file}: {err}; export the model again (train.py writes it)") from None
     return meta
