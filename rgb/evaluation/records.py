@@ -112,7 +112,7 @@ class ModelIdentity(JsonRecord):
     run_name: str | None
     family: str | None
     name: str | None
-    loss: str | None
+    loss: str | dict | None  # model.json's: a train run's loss config ({"name": ..., ...}), or a name
     strategy: str | None
     weights_sha256: str
 
