@@ -50,7 +50,7 @@ def test_a_record_under_other_budgets_is_shown_apart_never_in_the_sum_or_borda(t
     easier = record("easy", "caltech101", [0.8, 0.6, 0.3, 0.5, 0.1],
                     protocol=card_protocol("caltech101", l2=1.0))
     board = write_leaderboard({Path("a"): card, Path("b"): easier}, tmp_path, datasets=["caltech101"])
-    assert [(r.model, r.rank, r.status) for r in board.rows] == [("card", 1, "complete"), ("easy", 0, OTHER_PROTOCOL)]
+    assert [(r.model, r.rank, r.status) for r in board.rows] == [("card", 1, "complete"), ("easy", None, OTHER_PROTOCOL)]
     assert board.complete_rows == [board.rows[0]] and board.other_protocol_rows == [board.rows[1]]
     assert board.rows[0].borda == 0 and board.borda_pairs == 5  # alone among card entries: nobody to beat
     assert board.rows[1].protocol_differences == {"caltech101": ["L2 1, card 2"]}
@@ -128,7 +128,7 @@ def test_a_transfer_score_on_the_models_own_adversarial_examples_is_labelled_and
     assert own.differences_for("black_box") == ["own adversarial examples as transfer (m)"]
     assert own.differences_for("white_box") == []
     board = build_leaderboard({Path("m"): own}, protocol="black_box", datasets=["d"])
-    assert board.rows[0].status == OTHER_PROTOCOL and board.rows[0].rank == 0
+    assert board.rows[0].status == OTHER_PROTOCOL and board.rows[0].rank is None
     assert black_box_score(_acc(90, 100), _acc(80, 100), transfer, None, own=["x"]).own_surrogates == []
 
 

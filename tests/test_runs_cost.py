@@ -158,3 +158,32 @@ def test_benchmark_cost_forecasts_from_the_measured_device_and_labels_the_bound_
         assert all(row["time_basis"].startswith(basis) for row in rows) and basis[:8] in done.stdout
         forecast = [row["hours_forecast"] for row in rows]
         assert all(h > 0 for h in forecast) if device == "cpu" else forecast == [None] * len(rows)
+
+
+def test_dry_run_on_the_cpu_measures_as_its_single_thread_workers_run(surrogate, mini_dir, tmp_path, monkeypatch):
+    """attack.py on the CPU runs one single-threaded worker per thread (rgb.runs.pool.worker_threads): the dry run
+    measures the model with a worker's threads and divides by the workers, never with all the threads at once
+    (which made its time 4.6x the measured run's)."""
+    from rgb.runs import cost
+
+    seen = []
+
+    def measured(model, x, device, repeats=3):
+        seen.append(torch.get_num_threads())
+        return Throughput(len(x), 0.01, 0.02)
+
+    monkeypatch.setattr(cost, "measure_throughput", measured)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)  # this process's threads, as attack.py threads=4 sets them
+    try:
+        attack_from_config(compose_config(
+            "attack", f"run={surrogate}", f"paths.mini_dir={mini_dir}", f"output_dir={tmp_path}", "dry_run=true",
+            "norms=[linf]", "progress=false", "batch_size=50"), threads=4)
+        assert torch.get_num_threads() == 4  # given back after the measurement
+    finally:
+        torch.set_num_threads(threads)
+    record = json.loads((tmp_path / COST_ESTIMATE_FILE).read_text())
+    assert seen == [1] and record["workers"] == 4 and record["threads"] == 4
+    linf = record["budgets"][0]
+    forward, backward = linf["rows"]["1"]
+    assert linf["seconds"]["1"] == pytest.approx((forward * 0.01 + backward * 0.02) / 4)

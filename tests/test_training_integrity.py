@@ -109,7 +109,7 @@ def test_a_record_of_another_kind_or_unreadable_is_not_adopted(tmp_path):
     (tmp_path / "run.json").write_bytes(attack_record[:5])
     with raises_one_line(TrainingError) as err:
         RunManifest(tmp_path).claim({"loss.name": "ce"})
-    assert f"unreadable {tmp_path / 'run.json'}" in str(err.value) and f"delete {tmp_path}" in str(err.value)
+    assert f"{tmp_path / 'run.json'} is not valid JSON" in str(err.value) and f"delete {tmp_path}" in str(err.value)
     assert (tmp_path / "run.json").read_bytes() == attack_record[:5]
 
 

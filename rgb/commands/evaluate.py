@@ -16,7 +16,7 @@ from rgb.commands.schema import DATA, MACHINE, RUN, WANDB
 from rgb.core.classwise import check_worst_k
 from rgb.core.configs import config_dir
 from rgb.core.values import BOOL, POSITIVE_INT, TEXT, list_of, one_of, optional
-from rgb.data.catalog import BLACK_BOX
+from rgb.data.catalog import BLACK_BOX, WHITE_BOX
 from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.leaderboard import RANK_KEYS
 from rgb.evaluation.model_eval import EvaluationError
@@ -106,7 +106,7 @@ def pool_request(cfg: DictConfig) -> PoolRequest:
 
 def run_evaluation(cfg: DictConfig) -> float | None:
     """Returns the score of the model, for sweepers: the `protocol`'s (black-box also for an API model, which has
-    no white-box one); None in pool mode, for a dry run or while incomplete."""
+    no white-box one); None in pool mode, for a dry run, while incomplete or under another protocol."""
     asked = [flag for flag in REPORTS if cfg.get(flag)]
     if len(asked) > 1:
         raise EvaluationError(f"{' and '.join(asked)} are separate reports: set one of them per command")
@@ -120,4 +120,4 @@ def run_evaluation(cfg: DictConfig) -> float | None:
     record = evaluate(eval_request(cfg))[0]
     if record is None:  # dry_run: nothing scored
         return None
-    return record.black_box.score if record.white_box_na or cfg.protocol == BLACK_BOX else record.white_box.score
+    return record.card_score(BLACK_BOX if record.white_box_na or cfg.protocol == BLACK_BOX else WHITE_BOX)

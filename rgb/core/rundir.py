@@ -7,11 +7,11 @@ are written atomically, so it is a foreign or damaged file, not a half-written o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from rgb.core.files import atomic_write_json
+from rgb.core.jsonrecord import read_json
 
 MANIFEST = "run.json"
 # Keep the list of changes in a refusal readable.
@@ -54,12 +54,9 @@ class IdentityManifest:
     def read(self) -> dict | None:
         """The stored record, None when there is none; one that does not decode, or is not of this kind (another
         kind's directory), raises: such a directory is never adopted."""
-        if not self.path.is_file():
+        if not self.path.exists():
             return None
-        try:
-            record = json.loads(self.path.read_text())
-        except (OSError, ValueError) as err:
-            raise self.error(f"unreadable {self.path} ({err}); {self.start_over}") from err
+        record = read_json(self.path, self.error, self.start_over)
         if self.identity_of(record) is None:
             raise self.error(f"{self.path} is not {self.kind} record; use {self.elsewhere}")
         return record

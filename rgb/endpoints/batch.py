@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rgb.core.files import atomic_write_json
+from rgb.core.jsonrecord import RecordError, check_fields, decode, read_json
 from rgb.endpoints.cache import AnswerCache, CacheError
 from rgb.endpoints.client import ApiError, RequestBudget, RequestStats, completion_record
 from rgb.endpoints.requester import Requester
@@ -35,6 +36,24 @@ MAX_FILE_BYTES = 190 * 2**20  # under OpenAI's 200 MB per input file
 FINISHED = frozenset({"completed", "failed", "cancelled", "expired"})
 
 
+# A pending batch's fields in `<cache>.batches.json` and their types (batch_id None: uploaded, not yet created).
+PENDING_TYPES = {"input_file_id": str, "batch_id": str | None, "keys": list[str]}
+# What to do about a state file that does not read.
+MOVE_STATE = "move it away (its batches will not be resumed)"
+
+
+def pending_batches(path: Path) -> list[dict]:
+    """The pending batches of a state file, its one reader: anything malformed is one CacheError naming it."""
+    state = read_json(path, CacheError, MOVE_STATE)
+    try:
+        pending = decode(list[dict], state.get("pending"), "pending")
+        for number, entry in enumerate(pending):
+            check_fields(entry, PENDING_TYPES, f"pending[{number}]", tuple(PENDING_TYPES))
+    except RecordError as err:
+        raise CacheError(f"{path} is not a state of pending batches ({err}); {MOVE_STATE}") from None
+    return pending
+
+
 class BatchState:
     """`<cache>.batches.json`: the batches not yet in the cache, each {"input_file_id", "batch_id", "keys"}
     (batch_id None: uploaded, not yet created). Every change is written at once, atomically."""
@@ -42,18 +61,8 @@ class BatchState:
     def __init__(self, cache_path: Path):
         self.path = cache_path.with_name(cache_path.name + ".batches.json")
         self.pending: list[dict] = []
-        if self.path.is_file():
-            try:
-                self.pending = json.loads(self.path.read_text())["pending"]
-                complete = all(isinstance(e, dict) and {"input_file_id", "batch_id", "keys"} <= set(e)
-                               for e in self.pending)
-            except (ValueError, KeyError, TypeError) as err:
-                complete, problem = False, f"{type(err).__name__}: {err}"
-            else:
-                problem = "an entry lacks input_file_id, batch_id or keys"
-            if not complete:
-                raise CacheError(f"{self.path} is not a state of pending batches ({problem}); "
-                                 f"move it away (its batches will not be resumed)")
+        if self.path.exists():
+            self.pending = pending_batches(self.path)
 
     def save(self) -> None:
         if not self.pending:

@@ -11,10 +11,35 @@ import threading
 from pathlib import Path
 
 from rgb.core.errors import UserError
+from rgb.core.jsonrecord import RecordError, check_fields
 
 
 class CacheError(UserError, RuntimeError):
     """An answer cache with a damaged record that is not the torn last line of an interrupted write."""
+
+
+# An answer record's fields and their types (`key` and `answer` required): a line holding another type is refused
+# when the cache is read, never counted or summed into a wrong number.
+RECORD_TYPES = {"key": str, "answer": str, "usage": dict[str, int] | None, "billed": dict[str, int | bool] | None,
+                "finish_reason": str | None, "served_model": str | None}
+REQUIRED = ("key", "answer")
+# What to do about a cache that does not read.
+FRESH_CACHE = "move the file away to start a fresh cache"
+
+
+def answer_record(value, where: str) -> dict:
+    """A cache line's decoded JSON checked as an answer record (CacheError naming `where` otherwise)."""
+    if not isinstance(value, dict):
+        raise CacheError(f"{where} holds {'a list' if isinstance(value, list) else type(value).__name__} where an "
+                         f"answer record (a JSON object) belongs; {FRESH_CACHE}")
+    lacking = [k for k in REQUIRED if k not in value]
+    if lacking:
+        raise CacheError(f"{where} is not an answer record (no {', '.join(lacking)}); {FRESH_CACHE}")
+    try:
+        check_fields(value, RECORD_TYPES)
+    except RecordError as err:
+        raise CacheError(f"{where}: {err}; {FRESH_CACHE}") from None
+    return value
 
 
 class AnswerCache:
@@ -27,21 +52,21 @@ class AnswerCache:
         self.answers: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._file = None
-        if self.path.is_file():
+        if self.path.exists():
             self._load()
 
     def _load(self) -> None:
-        data = self.path.read_bytes()
+        try:
+            data = self.path.read_bytes()
+        except OSError as err:  # a directory where the cache file belongs, unreadable
+            raise CacheError(f"cannot read the answer cache {self.path} ({err.strerror}); {FRESH_CACHE}") from None
         whole = data[: data.rfind(b"\n") + 1]
         for number, line in enumerate(whole.splitlines(), start=1):
             try:
-                record = json.loads(line)
-                lacking = [k for k in ("key", "answer") if not isinstance(record.get(k), str)]
-            except (ValueError, AttributeError) as err:
-                lacking = [f"JSON: {err}"]
-            if lacking:
-                raise CacheError(f"{self.path} line {number} is not an answer record (no {', '.join(lacking)}); "
-                                 f"move the file away to start a fresh cache")
+                value = json.loads(line)
+            except ValueError as err:
+                raise CacheError(f"{self.path} line {number} is not valid JSON ({err}); {FRESH_CACHE}") from None
+            record = answer_record(value, f"{self.path} line {number}")
             self.answers[record["key"]] = record
         if len(whole) < len(data):  # the torn tail of an interrupted append: never a whole answer
             with open(self.path, "r+b") as handle:

@@ -24,7 +24,7 @@ from typing import ClassVar
 from rgb.core.errors import UserError
 from rgb.core.files import DistinctFiles, atomic_write_bytes, atomic_write_json, distinct_name, is_staging
 from rgb.core.values import shown_name
-from rgb.data.catalog import WHITE_BOX
+from rgb.data.catalog import BLACK_BOX, WHITE_BOX
 from rgb.evaluation.exports import MODEL_INFO_DIR, plan_exports
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
@@ -60,9 +60,11 @@ class LeaderboardError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class LeaderboardRow(JsonRecord):
+    """One model of a board; `rank` and `borda` None outside every ranking (another protocol, nothing measured)."""
+
     model: str
-    rank: int
-    borda: float
+    rank: int | None
+    borda: float | None
     sum: SumScore
     per_dataset: dict[str, ProtocolScore | None]
     non_standard: dict[str, list[str]]  # dataset -> "linf 0.1200 (plus)" lines, shown beside, never scored
@@ -87,6 +89,10 @@ class LeaderboardRow(JsonRecord):
     def status(self) -> str:
         return self.sum.status
 
+    @property
+    def measured(self) -> bool:
+        return self.sum.measured
+
     def protocol_label(self) -> str:
         return self.sum.protocol_label()
 
@@ -94,6 +100,7 @@ class LeaderboardRow(JsonRecord):
 # The headings of the groups below the ranked entries, in leaderboard.md and on the site alike.
 INCOMPLETE_HEADING = "Incomplete entries: ranked apart, below every complete entry"
 OTHER_PROTOCOL_HEADING = "Under another protocol: shown, never in the Sum or Borda of card entries"
+NOT_MEASURED_HEADING = "Nothing measured under this protocol: no rank, no Borda, no Sum"
 
 
 # Ranking keys within a group (smaller sorts first); ties fall back to the other score, then the name.
@@ -109,7 +116,7 @@ class Leaderboard(JsonRecord):
     datasets: list[str]
     rank_by: str
     rows: list[LeaderboardRow]  # the complete entries first (ranks 1..), then the incomplete ones, then those
-    # under another protocol (rank 0: shown, never ranked)
+    # under another protocol and those with nothing measured under it (rank and Borda None: shown, never ranked)
     borda_pairs: int  # pairs of the complete entries' Borda (all of them)
     incomplete_borda_pairs: int  # pairs every incomplete entry has a full number for
     borda_excluded_pairs: list[list[str]]  # pairs some incomplete entry lacks: not in their Borda
@@ -127,11 +134,15 @@ class Leaderboard(JsonRecord):
 
     @property
     def incomplete_rows(self) -> list[LeaderboardRow]:
-        return [r for r in self.rows if not r.complete and r.card_protocol]
+        return [r for r in self.rows if not r.complete and r.card_protocol and r.measured]
 
     @property
     def other_protocol_rows(self) -> list[LeaderboardRow]:
-        return [r for r in self.rows if not r.card_protocol]
+        return [r for r in self.rows if not r.card_protocol and r.measured]
+
+    @property
+    def not_measured_rows(self) -> list[LeaderboardRow]:
+        return [r for r in self.rows if not r.measured]
 
 
 def find_records(paths) -> dict[Path, ScoresRecord]:
@@ -188,27 +199,30 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = WHITE_B
     values = {m: {(d, s): a.value for d, score in per.items() if score for s, a in score.scored.items()}
               for m, per in scores.items()}
     sums = {m: sum_score(scores[m], datasets, protocol, differences[m]) for m in by_model}
-    groups = {"complete": [m for m in by_model if not differences[m] and sums[m].complete],
-              "incomplete": [m for m in by_model if not differences[m] and not sums[m].complete],
-              OTHER_PROTOCOL: [m for m in by_model if differences[m]]}
+    measured = [m for m in by_model if sums[m].measured]
+    groups = {"complete": [m for m in measured if not differences[m] and sums[m].complete],
+              "incomplete": [m for m in measured if not differences[m] and not sums[m].complete]}
     borda = {g: borda_scores({m: values[m] for m in models}) for g, models in groups.items()}
+    unranked = [m for m in measured if differences[m]] + [m for m in by_model if not sums[m].measured]
     rows = []
     for group, models in groups.items():  # complete entries first: an incomplete one never ranks above them
-        block = [
-            LeaderboardRow(
-                model=m, rank=0, borda=0.0 if group == OTHER_PROTOCOL else borda[group]["points"][m], sum=sums[m],
-                per_dataset=scores[m],
-                non_standard={d: [f"{n} {a.robust} ({a.label()})" for n, a in r.non_standard.items()]
-                              for d, r in by_model[m].items() if r.non_standard},
-            )
-            for m in models
-        ]
-        rows += sorted(block, key=RANK_KEYS[rank_by] if group != OTHER_PROTOCOL else lambda r: r.model)
-    ranked = [r for r in rows if r.card_protocol]
-    rows = [replace(row, rank=i) for i, row in enumerate(ranked, start=1)] + [r for r in rows if not r.card_protocol]
+        rows += sorted((_row(m, borda[group]["points"][m], sums[m], scores[m], by_model[m]) for m in models),
+                       key=RANK_KEYS[rank_by])
+    rows = [replace(row, rank=i) for i, row in enumerate(rows, start=1)]
+    # outside every ranking: no rank, no Borda (never a 0 that reads as a last place)
+    rows += sorted((_row(m, None, sums[m], scores[m], by_model[m]) for m in unranked),
+                   key=lambda r: (r.measured is False, r.model))
     return Leaderboard(protocol, datasets, rank_by, rows, len(borda["complete"]["pairs"]),
                        len(borda["incomplete"]["pairs"]), [list(p) for p in borda["incomplete"]["excluded_pairs"]],
                        ignored, not_applicable)
+
+
+def _row(model: str, borda: float | None, total: SumScore, scores: dict[str, ProtocolScore | None],
+         records: dict[str, ScoresRecord]) -> LeaderboardRow:
+    """A model's row, unranked until build_leaderboard numbers the ranked ones."""
+    return LeaderboardRow(model=model, rank=None, borda=borda, sum=total, per_dataset=scores,
+                          non_standard={d: [f"{n} {a.robust} ({a.label()})" for n, a in r.non_standard.items()]
+                                        for d, r in records.items() if r.non_standard})
 
 
 def model_info(record: ScoresRecord) -> dict:
@@ -224,9 +238,9 @@ def model_info(record: ScoresRecord) -> dict:
         "autoattack_acc": {n.key: record.not_applicable(WHITE_BOX) or accuracy[attack_setting(n)]
                            for n in WHITE_BOX_NORMS},
         "eps": record.eps, "seed": {n: a.seed for n, a in record.attacks.items()},
-        "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.white_box.score,
+        "settings": {s: (a.to_json() if a else None) for s, a in wb.items()}, "score": record.card_score(WHITE_BOX),
         "partial": record.partial, "max_images": record.max_images,
-        "black_box_score": record.black_box.score if record.black_box else None, "versions": record.versions,
+        "black_box_score": record.card_score(BLACK_BOX), "versions": record.versions,
         "protocol": record.protocol.to_json(), "control_acc": record.control.value if record.control else None,
     }
 
@@ -310,6 +324,10 @@ def to_markdown(board: Leaderboard) -> str:
                                 ["---", "---", "---:"] + ["---:"] * len(board.datasets))
         lines += ["", "Budgets, image size or surrogates other than the card's: these numbers answer another "
                       "question and are not comparable with the ranked entries."]
+    if board.not_measured_rows:
+        lines += ["", f"## {NOT_MEASURED_HEADING}", "",
+                  f"No setting of {board.protocol} measured in their records (no rank, Borda or Sum; e.g. evaluated "
+                  f"without transfer): {', '.join(r.model for r in board.not_measured_rows)}."]
     if board.not_applicable:
         lines += ["", f"Not ranked under {board.protocol} (the protocol cannot apply to them; see their other "
                       f"leaderboard): {', '.join(sorted(board.not_applicable))}."]

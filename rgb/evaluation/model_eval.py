@@ -40,7 +40,7 @@ from rgb.evaluation.endpoint_eval import ApiPredictor, cache_path, split_images
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
                                     ModelIdentity, ProtocolScore, ScoresRecord, TrainRun, attack_setting)
 from rgb.evaluation.request import EvalRequest
-from rgb.evaluation.scores import black_box_score
+from rgb.evaluation.scores import OTHER_PROTOCOL, black_box_score
 from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.cost import model_price
 from rgb.models.checks import check_model_fits
@@ -462,7 +462,7 @@ def format_table(record: ScoresRecord) -> str:
         acc = record.control
         lines.append(f"{CONTROL_SPLIT:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d}"
                      f"{' PARTIAL' if acc.partial else ''} [control: uniform noise, never in a score]")
-    lines.append(f"{'score':18s} {na or record.white_box.describe()}")
+    lines.append(f"{'score':18s} {na or _score_text(record, WHITE_BOX)}")
     differences = record.differences_for(WHITE_BOX)
     if differences and not na:
         lines.append(f"{'protocol':18s} not the card's ({'; '.join(differences)}): shown apart, never in a Sum "
@@ -474,11 +474,21 @@ def format_table(record: ScoresRecord) -> str:
     if record.black_box is not None and record.api is not None:
         lines += _black_box_lines(record)
     if record.black_box is not None:
-        lines.append(f"{'black-box score':18s} {record.black_box.describe()}")
+        lines.append(f"{'black-box score':18s} {_score_text(record, BLACK_BOX)}")
         differences = record.differences_for(BLACK_BOX)
         if differences:
             lines.append(f"{'black-box protocol':18s} not the card's ({'; '.join(differences)})")
     return "\n".join(lines)
+
+
+def _score_text(record: ScoresRecord, protocol: str) -> str:
+    """A protocol's score line: its `describe()` under the card's protocol; under another one no score, only the
+    sum over the settings measured, said to be another protocol's."""
+    score = record.score_under(protocol)
+    if not record.differences_for(protocol):
+        return score.describe()
+    return (f"none: {OTHER_PROTOCOL} (sum {score.partial_sum:.4f} over {score.covered} of {score.max} settings, "
+            f"not comparable with the card's)")
 
 
 def _black_box_lines(record: ScoresRecord) -> list[str]:

@@ -7,7 +7,6 @@ through one codec driven by the field types: a new metric is one field (plus, wh
 
 from __future__ import annotations
 
-import json
 import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
@@ -18,7 +17,7 @@ import numpy as np
 
 from rgb.core.classwise import ClassWise
 from rgb.core.files import atomic_write_json
-from rgb.core.jsonrecord import JsonRecord, RecordError
+from rgb.core.jsonrecord import JsonRecord, RecordError, load_record
 from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, Norm, parse_norm
 from rgb.core.values import name_problem, shown_name
@@ -115,7 +114,7 @@ class ModelIdentity(JsonRecord):
     run_name: str | None
     family: str | None
     name: str | None
-    loss: str | None
+    loss: str | dict | None  # model.json's: a train run's loss config ({"name": ..., ...}), or a name
     strategy: str | None
     weights_sha256: str
 
@@ -453,18 +452,16 @@ class ScoresRecord(JsonRecord):
                                   f"again under a {what} that is one directory name")
 
     @classmethod
-    def from_json(cls, data: dict) -> ScoresRecord:
-        if data.get("schema") != SCORES_SCHEMA:
-            raise RecordError(f"scores schema {data.get('schema')} (this rgb writes {SCORES_SCHEMA}); re-run "
-                              f"evaluate.py for this model")
-        return super().from_json(data)
+    def from_json(cls, data: dict, where: str = "") -> ScoresRecord:
+        if isinstance(data, dict) and data.get("schema") != SCORES_SCHEMA:
+            raise RecordError(f"scores schema {data.get('schema')} (this rgb writes {SCORES_SCHEMA})")
+        return super().from_json(data, where)
 
     @classmethod
     def load(cls, path: Path) -> ScoresRecord:
-        try:
-            return cls.from_json(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, TypeError) as err:
-            raise RecordError(f"unreadable scores record {path}: {err}") from err
+        """The record of a scores.json; anything malformed is one RecordError naming the file and what to do."""
+        return load_record(cls, path, RecordError, "re-run evaluate.py for this model (or move the file out of the "
+                                                   "pool)")
 
     def save(self, path: Path) -> None:
         atomic_write_json(Path(path), self.to_json())
@@ -504,9 +501,21 @@ class ScoresRecord(JsonRecord):
         """`n/a (API model)` where a protocol cannot apply to this model (a leaderboard lists it, unranked)."""
         return f"n/a ({self.white_box_na})" if protocol == WHITE_BOX and self.white_box_na else None
 
+    def card_score(self, name: str) -> float | None:
+        """The score of protocol `name` (its sum over this dataset's settings, every one a full number) when the
+        record was made under the card's protocol; None otherwise: a sum at other budgets, image size or
+        surrogates is no score anywhere (printed, W&B, model_info, a sweep's objective)."""
+        found = self.score_under(name)
+        return None if found is None or self.differences_for(name) else found.score
+
     def metrics(self) -> dict[str, float]:
-        """Every number of the record under a slash-separated key (accuracies as their value), for W&B."""
-        return dict(_flatten(self, ""))
+        """Every number of the record under a slash-separated key (accuracies as their value), for W&B; a
+        protocol's `score` only where `card_score` gives one."""
+        found = dict(_flatten(self, ""))
+        for name in PROTOCOLS:
+            if self.card_score(name) is None:
+                found.pop(f"{name}/score", None)
+        return found
 
 
 def _flatten(value: Any, prefix: str):

@@ -17,6 +17,8 @@ from rgb.evaluation.records import (CLEAN_SETTING, COMMON_SETTING, PROTOCOLS, Ac
 BENCHMARK_DATASETS = tuple(DATASETS)
 # The status of numbers made under budgets, image sizes or surrogates other than the card's.
 OTHER_PROTOCOL = "other protocol"
+# The Sum of a model none of whose records holds a number under the protocol (e.g. black-box without transfer).
+NOT_MEASURED = "not measured"
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class SumScore(JsonRecord):
 
     protocol: str
     datasets: list[str]
-    partial_sum: float
+    partial_sum: float | None  # None: nothing measured under this protocol (no partial Sum of 0 shown or logged)
     covered: int
     missing: list[str]
     partial_settings: list[str]  # "dataset/setting" scored over part of its split
@@ -60,7 +62,9 @@ class SumScore(JsonRecord):
     @property
     def status(self) -> str:
         """complete, incomplete (a setting missing), PARTIAL (a setting over part of its split) or another
-        protocol (budgets, image size or surrogates other than the card's)."""
+        protocol (budgets, image size or surrogates other than the card's); not measured: no number at all."""
+        if not self.measured:
+            return NOT_MEASURED
         if not self.card_protocol:
             return OTHER_PROTOCOL
         return "PARTIAL" if self.partial else "complete" if self.complete else "incomplete"
@@ -77,7 +81,14 @@ class SumScore(JsonRecord):
         """A number of these records as shown anywhere: under another protocol, said so beside it."""
         return text if self.card_protocol else f"{text} ({OTHER_PROTOCOL})"
 
+    @property
+    def measured(self) -> bool:
+        """Some setting holds a number under this protocol (else the row is shown outside every ranking)."""
+        return self.covered > 0
+
     def describe(self, digits: int = 2) -> str:
+        if not self.measured:
+            return NOT_MEASURED
         if self.score is not None:
             return f"{self.score:.{digits}f}"
         text = f"{self.partial_sum:.{digits}f} / {self.covered}"
@@ -97,7 +108,7 @@ def sum_score(per_dataset: Mapping[str, ProtocolScore | None], datasets: Sequenc
         partial += [f"{dataset}/{s}" for s in found.partial_settings]
         total += sum(a.value for a in found.measured.values())
         covered += len(found.measured)
-    return SumScore(protocol, list(datasets), total, covered, missing, partial,
+    return SumScore(protocol, list(datasets), total if covered else None, covered, missing, partial,
                     {d: list(v) for d, v in (differences or {}).items() if v})
 
 

@@ -34,6 +34,7 @@ from rgb.data.resolvers import transfer_budget
 from rgb.evaluation.exports import TEMPLATES, templates
 from rgb.evaluation.leaderboard import (
     INCOMPLETE_HEADING,
+    NOT_MEASURED_HEADING,
     OTHER_PROTOCOL_HEADING,
     Leaderboard,
     LeaderboardRow,
@@ -264,12 +265,14 @@ def threat_lines(board: Leaderboard, entries: dict[str, list[SiteEntry]]) -> lis
 
 def sum_cell(board: Leaderboard, index: int) -> Cell:
     row = board.rows[index]
+    if not row.measured:  # no partial Sum of nothing
+        return Cell(row.sum.describe(), None, "")
     return Cell(row.sum.describe(), row.sum.partial_sum, f"{board.protocol}:rows/{index}/sum/partial_sum")
 
 
 def borda_cell(board: Leaderboard, index: int) -> Cell:
     row = board.rows[index]
-    if not row.card_protocol:
+    if row.borda is None:  # outside every ranking
         return Cell(MISSING, None, "")
     return Cell(f"{row.borda:.1f}".removesuffix(".0"), row.borda, f"{board.protocol}:rows/{index}/borda")
 
@@ -368,7 +371,8 @@ def board_view(board: Leaderboard, boards: Sequence[Leaderboard], entries: dict[
     max_sum = len(settings) * len(board.datasets)
     groups = [(heading, [rows[r.model] for r in members], sum_heading(card, max_sum)) for heading, members, card in (
         ("Ranked: complete, the card's protocol", board.complete_rows, True),
-        (INCOMPLETE_HEADING, board.incomplete_rows, True), (OTHER_PROTOCOL_HEADING, board.other_protocol_rows, False))
+        (INCOMPLETE_HEADING, board.incomplete_rows, True), (OTHER_PROTOCOL_HEADING, board.other_protocol_rows, False),
+        (NOT_MEASURED_HEADING, board.not_measured_rows, True))
         if members]
     index = {r.model: i for i, r in enumerate(board.rows)}
     has_numbers = any(score is not None for r in board.rows for score in r.per_dataset.values())

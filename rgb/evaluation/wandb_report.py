@@ -114,7 +114,8 @@ def log_leaderboard(board: Leaderboard, leaderboard_dir: Path, project: str, oth
             logged[key] = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
             prefix = "" if shown is board else f"{shown.protocol}/"
             run.summary.update({f"{prefix}{row.model}/{key}": value for row in shown.rows for key, value in (
-                ("partial_sum", row.sum.partial_sum), ("borda", row.borda), ("status", row.sum.status_line()))})
+                ("partial_sum", row.sum.partial_sum), ("borda", row.borda), ("status", row.sum.status_line()))
+                if value is not None})  # no Borda outside a ranking, no partial Sum of nothing measured
         run.log(logged)
         use_inputs(run, list(inputs))
         files = wandb.Artifact(f"leaderboard-{board.protocol}", type="leaderboard",

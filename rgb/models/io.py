@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from torch import nn
 import rgb
 from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
+from rgb.core.jsonrecord import RecordError, check_fields, read_json
 from rgb.models.factory import ModelLoadError, ModelSpecError
 from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
@@ -122,6 +122,25 @@ def export_paths(run: str | Path) -> tuple[Path, Path]:
     return run, run.with_suffix(".json")
 
 
+# The keys of a model.json rgb reads as values, and their types (checked when the record is read; the family's
+# own rebuild fields are checked by its rebuild).
+RECORD_TYPES = {"family": str, "num_classes": int, "class_names": list[str], "run_name": str | None,
+                "dataset": str | None, "image_size": int | None, "epochs": int | None,
+                "parameters": dict[str, int] | None, "training": dict | None, "card": dict | None,
+                "sweep": dict | None, "wandb": dict | None}
+
+
+def read_model_record(meta_file: Path) -> dict:
+    """The export record of a model.json, its one reader: anything but a JSON object whose recorded keys have
+    their types (a directory, invalid JSON, a list, `epochs` as a string) is one ExportFileError naming the file."""
+    meta = read_json(meta_file, ExportFileError, "export the model again (train.py writes it)")
+    try:
+        check_fields(meta, RECORD_TYPES)
+    except RecordError as err:
+        raise ExportFileError(f"{meta_file}: {err}; export the model again (train.py writes it)") from None
+    return meta
+
+
 def _required(file: Path) -> Path:
     if not file.is_file():
         raise ExportNotFoundError(f"{file} not found (rgb.models.load needs {WEIGHTS_FILE} and {META_FILE})")
@@ -144,13 +163,7 @@ def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
     A record without `family` is a timm export (written before families existed); a family without weights
     (`api`) is rebuilt from the record alone."""
     weights, meta_file = export_paths(path)
-    try:
-        meta = json.loads(_required(meta_file).read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ExportFileError(f"{meta_file} is not a readable export record ({err}): truncated or not a "
-                              f"model.json; export the model again") from None
-    if not isinstance(meta, dict):
-        raise ExportFileError(f"{meta_file} is not an export record (a JSON object); export the model again")
+    meta = read_model_record(_required(meta_file) if not meta_file.is_dir() else meta_file)
     meta.setdefault("family", DEFAULT_FAMILY)
     try:
         model = rebuild(meta)

@@ -15,6 +15,7 @@ measured at the run's full batch size.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,8 +24,10 @@ import torch
 
 from rgb.attacks.autoattack import AutoAttack
 from rgb.core.files import atomic_write_json
+from rgb.core.machine import configure_threads
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.forecast import MEASURED_UTILISATION, evaluation_flops, measured_utilisation
+from rgb.runs.pool import worker_threads
 from rgb.runs.records import load_images
 from rgb.runs.runner import Target, resolve_batch_size
 from rgb.runs.request import AttackRequest
@@ -69,6 +72,17 @@ def measure_throughput(model: torch.nn.Module, x: torch.Tensor, device: str, rep
         sync()
         seconds.append((time.perf_counter() - began) / (repeats * len(x)))
     return Throughput(len(x), seconds[0], max(seconds[1] - seconds[0], 0.0))
+
+
+def measure_as_worker(model: torch.nn.Module, x: torch.Tensor, request: AttackRequest, workers: int) -> Throughput:
+    """The model's speed as one of the run's `workers` calls it: on the CPU with the torch threads a worker sets
+    (rgb.runs.pool.worker_threads), this process's own threads restored after."""
+    threads = torch.get_num_threads()
+    configure_threads(worker_threads(request, request.device, workers))
+    try:
+        return measure_throughput(model, x, request.device)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
@@ -137,7 +151,10 @@ def estimate(request: AttackRequest, measured: Path | None = None) -> dict:
     request = resolve_batch_size(request, target, record=False)
     n_images = target.n_images(request)
     x, _, _ = load_images(target.split, range(min(request.batch_size, n_images)))
-    speed = measure_throughput(target.model, x, request.device)
+    # the run's workers attack side by side (GPUs, or CPU processes): each is measured as it runs, on the CPU with
+    # its share of the threads (one each by default), never with all of them
+    workers = min(request.processes, math.ceil(n_images / request.batch_size) * len(request.budgets))
+    speed = measure_as_worker(target.model, x, request, workers)
     forecast = forecast_throughput(target.model, x, request, target.meta.get("timm_name"),
                                    MEASURED_UTILISATION if measured is None else measured)
     if forecast is not None:
@@ -148,8 +165,6 @@ def estimate(request: AttackRequest, measured: Path | None = None) -> dict:
                                            f"{request.batch_size} (no attack utilisation measured on this device)"}
     with torch.no_grad():
         n_classes = int(target.model(x[:1].to(request.device)).shape[1])
-    # GPUs attack side by side; CPU workers share the cores this process measured with
-    workers = request.processes if request.device.startswith("cuda") else 1
     implementation = attack_implementation(request.impl)
     accuracy, sample = clean_accuracy(target.model, target.split, n_images, request.batch_size, request.device)
     costs = []

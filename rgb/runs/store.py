@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -28,9 +29,11 @@ from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, sha256_alias, stable_id
+from rgb.core.jsonrecord import RecordError, decode, read_json
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import path_name
 from rgb.models import META_FILE, WEIGHTS_FILE, export_paths
+from rgb.models.io import read_model_record
 
 
 class AttackRunError(UserError, RuntimeError):
@@ -49,6 +52,8 @@ RESULT_COLUMNS = (
     "forward_rows", "backward_rows",
 )
 SUMMARY_SCHEMA = 2
+# What to do about a summary.json that does not read: merge the run again from its batch files.
+MERGE_AGAIN = "re-run `python attack.py ... merge_only=true`"
 # The reference reports only the final outcome per image: one pseudo-attack stands for its whole cascade.
 REFERENCE_CASCADE = "autoattack-reference"
 
@@ -112,13 +117,10 @@ def partial_dir(out_dir: str | Path) -> Path:
 
 
 def model_record(path: str | Path) -> dict | None:
-    """The model.json of a train run dir or of an exported weights file (None when absent or unreadable)."""
+    """The model.json of a train run dir or of an exported weights file (None when absent; one that does not read
+    is an ExportFileError naming it, never taken as absent: the run would be named by its folder)."""
     _, meta_file = export_paths(path)
-    try:
-        record = json.loads(meta_file.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    return read_model_record(meta_file) if meta_file.exists() else None
 
 
 def run_name_for(path: str | Path) -> str:
@@ -281,9 +283,13 @@ class RunSummary:
         missing = sorted(required - set(record))
         if missing or record.get("schema") != SUMMARY_SCHEMA:
             raise AttackRunError(f"{where}: not a summary of this rgb version (schema {record.get('schema')}, "
-                                 f"missing {missing}); re-run `python attack.py ... merge_only=true`")
+                                 f"missing {missing}); {MERGE_AGAIN}")
         others = {k: v for k, v in record.items() if k in AttackOptions.names() and k not in names}
-        return cls(**{k: v for k, v in record.items() if k in names}, options=others)
+        hints = typing.get_type_hints(cls)
+        try:
+            return cls(**{k: decode(hints[k], v, k) for k, v in record.items() if k in names}, options=others)
+        except RecordError as err:
+            raise AttackRunError(f"{where}: {err}; {MERGE_AGAIN}") from None
 
     def line(self) -> str:
         label = "" if self.standard else f" [{self.version}: not standard]"
@@ -433,17 +439,17 @@ class RunDirectory:
         """The batch starts whose images a pooled run of shard `index` of `count` pools: the shard's batches left
         unfinished when its first pooled run began, kept in `plan.json`, so every resumed run cuts the same chunks."""
         path = self.pooled_dir(index, count) / POOLED_PLAN
-        if not path.is_file():
+        if not path.exists():
             if not unfinished:
                 return []
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path, {"starts": list(unfinished)})
+        restart = f"delete {path.parent} to restart its pooled stages"
         try:
-            starts = json.loads(path.read_text())["starts"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise AttackRunError(f"unreadable {path} ({err}): delete {path.parent} to restart its pooled "
-                                 f"stages") from err
-        if not isinstance(starts, list) or not set(starts) <= set(self.shard_starts(index, count)):
+            starts = decode(list[int], read_json(path, AttackRunError, restart).get("starts"), "starts")
+        except RecordError as err:
+            raise AttackRunError(f"{path}: {err}; {restart}") from None
+        if not set(starts) <= set(self.shard_starts(index, count)):
             raise AttackRunError(f"{path} names batches outside shard {index} of {count}: delete {path.parent}")
         return starts
 
@@ -505,7 +511,7 @@ class RunDirectory:
     def batch_size_record(self) -> dict | None:
         """How batch_size=auto was resolved for this directory (None: it was given as a number)."""
         path = self.directory / BATCH_SIZE_FILE
-        return json.loads(path.read_text()) if path.is_file() else None
+        return read_json(path, AttackRunError, f"delete {path} (batch_size=auto probes again)") if path.exists() else None
 
     def write_summary(self, summary: RunSummary) -> None:
         atomic_write_json(self.directory / SUMMARY_FILE, summary.to_json())
@@ -525,13 +531,13 @@ def read_run(directory: Path) -> RunResult | None:
     unreadable, or its files disagree with each other (a hand-edited results file or summary)."""
     directory = Path(directory)
     summary_file, results_file = directory / SUMMARY_FILE, directory / RESULTS_FILE
-    if not summary_file.is_file():
+    if not summary_file.exists():
         if directory.is_dir():
             raise AttackRunError(f"attack run {directory} is not merged/complete (no {SUMMARY_FILE}): finish it or "
                                  f"run `python attack.py ... merge_only=true`")
         return None
     try:
-        summary = RunSummary.from_json(json.loads(summary_file.read_text()), summary_file)
+        summary = RunSummary.from_json(read_json(summary_file, AttackRunError, MERGE_AGAIN), summary_file)
         table = pq.read_table(results_file)
     except (OSError, ValueError, pa.ArrowException) as err:
         raise AttackRunError(f"unreadable attack result in {directory}: {str(err).splitlines()[0]}") from err

@@ -30,6 +30,7 @@ from fastapi.responses import Response
 
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json
+from rgb.core.jsonrecord import RecordError, decode, read_json
 from rgb.endpoints.batch import BATCH_URL, COMPLETION_WINDOW, FINISHED, MAX_REQUESTS  # OpenAI's Batch API, as the client speaks it
 
 log = logging.getLogger("rgb.serve")
@@ -55,12 +56,18 @@ class BatchStore:
 
     def _load(self) -> None:
         for path in sorted(self.directory.glob("*.json")):
+            fix = f"move it out of {self.directory}"
+            entry = read_json(path, BatchStoreError, fix)
             try:
-                entry = json.loads(path.read_text())
-                kind = entry["object"]
-            except (ValueError, KeyError, TypeError):
-                raise BatchStoreError(f"batch_dir: {path} is not a file or batch object rgb-serve wrote; move it "
-                                      f"out of {self.directory}") from None
+                kind = decode(str, entry.get("object"), "object")
+                decode(str, entry.get("id"), "id")
+                if kind == "batch":
+                    decode(str, entry.get("status"), "status")
+                elif kind != "file":
+                    raise RecordError(f"object is {kind!r}, neither a file nor a batch")
+            except RecordError as err:
+                raise BatchStoreError(f"batch_dir: {path} is not a file or batch object rgb-serve wrote ({err}); "
+                                      f"{fix}") from None
             if kind == "file" and (self.directory / entry["id"]).is_file():
                 self.files[entry["id"]] = entry
             elif kind == "batch":
