@@ -120,11 +120,11 @@ class RequestStats(JsonRecord):
         return self.unparsed / answered if answered > 0 else None
 
     @classmethod
-    def from_json(cls, data: dict) -> RequestStats:
+    def from_json(cls, data: dict, where: str = "") -> RequestStats:
         """Also a record written before strict reading, whose unparsed answers were counted as `abstained`."""
         if isinstance(data, dict) and "abstained" in data and "unparsed" not in data:
             data = {("unparsed" if k == "abstained" else k): v for k, v in data.items()}
-        return super().from_json(data)
+        return super().from_json(data, where)
 
 
 def _cap(rule: Rule):
