@@ -5,9 +5,11 @@ bad value is one line wherever it comes from (train.py model=api_chat, or the lo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 
-from rgb.core.secrets import redact, redact_headers, redact_text, redact_url, url_credentials_problem
+from urllib.parse import urlencode
+
+from rgb.core.secrets import declared_problems, redact, redact_text, url_credentials_problem, url_query_problem
 from rgb.core.values import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -31,6 +33,10 @@ def _text(v) -> bool:
     return isinstance(v, str) and bool(v.strip())
 
 
+def _mapping(v, kind) -> bool:
+    return v is None or isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, kind) for k, x in v.items())
+
+
 # The request fields rgb writes itself (the image and prompt, the model): `model.request` may not set them.
 OWN_FIELDS = frozenset({"model", "messages"})
 
@@ -40,7 +46,7 @@ OWN_FIELDS = frozenset({"model", "messages"})
 API_RULES: dict[str, Rule] = {
     "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None
                        and url_credentials_problem(v) is None, "an http(s) URL ending in /v1, without user:password@ "
-                       "(credentials belong in the variable model.api_key_env names, or in model.headers)"),
+                       "(credentials belong in the variable model.api_key_env names, or in model.header_env)"),
     "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
     "model.prompt": (lambda v: v is None or isinstance(v, str), "a text"),
     "model.system_prompt": (lambda v: v is None or isinstance(v, str), "null or a text"),
@@ -48,11 +54,13 @@ API_RULES: dict[str, Rule] = {
     "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
                       and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
     "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
+    "model.query": (lambda v: _mapping(v, str), "a mapping of parameter: text (public values: recorded)"),
 }
 CLIENT_RULES: dict[str, Rule] = {
     "model.api_key_env": (_text, "the name of an environment variable"),
-    "model.headers": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
-                                                            for k, x in v.items()), "a mapping of header: text"),
+    "model.headers": (lambda v: _mapping(v, str), "a mapping of header: text (public values: recorded)"),
+    "model.query_env": (lambda v: _mapping(v, str), "a mapping of parameter: environment variable name"),
+    "model.header_env": (lambda v: _mapping(v, str), "a mapping of header: environment variable name"),
     "model.retry_max_tokens": optional(POSITIVE_INT),
     "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
     "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
@@ -62,12 +70,17 @@ CLIENT_RULES: dict[str, Rule] = {
 }
 
 
-def _check(settings, rules: dict[str, Rule]) -> None:
+def _check(settings, rules: dict[str, Rule], *declared: tuple[str, dict | None, dict | None]) -> None:
+    """ConfigValueError naming every value that breaks its rule, and every query parameter or header that may not
+    be sent as declared (rgb.core.secrets: typed values are public, secrets come from the environment)."""
     values = {f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}
     found = problems(values, rules)
-    if found:  # the values shown are the redacted ones (a header's key, a URL's token): no secret in the line
+    if found:  # the values shown are the redacted ones (a URL's query): no secret in the line
         shown = problems(redact(values), rules) or [redact_text(problem) for problem in found]
         raise ConfigValueError("invalid value: " + "; ".join(shown))
+    refused = [p for kind, public, secret in declared for p in declared_problems(kind, public or {}, secret or {})]
+    if refused:
+        raise ConfigValueError("; ".join(refused))
 
 
 @dataclass(frozen=True)
@@ -90,16 +103,29 @@ class ApiSettings:
     system_prompt: str | None = None
     request: dict | None = field(default_factory=dict)
     answer_format: str = "text"
+    # public query parameters sent with every request (recorded); a secret one is ClientSettings.query_env
+    query: dict | None = field(default_factory=dict)
 
     def __post_init__(self):
-        _check(self, API_RULES)
+        _check(self, API_RULES, ("query parameter", self.query, {}))
+        problem = url_query_problem(self.base_url)  # names the parameter, never its value
+        if problem:
+            raise ConfigValueError(problem)
         if self.image_encoding != IMAGE_ENCODING:
             raise ConfigValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored "
                                    f"pixels")
-        # a key in a query parameter is recorded as REDACTED: the request fills it from the environment
-        object.__setattr__(self, "base_url", redact_url(self.base_url.rstrip("/")))
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
         object.__setattr__(self, "prompt", DEFAULT_PROMPT if self.prompt is None else self.prompt)
         object.__setattr__(self, "request", dict(self.request or {}))  # null (the config's default): none
+        object.__setattr__(self, "query", dict(self.query or {}))
+
+    @property
+    def address(self) -> str:
+        """The URL requests go to: base_url with the public `query` parameters (the secret ones are added when
+        sent, rgb.endpoints.client.Endpoint.address)."""
+        if not self.query:
+            return self.base_url
+        return f"{self.base_url}{'&' if '?' in self.base_url else '?'}{urlencode(self.query)}"
 
     @property
     def decoding(self) -> dict:
@@ -110,13 +136,14 @@ class ApiSettings:
     def identity_extras(self) -> dict:
         """What identifies the answers beyond the legacy identity: only what is set."""
         extras = (("system_prompt", self.system_prompt), ("request", self.request),
-                  ("answer_format", None if self.answer_format == "text" else self.answer_format))
+                  ("answer_format", None if self.answer_format == "text" else self.answer_format),
+                  ("query", self.query))
         return {k: v for k, v in extras if v}
 
     def record(self) -> dict:
         """model.json's `api`: the legacy fields, and the extras only when set (earlier run dirs keep their
         identity)."""
-        extras = ("system_prompt", "request", "answer_format")
+        extras = ("system_prompt", "request", "answer_format", "query")
         legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in extras}
         return {**legacy, **self.identity_extras()}
 
@@ -126,9 +153,11 @@ class ClientSettings:
     """How politely to ask (model.json `client`): none of it changes an answer, so none of it is in the cache key."""
 
     api_key_env: str = "OPENAI_API_KEY"
-    # sent with every request; a secret one (Authorization, api-key, ...) is recorded as REDACTED and sent with the
-    # key from api_key_env (rgb.core.secrets)
+    # sent with every request: `headers` as typed (public: recorded; a name that says secret is refused), and
+    # {name: environment variable} whose values are read when sent, only the names recorded (rgb.core.secrets)
     headers: dict | None = field(default_factory=dict)
+    header_env: dict | None = field(default_factory=dict)
+    query_env: dict | None = field(default_factory=dict)
     retry_max_tokens: int | None = None  # an answer cut by the token limit is asked once more with this limit
     max_concurrency: int = 4
     requests_per_minute: float | None = None
@@ -146,9 +175,15 @@ class ClientSettings:
     price: dict | None = None  # USD per 1M tokens {input, output, cached_input}; null: conf/prices.yaml, else unknown
 
     def __post_init__(self):
-        _check(self, CLIENT_RULES)
-        object.__setattr__(self, "headers", redact_headers(self.headers or {}))  # null (the config's default): none
+        _check(self, CLIENT_RULES, ("header", self.headers, self.header_env), ("query parameter", {}, self.query_env))
+        for name in ("headers", "header_env", "query_env"):  # null (the config's default): none
+            object.__setattr__(self, name, dict(getattr(self, name) or {}))
         Price.of(self.price)
+
+    def record(self) -> dict:
+        """model.json's `client`: every field, the secrets' variables only when declared (earlier records are
+        written back as they were)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("header_env", "query_env") or v}
 
 
 def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
@@ -66,7 +66,7 @@ class ApiClassifier:
             raise ConfigValueError(f"model.prompt may hold only {{dataset}} and {{classes}} ({type(err).__name__}: "
                                    f"{err}); write a literal brace as {{{{ or }}}}") from None
         self.parser = AnswerParser(self.class_names)
-        self.endpoint = Endpoint(settings.base_url, settings.api_model, client, sleep)
+        self.endpoint = Endpoint(settings.address, settings.api_model, client, sleep)
         self._sleep = sleep
         identity = {"base_url": settings.base_url, "api_model": settings.api_model, "prompt": self.prompt,
                     "decoding": settings.decoding, "image_encoding": settings.image_encoding,
@@ -79,7 +79,7 @@ class ApiClassifier:
         return hashlib.sha256(hashlib.sha256(image).digest() + self._identity.encode()).hexdigest()
 
     def describe(self) -> dict:
-        return {"api": self.settings.record(), "client": asdict(self.client_settings),
+        return {"api": self.settings.record(), "client": self.client_settings.record(),
                 "class_names": self.class_names, "num_classes": len(self.class_names), "dataset": self.dataset,
                 "api_model": self.settings.api_model}
 
