@@ -682,19 +682,31 @@ def test_a_query_parameter_not_known_public_is_refused_before_anything_is_writte
 
 
 @pytest.mark.slow
-def test_credentials_in_the_url_are_refused_in_one_line_without_showing_them(tmp_path, bench):
-    """`train.py model=api_chat model.base_url=http://user:pw@host/v1`, the real command: one line naming the key
-    and where credentials belong, the password not shown, nothing written."""
+@pytest.mark.parametrize("given, where", [
+    ("model.base_url=http://user:{mark}@127.0.0.1:1/v1", "user:password@"),
+    ("model.base_url='http://127.0.0.1:1/v1?{param}={mark}'", "model.query_env={{{param}: ENV_VAR}}"),
+    ("model.headers={{X-Pass: {mark}}}", "model.header_env={{X-Pass: ENV_VAR}}"),
+])
+def test_credentials_in_the_url_are_refused_in_one_line_without_showing_them(tmp_path, bench, given, where):
+    """`train.py model=api_chat` with credentials in the URL, a query parameter of a random name (not known
+    public), or a typed header whose name says secret, the real command: one line naming the key and where the
+    value belongs, the value not shown, nothing written holds it (Hydra's log of the composed config included)."""
+    param, _, mark, _ = marked_names()
     shown = subprocess.run([sys.executable, str(REPO / "train.py"), "model=api_chat", "model.api_model=tiny",
-                            f"model.base_url=http://user:{SECRET}@127.0.0.1:1/v1", f"paths.mini_dir={bench}",
-                            f"paths.output_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True, text=True,
+                            "model.base_url=http://127.0.0.1:1/v1", given.format(mark=mark, param=param),
+                            f"paths.mini_dir={bench}", f"paths.output_dir={tmp_path / 'out'}"],
+                           cwd=tmp_path, capture_output=True, text=True,
                            timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     lines = [line for line in (shown.stdout + shown.stderr).splitlines() if line.strip()]
     assert shown.returncode != 0 and len(lines) == 1, lines[-5:]
-    assert "model.base_url" in lines[0] and "user:password@" in lines[0] and "model.api_key_env" in lines[0]
-    assert SECRET not in lines[0]
-    assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
-    with raises_one_line(ConfigValueError, match="without user:password@") as refused:  # and on a model.json's load
+    assert where.format(param=param) in lines[0] and mark not in lines[0]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and mark.encode() in p.read_bytes()]
+    assert not list(tmp_path.rglob("model.json"))
+    assert [p for p in tmp_path.rglob("*.log") if "composed config" in p.read_text()]  # the log was written
+
+
+def test_credentials_in_a_model_json_url_are_refused_without_showing_them():
+    with raises_one_line(ConfigValueError, match="without user:password@") as refused:  # on a model.json's load
         ApiSettings(f"https://key:{SECRET}@api.example.com/v1", "tiny")
     assert SECRET not in str(refused.value)
 
