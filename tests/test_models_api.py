@@ -730,11 +730,14 @@ def test_the_readmes_request_and_headers_overrides_compose():
     """README's `model.request='{...}'` and `model.headers='{...}'` (the shell drops the quotes), through the
     command's own compose check and then Hydra's compose."""
     argv = ["model=api_chat", "model.base_url=http://127.0.0.1:8000/v1", "model.api_model=zs_cpe",
-            "model.request={max_completion_tokens: 2048, reasoning_effort: low}", "model.headers={X-Team: vision}"]
+            "model.request={max_completion_tokens: 2048, reasoning_effort: low}", "model.headers={X-Team: vision}",
+            "model.header_env={X-Functions-Key: FN_KEY}", "model.query={deployment: eu}",
+            "model.query_env={code: FN_CODE}"]
     assert cli._compose_error("train", argv) is None
     cfg = helpers.compose_config("train", *argv)
     settings, client = split_config(helpers.resolved(cfg.model))
     assert settings.request == {"max_completion_tokens": 2048, "reasoning_effort": "low"}
-    assert client.headers == {"X-Team": "vision"}
+    assert client.headers == {"X-Team": "vision"} and client.header_env == {"X-Functions-Key": "FN_KEY"}
+    assert settings.query == {"deployment": "eu"} and client.query_env == {"code": "FN_CODE"}
     plain = split_config(helpers.resolved(helpers.compose_config("train", *argv[:3]).model))
     assert plain[0].request == {} and plain[1].headers == {}  # the defaults: none
