@@ -648,13 +648,19 @@ def test_secrets_declared_by_their_variables_are_sent_and_never_written(tmp_path
 
 def test_a_secret_recorded_as_redacted_is_refused_with_how_to_declare_it(tmp_path):
     """A model.json written before issue 51 recorded a secret query parameter or header as REDACTED and sent the
-    API key in its place; rgb no longer does: its load is one line naming the parameter and model.query_env /
-    model.header_env (only the user knows which variable holds that secret, so it is not mapped)."""
-    for api, client, where in ((f"http://127.0.0.1:1/v1?key=REDACTED&api-version=1", {}, "model.query_env={key: "),
-                               ("http://127.0.0.1:1/v1", {"headers": {"X-Api-Key": "REDACTED"}},
-                                "model.header_env={X-Api-Key: ")):
-        with raises_one_line(ConfigValueError, match=re.escape(where)):
-            split_config({"base_url": api, "api_model": "tiny", **client})
+    API key in its place; rgb no longer does: its load is one line naming the file, the parameter and
+    model.query_env / model.header_env (only the user knows which variable holds that secret, so it is not mapped)."""
+    from rgb.models import load
+
+    old = json.loads((REPO / "tests" / "records" / "chat_model_before_issue45" / "model.json").read_text())
+    for api, client, where in (({"base_url": "http://127.0.0.1:1/v1?key=REDACTED&api-version=1"}, {},
+                                "model.query_env={key: ENV_VAR}"),
+                               ({}, {"headers": {"X-Api-Key": "REDACTED"}}, "model.header_env={X-Api-Key: ENV_VAR}")):
+        (tmp_path / "model.json").write_text(json.dumps({**old, "api": {**old["api"], **api},
+                                                         "client": {**old["client"], **client}}))
+        with raises_one_line(ConfigValueError, match=re.escape(f"{tmp_path / 'model.json'}: ")) as refused:
+            load(tmp_path)
+        assert where in str(refused.value) and "recorded as REDACTED" in str(refused.value)
 
 
 def test_a_query_parameter_not_known_public_is_refused_before_anything_is_written(tmp_path, bench, monkeypatch):
