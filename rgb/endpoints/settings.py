@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field, fields
-
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from rgb.core.secrets import declared_problems, redact, redact_text, url_credentials_problem, url_query_problem
 from rgb.core.values import (
@@ -33,8 +32,8 @@ def _text(v) -> bool:
     return isinstance(v, str) and bool(v.strip())
 
 
-def _mapping(v, kind) -> bool:
-    return v is None or isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, kind) for k, x in v.items())
+def _texts(v) -> bool:
+    return v is None or isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
 
 
 # The request fields rgb writes itself (the image and prompt, the model): `model.request` may not set them.
@@ -54,13 +53,13 @@ API_RULES: dict[str, Rule] = {
     "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
                       and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
     "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
-    "model.query": (lambda v: _mapping(v, str), "a mapping of parameter: text (public values: recorded)"),
+    "model.query": (_texts, "a mapping of parameter: text (public values: recorded)"),
 }
 CLIENT_RULES: dict[str, Rule] = {
     "model.api_key_env": (_text, "the name of an environment variable"),
-    "model.headers": (lambda v: _mapping(v, str), "a mapping of header: text (public values: recorded)"),
-    "model.query_env": (lambda v: _mapping(v, str), "a mapping of parameter: environment variable name"),
-    "model.header_env": (lambda v: _mapping(v, str), "a mapping of header: environment variable name"),
+    "model.headers": (_texts, "a mapping of header: text (public values: recorded)"),
+    "model.query_env": (_texts, "a mapping of parameter: environment variable name"),
+    "model.header_env": (_texts, "a mapping of header: environment variable name"),
     "model.retry_max_tokens": optional(POSITIVE_INT),
     "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
     "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
@@ -109,8 +108,10 @@ class ApiSettings:
     def __post_init__(self):
         _check(self, API_RULES, ("query parameter", self.query, {}))
         problem = url_query_problem(self.base_url)  # names the parameter, never its value
-        if problem:
-            raise ConfigValueError(problem)
+        both = set(self.query or {}) & {name for name, _ in parse_qsl(urlsplit(self.base_url).query)}
+        if problem or both:
+            raise ConfigValueError(problem or f"the query parameter {min(both)!r} is in both model.base_url and "
+                                              f"model.query: keep one")
         if self.image_encoding != IMAGE_ENCODING:
             raise ConfigValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored "
                                    f"pixels")
