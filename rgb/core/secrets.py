@@ -86,10 +86,10 @@ def url_query_problem(url) -> str | None:
     name = others[0]
     recorded = any(value == REDACTED for n, value in pairs if n == name)
     why = (f"its query parameter {name!r} is recorded as {REDACTED} (rgb used to send the API key in its place; it no "
-           f"longer does): re-make the run with it") if recorded else f"{name!r} may not be in it"
+           f"longer does): re-make the run with it in") if recorded else f"move {name!r} to"
     return (f"model.base_url carries no query parameter but {', '.join(sorted(PUBLIC_QUERY))} (public); {why} "
-            f"moved to {_declare('query parameter', name)}"
-            + (f" ({len(others) - 1} more parameter(s) likewise)" if len(others) > 1 else ""))
+            f"{_declare('query parameter', name)}"
+            + (f"; likewise {', '.join(repr(other) for other in others[1:])}" if len(others) > 1 else ""))
 
 
 def declared_problems(kind: str, public: dict, secret: dict) -> list[str]:
