@@ -81,3 +81,19 @@ def test_a_query_parameter_declared_in_two_places_is_refused():
     with pytest.raises(ConfigValueError, match="'region' is in both .* and model.query_env"):
         ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny", query={"region": "eu"}),
                       ClientSettings(query_env={"region": "RGB_REGION"}), ["a", "b"], "toy")
+
+
+def test_a_secret_typed_where_a_variables_name_belongs_is_refused_unseen():
+    """`model.header_env={X-Key: <the token itself>}` or a token for the whole mapping: one line naming the key,
+    never the value."""
+    import pytest
+
+    from rgb.core.values import ConfigValueError
+    from rgb.endpoints.settings import ClientSettings
+
+    token = f"tok{uuid.uuid4().hex}"
+    for given in ({"header_env": {"X-Key": token}}, {"query_env": token}, {"headers": f"Bearer {token}"},
+                  {"header_env": {"X-Key": token.upper()[:3] + "-" + token}}):
+        with pytest.raises(ConfigValueError) as refused:
+            ClientSettings(**given)
+        assert token not in str(refused.value) and token.upper() not in str(refused.value), given

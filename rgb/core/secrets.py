@@ -28,8 +28,9 @@ from rgb.core.errors import UserError
 REDACTED = "REDACTED"
 # The query parameters of a base URL known to be public (Azure OpenAI's API version): the only ones it may carry.
 PUBLIC_QUERY = frozenset({"api-version"})
-# An environment variable's name, as POSIX shells write one.
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# An environment variable's name, upper case as the convention writes one (OPENAI_API_KEY): a token typed there by
+# mistake (lower case, `-`, `.`, `=`) is refused unseen instead of being recorded as a name.
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # A header's name (an RFC 9110 token) and a query parameter's (anything printable but the URL's own delimiters).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _QUERY_NAME = re.compile(r"^[^\s&=#?]+$")
@@ -110,8 +111,8 @@ def declared_problems(kind: str, public: dict, secret: dict) -> list[str]:
                          f"environment variable when sent, only the variable's name recorded)")
     for name, variable in secret.items():
         if not (isinstance(variable, str) and _ENV_NAME.match(variable)):
-            found.append(f"{from_env} {name!r} must name an environment variable (letters, digits, _), not hold a "
-                         f"value")
+            found.append(f"{from_env} {name!r} must name an environment variable (upper-case letters, digits, _), "
+                         f"not hold a value")
         if name in public:
             found.append(f"{name!r} is in both {where} and {from_env}: keep one")
     if kind == "header" and any(str(n).lower() == "authorization" for n in secret):

@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from rgb.core.secrets import declared_problems, redact, redact_text, url_credentials_problem, url_query_problem
+from rgb.core.secrets import declared_problems, redact, url_credentials_problem, url_query_problem
 from rgb.core.values import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -17,7 +17,6 @@ from rgb.core.values import (
     ConfigValueError,
     Rule,
     optional,
-    problems,
 )
 from rgb.endpoints.cost import Price
 
@@ -69,14 +68,21 @@ CLIENT_RULES: dict[str, Rule] = {
 }
 
 
+# Where a secret typed by mistake would sit (a value for a variable's name, a token for a mapping): a bad value of
+# these is named, never shown.
+_NOT_SHOWN = frozenset({"model.headers", "model.header_env", "model.query", "model.query_env"})
+
+
 def _check(settings, rules: dict[str, Rule], *declared: tuple[str, dict | None, dict | None]) -> None:
     """ConfigValueError naming every value that breaks its rule, and every query parameter or header that may not
     be sent as declared (rgb.core.secrets: typed values are public, secrets come from the environment)."""
     values = {f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}
-    found = problems(values, rules)
-    if found:  # the values shown are the redacted ones (a URL's query): no secret in the line
-        shown = problems(redact(values), rules) or [redact_text(problem) for problem in found]
-        raise ConfigValueError("invalid value: " + "; ".join(shown))
+    failed = [key for key, (ok, _) in rules.items() if key in values and not ok(values[key])]
+    if failed:  # the values shown are the redacted ones (a URL's query), those that may hold a secret not at all
+        shown = redact(values)
+        raise ConfigValueError("invalid value: " + "; ".join(
+            f"{key} must be {rules[key][1]}" + ("" if key in _NOT_SHOWN else f", got {shown[key]!r}")
+            for key in failed))
     refused = [p for kind, public, secret in declared for p in declared_problems(kind, public or {}, secret or {})]
     if refused:
         raise ConfigValueError("; ".join(refused))
