@@ -24,9 +24,16 @@ $(VENV)/.installed: pyproject.toml
 
 # rbo (the reference RBO implementation the text-robustness test agrees with) pins numpy<2 though it runs on 2:
 # installed without its dependencies, test-only.
+# The readers of rgb's exports (tests/consumers.py), test-only in $(VENV)/test-only, off rgb's import path:
+# RobustBench and CLIP_benchmark without their dependencies (old pins: timm==1.0.9, gdown==5.1.0), plus the few
+# modules the reading code imports that the venv lacks (RobustBench's model zoo: geotorch, torchdiffeq, gdown and
+# its bs4; clip_benchmark.cli: pycocoevalcap).
+TEST_ONLY := robustbench==1.1.1 clip-benchmark==1.6.2 geotorch==0.4.0 torchdiffeq==0.2.5 gdown==5.1.0 \
+	beautifulsoup4==4.15.0 soupsieve==4.1.4 pycocoevalcap==1.2
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install --quiet -e '.[dev]'
 	$(PIP) install --quiet --no-deps rbo
+	$(PIP) install --quiet --no-deps --upgrade --target $(VENV)/test-only $(TEST_ONLY)
 	touch $@
 
 venv install: $(VENV)/.installed

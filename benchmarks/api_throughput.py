@@ -42,7 +42,7 @@ from rgb.models import library_versions, load_with_meta
 from rgb.endpoints.answers import parse_answer
 from rgb.models.chat import ApiClassifier
 from rgb.endpoints.cache import AnswerCache
-from rgb.serve import make_server
+from rgb.serve import ServeRequest, make_server
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -148,7 +148,7 @@ def main() -> None:
         work = (args.work or Path(scratch)).resolve()
         load_before = os.getloadavg()
         clip, _ = prepare(work)
-        server = make_server(clip, port=0, served_name="zs_clip")
+        server = make_server(ServeRequest(run=clip, served_name="zs_clip"))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         from rgb.commands.train import train
 

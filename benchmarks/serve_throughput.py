@@ -34,9 +34,10 @@ CLASSES = [str(i) for i in range(10)]
 
 def serve(port_out) -> None:
     """The server process: the tiny MLP behind rgb-serve until killed."""
-    from rgb.serve import Limits, ModelServer
+    from rgb.serve import Limits, ModelServer, ServeRequest
 
-    server = ModelServer(train_mlp(), CLASSES, 8, NAME, limits=Limits(max_concurrency=8))
+    request = ServeRequest(image_size=8, served_name=NAME, limits=Limits(max_concurrency=8))
+    server = ModelServer(train_mlp(), CLASSES, request)
     port_out.put(server.server_address[1])
     server.serve_forever()
 

@@ -226,3 +226,28 @@ def serving(server, timeout_s: float = 20) -> Iterator:
         server.shutdown()
         server.server_close()
         thread.join(timeout=timeout_s)
+
+
+@contextmanager
+def asgi_on_localhost(app, timeout_s: float = 10) -> Iterator[str]:
+    """An ASGI app (a stand-in endpoint) served by uvicorn on 127.0.0.1 (any free port) in a thread of this process
+    until the block ends; yields its base URL (`http://127.0.0.1:PORT/v1`)."""
+    import socket
+    import time
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout_s)
+        sock.close()

@@ -55,7 +55,7 @@ def test_a_run_that_does_not_exist_is_named_before_any_work(tmp_path):
     ("attack", "precision=fp16", "precision must be one of fp32, tf32, bf16"),
     ("attack", "impl=theirs", "impl must be one of ours, reference"),
     ("transfer", "splits=linf_8", "splits must be null or a non-empty list"),
-    ("serve", "port=70000", "port must be an integer in [0, 65535], got 70000"),
+    ("serve", "port=70000", "port must be an integer from 0 (any free one) to 65535, got 70000"),
     ("serve", "limits.max_concurrency=0", "limits.max_concurrency must be an integer >= 1"),
     ("train", "optim.scheduler=linear", "optim.scheduler must be one of"),
 ])

@@ -17,10 +17,11 @@ from rgb.evaluation.zeroshot_report import ZeroShotReportRequest
 from rgb.models import chat, openclip, timm_family, user_factory
 from rgb.models.families import FAMILIES, ModelFamily
 from rgb.runs.request import AttackRequest
+from rgb.serve.request import ServeRequest
 from rgb.training.request import TrainRequest
 
 REQUEST_TYPES = [EvalRequest, PoolRequest, AttackRequest, TextRobustnessRequest, ZeroShotReportRequest, AttackOptions,
-                 TrainRequest]
+                 TrainRequest, ServeRequest]
 FAMILY_CLASSES = [ModelFamily, timm_family.TimmFamily, openclip.OpenCLIPFamily, user_factory.FactoryFamily,
                   user_factory.InMemoryFamily, chat.ApiFamily]
 FAMILY_METHODS = ("describe", "rebuild", "model_name", "num_classes", "head", "backbone")

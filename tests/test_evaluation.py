@@ -8,6 +8,7 @@ import pytest
 
 from helpers import datamodule, expectation, record, save_pool, scoring, white_box_settings, write_attack
 from rgb.core.classwise import check_worst_k, class_wise_summary, per_class_accuracy, worst_k_count
+from rgb.core.files import distinct_name
 from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, write_leaderboard
 from rgb.evaluation.model_eval import EvaluationError, evaluate_model, format_table, read_attack
 from rgb.evaluation.records import Accuracy, ClassWise, ProtocolScore, ScoresRecord
@@ -124,7 +125,7 @@ def test_leaderboard_sum_borda_and_files(tmp_path):
     assert "| 1 | trades | " in markdown and "missing" in markdown and "(partial, of 10)" in markdown
     assert (tmp_path / "board" / "leaderboard.csv").read_text().startswith("rank,model,borda,sum,partial_sum")
     assert json.loads((tmp_path / "board" / "leaderboard.json").read_text())["rows"][0]["model"] == "trades"
-    info = json.loads((tmp_path / "board" / "model_info" / "d1" / "trades.json").read_text())
+    info = json.loads((tmp_path / "board" / "model_info" / "d1" / f"{distinct_name('trades')}.json").read_text())
     assert info["clean_acc"] == 0.8 and info["autoattack_acc"]["l2"] == 0.4
     assert (tmp_path / "board" / "leaderboard.png").stat().st_size > 5000
     with pytest.raises(LeaderboardError, match="two records for model 'ce'"):

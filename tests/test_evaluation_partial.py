@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import card_protocol, datamodule, record, scoring, write_attack
+from rgb.core.files import distinct_name
 from rgb.evaluation.leaderboard import board_figure, build_leaderboard, find_records, to_markdown, write_leaderboard
 from rgb.evaluation.model_eval import evaluate_model, format_table
 from rgb.evaluation.plots import attack_stages_figure, class_accuracy_figure, instability_distance_figure
@@ -67,7 +68,7 @@ def test_a_partial_model_is_never_ranked_with_complete_ones_nor_in_their_borda(t
         saved = json.loads((tmp_path / rank_by / "leaderboard.json").read_text())["rows"][2]
         assert saved["status"] == "PARTIAL" and saved["sum"]["score"] is None and saved["sum"]["partial"]
         assert saved["per_dataset"]["d"]["partial_settings"] == list(WHITE_BOX_SETTINGS)
-        info = json.loads((tmp_path / rank_by / "model_info" / "d" / "p.json").read_text())
+        info = json.loads((tmp_path / rank_by / "model_info" / "d" / f"{distinct_name('p')}.json").read_text())
         assert info["partial"] and info["max_images"] == 250 and info["score"] is None
 
 

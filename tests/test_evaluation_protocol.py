@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import card_protocol, datamodule, record, save_pool, scoring
-from rgb.core.files import is_staging, remove_dead_staging, replaced_whole
+from rgb.core.files import distinct_name, is_staging, remove_dead_staging, replaced_whole
 from rgb.data.protocol import Protocol
 from rgb.evaluation.leaderboard import (
     OTHER_PROTOCOL,
@@ -61,7 +61,7 @@ def test_a_record_under_other_budgets_is_shown_apart_never_in_the_sum_or_borda(t
     assert "other protocol" in to_csv(board) and "L2 1, card 2" in to_csv(board)
     saved = json.loads((tmp_path / "leaderboard.json").read_text())
     assert saved["rows"][1]["status"] == OTHER_PROTOCOL and saved["rows"][1]["card_protocol"] is False
-    info = json.loads((tmp_path / "model_info" / "caltech101" / "easy.json").read_text())
+    info = json.loads((tmp_path / "model_info" / "caltech101" / f"{distinct_name('easy')}.json").read_text())
     assert info["protocol"]["differences"] == ["L2 1, card 2"]
     fig = board_figure(board)
     assert [[t.get_text() for t in ax.get_yticklabels()] for ax in fig.axes] == [["1. card"], ["easy"]]

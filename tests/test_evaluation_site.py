@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import unicodedata
 from dataclasses import replace
 from html import escape
 from html.parser import HTMLParser
@@ -23,14 +24,14 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pytest
-from helpers import card_protocol, datamodule, record, save_pool, white_box_settings, write_attack
+from helpers import card_protocol, datamodule, raises_one_line, record, save_pool, white_box_settings, write_attack
 
-import rgb.evaluation.site as site_module
+from rgb.core.files import NameClashError
 from rgb.evaluation.leaderboard import build_leaderboard, find_records
 from rgb.evaluation.records import Accuracy, ProtocolScore
 from rgb.evaluation.request import EvalRequest, RunOutputs
 from rgb.evaluation.run import PoolRequest, evaluate_pool
-from rgb.evaluation.site import SiteEntry, SiteError, page_names, write_site
+from rgb.evaluation.site import SiteEntry, page_names, write_site
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
@@ -205,10 +206,12 @@ def test_models_whose_names_differ_only_in_unsafe_characters_get_a_page_each(tmp
     assert sorted(p.name for p in _model_pages(tmp_path / "again").values()) == sorted(p.name for p in pages.values())
 
 
-def test_two_models_on_one_page_are_refused(monkeypatch):
-    monkeypatch.setattr(site_module, "distinct_name", lambda name: "same")
-    with pytest.raises(SiteError, match="models 'a' and 'b' would share the site page models/same.html"):
-        page_names(["b", "a"])
+def test_two_models_on_one_page_are_refused():
+    """One name in NFC and in NFD reads as one: the two would share a page (and every other file), refused."""
+    composed, decomposed = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    with raises_one_line(NameClashError, r"model 'cafe\\u0301' and model 'caf\\xe9' would both be written to caf"):
+        page_names([decomposed, composed])
+    assert len(set(page_names(["X", "x", "x 1", "x_1"]).values())) == 4  # case-only and punctuation: apart
 
 
 @pytest.mark.slow

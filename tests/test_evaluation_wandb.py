@@ -69,13 +69,13 @@ def test_an_evaluation_logs_its_scores_json_as_an_artifact(tmp_path, offline):
 
 
 def test_runs_whose_names_differ_only_in_unsafe_characters_log_distinct_artifacts(tmp_path, offline):
-    # `x 1` and `x_1` were both logged as the artifact scores-x_1-d1: two models' scores as versions of one
+    # `x 1` and `x_1` were both logged as the artifact scores-x_1-d1 (both scores-x-1-d1-<hash of the name> now): two models' scores as versions of one
     names = set()
     for model in ("x 1", "x_1"):
         scored = record(model, "d1", [0.9, 0.8, 0.0, 0.1, 0.0])
         save_pool([scored], tmp_path / "eval")
         run_dir = log_evaluation(scored, tmp_path / "eval" / "d1" / model, project="rgb-tests")
-        names |= set(re.findall(rb"scores-x_1-d1-[0-9a-f]{10}", _logged(run_dir)))
+        names |= set(re.findall(rb"scores-x-1-d1-[0-9a-f]{10}", _logged(run_dir)))
     assert len(names) == 2, names
 
 

@@ -30,13 +30,17 @@ ALLOWED = {
     "runs": {"core", "data", "models", "attacks"},
     "training": {"core", "data", "endpoints", "models", "attacks", "zeroshot"},
     "evaluation": {"core", "data", "endpoints", "models", "zeroshot", "brittleness", "runs"},
-    # an entry room: rgb-serve's server (plain arguments), imported by the command layer, never importing it
+    # an entry room: rgb-serve's server (a ServeRequest), imported by the command layer, never importing it but
+    # through its door (`python -m rgb.serve`)
     "serve": {"core", "data", "endpoints", "models"},
     # the command layer: the console scripts' mains and each command's config half
     "commands": {"core", "data", "endpoints", "models", "attacks", "zeroshot", "brittleness", "runs", "training",
                  "evaluation", "serve"},
 }
-ENTRY_POINTS = {"api"}
+# The doors: modules a user or `python -m` enters by, which may import any layer (the command layer included) and
+# which no module of rgb imports but the top-level package's lazy names: rgb/api.py (`rgb.benchmark`) and each
+# package's __main__.py (`python -m rgb.serve` imports its command plainly).
+DOORS = ("api.py", "*/__main__.py")
 # Hydra and OmegaConf live at the edge: rgb/commands/ (each command's config becomes one typed request) and the
 # thin train.py / attack.py / evaluate.py outside rgb/.
 CONFIG_PACKAGE = "rgb/commands/"
@@ -69,11 +73,17 @@ def _imported_packages(path: Path) -> set[tuple[str, int]]:
     return found
 
 
+def _is_door(path: Path) -> bool:
+    relative = path.relative_to(RGB)
+    return relative == Path("__init__.py") or any(relative.match(door) for door in DOORS)
+
+
 def _package_arrows() -> dict[tuple[str, str], list[str]]:
-    """{(package, imported package): ["path:line", ...]} of every import of one rgb package by another."""
+    """{(package, imported package): ["path:line", ...]} of every import of one rgb package by another (a door's
+    imports are no arrows: it is no layer's)."""
     arrows = {}
     for path in sorted(RGB.rglob("*.py")):
-        if path.parent == RGB and path.stem in ENTRY_POINTS | {"__init__"}:
+        if _is_door(path):
             continue
         package = _package_of(path)
         for imported, line in _imported_packages(path):
@@ -85,7 +95,7 @@ def _package_arrows() -> dict[tuple[str, str], list[str]]:
 def _violations() -> list[str]:
     bad = []
     for path in sorted(RGB.rglob("*.py")):
-        if path.parent == RGB and path.stem in ENTRY_POINTS | {"__init__"}:
+        if path.parent == RGB and _is_door(path):
             continue
         package = _package_of(path)
         if package not in ALLOWED:
@@ -107,6 +117,22 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     (fake / "attacks" / "bad.py").write_text("from rgb.evaluation import records\nfrom . import common\n")
     monkeypatch.setattr(sys.modules[__name__], "RGB", fake)
     assert _violations() == ["rgb/attacks/bad.py:1 (attacks) imports rgb.evaluation"]
+
+
+def test_a_door_may_import_the_command_layer_the_same_import_elsewhere_is_an_arrow_up(tmp_path, monkeypatch):
+    fake = tmp_path / "rgb"
+    (fake / "serve").mkdir(parents=True)
+    (fake / "serve" / "__main__.py").write_text("from rgb.commands.main import serve_main\n")
+    (fake / "serve" / "app.py").write_text("from rgb.commands import main\n")
+    monkeypatch.setattr(sys.modules[__name__], "RGB", fake)
+    assert _violations() == ["rgb/serve/app.py:1 (serve) imports rgb.commands"]
+
+
+def test_no_module_imports_a_door_but_the_top_level_package():
+    doors = {_module_name(path) for path in RGB.rglob("*.py") if _is_door(path) and path.name != "__init__.py"}
+    assert "rgb.serve.__main__" in doors
+    assert sorted(f"{module} imports {target}" for module, targets in _module_graph().items() if module != "rgb"
+                  for target in targets if target in doors) == []
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))

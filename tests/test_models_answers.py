@@ -1,13 +1,14 @@
-"""The answer parser (rgb.endpoints.answers.AnswerParser, version 3) on a table of answers over class lists like the
-benchmark's: which class each answer names, or why it abstains (no class, several, negation, alternative, or an
-answer in a script whose denials it cannot read that is not a bare class name: unjudged)."""
+"""The lenient answer parser (rgb.endpoints.answers.AnswerParser, version 3: `model.answer_parser=lenient`) on a
+table of answers over class lists like the benchmark's: which class each answer names, or why it abstains (no class,
+several, negation, alternative, or an answer in a script whose denials it cannot read that is not a bare class
+name: unjudged). The strict reader, the card's: test_endpoints_answers.py."""
 
 import pytest
 
 from helpers import raises_one_line
 from rgb.data.mini import CLASS_NAMES as MINI
 from rgb.commands import main as cli
-from rgb.endpoints.answers import PARSER_VERSION, REASONS, REFUSALS, AnswerParser, Parsed, parse_answer, parse_choice
+from rgb.endpoints.answers import REASONS, REFUSALS, AnswerParser, Parsed, parse_answer, parse_choice
 from rgb.endpoints.settings import ApiSettings, ClientSettings
 from rgb.models.chat import ApiClassifier
 from rgb.endpoints.client import ApiError
@@ -148,7 +149,7 @@ KEPT = [
 
 def test_the_table_is_large_and_covers_every_reason():
     assert len(TABLE) >= 80 and {row[3] for row in TABLE} == set(REASONS) and set(REFUSALS) < set(REASONS)
-    assert PARSER_VERSION == 3
+    assert AnswerParser.version == 3 and AnswerParser.name == "lenient"
 
 
 @pytest.mark.parametrize("names, text, expected, reason", TABLE + KEPT)
@@ -156,7 +157,7 @@ def test_answers_map_to_their_class_or_abstain_with_a_reason(names, text, expect
     classes = LISTS[names]
     parsed = AnswerParser(classes).parse(text)
     assert (parsed.pred, parsed.reason) == (None if expected is None else classes.index(expected), reason)
-    assert parse_answer(text, classes) == parsed.pred
+    assert parse_answer(text, classes, "lenient") == parsed.pred
 
 
 @pytest.mark.parametrize("text, expected, reason", [

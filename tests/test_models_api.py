@@ -1,5 +1,5 @@
 """The `api` model family against a real `rgb-serve` on 127.0.0.1 (its answer parser: test_models_answers.py): the
-settings and their one-line refusals, the answer cache, re-parsing cached answers under a new parser version, the
+settings and their one-line refusals, the answer cache, re-reading cached answers under another reader, the
 manners (retries, Retry-After, rate limit, one-line refusals), the black-box protocol image by image equal to
 evaluate.py of the served model, dry_run / max_requests, and a key that never reaches a file."""
 
@@ -33,7 +33,6 @@ from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.commands.evaluate import request_caps, run_evaluation
 from rgb.models import load_with_meta
-from rgb.endpoints.answers import PARSER_VERSION
 from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
 from rgb.models.chat import ApiClassifier
 from rgb.endpoints.cache import AnswerCache, CacheError
@@ -42,7 +41,7 @@ from rgb.commands import main as cli
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
 from rgb.runs.store import AttackRunError, partial_dir
-from rgb.serve import MALFORMED_ANSWER, Faults, make_server
+from rgb.serve import MALFORMED_ANSWER, Faults, ServeRequest, make_server
 from rgb.commands.train import train
 from rgb.data.export import noise_transfer_splits
 
@@ -188,7 +187,7 @@ class Running:
     """rgb-serve in a thread of this process on 127.0.0.1 (port 0: any free port)."""
 
     def __init__(self, run: Path, **kwargs):
-        self.server = make_server(run, port=0, served_name="tiny", **kwargs)
+        self.server = make_server(ServeRequest(run=run, served_name="tiny", **kwargs))
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self):
@@ -242,7 +241,7 @@ def distinct_images(bench: Path) -> int:
 
 # ------------------------------------------------------------------------------------- the black-box protocol
 def test_api_model_scores_what_the_served_model_scores_image_by_image(tmp_path, bench, served_run, server):
-    run = api_run(tmp_path, bench, server.base_url)
+    run = api_run(tmp_path, bench, server.base_url, "api_tiny", "model.answer_format=text")  # choice: below
     model, meta = load_with_meta(run)
     assert isinstance(model, ApiClassifier) and meta["family"] == "api" and not (run / "model.safetensors").exists()
     assert meta["api"]["base_url"] == server.base_url and meta["class_names"] == CLASS_NAMES
@@ -267,9 +266,9 @@ def test_api_model_scores_what_the_served_model_scores_image_by_image(tmp_path, 
     # white-box settings are n/a, never 0; the record keeps what the requests cost
     assert all(record.white_box.settings[f"autoattack_{n}"] is None for n in ("l1", "l2", "linf"))
     assert record.white_box_na == "API model" and record.api.total["requests"] == len(asked)
-    assert record.api.total["abstained"] == 0 and not record.api.partial
+    assert record.api.total["unparsed"] == 0 and not record.api.partial
     table = format_table(record)
-    assert "n/a (API model)" in table and "abstained" in table and f"{len(asked)} sent" in table
+    assert "n/a (API model)" in table and "0 unparsed (0.0% of" in table and f"{len(asked)} sent" in table
 
     # a re-run asks nothing and scores the same
     again = evaluate(tmp_path, bench, run)
@@ -310,7 +309,7 @@ def test_faults_drive_retries_and_abstentions(tmp_path, bench, served_run):
         assert served["rate_limit"] and served["error"] and served["slow"] and served["malformed"]
         assert stats.retries == served["rate_limit"] + served["error"] + served["slow"]
         assert stats.backoff_s >= 0.05 * served["rate_limit"]  # Retry-After honoured
-        assert stats.requests == len(images) and stats.abstained == served["malformed"]
+        assert stats.requests == len(images) and stats.unparsed == served["malformed"]
         assert sum(a.pred is None for a in answers) == served["malformed"]
         assert running.requests.count() == len(images) + stats.retries
         count = running.requests.count()
@@ -439,8 +438,8 @@ def test_answer_format_choice_asks_rgb_serve_for_an_enum_and_scores_what_the_ser
     """model.answer_format=choice through the SDK path evaluate.py uses: each request carries the class names'
     json_schema enum, rgb-serve answers the JSON object, read without parsing; another identity (and answer cache)
     than the free-text model's; a reply that ignores the format falls back to the text parser."""
-    text_run = api_run(tmp_path, bench, server.base_url)
-    run = api_run(tmp_path, bench, server.base_url, "api_tiny_choice", "model.answer_format=choice")
+    text_run = api_run(tmp_path, bench, server.base_url, "api_tiny", "model.answer_format=text")
+    run = api_run(tmp_path, bench, server.base_url, "api_tiny_choice")  # choice: the default
     model, meta = load_with_meta(run)
     text_model, _ = load_with_meta(text_run)
     assert meta["api"]["answer_format"] == "choice" and "answer_format" not in text_model.describe()["api"]
@@ -451,7 +450,7 @@ def test_answer_format_choice_asks_rgb_serve_for_an_enum_and_scores_what_the_ser
     record = evaluate(tmp_path, bench, run)
     direct = evaluate(tmp_path, bench, served_run)
     assert record.black_box.complete and record.black_box.score == pytest.approx(direct.black_box.score)
-    assert record.api.total["abstained"] == 0 and record.api.total["requests"] == distinct_images(bench)
+    assert record.api.total["unparsed"] == 0 and record.api.total["requests"] == distinct_images(bench)
     ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
     theirs = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / served_run.name / "predictions.parquet")
     assert [json.loads(a) for a in ours["answer_test"]] == [{"answer": CLASS_NAMES[p]} for p in theirs["pred_test"]]
@@ -461,20 +460,21 @@ def test_answer_format_choice_asks_rgb_serve_for_an_enum_and_scores_what_the_ser
         fallback = ApiClassifier(ApiSettings(running.base_url, "tiny", answer_format="choice"),
                                  ClientSettings(max_concurrency=1), CLASS_NAMES, DATASET)
         answers, _ = fallback.answer(stored_images(bench)[:4], AnswerCache(tmp_path / "fallback.jsonl"))
-    assert [a.reason for a in answers] == ["class", "no class"] * 2 and answers[1].text == MALFORMED_ANSWER
+    assert [a.reason for a in answers] == ["class", "unparsed"] * 2 and answers[1].text == MALFORMED_ANSWER
 
 
 # --------------------------------------------------------------------------------- re-parsing cached answers
-def test_a_cache_written_under_parser_1_is_rescored_by_the_current_one_without_a_request(tmp_path, bench, server):
+def test_a_cache_written_under_parser_1_is_rescored_by_the_chosen_reader_without_a_request(tmp_path, bench, server):
     """An API run made by parser version 1 (its model.json says so) with every answer cached: scoring it again
-    re-parses the cached texts with the current parser, asks nothing, and records the version that scored."""
-    run = api_run(tmp_path, bench, server.base_url)
+    re-reads the cached texts with the reader model.answer_parser names (lenient: v3; then strict, the default: v4),
+    asks nothing, and records the reader that scored; the lenient one's numbers are under another protocol."""
+    run = api_run(tmp_path, bench, server.base_url, "api_tiny", "model.answer_parser=lenient")
     meta = json.loads((run / "model.json").read_text())
     assert "parser_version" not in meta["api"]  # the parser is no part of the model's (or its answers') identity
     meta["api"]["parser_version"] = 1
     (run / "model.json").write_text(json.dumps(meta))
     model, _ = load_with_meta(run)
-    # v1: seven, none, none, eight, one (v2 too: "one"; v3: the pronoun names no class)
+    # v1: seven, none, none, eight, one (v2 too: "one"; v3: the pronoun names no class; strict: only eight)
     texts = ["It is not seven.", "3", "seven or three", "Answer: **Eight**", "This one is blurry."]
     images = list(dict.fromkeys(all_images(bench)))
     answer_of = {model.request_key(image): texts[i % len(texts)] for i, image in enumerate(images)}
@@ -486,18 +486,27 @@ def test_a_cache_written_under_parser_1_is_rescored_by_the_current_one_without_a
     before = server.requests.count()
     record = evaluate(tmp_path, bench, run)
     assert server.requests.count() == before and record.api.total["requests"] == 0
-    assert record.api.parser_version == PARSER_VERSION == 3 and record.black_box.complete
+    assert (record.api.answer_parser, record.api.parser_version) == ("lenient", 3) and record.black_box.complete
+    assert record.differences_for("black_box") == ["answer parser lenient v3, card strict"]
     asked = [answer_of[model.request_key(image)] for image in all_images(bench)]
     assert record.api.total["negations"] == asked.count(texts[0]) > 0
     assert record.api.total["alternatives"] == asked.count(texts[2]) > 0
-    assert record.api.total["abstained"] == asked.count(texts[0]) + asked.count(texts[2]) + asked.count(texts[4])
+    assert record.api.total["unparsed"] == asked.count(texts[0]) + asked.count(texts[2]) + asked.count(texts[4])
     ours = pd.read_parquet(tmp_path / "outputs" / "eval" / DATASET / run.name / "predictions.parquet")
     parsed = {texts[0]: None, texts[1]: "three", texts[2]: None, texts[3]: "eight", texts[4]: None}
     assert [None if pd.isna(p) else p for p in ours["parsed_test"]] == [parsed[t] for t in ours["answer_test"]]
     negated, offered = asked.count(texts[0]), asked.count(texts[2])
-    assert f"({negated} denying a class, {offered} alternatives; parser v3)" in format_table(record)
+    assert f"{negated} denying a class, {offered} alternatives; answer parser lenient v3; answer format choice)" \
+        in format_table(record)
     saved = json.loads((tmp_path / "outputs" / "eval" / DATASET / run.name / SCORES_FILE).read_text())
     assert saved["api"]["parser_version"] == 3 and saved["api"]["per_split"]["test"]["negations"] > 0
+
+    meta["client"]["answer_parser"] = "strict"
+    (run / "model.json").write_text(json.dumps(meta))
+    strict = evaluate(tmp_path, bench, run)
+    assert server.requests.count() == before and (strict.api.answer_parser, strict.api.parser_version) == ("strict", 4)
+    assert strict.api.total["unparsed"] == len(asked) - asked.count(texts[3]) and strict.api.total["negations"] == 0
+    assert strict.differences_for("black_box") == []
 
 
 # ------------------------------------------------------------------------------------------ kill -9, resume
@@ -558,7 +567,8 @@ def test_rgb_serve_command_answers_on_localhost(tmp_path, bench, served_run):
         assert url.startswith("http://127.0.0.1:") and url.endswith("/chat/completions")
         image = stored_images(bench)[0]
         reply = httpx.post(url, json=classifier(url.removesuffix("/chat/completions")).body(image), timeout=30)
-        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] in CLASS_NAMES
+        content = reply.json()["choices"][0]["message"]["content"]  # answer_format=choice, the default
+        assert reply.status_code == 200 and json.loads(content)["answer"] in CLASS_NAMES
     finally:
         guard.cancel()
         os.killpg(child.pid, signal.SIGTERM)

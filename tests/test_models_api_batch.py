@@ -19,7 +19,7 @@ from rgb.models.chat import ApiClassifier
 from rgb.endpoints.cache import AnswerCache, CacheError
 from rgb.endpoints.client import ApiError, RequestBudget
 from rgb.endpoints.cost import Price
-from rgb.serve import Faults, ModelServer
+from rgb.serve import Faults, ModelServer, ServeRequest
 
 NAME = "tiny"
 CLASSES = ["dark", "bright"]
@@ -47,7 +47,8 @@ EXPECTED = [int(v > 127) for v in VALUES]
 
 def running(tmp_path, **kwargs):
     """The served model in a thread until the block ends; its batch files under tmp_path."""
-    return serving(ModelServer(Brightness(), CLASSES, 8, NAME, batch_dir=tmp_path / "served", **kwargs), TIMEOUT)
+    request = ServeRequest(image_size=8, served_name=NAME, batch_dir=tmp_path / "served", **kwargs)
+    return serving(ModelServer(Brightness(), CLASSES, request), TIMEOUT)
 
 
 def classifier(server: ModelServer, batch: bool, **api) -> ApiClassifier:
@@ -153,8 +154,9 @@ def test_failed_lines_are_not_cached_and_are_asked_by_the_next_run(tmp_path):
 
 @pytest.mark.slow
 def test_answers_cut_by_the_token_limit_are_counted_truncated_not_cached(tmp_path):
-    with running(tmp_path) as server:  # max_tokens 1: "dark" fits, "bright" (2 tokens) is cut to "brig"
-        answers, stats = classifier(server, True, max_tokens=1).answer(IMAGES, AnswerCache(tmp_path / "c.jsonl"))
+    with running(tmp_path) as server:  # max_tokens 1 of free text: "dark" fits, "bright" (2 tokens) is cut to "brig"
+        answers, stats = classifier(server, True, max_tokens=1, answer_format="text").answer(
+            IMAGES, AnswerCache(tmp_path / "c.jsonl"))
         assert [a is None for a in answers] == [bool(e) for e in EXPECTED]
         assert stats.truncated == sum(EXPECTED) and stats.unanswered == sum(EXPECTED)
         assert {r["answer"] for r in records(tmp_path / "c.jsonl").values()} == {"dark"}

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import socket
-import threading
 import time
 import uuid
 
@@ -18,9 +16,10 @@ import pytest
 from PIL import Image
 
 fastapi = pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")  # helpers.asgi_on_localhost serves the stand-in
 openai_types = pytest.importorskip("openai.types.chat")
 
+import helpers  # noqa: E402
 from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
 from rgb.evaluation.records import ApiUsage  # noqa: E402
@@ -71,23 +70,15 @@ class Endpoint:
             status, headers, body = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
             return fastapi.responses.JSONResponse(body, status_code=status, headers=headers)
 
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.app = app
 
     def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self._serving = helpers.asgi_on_localhost(self.app)
+        self.base_url = self._serving.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+        self._serving.__exit__(*exc)
 
 
 def classifier(base_url: str, api: dict | None = None, **client) -> ApiClassifier:
@@ -179,7 +170,7 @@ def test_an_answer_cut_by_the_token_limit_is_asked_again_never_cached_as_an_abst
         answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
                                     retry_max_tokens=256).answer([PNG], cache)
         sent = [seen["body"]["max_completion_tokens"] for seen in endpoint.seen]
-    assert answers == [None] and stats.truncated == 1 and stats.unanswered == 1 and stats.abstained == 0
+    assert answers == [None] and stats.truncated == 1 and stats.unanswered == 1 and stats.unparsed == 0
     assert sent == [8, 256] and len(cache.answers) == 0  # asked once more with the user's limit, nothing cached
     with Endpoint([cut, (200, {}, completion("cat"))]) as endpoint:  # the next run asks it again
         answers, stats = classifier(endpoint.base_url, {"request": {"max_completion_tokens": 8}},
@@ -278,7 +269,7 @@ def test_prompt_cached_tokens_are_billed_at_the_cached_price_and_recorded_per_an
 
 
 def test_the_usage_record_totals_spent_and_list_cost_and_reads_back():
-    counts = RequestStats(images=3, requests=1, cached=2, retries=0, abstained=0, unanswered=0, prompt_tokens=20,
+    counts = RequestStats(images=3, requests=1, cached=2, retries=0, unparsed=0, unanswered=0, prompt_tokens=20,
                           completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6,
                           spent=0.05, list_cost=0.08)
     usage = ApiUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts, "common": counts}, None, 2,

@@ -176,6 +176,27 @@ def board_file_names_spelled_again(root: Path = RGB) -> list[str]:
             for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in LEADERBOARD_FILES]
 
 
+def file_names_from_run_names(root: Path = RGB) -> list[str]:
+    """'file:line' of a path part (`x / ...`) spelled from a model's run name other than through
+    rgb.core.files.distinct_name (a file of its own per name) or rgb.core.values.path_name (a run's own directory,
+    one path component): `x 1`, `x+1` and `x_1` once shared model_info/<dataset>/<norm>/x_1.json."""
+
+    def names_a_run(node: ast.AST) -> bool:
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("distinct_name", "path_name"):
+            return False
+        if (isinstance(node, ast.Attribute) and node.attr == "run_name") or (
+                isinstance(node, ast.Name) and node.id == "run_name") or (
+                isinstance(node, ast.Subscript) and ast.unparse(node.slice) in ("'run_name'", "'name'")):
+            return True
+        return any(names_a_run(child) for child in ast.iter_child_nodes(node))
+
+    found = []
+    for name, tree in _modules(root):
+        found += [f"{name}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.BinOp)
+                  and isinstance(node.op, ast.Div) and names_a_run(node.right)]
+    return sorted(found)
+
+
 def norm_branches(root: Path = RGB) -> list[str]:
     """'file:line' of every comparison with a norm's name ("Linf", "l2", Norm.L1, ...) in rgb/attacks outside the
     per-norm owners: what a norm means to an attack is a per-norm class or table looked up once (apgd's `_BALLS`,
@@ -305,6 +326,11 @@ CHECKS = [
     (openai_clients, "endpoints/client.py",
      "import openai\ndef sdk():\n    return openai.OpenAI()\ndef other():\n    return OpenAI(), openai.AsyncOpenAI()\n",
      ["rgb/endpoints/client.py:5", "rgb/endpoints/client.py:5"]),
+    (file_names_from_run_names, "evaluation/leaderboard.py",
+     'def f(out, record, info, run_name):\n    a = out / record.dataset / f"{record.model.run_name}.json"\n'
+     '    b = out / f"{info[\'name\']}.json"\n    c = out / run_name\n'
+     '    return out / f"{distinct_name(record.model.run_name)}.json", out / path_name(run_name)\n',
+     [f"rgb/evaluation/leaderboard.py:{n}" for n in (2, 3, 4)]),
     (norm_branches, "attacks/pgd.py",
      'def step(norm):\n    if norm == "Linf":\n        return 1\n    return 2 if norm != Norm.L2 else {"L1": 3}["L1"]\n'
      'def ok(norm):\n    return norm in ("l2", "L1") or norm.p == 2\n',
@@ -339,8 +365,9 @@ YAML_DEFAULTS = [
     ("transfer.yaml", "", "rgb.attacks.options:AttackOptions"),
     ("prompts/_pool.yaml", "", "rgb.zeroshot.head:PromptSettings"),
     ("callbacks/robust_val.yaml", "robust_val", "rgb.training.robust_val:RobustValidation"),
-    ("serve.yaml", "limits", "rgb.serve.app:Limits"),
-    ("serve.yaml", "faults", "rgb.serve.app:Faults"),
+    ("serve.yaml", "", "rgb.serve.request:ServeRequest"),
+    ("serve.yaml", "limits", "rgb.serve.request:Limits"),
+    ("serve.yaml", "faults", "rgb.serve.request:Faults"),
     ("model/api_chat.yaml", "", "rgb.endpoints.settings:ApiSettings"),
     ("model/api_chat.yaml", "", "rgb.endpoints.settings:ClientSettings"),
 ]
@@ -348,6 +375,8 @@ YAML_DEFAULTS = [
 YAML_NOT_DEFAULTS = {
     ("prompts/_pool.yaml", "dataset_templates"): "CLIP's per-dataset prompts are the config's; PromptSettings() "
                                                  "starts with none",
+    ("serve.yaml", "port"): "the command listens where clients are told to look (vLLM's 8000); a ServeRequest made "
+                            "in code (tests, scripts) takes any free port (0) and reads it from base_url",
 }
 
 
@@ -368,14 +397,16 @@ def _plain(value):
 
 def yaml_defaults_that_differ(conf: Path = CONF, table=YAML_DEFAULTS) -> list[str]:
     """'file:key' of every YAML value that is not the default of the code it feeds. A null (the code's default, or
-    none) and an interpolation (`${...}`, another owner's value) are not compared."""
+    none), an interpolation (`${...}`, another owner's value), a required `???` and a section (a mapping: its own
+    row) are not compared."""
     found = []
     for file, section, target in table:
         values = yaml.safe_load((conf / file).read_text())
         values = values[section] if section else values
         defaults = _code_defaults(target)
         found += [f"{file}:{key}" for key, value in values.items() if key in defaults and value is not None
-                  and not (isinstance(value, str) and "${" in value) and (file, key) not in YAML_NOT_DEFAULTS
+                  and not (isinstance(value, str) and ("${" in value or value == "???"))
+                  and not isinstance(value, dict) and (file, key) not in YAML_NOT_DEFAULTS
                   and _plain(value) != _plain(defaults[key])]
     return found
 

@@ -1,10 +1,12 @@
-"""rgb-serve (rgb/serve/app.py, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
+"""rgb-serve (rgb/serve/, FastAPI on uvicorn) as a drop-in OpenAI endpoint, driven by the official `openai`
 client, sync and async, streaming and not: the class answer, `n`, `logprobs`, usage by its stated rule, PNG/JPEG/
 WebP data URLs, `/v1/models`; every malformed body (sent with httpx, which the SDK would never produce) answered
 with a 400 in OpenAI's error shape while the server keeps serving; the concurrency limit; the Files and Batches
 endpoints (a JSONL run in the background into OpenAI's output and error files, a broken input failing the batch,
-a cancel); `python -m rgb.serve` is the `rgb-serve` command. The served model is a two-class module on 8x8 images:
-no training, no benchmark. Each server runs in a thread of this process on 127.0.0.1 (port 0: a free one)."""
+a cancel); `python -m rgb.serve` is the `rgb-serve` command; for operators, /metrics read by prometheus_client's own
+parser, /version, HEAD on every GET route and an x-request-id on every reply. The served model is a two-class
+module on 8x8 images: no training, no benchmark. Each server runs in a thread of this process on 127.0.0.1 (port 0:
+a free one)."""
 
 import asyncio
 import base64
@@ -28,8 +30,8 @@ from PIL import Image
 from helpers import REPO, compose_config, raises_one_line, serving
 from rgb.endpoints.answers import choice_format
 from rgb.endpoints.cost import image_tokens, text_tokens
-from rgb.serve import Faults, Limits, ModelServer, ServeError
-from rgb.serve.app import Throughput
+from rgb.serve import Faults, Limits, ModelServer, ServeError, ServeRequest
+from rgb.serve.operations import Throughput
 from rgb.serve.batch import BatchStore, BatchStoreError
 
 NAME = "tiny"
@@ -77,9 +79,14 @@ def chat(image_url) -> dict:
     return {"model": NAME, "messages": messages(image_url), "temperature": 0}
 
 
-def running(model: torch.nn.Module, **kwargs):
+def served(**settings) -> ServeRequest:
+    """The request of the tests' servers: 8x8 images, served as NAME on a free port of 127.0.0.1, `settings` on top."""
+    return ServeRequest(image_size=8, served_name=NAME, **settings)
+
+
+def running(model: torch.nn.Module, **settings):
     """A ModelServer of `model` serving in a thread until the block ends."""
-    return serving(ModelServer(model, CLASSES, 8, NAME, **kwargs), TIMEOUT)
+    return serving(ModelServer(model, CLASSES, served(**settings)), TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -304,8 +311,9 @@ def test_each_request_gets_an_access_line_and_a_busy_interval_a_throughput_line(
     access = [r.getMessage() for r in caplog.records if r.name == "rgb.serve.access"]
     usage = reply.usage
     assert re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/chat/completions" 200 [\d.]+ ms '
-                        f"prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens}", access[0])
-    assert re.fullmatch(r'127\.0\.0\.1:\d+ "GET /v1/models/other" 404 [\d.]+ ms', access[1])
+                        f"prompt_tokens={usage.prompt_tokens} completion_tokens={usage.completion_tokens} "
+                        f"request_id={reply._request_id}", access[0])
+    assert re.fullmatch(r'127\.0\.0\.1:\d+ "GET /v1/models/other" 404 [\d.]+ ms request_id=[0-9a-f]{32}', access[1])
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("throughput:"))
     assert re.fullmatch(r"throughput: [\d.]+ requests/s, prompt [\d.]+ tokens/s, generation [\d.]+ tokens/s, "
                         r"running \d+, waiting \d+ \(last [\d.]+ s\)", line)
@@ -467,8 +475,10 @@ def test_beyond_the_concurrency_limit_and_the_queue_a_request_is_a_429():
 
 
 def test_limits_are_checked():
-    with raises_one_line(ServeError, "max_concurrency must be >= 1"):
+    with raises_one_line(ServeError, r"limits.max_concurrency must be an integer >= 1, got 0"):
         Limits(max_concurrency=0)
+    with raises_one_line(ServeError, r"faults.slow_s must be a finite number >= 0, got -1"):
+        served(faults={"slow_s": -1})
 
 
 # -- the command -----------------------------------------------------------------------------------------------
@@ -486,7 +496,7 @@ def test_python_m_rgb_serve_is_the_rgb_serve_command(tmp_path):
 def test_a_port_in_use_is_one_line_naming_it(server):
     port = server.socket.getsockname()[1]
     with raises_one_line(ServeError, f"cannot listen on host=127.0.0.1 port={port}: .*in use.*port=0"):
-        ModelServer(Brightness(), CLASSES, 8, NAME, port=port)
+        ModelServer(Brightness(), CLASSES, served(port=port))
 
 
 @pytest.mark.parametrize("port", [70000, -1, "eighty"])
@@ -494,7 +504,7 @@ def test_a_port_out_of_range_is_one_line_before_the_model_loads(port, tmp_path):
     import rgb.commands.serve as serve_command
 
     cfg = compose_config("serve", f"run={tmp_path / 'no-run'}", f"paths.root_dir={tmp_path}", f"port={port}")
-    with raises_one_line(ServeError, "port=.*: a port is an integer from 0 .* to 65535"):
+    with raises_one_line(ServeError, r"port must be an integer from 0 \(any free one\) to 65535, got"):
         serve_command.serve_from_config(cfg)
 
 
@@ -681,3 +691,137 @@ def test_a_batch_running_when_the_server_stopped_is_failed_on_restart(tmp_path):
     (tmp_path / "notes.json").write_text("[1, 2]")
     with raises_one_line(BatchStoreError, "notes.json"):
         BatchStore(tmp_path)
+
+
+# -- for operators: /metrics, /version, HEAD, x-request-id -----------------------------------------------------
+
+def metrics_of(server) -> dict:
+    """/metrics read by Prometheus's own parser: {family name: {(sample name, sorted labels): value}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reply = httpx.get(server.base_url.removesuffix("/v1") + "/metrics", timeout=TIMEOUT)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain; version=")
+    return {family.name: {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}
+            for family in text_string_to_metric_families(reply.text)}
+
+
+def test_metrics_count_requests_errors_latency_and_tokens_for_prometheus():
+    with running(Brightness()) as served:
+        with openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=TIMEOUT) as sdk:
+            reply = sdk.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}))
+            with pytest.raises(openai.NotFoundError):
+                sdk.models.retrieve("other")
+        found = metrics_of(served)
+    chat_route = (("method", "POST"), ("route", "/v1/chat/completions"), ("status", "200"))
+    model_route = (("method", "GET"), ("route", "/v1/models/{model_id:path}"), ("status", "404"))
+    assert found["rgb_serve_requests"][("rgb_serve_requests_total", chat_route)] == 1
+    assert found["rgb_serve_requests"][("rgb_serve_requests_total", model_route)] == 1
+    assert found["rgb_serve_request_errors"] == {("rgb_serve_request_errors_total", model_route): 1}
+    latency = found["rgb_serve_request_duration_seconds"]
+    assert latency[("rgb_serve_request_duration_seconds_count", chat_route[:2])] == 1
+    assert latency[("rgb_serve_request_duration_seconds_sum", chat_route[:2])] > 0
+    assert found["rgb_serve_prompt_tokens"] == {("rgb_serve_prompt_tokens_total", ()): reply.usage.prompt_tokens}
+    assert found["rgb_serve_generation_tokens"] == {
+        ("rgb_serve_generation_tokens_total", ()): reply.usage.completion_tokens}
+    assert found["rgb_serve_completions"] == {("rgb_serve_completions_total", ()): 1}
+
+
+def test_metrics_give_the_queue_depth_and_the_requests_running():
+    """max_concurrency 1: one request held inside the model, two waiting in line: the gauges say 1 and 2."""
+    model = GatedBrightness()
+    with running(model, limits=Limits(max_concurrency=1)) as served:
+        assert metrics_of(served)["rgb_serve_requests_waiting"] == {("rgb_serve_requests_waiting", ()): 0}
+        sent = [threading.Thread(target=post, args=(served, chat({"url": data_url(250)}))) for _ in range(3)]
+        for thread in sent:
+            thread.start()
+        wait_until(lambda: (served.requests.active, served.requests.waiting) == (1, 2), "one running, two waiting")
+        found = metrics_of(served)
+        model.gate.set()
+        for thread in sent:
+            thread.join(TIMEOUT)
+    assert found["rgb_serve_requests_waiting"] == {("rgb_serve_requests_waiting", ()): 2}
+    assert found["rgb_serve_requests_running"] == {("rgb_serve_requests_running", ()): 1}
+
+
+def test_version_is_rgbs_version(server):
+    import rgb
+
+    reply = httpx.get(server.base_url.removesuffix("/v1") + "/version", timeout=TIMEOUT)
+    assert reply.status_code == 200 and reply.json() == {"version": rgb.__version__}
+
+
+def test_every_get_route_answers_head_with_its_headers_and_no_body(sdk_of, tmp_path):
+    with running(Brightness(), batch_dir=tmp_path) as served:
+        sdk = sdk_of(served)
+        uploaded = sdk.files.create(file=jsonl([request_line("a", 250)]), purpose="batch")
+        batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h")
+        root = served.base_url.removesuffix("/v1")
+        paths = {"/health": "/health", "/metrics": "/metrics", "/version": "/version", "/v1/models": "/v1/models",
+                 "/v1/models/{model_id:path}": f"/v1/models/{NAME}", "/v1/files": "/v1/files",
+                 "/v1/files/{file_id}": f"/v1/files/{uploaded.id}",
+                 "/v1/files/{file_id}/content": f"/v1/files/{uploaded.id}/content", "/v1/batches": "/v1/batches",
+                 "/v1/batches/{batch_id}": f"/v1/batches/{batch.id}"}
+        assert {route.path for route in served.app.routes if "GET" in route.methods} == set(paths)
+        for path in paths.values():
+            got, head = httpx.get(root + path, timeout=TIMEOUT), httpx.head(root + path, timeout=TIMEOUT)
+            assert (head.status_code, head.content) == (got.status_code, b"") and got.status_code == 200, path
+            if path != "/metrics":  # a scrape counts itself: the next one is longer
+                same = ("content-type", "content-length")
+                assert [head.headers.get(h) for h in same] == [got.headers.get(h) for h in same], path
+        length = len(httpx.get(root + "/health", timeout=TIMEOUT).content)
+        on_the_wire = raw_request(served, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    headers, body = on_the_wire.split(b"\r\n\r\n", 1)  # what came before the server closed the connection
+    assert headers.startswith(b"HTTP/1.1 200") and f"content-length: {length}".encode() in headers and body == b""
+
+
+def test_every_reply_carries_an_x_request_id_the_clients_own_when_given(client, server, caplog):
+    with caplog.at_level(logging.INFO, logger="rgb.serve.access"):
+        raw = client.chat.completions.with_raw_response.create(
+            model=NAME, messages=messages({"url": data_url(250)}), extra_headers={"x-request-id": "job-7:line-3"})
+        fresh = client.chat.completions.create(model=NAME, messages=messages({"url": data_url(250)}))
+        with pytest.raises(openai.NotFoundError) as refused:
+            client.models.retrieve("other")
+    assert raw.headers["x-request-id"] == raw.parse()._request_id == "job-7:line-3"
+    assert re.fullmatch("[0-9a-f]{32}", fresh._request_id) and re.fullmatch("[0-9a-f]{32}", refused.value.request_id)
+    assert fresh._request_id != refused.value.request_id
+    access = [r.getMessage() for r in caplog.records if r.name == "rgb.serve.access"]
+    assert [line.rsplit(" request_id=", 1)[1] for line in access] == [
+        "job-7:line-3", fresh._request_id, refused.value.request_id]
+    for unsafe in ("two words", "x" * 200):  # not echoed into a header and a log line: a fresh one instead
+        reply = httpx.get(server.base_url + "/models", headers={"x-request-id": unsafe}, timeout=TIMEOUT)
+        assert re.fullmatch("[0-9a-f]{32}", reply.headers["x-request-id"])
+
+
+def test_a_serve_request_is_conf_serve_yaml_by_field_name(tmp_path, monkeypatch):
+    """Every field of ServeRequest but the key itself is a key of conf/serve.yaml, made into the request by name
+    (sections too), and its rules are the command's schema."""
+    import rgb.commands.serve as serve_command
+    from rgb.commands import schema
+    from rgb.core.values import ConfigValueError
+
+    monkeypatch.setenv("RGB_SERVE_TEST_KEY", "sk-local")
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = compose_config("serve", f"run={run}", f"paths.root_dir={tmp_path}", "port=8123", "limits.max_queue=3",
+                         "faults.error_every=2", "api_key_env=RGB_SERVE_TEST_KEY", "served_name=tiny")
+    request = serve_command.serve_request(cfg)
+    assert set(ServeRequest.names()) - {"api_key"} <= set(cfg)
+    assert (request.run, request.port, request.served_name, request.api_key) == (str(run), 8123, "tiny", "sk-local")
+    assert request.limits == Limits(max_queue=3) and request.faults == Faults(error_every=2)
+    assert "sk-local" not in repr(request)
+    bad = compose_config("serve", f"run={run}", f"paths.root_dir={tmp_path}", "limits.max_queue=-1")
+    with raises_one_line(ConfigValueError, r"limits.max_queue must be an integer >= 0, got -1"):
+        schema.check("serve", bad)
+
+
+@pytest.mark.parametrize("argv", [["--port", "8000"], ["run=x", "--port=8000"]])
+def test_a_dashed_option_is_one_line_naming_the_override(argv, monkeypatch, capsys):
+    """`rgb-serve --port 8000` (argparse's way) is one line naming port=8000, not Hydra's lexer error."""
+    from rgb.commands.main import serve_main
+
+    monkeypatch.setattr(sys, "argv", ["rgb-serve", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        serve_main()
+    line = str(stopped.value.code)
+    assert "\n" not in line and re.fullmatch(r"rgb-serve: error: '--port[ =]8000' is not an option: .*port=8000", line)

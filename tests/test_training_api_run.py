@@ -14,7 +14,7 @@ from rgb.core.files import flock
 from rgb.core.values import path_name
 from rgb.data.mini import DATASET
 from rgb.endpoints.client import ApiError
-from rgb.serve import ModelServer
+from rgb.serve import ModelServer, ServeRequest
 from rgb.commands.train import train
 from rgb.training.config import TrainingError
 
@@ -44,6 +44,7 @@ def one_line_refusal(err) -> str:
     ("model.base_url=http://127.0.0.1:2/v1", "api.base_url"),
     ("model.prompt='Which digit? {classes}'", "api.prompt"),
     ("model.max_tokens=4", "api.max_tokens"),
+    ("model.answer_format=text", "api.answer_format"),  # a run made before choice became the default, and back
 ])
 def test_another_identity_under_the_same_name_is_refused_and_model_json_kept(change, key, tmp_path, mini_dir):
     run = api_run(tmp_path, mini_dir)
@@ -106,7 +107,8 @@ def test_the_default_run_name_tells_endpoints_apart(tmp_path, mini_dir):
 def test_a_model_json_written_before_the_move_to_rgb_endpoints_loads_as_the_same_model(tmp_path):
     """tests/records/chat_model_before_issue45/model.json was written by export_model before the family moved from
     rgb/models/api.py to rgb/models/chat.py (and its settings to rgb.endpoints): family `api`, the same settings,
-    the same answer-cache identity, and written back byte for byte."""
+    the same answer-cache identity, and written back as it was, plus the reader its answers are now read by
+    (`client.answer_parser`: strict, the default; no part of the identity)."""
     from rgb.models import export_model, load_with_meta
 
     old = helpers.REPO / "tests" / "records" / "chat_model_before_issue45"
@@ -116,8 +118,9 @@ def test_a_model_json_written_before_the_move_to_rgb_endpoints_loads_as_the_same
         "choice", {"seed": 7}, 2)
     assert model.identity_sha256 == "ff78c0a8518d5498c2e917dd84de92c0e2002db68e9ba871bb820b98198890f3"
     written = export_model(model, tmp_path, {"task": meta["task"], "run_name": meta["run_name"]})
-    assert json.loads(written.read_text()) == {**json.loads((old / "model.json").read_text()),
-                                               "versions": json.loads(written.read_text())["versions"]}
+    before = json.loads((old / "model.json").read_text())
+    assert json.loads(written.read_text()) == {**before, "versions": json.loads(written.read_text())["versions"],
+                                               "client": {**before["client"], "answer_parser": "strict"}}
 
 
 # -- the endpoint check: train.py asks GET /models before it makes the run dir ---------------------------------
@@ -132,7 +135,8 @@ def checked_run(root: Path, mini_dir: Path, base_url: str, *overrides: str) -> P
 
 
 def test_an_endpoint_that_serves_the_model_is_checked_and_the_run_dir_made(tmp_path, mini_dir):
-    with helpers.serving(ModelServer(torch.nn.Flatten(), ["a", "b"], 8, "tiny")) as served:
+    tiny = ServeRequest(image_size=8, served_name="tiny")
+    with helpers.serving(ModelServer(torch.nn.Flatten(), ["a", "b"], tiny)) as served:
         run = checked_run(tmp_path, mini_dir, served.base_url)
     assert (run / "model.json").is_file()
 
@@ -144,7 +148,8 @@ def test_an_endpoint_that_serves_the_model_is_checked_and_the_run_dir_made(tmp_p
 def test_a_refusing_endpoint_is_one_line_and_no_run_dir(served_name, api_key, pattern, tmp_path, mini_dir,
                                                          monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
-    server = ModelServer(torch.nn.Flatten(), ["a", "b"], 8, served_name, api_key=api_key)
+    server = ModelServer(torch.nn.Flatten(), ["a", "b"],
+                         ServeRequest(image_size=8, served_name=served_name, api_key=api_key))
     with helpers.serving(server) as served, raises_one_line(ApiError, match=pattern):
         checked_run(tmp_path, mini_dir, served.base_url, f"model.api_key_env={KEY_ENV}")
     assert not (tmp_path / "api_checked").exists()

@@ -3,14 +3,18 @@ exports it, rgb.models.load gives an nn.Module on [0,1] images, attack.py (three
 (five settings, class-wise metrics) and it takes a named row on the leaderboard. On the embedded architecture
 with random weights (the real, trained one: docs/performance.md, "Zero-shot")."""
 
+import csv
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import helpers
+from consumers import clip_benchmark_cli
 from rgb.commands.evaluate import run_evaluation
+from rgb.core.files import distinct_name
 from rgb.models import load_with_meta
 from rgb.models.embedded_clip import EMBEDDED_ARCH
 from rgb.commands.attack import attack_from_config
@@ -39,11 +43,11 @@ def scores_and_leaderboard(root: Path, mini_dir: Path, run: Path, *overrides: st
     scores = json.loads((root / "outputs" / "eval" / "digits" / RUN_NAME / "scores.json").read_text())
     run_evaluation(compose_config("evaluate", root, mini_dir, f"pool=[{root / 'outputs' / 'eval'}]",
                                   "leaderboard_datasets=[digits]"))
-    board = json.loads((root / "outputs" / "leaderboard" / "model_info" / "digits" / f"{RUN_NAME}.json").read_text())
+    board = json.loads((root / "outputs" / "leaderboard" / "model_info" / "digits" / f"{distinct_name(RUN_NAME)}.json").read_text())
     return scores, board
 
 
-def test_zero_shot_export_loads_and_is_scored_without_attacks(tmp_path, mini_dir):
+def test_zero_shot_export_loads_and_is_scored_without_attacks(tmp_path, mini_dir, monkeypatch):
     run = zero_shot_run(tmp_path, mini_dir)
     model, meta = load_with_meta(run)
     assert isinstance(model, torch.nn.Module) and not model.training and meta["family"] == "openclip"
@@ -68,10 +72,17 @@ def test_zero_shot_export_loads_and_is_scored_without_attacks(tmp_path, mini_dir
         "openclip", EMBEDDED_ARCH, "zeroshot")
     assert (board["name"], board["architecture"], board["family"]) == (RUN_NAME, EMBEDDED_ARCH, "openclip")
     # its CLIP_benchmark export (rgb.evaluation.exports): the same numbers, as fractions, no acc5
-    export, = (tmp_path / "outputs" / "leaderboard" / "clip_benchmark" / RUN_NAME).glob("*.json")
+    folder = tmp_path / "outputs" / "leaderboard" / "clip_benchmark"
+    export, = folder.glob("*.json")
     clip = json.loads(export.read_text())
     assert (clip["dataset"], clip["model"], clip["task"]) == ("digits", EMBEDDED_ARCH, "zeroshot_classification")
     assert clip["metrics"] == {"acc1": settings["test"]["correct"] / 200, "mean_per_class_recall": class_wise["mean"]}
+    # read by CLIP_benchmark's own `clip_benchmark build <folder>`: one row, named by rgb's weights (was "")
+    monkeypatch.setattr(sys, "argv", ["clip_benchmark", "build", str(folder), "--output", str(tmp_path / "b.csv")])
+    clip_benchmark_cli().main()
+    row, = csv.DictReader((tmp_path / "b.csv").open())
+    assert row["model_fullname"] == f"{EMBEDDED_ARCH} rgb-{scores['model']['weights_sha256'][:8]}"
+    assert float(row["acc1"]) == settings["test"]["correct"] / 200
 
 
 @pytest.mark.slow

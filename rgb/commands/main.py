@@ -272,6 +272,9 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             return None
 
     def entry() -> None:
+        dashed = _dashed_option(sys.argv[1:])
+        if dashed:
+            sys.exit(f"{program(name)}: error: {dashed}")
         missing = _missing_extra(sys.argv[1:])
         if missing:
             sys.exit(f"{name}: error: {missing}")
@@ -300,6 +303,24 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
 
     entry.__name__ = name.replace("-", "_")
     return entry
+
+
+def _dashed_option(argv: list[str]) -> str | None:
+    """`--port 8000` or `--port=8000` (argparse's way): not a flag of Hydra's, whose overrides are key=value; said
+    in one line naming the override meant (Hydra's own answer is a lexer error on the value)."""
+    from hydra._internal.utils import get_args_parser
+
+    unknown = get_args_parser().parse_known_args(argv)[1]
+    dashed = next((a for a in unknown if a.startswith("-") and a.lstrip("-")), None)
+    if dashed is None:
+        return None
+    key, given, value = dashed.lstrip("-").partition("=")
+    at = argv.index(dashed) + 1
+    if not given and at < len(argv) and "=" not in argv[at] and not argv[at].startswith("-"):
+        value = argv[at]
+    shown = f"{dashed} {value}" if value and not given else dashed
+    return (f"'{shown}' is not an option: options are key=value overrides (Hydra's syntax), here "
+            f"{key.replace('-', '_')}={value or '<value>'}")
 
 
 def _compose_error(config_name: str, argv: list[str]) -> str | None:

@@ -1,5 +1,5 @@
-"""rgb-serve's config half: conf/serve.yaml's values handed to rgb.serve's server (the API key read from the
-environment variable the config names)."""
+"""rgb-serve's config half: conf/serve.yaml made into a `ServeRequest` (rgb.serve.request) by field name, the API
+key read from the environment variable the config names, and the server run until interrupted."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import logging
 import os
 from importlib.util import find_spec
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rgb.commands.schema import MACHINE, RUN
 from rgb.core.errors import UserError
-from rgb.core.machine import resolve_device
-from rgb.core.values import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, TEXT, integer, optional
+from rgb.core.values import TEXT, optional
+from rgb.serve.request import ServeError, ServeRequest
 
 log = logging.getLogger("rgb.serve")
 
@@ -20,32 +20,37 @@ log = logging.getLogger("rgb.serve")
 class ServeExtraMissing(UserError, ImportError):
     """rgb-serve's server framework is not installed (one line: the pip command)."""
 
-# conf/serve.yaml's schema (rgb.commands.schema).
-SCHEMA = {
-    **MACHINE, **RUN, "host": TEXT, "port": (lambda v: integer(v) and 0 <= v <= 65535, "an integer in [0, 65535]"),
-    "served_name": TEXT, "api_key_env": optional(TEXT), "image_size": optional(POSITIVE_INT), "batch_dir": optional(TEXT),
-    "log_interval_s": NON_NEGATIVE,
-    "limits.max_concurrency": POSITIVE_INT, "limits.max_queue": NON_NEGATIVE_INT,
-    "faults.rate_limit_every": NON_NEGATIVE_INT, "faults.error_every": NON_NEGATIVE_INT,
-    "faults.slow_every": NON_NEGATIVE_INT, "faults.malformed_every": NON_NEGATIVE_INT,
-    "faults.retry_after_s": NON_NEGATIVE, "faults.slow_s": NON_NEGATIVE,
-}
+
+# conf/serve.yaml's schema (rgb.commands.schema): the request's own rules, `run=` as every command checks it, and
+# the one key that is no field of the request (the key's variable; the request holds the key itself).
+SCHEMA = {**MACHINE, **ServeRequest.rules(), **RUN, "api_key_env": optional(TEXT)}
+
+
+def serve_request(cfg: DictConfig) -> ServeRequest:
+    """The request conf/serve.yaml's values make, each key to the field of its name."""
+    from rgb.core.machine import resolve_device  # torch: not before the config is checked
+
+    key_env = cfg.get("api_key_env")
+    key = os.environ.get(str(key_env)) if key_env else None
+    if key_env and not key:
+        raise ServeError(f"api_key_env={key_env} is set but the environment has no {key_env}")
+    values = {name: OmegaConf.to_container(cfg[name], resolve=True) if OmegaConf.is_config(cfg[name]) else cfg[name]
+              for name in ServeRequest.names() if name in cfg}
+    return ServeRequest(**{**values, "run": str(cfg.run), "device": resolve_device(str(cfg.device)), "api_key": key})
 
 
 def serve_from_config(cfg: DictConfig) -> None:
     """rgb-serve: serve `cfg.run` until interrupted."""
-    if find_spec("fastapi") is None or find_spec("uvicorn") is None:
-        raise ServeExtraMissing("rgb-serve runs on FastAPI and uvicorn: pip install 'robustgenbench[serve]'")
-    from rgb.serve import Faults, Limits, ServeError, make_server
+    if find_spec("fastapi") is None or find_spec("uvicorn") is None or find_spec("prometheus_client") is None:
+        raise ServeExtraMissing("rgb-serve runs on FastAPI, uvicorn and prometheus_client: "
+                                "pip install 'robustgenbench[serve]'")
+    request = serve_request(cfg)
+    from rgb.serve.app import make_server
 
-    key = os.environ.get(str(cfg.api_key_env)) if cfg.get("api_key_env") else None
-    if cfg.get("api_key_env") and not key:
-        raise ServeError(f"api_key_env={cfg.api_key_env} is set but the environment has no {cfg.api_key_env}")
-    server = make_server(str(cfg.run), str(cfg.host), cfg.port, str(cfg.served_name),
-                         Faults(**dict(cfg.faults)), key, resolve_device(str(cfg.device)), cfg.get("image_size"),
-                         Limits(**dict(cfg.limits)), cfg.get("batch_dir"), cfg.log_interval_s)
-    log.info("serving %s as model %r at %s/chat/completions (health: %s/health; Ctrl-C stops)", cfg.run,
-             server.served_name, server.base_url, server.base_url.removesuffix("/v1"))
+    server = make_server(request)
+    root = server.base_url.removesuffix("/v1")
+    log.info("serving %s as model %r at %s/chat/completions (health: %s/health, metrics: %s/metrics; Ctrl-C stops)",
+             cfg.run, server.served_name, server.base_url, root, root)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -141,18 +142,41 @@ def read_cached_tensors(path: Path, what: str) -> dict | None:
         return None
 
 
-def safe_name(name: str) -> str:
-    """`name` with anything but letters, digits, `.`, `_` and `-` replaced by `_`: a file name on any system and
-    a W&B artifact name."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+class NameClashError(UserError, ValueError):
+    """Two owners of one file (two records of one model, or names the same but for their Unicode spelling): refused
+    while the files are planned, before anything is written, never one overwriting the other."""
 
 
 def distinct_name(*parts: str) -> str:
-    """A file or W&B artifact name for the record `parts` identify: their safe_names (readable) and a short hash
-    of the parts themselves, so that records safe_name alone would merge (`x 1`, `x+1`, `x_1`) stay apart; the
-    same name on every rebuild. The readable part is cut to keep the name within any file system's limit."""
-    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
-    return f"{'-'.join(map(safe_name, parts))[:80]}-{digest}"
+    """The one maker of a file, folder or W&B artifact name from run, model or dataset names (site pages, rgb's and
+    RobustBench's model_info, CLIP_benchmark files, W&B artifacts): a readable part (letters, digits and `.`, any
+    other run of characters one `-`; so no `_`, which RobustBench's readers take as the end of a model id) and a
+    hash of the parts in Unicode NFC, so that names the readable part would merge (`x 1`, `x+1`, `x_1`; `X` and `x`
+    on a case-insensitive file system) stay apart, the same on every rebuild. The readable part is cut to keep the
+    name within any file system's limit; one spelling of a name in NFC and NFD is one name (DistinctFiles refuses
+    the pair)."""
+    text = [unicodedata.normalize("NFC", str(part)) for part in parts]
+    digest = hashlib.sha256(json.dumps(text).encode()).hexdigest()[:10]
+    readable = re.sub(r"[^A-Za-z0-9.]+", "-", "-".join(text))[:80].strip(".-")
+    return f"{readable}-{digest}" if readable else digest
+
+
+class DistinctFiles:
+    """The files of one output tree, each claimed by one owner: a path claimed twice (two records of one model,
+    names one in NFC, or the same but for case on a case-insensitive file system) is a NameClashError naming both
+    owners. Writers claim every path before writing any, so a clash leaves nothing half-written."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, str] = {}
+
+    def claim(self, path: str, owner: str) -> str:
+        """`path` (relative, `/`-separated), now `owner`'s alone."""
+        key = unicodedata.normalize("NFC", path).casefold()
+        if key in self._owners:
+            raise NameClashError(f"{self._owners[key]} and {owner} would both be written to {path}: rename one of "
+                                 f"them (a file is one model's alone)")
+        self._owners[key] = owner
+        return path
 
 
 def stable_id(path: Path) -> str:

@@ -128,7 +128,7 @@ def name_problem(name) -> str | None:
     """Why `name` cannot be one directory inside an output tree (None when it can)."""
     text = str(name)
     if not text.strip() or text in (".", "..") or _UNSAFE.search(text):
-        return "it must be non-empty, not '.' or '..', and hold no '/'"
+        return "it must be non-empty, not '.' or '..', and hold no '/', '\\' or NUL"
     if len(text.encode()) > NAME_MAX:
         return f"it is {len(text.encode())} bytes, longer than a file name may be ({NAME_MAX})"
     return None
@@ -155,6 +155,13 @@ def path_name(name) -> str:
     write outside its tree (`../x`, `a/b`) nor fail deep inside a command for its length."""
     problem = name_problem(name)
     if problem:
-        shown = str(name) if len(str(name)) <= 60 else f"{str(name)[:60]}..."
-        raise ConfigValueError(f"run name {shown!r} cannot name a directory: {problem}; choose another run_name")
+        raise ConfigValueError(f"run name {shown_name(name)} cannot name a directory: {problem}; choose another "
+                               f"run_name")
     return str(name)
+
+
+def shown_name(name) -> str:
+    """`name` quoted for a one-line message: its first 60 characters, any character that would not print (NUL, a
+    combining accent) escaped, so that two names that look alike read apart."""
+    text = str(name)
+    return ascii(text if len(text) <= 60 else f"{text[:60]}...")

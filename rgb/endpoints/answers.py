@@ -1,8 +1,11 @@
-"""The answer parser of the `api` family: which class a model's free-text answer names, or why it names none.
+"""How the `api` family reads a model's answer: which class it asserts, or that it asserts none (unparsed).
 
-Versioned (PARSER_VERSION) apart from the model: cached answers are re-parsed by the version that scores them, so a
-better parser re-scores old answers without a request. Also the other answer format a model may ask for
-(`model.answer_format=choice`): a JSON object whose one value is a class name, read without parsing words.
+Two readers, chosen by `model.answer_parser`: `strict` (StrictReader, the card's and the default: an admit-list, an
+answer counts only when it is exactly one class name once a few documented wrappers are removed) and `lenient`
+(AnswerParser, parser version 3: finds a class named inside a sentence, knows some denials; its numbers are under
+another protocol). Versioned apart from the model: cached answers are re-read by the reader that scores them, so a
+change of reader re-scores old answers without a request. Also the other answer format a model may ask for
+(`model.answer_format=choice`, the default): a JSON object whose one value is a class name, read without words.
 """
 
 from __future__ import annotations
@@ -12,10 +15,16 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rgb.endpoints.client import ApiError
+from rgb.endpoints.settings import ANSWER_PARSERS
 
-PARSER_VERSION = 3  # AnswerParser; cached answers are re-parsed by the version that scores them
+CARD_PARSER = ANSWER_PARSERS[0]  # the card's reader ("strict"): numbers read otherwise are under another protocol
+UNPARSED = "unparsed"  # StrictReader's reason for an answer that is not exactly one class name (counted wrong)
+# The follow-up turn an endpoint loop may send after an unparsed answer (model.clarify): {classes} is the class
+# names joined by "; ", as the prompt lists them; its answer is read by the same reader.
+CLARIFY = "Reply with exactly one of: {classes}"
 CHOICE_FIELD = "answer"  # model.answer_format=choice: a JSON object {CHOICE_FIELD: one of the class names}
 
 _MARKDOWN = re.compile(r"[*_`#>~|\[\]()\"“”]")  # not "'": "isn't" must stay one word
@@ -174,6 +183,9 @@ class AnswerParser:
     anything longer abstains, reason `unjudged`. Class names that read the same (`sea_lion` and `sea lion`) are
     refused: no answer could tell them apart."""
 
+    name: ClassVar[str] = "lenient"
+    version: ClassVar[int] = 3
+
     def __init__(self, class_names: Sequence[str]):
         self.class_names = [str(name) for name in class_names]
         self.exact: dict[str, int] = {}
@@ -275,6 +287,82 @@ class AnswerParser:
         return Parsed(next(iter(named)), "class") if len(named) == 1 else Parsed(None, "several")
 
 
+# The wrappers StrictReader removes around a class name, and nothing else (an admit-list: no word that denies a
+# class is known here, so none can be missed): surrounding whitespace; surrounding quotes or markdown emphasis and
+# code marks, as matching pairs, any number of layers; ONE leading label (LABEL); ONE trailing period.
+QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb", "\u201e": "\u201c",
+          "\u300c": "\u300d"}
+EMPHASIS = ("```", "***", "**", "__", "*", "_", "`")
+# "Answer:", "Final answer:", "The answer is:" (its colon optional), "Prediction:", "Class:", "Label:",
+# "Category:", in any case, the label itself possibly in emphasis ("**Answer:** seven").
+LABEL = re.compile(r"(?P<em>[*_]{0,3})\s*(?:the\s+answer\s+is(?:\s*(?P=em)\s*:?|\s*:\s*(?P=em))"
+                   r"|(?:(?:final\s+)?answer|prediction|class|label|category)(?:\s*(?P=em)\s*:|\s*:\s*(?P=em)))\s*",
+                   re.IGNORECASE)
+# "_", "-" and spaces within a line: "sea_lion" is "Sea Lion" is "sea-lion" (a line break is not: "sea\nlion" is two)
+_SEPARATORS = re.compile(r"[ \t_\-\u2010\u2011]+")
+
+
+def folded(text: str) -> str:
+    """The form StrictReader compares: NFKC, case folded, the accents of Latin, Greek and Arabic letters dropped,
+    `_`, `-`, spaces and tabs removed, one trailing period dropped ("St. Bernard" keeps its inner one)."""
+    text = "".join(map(_unaccented, unicodedata.normalize("NFKC", text).casefold()))
+    return _SEPARATORS.sub("", text).removesuffix(".")
+
+
+def _unwrapped(text: str) -> str:
+    """`text` less the wrappers StrictReader admits around a class name (QUOTES, EMPHASIS, one LABEL, one trailing
+    period), in any order."""
+    text, label, period = unicodedata.normalize("NFKC", text).strip(), False, False
+    while True:
+        before = text
+        pair = next(((o, QUOTES[o]) for o in QUOTES if len(text) > 2 and text[0] == o and text[-1] == QUOTES[o]),
+                    None) or next(((m, m) for m in EMPHASIS if len(text) > 2 * len(m) and text.startswith(m)
+                                   and text.endswith(m)), None)
+        if not label and (found := LABEL.match(text)) and found.end() < len(text):
+            text, label = text[found.end():], True
+        elif pair:
+            text = text[len(pair[0]): -len(pair[1])].strip()
+        elif not period and text.endswith(".") and not text.endswith(".."):
+            text, period = text[:-1].rstrip(), True
+        if text == before:
+            return text
+
+
+class StrictReader:
+    """The card's answer reader (`model.answer_parser=strict`, the default): an answer asserts a class only when,
+    once the wrappers above are removed, what remains is exactly one class name (compared `folded`). Anything else
+    is unparsed: never a class, counted wrong and apart. It reads no words, so no denial in any language ("Det är
+    inte en katt", "cat? Nope.", "Hardly a cat"), no second class, no confidence ("3 (confidence: 0.97)") and no
+    number for its word ("7" is not `seven`) can be taken for a class. Class names that fold the same (`sea_lion`,
+    `Sea Lion`) are refused: no answer could tell them apart."""
+
+    name: ClassVar[str] = CARD_PARSER
+    version: ClassVar[int] = 4  # after AnswerParser's 1..3: scores.json's api.parser_version
+
+    def __init__(self, class_names: Sequence[str]):
+        self.class_names = [str(name) for name in class_names]
+        self.keys: dict[str, int] = {}
+        for i, name in enumerate(self.class_names):
+            key = folded(_unwrapped(name))
+            if not any(unicodedata.category(c)[0] in "LN" for c in key):
+                raise ApiError(f"class name {name!r} has no letter or digit: no answer can name it")
+            if key in self.keys:
+                raise ApiError(f"class names {self.class_names[self.keys[key]]!r} and {name!r} read the same to the "
+                               f"strict answer reader (case, accents, `_`, `-` and spaces aside): rename one of them")
+            self.keys[key] = i
+
+    def parse(self, text: str | None) -> Parsed:
+        pred = self.keys.get(folded(_unwrapped(text or "")))
+        return Parsed(None, UNPARSED) if pred is None else Parsed(pred, "class")
+
+
+# model.answer_parser: each reader by its name (settings.ANSWER_PARSERS; CARD_PARSER's numbers alone enter a Sum or
+# Borda of card entries).
+READERS: dict[str, type[StrictReader] | type[AnswerParser]] = {StrictReader.name: StrictReader,
+                                                               AnswerParser.name: AnswerParser}
+Reader = StrictReader | AnswerParser
+
+
 def choice_format(class_names: Sequence[str]) -> dict:
     """The `response_format` of answer_format=choice (OpenAI structured outputs): a JSON object whose one field is
     an enum of the class names, so a conforming endpoint can answer nothing else."""
@@ -283,9 +371,9 @@ def choice_format(class_names: Sequence[str]) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "class_choice", "strict": True, "schema": schema}}
 
 
-def parse_choice(parser: AnswerParser, text: str | None) -> Parsed:
+def parse_choice(parser: Reader, text: str | None) -> Parsed:
     """An answer to `choice_format`: its class when the reply is the JSON object asked for; otherwise (an endpoint
-    that ignores the format) its value, or the whole reply, read by the free-text parser."""
+    that ignores the format) its value, or the whole reply, read by the text reader (strict by default)."""
     try:
         reply = json.loads(text or "")
     except ValueError:
@@ -296,6 +384,6 @@ def parse_choice(parser: AnswerParser, text: str | None) -> Parsed:
     return Parsed(parser.class_names.index(value), "class") if value in parser.class_names else parser.parse(value)
 
 
-def parse_answer(text: str | None, class_names: Sequence[str]) -> int | None:
-    """The class an answer names, or None (an abstention): `AnswerParser` (version 3)."""
-    return AnswerParser(class_names).parse(text).pred
+def parse_answer(text: str | None, class_names: Sequence[str], parser: str = CARD_PARSER) -> int | None:
+    """The class an answer asserts, or None (unparsed), by the reader named `parser` (READERS)."""
+    return READERS[parser](class_names).parse(text).pred

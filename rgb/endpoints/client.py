@@ -76,15 +76,17 @@ class RateLimiter:
 @dataclass
 class RequestStats(JsonRecord):
     """What asking cost, per call of `ApiClassifier.answer` (one split), and as scores.json records it per split
-    (rgb.evaluation.records.ApiUsage) with the money of rgb.evaluation.endpoint_eval.ApiPredictor.money. Of the
-    abstentions, `negations` and `alternatives` named a class but denied it or offered it as one of several (0 when
-    recorded before answer parser version 2). The fields keep the order scores.json has always written them in."""
+    (rgb.evaluation.records.ApiUsage) with the money of rgb.evaluation.endpoint_eval.ApiPredictor.money.
+    `unparsed`: answers the reader read as no class (written `abstained` before strict reading; read either way).
+    Of those, the lenient reader's `negations` and `alternatives` named a class but denied it or offered it as one
+    of several (0 under the strict reader, or before parser version 2). The fields keep the order scores.json has
+    always written them in."""
 
     images: int = 0
     requests: int = 0      # new answers received from the endpoint
     cached: int = 0        # images answered from the cache (other splits, earlier runs, duplicates in the split)
     retries: int = 0
-    abstained: int = 0     # answers that name no class (counted wrong)
+    unparsed: int = 0      # answers read as no class (counted wrong)
     unanswered: int = 0    # not asked (max_requests reached) or cut by the token limit (truncated)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -96,6 +98,19 @@ class RequestStats(JsonRecord):
     cached_completion_tokens: int = 0  # a run resumed after a cap totals as one uninterrupted run (0 before kept)
     spent: float | None = None      # USD billed for the answers this split is the first of its evaluation to use
     list_cost: float | None = None  # the same answers at list price (None: no price, or recorded before)
+
+    @property
+    def unparsed_rate(self) -> float | None:
+        """The share of the answers used that were read as no class (None: none answered)."""
+        answered = self.images - self.unanswered
+        return self.unparsed / answered if answered > 0 else None
+
+    @classmethod
+    def from_json(cls, data: dict) -> RequestStats:
+        """Also a record written before strict reading, whose unparsed answers were counted as `abstained`."""
+        if isinstance(data, dict) and "abstained" in data and "unparsed" not in data:
+            data = {("unparsed" if k == "abstained" else k): v for k, v in data.items()}
+        return super().from_json(data)
 
 
 def _cap(rule: Rule):

@@ -25,6 +25,12 @@ DEFAULT_PROMPT = ("This image comes from the {dataset} image classification task
                   "Answer with exactly one class name from this list and nothing else.")
 # free text, or a JSON object whose one value is a class name (rgb.endpoints.answers.choice_format)
 ANSWER_FORMATS = ("text", "choice")
+# model.json's answer_format when it has none: written before `choice` became the default, when absence meant text
+# (and still does, so that those runs keep their identity and answer cache)
+RECORDED_FORMAT_DEFAULT = "text"
+# model.answer_parser: the readers of rgb.endpoints.answers.READERS by name, the card's first (its numbers alone enter
+# a Sum or Borda of card entries; the others' are marked as under another protocol)
+ANSWER_PARSERS = ("strict", "lenient")
 
 
 def _text(v) -> bool:
@@ -65,6 +71,7 @@ CLIENT_RULES: dict[str, Rule] = {
     "model.backoff_s": NON_NEGATIVE, "model.backoff_max_s": NON_NEGATIVE,
     "model.batch": (lambda v: isinstance(v, bool), "true or false"), "model.batch_poll_s": POSITIVE,
     "model.batch_wait_s": POSITIVE,
+    "model.answer_parser": (lambda v: v in ANSWER_PARSERS, " or ".join(ANSWER_PARSERS)),
 }
 
 
@@ -95,9 +102,11 @@ class ApiSettings:
     recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed).
     `temperature=None` and `max_tokens=None` are not sent; `request` is merged into every request as it is (e.g.
     `max_completion_tokens`, `reasoning_effort`, `extra_body` fields such as `top_k`); `system_prompt` is sent as
-    a system message. `answer_format=choice` asks for a JSON object whose value is one of the class names
-    (rgb.endpoints.answers.choice_format; the reply read by parse_choice). The last three enter the identity only when
-    set (answer_format: when not "text"), so earlier answer caches keep theirs."""
+    a system message. `answer_format=choice` (the default) asks for a JSON object whose value is one of the class
+    names (rgb.endpoints.answers.choice_format; the reply read by parse_choice, a reply that ignores the format by the
+    text reader); `text` asks for free text. The last three enter the identity only when set (answer_format: when
+    not "text"), so earlier answer caches keep theirs; a model.json without answer_format was made for text
+    (`from_record`)."""
 
     base_url: str
     api_model: str
@@ -107,7 +116,7 @@ class ApiSettings:
     image_encoding: str = IMAGE_ENCODING
     system_prompt: str | None = None
     request: dict | None = field(default_factory=dict)
-    answer_format: str = "text"
+    answer_format: str = "choice"
     # public query parameters sent with every request (recorded); a secret one is ClientSettings.query_env
     query: dict | None = field(default_factory=dict)
 
@@ -157,7 +166,9 @@ class ApiSettings:
 
 @dataclass(frozen=True)
 class ClientSettings:
-    """How politely to ask (model.json `client`): none of it changes an answer, so none of it is in the cache key."""
+    """How politely to ask, and how to read what comes back (model.json `client`): none of it changes an answer, so
+    none of it is in the cache key. `answer_parser` reads the (cached) answers: `strict`, the card's, or `lenient`
+    (rgb.endpoints.answers.ANSWER_PARSERS), whose numbers are marked as under another protocol wherever shown."""
 
     api_key_env: str = "OPENAI_API_KEY"
     # sent with every request: `headers` as typed (public: recorded; a name that says secret is refused), and
@@ -180,6 +191,7 @@ class ClientSettings:
     batch_poll_s: float = 30.0
     batch_wait_s: float = 26 * 3600.0
     price: dict | None = None  # USD per 1M tokens {input, output, cached_input}; null: conf/prices.yaml, else unknown
+    answer_parser: str = ANSWER_PARSERS[0]
 
     def __post_init__(self):
         _check(self, CLIENT_RULES, ("header", self.headers, self.header_env), ("query parameter", {}, self.query_env))
@@ -194,8 +206,9 @@ class ClientSettings:
 
 
 def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
-    """Both settings from one flat mapping (the model config, or model.json's two sections merged); a null is
-    the value given (`max_tokens: null` sends no limit), an absent key the default."""
+    """Both settings from one flat mapping (the model config, or model.json's two sections merged: rgb.models.chat
+    `from_record` reads an absent answer_format as RECORDED_FORMAT_DEFAULT); a null is the value given
+    (`max_tokens: null` sends no limit), an absent key the default."""
     names = {f.name for f in fields(ApiSettings)}, {f.name for f in fields(ClientSettings)}
     return (ApiSettings(**{k: v for k, v in config.items() if k in names[0]}),
             ClientSettings(**{k: v for k, v in config.items() if k in names[1]}))

@@ -11,7 +11,6 @@ import pyarrow.compute as pc
 
 from rgb.evaluation.records import ApiUsage
 from rgb.evaluation.request import EvalRequest
-from rgb.endpoints.answers import PARSER_VERSION
 from rgb.models.chat import ApiClassifier
 from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.client import RequestBudget, RequestStats
@@ -82,7 +81,9 @@ class ApiPredictor:
     def usage(self) -> ApiUsage:
         price = self.budget.price
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
-                        self.request.caps.max_requests, PARSER_VERSION, None if price is None else asdict(price))
+                        self.request.caps.max_requests, self.model.parser.version,
+                        None if price is None else asdict(price), self.model.parser.name,
+                        self.model.settings.answer_format)
 
     def close(self) -> None:
         self.cache.close()

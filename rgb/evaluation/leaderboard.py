@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from rgb.core.errors import UserError
-from rgb.core.files import atomic_write_bytes, atomic_write_json, is_staging
+from rgb.core.files import DistinctFiles, atomic_write_bytes, atomic_write_json, distinct_name, is_staging
+from rgb.core.values import shown_name
 from rgb.data.catalog import WHITE_BOX
-from rgb.evaluation.exports import MODEL_INFO_DIR, write_exports
+from rgb.evaluation.exports import MODEL_INFO_DIR, plan_exports
 from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
     CLEAN_SETTING,
@@ -161,11 +162,14 @@ def build_leaderboard(pool: Mapping[Path, ScoresRecord], protocol: str = WHITE_B
     by_model: dict[str, dict[str, ScoresRecord]] = {}
     files: dict[tuple[str, str], Path] = {}
     ignored = []
+    stems = DistinctFiles()  # two models whose files would be one (names one in NFC) stop the pool here
     for file, record in pool.items():
         name = record.model.run_name or "?"
         if (name, record.dataset) in files:
             raise LeaderboardError(f"two records for model {name!r} on {record.dataset!r}: "
                                    f"{files[name, record.dataset]} and {file}")
+        if name not in by_model:
+            stems.claim(distinct_name(name), f"model {shown_name(name)} ({file})")
         files[name, record.dataset] = file
         by_model.setdefault(name, {})
         if record.dataset in datasets:
@@ -330,6 +334,17 @@ def to_markdown(board: Leaderboard) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _unparsed_markdown(records: Sequence[ScoresRecord]) -> str:
+    """leaderboard.md's last section: per API model and dataset, its answers read as no class (counted wrong in
+    every accuracy above, shown apart with their rate and reader); empty for a pool without an API model."""
+    rows = sorted([r.model.run_name or "?", r.dataset, r.api.unparsed_line()] for r in records if r.api is not None)
+    if not rows:
+        return ""
+    lines = ["", "## Answers read as no class (API models: counted wrong, shown apart)", "",
+             *markdown_table(["model", "dataset", "unparsed"], rows, ["---", "---", "---"])]
+    return "\n".join(lines) + "\n"
+
+
 def table_rows(board: Leaderboard) -> tuple[list[str], list[dict]]:
     """leaderboard.csv's columns and rows (one per model; accuracies as numbers, None where missing), also the
     W&B table of the pool."""
@@ -361,15 +376,19 @@ def to_csv(board: Leaderboard) -> str:
 def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol: str = WHITE_BOX,
                       datasets: Sequence[str] | None = None, rank_by: str = "borda") -> Leaderboard:
     board = build_leaderboard(pool, protocol, datasets, rank_by)
+    names = DistinctFiles()  # every file below named and claimed before one is written
+    infos = {names.claim(f"{MODEL_INFO_DIR}/{r.dataset}/{distinct_name(r.model.run_name or '?')}.json",
+                         f"model {shown_name(r.model.run_name or '?')} on {r.dataset}"): model_info(r)
+             for r in pool.values()}
+    exports = plan_exports(pool.values(), names)
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_dir / LEADERBOARD_MD, to_markdown(board).encode())
+    atomic_write_bytes(out_dir / LEADERBOARD_MD, (to_markdown(board) + _unparsed_markdown(list(pool.values()))).encode())
     atomic_write_bytes(out_dir / LEADERBOARD_CSV, to_csv(board).encode())
     atomic_write_json(out_dir / LEADERBOARD_JSON, board.to_json())
-    for record in pool.values():
-        info = model_info(record)
-        (out_dir / MODEL_INFO_DIR / record.dataset).mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out_dir / MODEL_INFO_DIR / record.dataset / f"{info['name']}.json", info)
-    write_exports(pool.values(), out_dir)
+    for path, info in infos.items():
+        (out_dir / path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out_dir / path, info)
+    exports.write(out_dir)
     save(board_figure(board), out_dir / LEADERBOARD_PNG)
     return board
 

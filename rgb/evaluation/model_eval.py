@@ -483,9 +483,10 @@ def format_table(record: ScoresRecord) -> str:
 
 
 def _black_box_lines(record: ScoresRecord) -> list[str]:
-    """The black-box settings of an API model with what each cost: requests sent, cached, retried, abstained."""
+    """The black-box settings of an API model with what each cost: requests sent, cached, retried, and the answers
+    read as no class (unparsed: counted wrong, shown apart with their rate)."""
     bb, per_split = record.black_box, record.api.per_split
-    lines = [f"{'black-box setting':18s} {'accuracy':>9s} {'correct/total':>15s} {'abstained':>9s} {'sent':>6s} "
+    lines = [f"{'black-box setting':18s} {'accuracy':>9s} {'correct/total':>15s} {'unparsed':>9s} {'sent':>6s} "
              f"{'cached':>6s} {'retried':>7s}  surrogate"]
     for name in bb.names:
         acc, surrogate = bb.settings.get(name), bb.strongest_surrogate.get(name)
@@ -494,15 +495,13 @@ def _black_box_lines(record: ScoresRecord) -> list[str]:
             unasked = bb.not_asked.get(name) or (counts is not None and counts.unanswered)
             lines.append(f"{name:18s} {'not asked yet' if unasked else 'missing':>9s}")
             continue
-        cells = (f"{counts.abstained:>9d} {counts.requests:>6d} {counts.cached:>6d} {counts.retries:>7d}"
+        cells = (f"{counts.unparsed:>9d} {counts.requests:>6d} {counts.cached:>6d} {counts.retries:>7d}"
                  if counts else f"{'':>9s} {'':>6s} {'':>6s} {'':>7s}")
         lines.append(f"{name:18s} {acc.value:9.4f} {acc.correct:>7d}/{acc.total:<7d} {cells}  {surrogate or ''}"
                      f"{' PARTIAL' if acc.partial else ''}")
     total = record.api.total
     lines.append(f"{'api requests':18s} {int(total['requests'])} sent, {int(total['cached'])} cached, "
-                 f"{int(total['retries'])} retried, {int(total['abstained'])} abstained ({int(total['negations'])} "
-                 f"denying a class, {int(total['alternatives'])} alternatives; "
-                 f"parser v{record.api.parser_version or 1}), "
+                 f"{int(total['retries'])} retried, {record.api.unparsed_line()}, "
                  f"{int(total['prompt_tokens'])}+{int(total['completion_tokens'])} tokens new, "
                  f"{int(total['cached_prompt_tokens'])}+{int(total['cached_completion_tokens'])} cached"
                  + ("" if record.api.spent is None else f", ${record.api.spent:.4f} spent (list price "

@@ -21,8 +21,10 @@ from rgb.core.files import atomic_write_json
 from rgb.core.jsonrecord import JsonRecord, RecordError
 from rgb.core.secrets import redact_url
 from rgb.core.threat import NORMS, Norm, parse_norm
+from rgb.core.values import name_problem, shown_name
 from rgb.data.catalog import BLACK_BOX, TRANSFER_SPLITS, WHITE_BOX
 from rgb.data.protocol import Protocol
+from rgb.endpoints.answers import CARD_PARSER
 from rgb.endpoints.client import RequestStats
 from rgb.runs.store import RunSummary, partial_dir
 
@@ -330,8 +332,11 @@ class AttackSummary(JsonRecord, _KeptFromRun):
 class ApiUsage(JsonRecord):
     """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
     images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
-    PARTIAL, and a re-run asks only the rest. `parser_version`: the answer parser that mapped the answers to
-    classes (rgb.endpoints.answers.PARSER_VERSION; None in records made before it was recorded, version 1)."""
+    PARTIAL, and a re-run asks only the rest. `answer_parser` and `parser_version`: the reader that mapped the
+    answers to classes (rgb.endpoints.answers.READERS: `strict`, version 4, the card's; `lenient`, version 3;
+    None in records made before they were kept: a lenient parser, version 1 when that is None too). A reader other
+    than the card's puts the record under another protocol (`reader_differences`). `answer_format`: the answer
+    format the requests asked for (rgb.endpoints.settings.ANSWER_FORMATS)."""
 
     base_url: str
     api_model: str
@@ -339,7 +344,9 @@ class ApiUsage(JsonRecord):
     max_requests: int | None
     parser_version: int | None = None
     price: dict | None = None  # rgb.endpoints.cost.Price's fields (None: unknown, no money shown)
-    DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost")
+    answer_parser: str | None = None
+    answer_format: str | None = None  # what the requests asked for: choice or text (None: recorded before kept)
+    DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost", "unparsed_rate")
 
     def __post_init__(self):  # a record written before secrets were redacted is shown without them
         object.__setattr__(self, "base_url", redact_url(self.base_url))
@@ -353,6 +360,32 @@ class ApiUsage(JsonRecord):
     @property
     def partial(self) -> bool:
         return self.total["unanswered"] > 0
+
+    @property
+    def unparsed_rate(self) -> float | None:
+        """The share of all answers used that were read as no class (counted wrong; None: none answered)."""
+        return RequestStats(**{k: int(self.total[k]) for k in ("images", "unanswered", "unparsed")}).unparsed_rate
+
+    @property
+    def reader(self) -> str:
+        """The reader as shown: "strict v4", "lenient v3", "lenient v1" (a record from before it was kept)."""
+        return f"{self.answer_parser or 'lenient'} v{self.parser_version or 1}"
+
+    def unparsed_line(self) -> str:
+        """The answers read as no class, their rate, the reader and the format asked, as every table shows them:
+        "12 unparsed (50.0% of 24 answers; answer parser strict v4; answer format choice)", with the lenient
+        reader's denials and alternatives among them."""
+        total, rate = self.total, self.unparsed_rate
+        lenient = (f"{int(total['negations'])} denying a class, {int(total['alternatives'])} alternatives; "
+                   if self.answer_parser != CARD_PARSER else "")
+        answered = int(total["images"] - total["unanswered"])
+        share = "no answer" if rate is None else f"{100 * rate:.1f}% of {answered} answers"
+        asked = f"; answer format {self.answer_format}" if self.answer_format else ""
+        return f"{int(total['unparsed'])} unparsed ({share}; {lenient}answer parser {self.reader}{asked})"
+
+    def reader_differences(self) -> list[str]:
+        """How the reading departs from the card's protocol (empty: the strict reader)."""
+        return [] if self.answer_parser == CARD_PARSER else [f"answer parser {self.reader}, card {CARD_PARSER}"]
 
     @property
     def spent(self) -> float | None:
@@ -397,6 +430,12 @@ class ScoresRecord(JsonRecord):
     def __post_init__(self):
         if self.protocol is None:
             raise RecordError(f"scores record of {self.model.run_name} on {self.dataset} without its protocol")
+        # every file a pool writes for a record is named from these (rgb.core.files.distinct_name): each must be one
+        # path component, never `..`, `a/b` or a name no file system takes
+        for what, name in (("model run_name", self.model.run_name), ("dataset", self.dataset)):
+            if name is not None and (problem := name_problem(name)):
+                raise RecordError(f"scores record with {what} {shown_name(name)}: {problem}; evaluate the model "
+                                  f"again under a {what} that is one directory name")
 
     @classmethod
     def from_json(cls, data: dict) -> ScoresRecord:
@@ -437,7 +476,7 @@ class ScoresRecord(JsonRecord):
 
     def differences_for(self, name: str) -> list[str]:
         """How this record departs from the card's protocol `name` (empty: a card entry of its Sum and Borda)."""
-        found = self.protocol.differences_for(name)
+        found = self.protocol.differences_for(name) + (self.api.reader_differences() if self.api else [])
         if name == BLACK_BOX and self.black_box and self.black_box.own_surrogates:
             found.append(f"own adversarial examples as transfer ({', '.join(self.black_box.own_surrogates)})")
         return found

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-import jinja2
 
-from rgb.core.errors import UserError
-from rgb.core.files import atomic_write_bytes, atomic_write_json, distinct_name
+from rgb.core.files import DistinctFiles, atomic_write_bytes, atomic_write_json, distinct_name
 from rgb.core.secrets import redact, redact_text
 from rgb.core.threat import parse_norm
+from rgb.core.values import shown_name
 from rgb.data.catalog import BLACK_BOX, TRANSFER_SPLITS, WHITE_BOX, split_budget
 from rgb.data.protocol import budget_text
 from rgb.data.resolvers import transfer_budget
+from rgb.evaluation.exports import TEMPLATES, templates
 from rgb.evaluation.leaderboard import (
     INCOMPLETE_HEADING,
     OTHER_PROTOCOL_HEADING,
@@ -42,7 +42,6 @@ from rgb.evaluation.records import (ATTACK_SETTING_NORMS, CLEAN_SETTING, PROTOCO
 from rgb.models.card import CARD_FIELDS
 from rgb.runs.store import SUMMARY_FILE, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR, train_reference
 
-TEMPLATES = Path(__file__).with_name("site_templates")
 ASSETS = ("site.css", "site.js")
 SITE_DIR = "site"
 # The column titles of the settings: the clean split, the attack settings by their norm; any other setting (common,
@@ -56,23 +55,12 @@ BOARD_TITLES = {WHITE_BOX: "White-box (AutoAttack)", BLACK_BOX: "Black-box (tran
 CITATION = TEMPLATES / "robustgenbench.bib"
 
 
-class SiteError(UserError, ValueError):
-    """A site that cannot be written: two models whose pages would be one file."""
-
-
 def page_names(models) -> dict[str, str]:
-    """Each model's page and folder name under `models/`: its name made safe plus a hash of the name itself, so
-    that `x 1`, `x+1` and `x_1` get three pages (the same ones on every rebuild). Two models that would still
-    share a file (on a case-insensitive file system too) are refused, never shown on one page."""
-    pages: dict[str, str] = {}
-    owners: dict[str, str] = {}
-    for model in sorted(set(models)):
-        page = distinct_name(model)
-        if page.casefold() in owners:
-            raise SiteError(f"models {owners[page.casefold()]!r} and {model!r} would share the site page "
-                            f"models/{page}.html: rename one of them")
-        owners[page.casefold()], pages[model] = model, page
-    return pages
+    """Each model's page and folder name under `models/` (rgb.core.files.distinct_name): `x 1`, `x+1` and `x_1` get
+    three pages, the same ones on every rebuild. Two models that would still share a file (one name in NFC and in
+    NFD) are refused, never shown on one page."""
+    files = DistinctFiles()
+    return {model: files.claim(distinct_name(model), f"model {shown_name(model)}") for model in sorted(set(models))}
 
 
 @dataclass(frozen=True)
@@ -508,15 +496,14 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
     by_model: dict[str, list[SiteEntry]] = {}
     for entry in entries:
         by_model.setdefault(entry.record.model.run_name or "?", []).append(entry)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True)
+    pages = page_names([*by_model, *(row.model for board in boards for row in board.rows)])
+    env = templates()
     out.mkdir(parents=True, exist_ok=True)
     for asset in ASSETS:
         shutil.copyfile(TEMPLATES / asset, out / asset)
     (out / "data").mkdir(exist_ok=True)
     for board in boards:
         atomic_write_json(out / "data" / f"leaderboard.{board.protocol}.json", board.to_json())
-    pages = page_names([*by_model, *(row.model for board in boards for row in board.rows)])
     views = [board_view(board, boards, by_model, pages) for board in boards]
     filters = {key: sorted({model_columns(e)[key] for e in by_model.values()}) for key in ("family", "loss", "strategy")}
     datasets = sorted({d for board in boards for d in board.datasets})
@@ -532,4 +519,4 @@ def write_site(boards: Sequence[Leaderboard], entries: Sequence[SiteEntry], out:
     return index
 
 
-__all__ = ["SITE_DIR", "SiteEntry", "SiteError", "page_names", "write_site"]
+__all__ = ["SITE_DIR", "SiteEntry", "page_names", "write_site"]

@@ -6,7 +6,7 @@ image exactly as stored (the split's own PNG bytes as a base64 data URL: a re-en
 perturbation). Here: the classifier (images -> requests -> class predictions) and the family; the protocol it
 speaks is rgb.endpoints': the settings (rgb.endpoints.settings), the endpoint client (rgb.endpoints.client), the
 answer cache (one JSONL file per model identity, rgb.endpoints.cache), the Batch path (rgb.endpoints.batch) and
-the answer parser (rgb.endpoints.answers).
+the answer readers (rgb.endpoints.answers: strict, the default, or lenient).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from tqdm import tqdm
 
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
-from rgb.endpoints.answers import AnswerParser, Parsed, choice_format, parse_choice
+from rgb.endpoints.answers import READERS, Parsed, choice_format, parse_choice
 from rgb.endpoints.batch import ask_by_batch
 from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.client import ApiError, Endpoint, RateLimiter, RequestBudget, RequestStats
 from rgb.endpoints.cost import combined, image_tokens, png_size, text_tokens
-from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
+from rgb.endpoints.settings import RECORDED_FORMAT_DEFAULT, ApiSettings, ClientSettings, split_config
 
 
 class InferenceOnlyError(UserError, ValueError):
@@ -45,8 +45,8 @@ COMPLETION_ESTIMATE = 16  # dry_run's completion tokens of a request that sends 
 @dataclass(frozen=True)
 class Answer:
     text: str
-    pred: int | None  # None: an abstention
-    reason: str       # AnswerParser's: why pred is what it is
+    pred: int | None  # None: unparsed (read as no class)
+    reason: str       # the reader's (rgb.endpoints.answers): why pred is what it is
 
 
 class ApiClassifier:
@@ -65,7 +65,7 @@ class ApiClassifier:
         except (KeyError, IndexError, ValueError) as err:
             raise ConfigValueError(f"model.prompt may hold only {{dataset}} and {{classes}} ({type(err).__name__}: "
                                    f"{err}); write a literal brace as {{{{ or }}}}") from None
-        self.parser = AnswerParser(self.class_names)
+        self.parser = READERS[client.answer_parser](self.class_names)  # reads answers, cached ones too
         self.endpoint = Endpoint(settings.address, settings.api_model, client, sleep)
         self._sleep = sleep
         identity = {"base_url": settings.base_url, "api_model": settings.api_model, "prompt": self.prompt,
@@ -208,7 +208,7 @@ class ApiClassifier:
                     money = {} if budget.price is None else {"usd": f"{budget.cost:.4f}"}
                     bar.set_postfix(sent=stats.requests, req_s=f"{rate:.2f}", cached=cached, retried=stats.retries,
                                     tokens=stats.prompt_tokens + stats.completion_tokens, **money,
-                                    abstained=abstained[0], refresh=False)
+                                    unparsed=abstained[0], refresh=False)
 
             try:
                 done, _ = wait([pool.submit(one, k) for k in todo], return_when=FIRST_EXCEPTION)
@@ -235,7 +235,7 @@ class ApiClassifier:
             stats.cached_completion_tokens += int(usage.get("completion_tokens") or 0)
         stats.cached = len(answered) - stats.requests
         stats.unanswered = len(keys) - len(answered)
-        stats.abstained = sum(a.pred is None for a in answered)
+        stats.unparsed = sum(a.pred is None for a in answered)
         stats.negations = sum(a.reason == "negation" for a in answered)
         stats.alternatives = sum(a.reason == "alternative" for a in answered)
         return answers
@@ -243,8 +243,9 @@ class ApiClassifier:
 
 # --------------------------------------------------------------------------------------------------- the family
 def from_record(record: dict) -> ApiClassifier:
-    """The classifier of a model.json (family `api`)."""
-    settings, client = split_config({**record["api"], **record.get("client", {})})
+    """The classifier of a model.json (family `api`); one without answer_format was made for free text."""
+    settings, client = split_config({"answer_format": RECORDED_FORMAT_DEFAULT, **record["api"],
+                                     **record.get("client", {})})
     return ApiClassifier(settings, client, record["class_names"], record["dataset"])
 
 

@@ -1,16 +1,7 @@
-"""`python -m rgb.serve`: the installed `rgb-serve` console script, found by its entry point, so that the server
-package names no command module (the command layer imports the server, not the other way)."""
+"""`python -m rgb.serve`: the `rgb-serve` command. A door of the house (as rgb/api.py is): what `python -m` runs
+may import the command layer above its package, which nothing else in rgb.serve does."""
 
-import sys
-from importlib.metadata import entry_points
-
-
-def main() -> None:
-    found = entry_points(group="console_scripts", name="rgb-serve")
-    if not found:
-        sys.exit("error: python -m rgb.serve runs the rgb-serve command, which is not installed: pip install -e .")
-    next(iter(found)).load()()
-
+from rgb.commands.main import serve_main
 
 if __name__ == "__main__":
-    main()
+    serve_main()
