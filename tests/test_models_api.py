@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import datasets
@@ -593,40 +594,57 @@ def test_the_reasoning_preset_sends_no_temperature_nor_max_tokens(tmp_path, benc
     assert model.client_settings.retry_max_tokens == 8192
 
 
-# ----------------------------------------------------------------------------------- no secret on disk (issue 44)
+# ---------------------------------------------------------------- no secret on disk (issues 44, 51: admitted)
 SECRET = "SECRET123"
 
 
-def test_a_key_in_a_query_parameter_is_sent_and_never_written(tmp_path, bench, served_run, monkeypatch, caplog):
-    """A real API run end to end with `?api_key=...` in base_url (allowed, as some gateways want it): train,
-    evaluate with W&B offline, the pool's leaderboard and site (of records as they were written before the key was
-    redacted, too); no file it writes and no log line holds the key.
-    model.json records it as REDACTED and a request sends the key of api_key_env in its place."""
+def marked_names() -> tuple[str, str, str, str]:
+    """A query parameter and a header named at random (so no list of secret names can know them), and a marker
+    value for each."""
+    tag = uuid.uuid4().hex[:10]
+    return f"p{tag}", f"X-H{tag}", f"MARKQ{tag}", f"MARKH{tag}"
+
+
+def test_secrets_declared_by_their_variables_are_sent_and_never_written(tmp_path, bench, served_run, monkeypatch,
+                                                                        caplog):
+    """A real API run end to end with a query parameter and a header of random names declared secret
+    (`model.query_env` / `model.header_env`: read from the environment) beside public ones (`?api-version=`,
+    `model.query`, `model.headers`): train, evaluate with W&B offline, the pool's leaderboard and site (of a
+    scores.json written before these rules with secrets in its base_url's query, too). The request carries them;
+    model.json records the variables' names only; no file written and no log line holds a secret."""
+    param, header, query_mark, header_mark = marked_names()
     monkeypatch.setenv(KEY_ENV, SECRET)
+    monkeypatch.setenv("RGB_TEST_QUERY_SECRET", query_mark)
+    monkeypatch.setenv("RGB_TEST_HEADER_SECRET", header_mark)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.chdir(tmp_path)
     import wandb
 
     with Running(served_run, api_key=SECRET) as running, caplog.at_level(logging.DEBUG):
-        url = f"{running.base_url}?api_key={SECRET}&api-version=2024"
+        url = f"{running.base_url}?api-version=2024"
         # quoted: Hydra's override grammar reads '=' and '&'
         run = api_run(tmp_path, bench, f"'{url}'", "api_query", f"model.api_key_env={KEY_ENV}",
-                      f"model.headers={{X-Team: vision, X-Api-Key: {SECRET}}}")
+                      "model.headers={X-Team: vision}", "model.query={deployment: eu}",
+                      f"model.query_env={{{param}: RGB_TEST_QUERY_SECRET}}",
+                      f"model.header_env={{{header}: RGB_TEST_HEADER_SECRET}}")
         model, meta = load_with_meta(run)
-        assert meta["api"]["base_url"] == f"{running.base_url}?api_key=REDACTED&api-version=2024"
-        assert meta["client"]["headers"] == {"X-Team": "vision", "X-Api-Key": "REDACTED"}
-        assert model.endpoint.address() == (running.base_url, {"api_key": SECRET, "api-version": "2024"},
-                                            {"X-Team": "vision", "X-Api-Key": SECRET})
+        assert meta["api"]["base_url"] == url and meta["api"]["query"] == {"deployment": "eu"}
+        assert meta["client"]["headers"] == {"X-Team": "vision"}
+        assert meta["client"]["query_env"] == {param: "RGB_TEST_QUERY_SECRET"}
+        assert meta["client"]["header_env"] == {header: "RGB_TEST_HEADER_SECRET"}
+        assert model.endpoint.address() == (running.base_url,
+                                            {"api-version": "2024", "deployment": "eu", param: query_mark},
+                                            {"X-Team": "vision", header: header_mark})
         record = evaluate(tmp_path, bench, run, "max_images=4", "allow_partial=true", "wandb.enabled=true",
                           "wandb.project=rgb-tests")
-        assert record.api.total["requests"] > 0 and SECRET not in record.api.base_url
+        assert record.api.total["requests"] > 0  # rgb-serve took the key: the Authorization bearer
         scored = partial_dir(tmp_path / "outputs" / "eval" / DATASET / run.name) / PARTIAL_SCORES_FILE
         wandb.teardown()
-        assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
-        # records written before the redaction (the key in model.json and scores.json) are published without it
-        old_records = [scored, run / "model.json"]
-        for old in old_records:
-            old.write_text(old.read_text().replace("REDACTED", SECRET))
+        marks = (SECRET, query_mark, header_mark)
+        assert not [p for p in tmp_path.rglob("*") if p.is_file() and any(m.encode() in p.read_bytes() for m in marks)]
+        # a record written before these rules (secrets in its base_url's query) is published without them
+        scored.write_text(scored.read_text().replace(f"{url}", f"{url}&key={SECRET}&{param}={query_mark}"))
+        assert query_mark in scored.read_text()
         run_evaluation(compose_config("evaluate", tmp_path, bench, f"pool=[{scored}]",
                                       "protocol=black_box", f"leaderboard_datasets=[{DATASET}]", "site=true",
                                       "allow_partial=true", "wandb.enabled=true", "wandb.project=rgb-tests"))
@@ -634,32 +652,77 @@ def test_a_key_in_a_query_parameter_is_sent_and_never_written(tmp_path, bench, s
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "index.html" for p in written) and any(p.suffix == ".wandb" for p in written)
     assert any(p.name == "model.json" for p in written) and any(p.name == SCORES_FILE for p in written)
-    assert not [p for p in written if p not in old_records and SECRET.encode() in p.read_bytes()]
-    assert SECRET not in caplog.text
+    assert not [p for p in written if p != scored and any(m.encode() in p.read_bytes() for m in marks)]
+    assert not [m for m in marks if m in caplog.text]
 
 
-def test_a_key_recorded_as_redacted_needs_its_variable(monkeypatch):
-    monkeypatch.delenv(KEY_ENV, raising=False)
-    model = ApiClassifier(ApiSettings(f"http://127.0.0.1:1/v1?key={SECRET}", "tiny"),
-                          ClientSettings(api_key_env=KEY_ENV), CLASS_NAMES, DATASET)
-    with raises_one_line(ApiError, match=f"recorded as REDACTED.*set {KEY_ENV}"):
-        model.endpoint.address()
+def test_a_secret_recorded_as_redacted_is_refused_with_how_to_declare_it(tmp_path):
+    """A model.json written before issue 51 recorded a secret query parameter or header as REDACTED and sent the
+    API key in its place; rgb no longer does: its load is one line naming the file, the parameter and
+    model.query_env / model.header_env (only the user knows which variable holds that secret, so it is not mapped)."""
+    from rgb.models import load
+
+    old = json.loads((REPO / "tests" / "records" / "chat_model_before_issue45" / "model.json").read_text())
+    for api, client, where in (({"base_url": "http://127.0.0.1:1/v1?key=REDACTED&api-version=1"}, {},
+                                "model.query_env={key: ENV_VAR}"),
+                               ({}, {"headers": {"X-Api-Key": "REDACTED"}}, "model.header_env={X-Api-Key: ENV_VAR}")):
+        (tmp_path / "model.json").write_text(json.dumps({**old, "api": {**old["api"], **api},
+                                                         "client": {**old["client"], **client}}))
+        with raises_one_line(ConfigValueError, match=re.escape(f"{tmp_path / 'model.json'}: ")) as refused:
+            load(tmp_path)
+        assert where in str(refused.value) and "recorded as REDACTED" in str(refused.value)
+
+
+def test_a_query_parameter_not_known_public_is_refused_before_anything_is_written(tmp_path, bench, monkeypatch):
+    """`model.base_url` with a parameter of a random name (a key under a name no list has: Azure Functions'
+    `?code=`, `?pass=`, ...), or `model.headers` with a header whose name says secret: train.py stops in one line
+    that says where it goes, without its value, and writes no model.json; `api-version` (public) is kept."""
+    param, _, mark, _ = marked_names()
+    base = "http://127.0.0.1:1/v1"
+    monkeypatch.chdir(tmp_path)
+    for override, where in ((f"model.base_url='{base}?api-version=1&{param}={mark}'",
+                             f"model.query_env={{{param}: ENV_VAR}}"),
+                            (f"model.base_url='{base}?code={mark}'", "model.query_env={code: ENV_VAR}"),
+                            (f"model.headers={{X-Pass: {mark}}}", "model.header_env={X-Pass: ENV_VAR}"),
+                            (f"model.headers={{Proxy-Authorization: Basic {mark}}}",
+                             "model.header_env={Proxy-Authorization: ENV_VAR}")):
+        run = tmp_path / "outputs" / "r"
+        cfg = compose_config("train", tmp_path, bench, "model=api_chat", f"model.base_url={base}",
+                             "model.api_model=tiny", override, f"run_dir={run}", "model.check_endpoint=false")
+        with raises_one_line(UserError, match=re.escape(where)) as refused:
+            train(cfg)
+        assert mark not in str(refused.value)
+        assert not [p for p in tmp_path.rglob("*") if p.is_file() and mark.encode() in p.read_bytes()]
+        assert not (run / "model.json").exists()
+    assert ApiSettings(f"{base}?api-version=1", "tiny").base_url == f"{base}?api-version=1"
 
 
 @pytest.mark.slow
-def test_credentials_in_the_url_are_refused_in_one_line_without_showing_them(tmp_path, bench):
-    """`train.py model=api_chat model.base_url=http://user:pw@host/v1`, the real command: one line naming the key
-    and where credentials belong, the password not shown, nothing written."""
+@pytest.mark.parametrize("given, where", [
+    ("model.base_url=http://user:{mark}@127.0.0.1:1/v1", "user:password@"),
+    ("model.base_url='http://127.0.0.1:1/v1?{param}={mark}'", "model.query_env={{{param}: ENV_VAR}}"),
+    ("model.headers={{X-Pass: {mark}}}", "model.header_env={{X-Pass: ENV_VAR}}"),
+])
+def test_credentials_in_the_url_are_refused_in_one_line_without_showing_them(tmp_path, bench, given, where):
+    """`train.py model=api_chat` with credentials in the URL, a query parameter of a random name (not known
+    public), or a typed header whose name says secret, the real command: one line naming the key and where the
+    value belongs, the value not shown, nothing written holds it (Hydra's log of the composed config included)."""
+    param, _, mark, _ = marked_names()
     shown = subprocess.run([sys.executable, str(REPO / "train.py"), "model=api_chat", "model.api_model=tiny",
-                            f"model.base_url=http://user:{SECRET}@127.0.0.1:1/v1", f"paths.mini_dir={bench}",
-                            f"paths.output_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True, text=True,
+                            "model.base_url=http://127.0.0.1:1/v1", given.format(mark=mark, param=param),
+                            f"paths.mini_dir={bench}", f"paths.output_dir={tmp_path / 'out'}"],
+                           cwd=tmp_path, capture_output=True, text=True,
                            timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     lines = [line for line in (shown.stdout + shown.stderr).splitlines() if line.strip()]
     assert shown.returncode != 0 and len(lines) == 1, lines[-5:]
-    assert "model.base_url" in lines[0] and "user:password@" in lines[0] and "model.api_key_env" in lines[0]
-    assert SECRET not in lines[0]
-    assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
-    with raises_one_line(ConfigValueError, match="without user:password@") as refused:  # and on a model.json's load
+    assert where.format(param=param) in lines[0] and mark not in lines[0]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and mark.encode() in p.read_bytes()]
+    assert not list(tmp_path.rglob("model.json"))
+    assert [p for p in tmp_path.rglob("*.log") if "composed config" in p.read_text()]  # the log was written
+
+
+def test_credentials_in_a_model_json_url_are_refused_without_showing_them():
+    with raises_one_line(ConfigValueError, match="without user:password@") as refused:  # on a model.json's load
         ApiSettings(f"https://key:{SECRET}@api.example.com/v1", "tiny")
     assert SECRET not in str(refused.value)
 
@@ -683,11 +746,14 @@ def test_the_readmes_request_and_headers_overrides_compose():
     """README's `model.request='{...}'` and `model.headers='{...}'` (the shell drops the quotes), through the
     command's own compose check and then Hydra's compose."""
     argv = ["model=api_chat", "model.base_url=http://127.0.0.1:8000/v1", "model.api_model=zs_cpe",
-            "model.request={max_completion_tokens: 2048, reasoning_effort: low}", "model.headers={X-Team: vision}"]
+            "model.request={max_completion_tokens: 2048, reasoning_effort: low}", "model.headers={X-Team: vision}",
+            "model.header_env={X-Functions-Key: FN_KEY}", "model.query={deployment: eu}",
+            "model.query_env={code: FN_CODE}"]
     assert cli._compose_error("train", argv) is None
     cfg = helpers.compose_config("train", *argv)
     settings, client = split_config(helpers.resolved(cfg.model))
     assert settings.request == {"max_completion_tokens": 2048, "reasoning_effort": "low"}
-    assert client.headers == {"X-Team": "vision"}
+    assert client.headers == {"X-Team": "vision"} and client.header_env == {"X-Functions-Key": "FN_KEY"}
+    assert settings.query == {"deployment": "eu"} and client.query_env == {"code": "FN_CODE"}
     plain = split_config(helpers.resolved(helpers.compose_config("train", *argv[:3]).model))
     assert plain[0].request == {} and plain[1].headers == {}  # the defaults: none

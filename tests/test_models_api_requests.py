@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import time
+import uuid
 
 import pytest
 from PIL import Image
@@ -62,7 +64,8 @@ class Endpoint:
 
         @app.post("/v1/chat/completions")
         async def chat(request: fastapi.Request):
-            self.seen.append({"body": await request.json(), "headers": dict(request.headers)})
+            self.seen.append({"body": await request.json(), "headers": dict(request.headers),
+                              "query": list(request.query_params.multi_items())})
             await asyncio.sleep(delay_s)
             status, headers, body = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
             return fastapi.responses.JSONResponse(body, status_code=status, headers=headers)
@@ -94,6 +97,35 @@ def test_request_fields_system_prompt_and_headers_reach_the_endpoint(tmp_path):
     assert body["messages"][1]["role"] == "user" and "max_tokens" not in body  # null: no limit sent
     assert {k: body[k] for k in request} == request and headers["x-team"] == "robustness"
     assert model.describe()["api"]["request"] == request and model.describe()["api"]["max_tokens"] is None
+
+
+def test_the_request_carries_exactly_the_declared_query_and_headers(tmp_path, monkeypatch):
+    """What the endpoint sees: the public query (base_url's api-version, model.query) and headers as typed, the
+    secret ones (random names) read from their variables, the API key only as the Authorization bearer, nothing
+    else; a variable unset is one line naming it, before anything is sent."""
+    tag = uuid.uuid4().hex[:10]
+    param, header, public = f"p{tag}", f"X-H{tag}", f"X-P{tag}"
+    monkeypatch.setenv("RGB_TEST_KEY", f"sk-{tag}")
+    monkeypatch.setenv("RGB_TEST_QUERY_SECRET", f"MARKQ{tag}")
+    monkeypatch.setenv("RGB_TEST_HEADER_SECRET", f"MARKH{tag}")
+    declared = {"api_key_env": "RGB_TEST_KEY", "headers": {"X-Team": "robustness", public: "Basic typed"},
+                "query_env": {param: "RGB_TEST_QUERY_SECRET"}, "header_env": {header: "RGB_TEST_HEADER_SECRET"}}
+    with Endpoint([(200, {}, completion("dog"))]) as endpoint:
+        model = classifier(f"{endpoint.base_url}?api-version=2024", {"query": {"deployment": "eu"}}, **declared)
+        model.answer([PNG], AnswerCache(tmp_path / "a.jsonl"))
+        unset = classifier(endpoint.base_url, **{**declared, "header_env": {header: "RGB_TEST_UNSET_VARIABLE"}})
+        with raises_one_line(ApiError, match="header .* RGB_TEST_UNSET_VARIABLE, which is not set"):
+            unset.answer([PNG], AnswerCache(tmp_path / "b.jsonl"))
+    assert len(endpoint.seen) == 1
+    seen = endpoint.seen[0]
+    assert sorted(seen["query"]) == sorted([("api-version", "2024"), ("deployment", "eu"), (param, f"MARKQ{tag}")])
+    headers = seen["headers"]
+    assert (headers["x-team"], headers[public.lower()], headers[header.lower()]) == (
+        "robustness", "Basic typed", f"MARKH{tag}")
+    assert headers["authorization"] == f"Bearer sk-{tag}"
+    assert [k for k, v in headers.items() if f"sk-{tag}" in v] == ["authorization"]
+    record = json.dumps(model.describe())
+    assert f"MARK" not in record and "RGB_TEST_QUERY_SECRET" in record and "RGB_TEST_HEADER_SECRET" in record
 
 
 def test_requests_go_through_the_openai_sdk_with_the_key_read_per_request(tmp_path, monkeypatch):

@@ -134,7 +134,8 @@ def endpoint_key_reads(root: Path = RGB) -> list[str]:
 
 def openai_clients(root: Path = RGB) -> list[str]:
     """'file:line' of every `openai` SDK client built (`OpenAI(`, `openai.AsyncOpenAI(`, ...) outside
-    rgb.endpoints.client.Endpoint.sdk, the one builder: the endpoint's address, secrets filled, its timeout."""
+    rgb.endpoints.client.Endpoint.sdk, the one builder: the endpoint's address (the declared query and headers, the
+    secret ones from the environment), its timeout."""
     return _outside("rgb/endpoints/client.py:sdk", lambda node: isinstance(node, ast.Call)
                     and ast.unparse(node.func).split(".")[-1].endswith("OpenAI"), root)
 

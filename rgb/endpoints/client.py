@@ -17,15 +17,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from rgb.core.errors import UserError
 from rgb.core.jsonrecord import JsonRecord
-from rgb.core.secrets import fill_secrets, redact_logs
+from rgb.core.secrets import MissingSecretError, from_environment, redact_logs
 from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, Rule, optional, problems
 from rgb.endpoints.cost import Price, billed_usage
 from rgb.endpoints.settings import ClientSettings
 
-# The HTTP libraries log each URL they ask (at INFO or DEBUG): a key in its query is redacted there too.
+# The HTTP libraries log each URL they ask (at INFO or DEBUG): a secret of model.query_env is redacted there too.
 redact_logs("httpx", "httpx2", "openai", "openai._base_client")
 
 # Transient failures worth another try; any other HTTP error is the endpoint refusing for good.
@@ -341,13 +342,21 @@ class Endpoint:
     the cache and the accounting are ours."""
 
     def __init__(self, base_url: str, api_model: str, client: ClientSettings, sleep=time.sleep):
+        """`base_url`: the address with its public query (rgb.endpoints.settings.ApiSettings.address)."""
         self.base_url, self.api_model, self.client_settings = base_url, api_model, client
         self._sleep = sleep
+        typed = {name for name, _ in parse_qsl(urlsplit(base_url).query, keep_blank_values=True)}
+        both = sorted(typed & set(client.query_env))
+        if both:
+            raise ConfigValueError(f"the query parameter {both[0]!r} is in both model.base_url (or model.query) and "
+                                   f"model.query_env: keep one")
 
     def refused(self, what: str, key: str | None) -> ApiError:
         message = _one_line(what)
-        if key:
-            message = message.replace(key, "[key]")
+        secrets = [key, *(os.environ.get(v) for v in (*self.client_settings.query_env.values(),
+                                                         *self.client_settings.header_env.values()))]
+        for secret in filter(None, secrets):  # an error that quotes the request never shows what it sent
+            message = message.replace(secret, "[secret]" if secret != key else "[key]")
         return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
 
     def api_key(self) -> str | None:
@@ -356,17 +365,23 @@ class Endpoint:
         return os.environ.get(self.client_settings.api_key_env) or None
 
     def address(self) -> tuple[str, dict, dict]:
-        """(base URL, query parameters, headers) to send: a secret recorded as REDACTED (a key in a query parameter or a header,
-        rgb.core.secrets) filled with the key from the environment; never stored."""
-        key = self.api_key()
+        """(base URL without its query, query parameters, headers) to send, the query apart as the SDK takes it
+        (`default_query`: it appends paths to the base URL): the public ones as declared, the secret ones read
+        from the environment variables model.query_env and model.header_env name (rgb.core.secrets); never
+        stored. No value is ever replaced by the API key: that goes only in the Authorization header."""
+        settings = self.client_settings
+        parts = urlsplit(self.base_url)
         try:
-            return fill_secrets(self.base_url, self.client_settings.headers, key)
-        except ValueError as err:
-            raise self.refused(f"{err}: set {self.client_settings.api_key_env}", key) from None
+            query = {**dict(parse_qsl(parts.query, keep_blank_values=True)),
+                     **from_environment(settings.query_env, "query parameter")}
+            headers = {**settings.headers, **from_environment(settings.header_env, "header")}
+        except MissingSecretError as err:
+            raise self.refused(str(err), None) from None
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, "", parts.fragment)), query, headers
 
     def sdk(self, api_key: str, max_retries: int = 0, http_client=None):
         """The `openai` SDK client of this endpoint (the one place one is built): its address (`address`: the
-        query and headers with their secrets filled) and the settings' timeout."""
+        declared query and headers, the secret ones from the environment) and the settings' timeout."""
         import openai
 
         base_url, query, headers = self.address()

@@ -5,9 +5,10 @@ bad value is one line wherever it comes from (train.py model=api_chat, or the lo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from rgb.core.secrets import redact, redact_headers, redact_text, redact_url, url_credentials_problem
+from rgb.core.secrets import declared_problems, redact, url_credentials_problem, url_query_problem
 from rgb.core.values import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
@@ -16,7 +17,6 @@ from rgb.core.values import (
     ConfigValueError,
     Rule,
     optional,
-    problems,
 )
 from rgb.endpoints.cost import Price
 
@@ -39,6 +39,10 @@ def _text(v) -> bool:
     return isinstance(v, str) and bool(v.strip())
 
 
+def _texts(v) -> bool:
+    return v is None or isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+
+
 # The request fields rgb writes itself (the image and prompt, the model): `model.request` may not set them.
 OWN_FIELDS = frozenset({"model", "messages"})
 
@@ -48,7 +52,7 @@ OWN_FIELDS = frozenset({"model", "messages"})
 API_RULES: dict[str, Rule] = {
     "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None
                        and url_credentials_problem(v) is None, "an http(s) URL ending in /v1, without user:password@ "
-                       "(credentials belong in the variable model.api_key_env names, or in model.headers)"),
+                       "(credentials belong in the variable model.api_key_env names, or in model.header_env)"),
     "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
     "model.prompt": (lambda v: v is None or isinstance(v, str), "a text"),
     "model.system_prompt": (lambda v: v is None or isinstance(v, str), "null or a text"),
@@ -56,12 +60,13 @@ API_RULES: dict[str, Rule] = {
     "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
                       and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
     "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
-    "model.clarify": (lambda v: isinstance(v, bool), "true or false"),
+    "model.query": (_texts, "a mapping of parameter: text (public values: recorded)"),
 }
 CLIENT_RULES: dict[str, Rule] = {
     "model.api_key_env": (_text, "the name of an environment variable"),
-    "model.headers": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
-                                                            for k, x in v.items()), "a mapping of header: text"),
+    "model.headers": (_texts, "a mapping of header: text (public values: recorded)"),
+    "model.query_env": (_texts, "a mapping of parameter: environment variable name"),
+    "model.header_env": (_texts, "a mapping of header: environment variable name"),
     "model.retry_max_tokens": optional(POSITIVE_INT),
     "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
     "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
@@ -72,12 +77,24 @@ CLIENT_RULES: dict[str, Rule] = {
 }
 
 
-def _check(settings, rules: dict[str, Rule]) -> None:
+# Where a secret typed by mistake would sit (a value for a variable's name, a token for a mapping): a bad value of
+# these is named, never shown.
+_NOT_SHOWN = frozenset({"model.headers", "model.header_env", "model.query", "model.query_env"})
+
+
+def _check(settings, rules: dict[str, Rule], *declared: tuple[str, dict | None, dict | None]) -> None:
+    """ConfigValueError naming every value that breaks its rule, and every query parameter or header that may not
+    be sent as declared (rgb.core.secrets: typed values are public, secrets come from the environment)."""
     values = {f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}
-    found = problems(values, rules)
-    if found:  # the values shown are the redacted ones (a header's key, a URL's token): no secret in the line
-        shown = problems(redact(values), rules) or [redact_text(problem) for problem in found]
-        raise ConfigValueError("invalid value: " + "; ".join(shown))
+    failed = [key for key, (ok, _) in rules.items() if key in values and not ok(values[key])]
+    if failed:  # the values shown are the redacted ones (a URL's query), those that may hold a secret not at all
+        shown = redact(values)
+        raise ConfigValueError("invalid value: " + "; ".join(
+            f"{key} must be {rules[key][1]}" + ("" if key in _NOT_SHOWN else f", got {shown[key]!r}")
+            for key in failed))
+    refused = [p for kind, public, secret in declared for p in declared_problems(kind, public or {}, secret or {})]
+    if refused:
+        raise ConfigValueError("; ".join(refused))
 
 
 @dataclass(frozen=True)
@@ -105,16 +122,31 @@ class ApiSettings:
     # an answer that names no class is followed, in the same conversation, by one turn asking for exactly one of the
     # class names (rgb.endpoints.online; CLARIFY_TURN): its own request, counted and priced as one
     clarify: bool = False
+    # public query parameters sent with every request (recorded); a secret one is ClientSettings.query_env
+    query: dict | None = field(default_factory=dict)
 
     def __post_init__(self):
-        _check(self, API_RULES)
+        _check(self, API_RULES, ("query parameter", self.query, {}))
+        problem = url_query_problem(self.base_url)  # names the parameter, never its value
+        both = set(self.query or {}) & {name for name, _ in parse_qsl(urlsplit(self.base_url).query)}
+        if problem or both:
+            raise ConfigValueError(problem or f"the query parameter {min(both)!r} is in both model.base_url and "
+                                              f"model.query: keep one")
         if self.image_encoding != IMAGE_ENCODING:
             raise ConfigValueError(f"image_encoding {self.image_encoding!r}: only {IMAGE_ENCODING} keeps the stored "
                                    f"pixels")
-        # a key in a query parameter is recorded as REDACTED: the request fills it from the environment
-        object.__setattr__(self, "base_url", redact_url(self.base_url.rstrip("/")))
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
         object.__setattr__(self, "prompt", DEFAULT_PROMPT if self.prompt is None else self.prompt)
         object.__setattr__(self, "request", dict(self.request or {}))  # null (the config's default): none
+        object.__setattr__(self, "query", dict(self.query or {}))
+
+    @property
+    def address(self) -> str:
+        """The URL requests go to: base_url with the public `query` parameters (the secret ones are added when
+        sent, rgb.endpoints.client.Endpoint.address)."""
+        if not self.query:
+            return self.base_url
+        return f"{self.base_url}{'&' if '?' in self.base_url else '?'}{urlencode(self.query)}"
 
     @property
     def decoding(self) -> dict:
@@ -126,13 +158,13 @@ class ApiSettings:
         """What identifies the answers beyond the legacy identity: only what is set."""
         extras = (("system_prompt", self.system_prompt), ("request", self.request),
                   ("answer_format", None if self.answer_format == "text" else self.answer_format),
-                  ("clarify", self.clarify))
+                  ("clarify", self.clarify), ("query", self.query))
         return {k: v for k, v in extras if v}
 
     def record(self) -> dict:
         """model.json's `api`: the legacy fields, and the extras only when set (earlier run dirs keep their
         identity)."""
-        extras = ("system_prompt", "request", "answer_format", "clarify")
+        extras = ("system_prompt", "request", "answer_format", "clarify", "query")
         legacy = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in extras}
         return {**legacy, **self.identity_extras()}
 
@@ -144,9 +176,11 @@ class ClientSettings:
     (rgb.endpoints.answers.ANSWER_PARSERS), whose numbers are marked as under another protocol wherever shown."""
 
     api_key_env: str = "OPENAI_API_KEY"
-    # sent with every request; a secret one (Authorization, api-key, ...) is recorded as REDACTED and sent with the
-    # key from api_key_env (rgb.core.secrets)
+    # sent with every request: `headers` as typed (public: recorded; a name that says secret is refused), and
+    # {name: environment variable} whose values are read when sent, only the names recorded (rgb.core.secrets)
     headers: dict | None = field(default_factory=dict)
+    header_env: dict | None = field(default_factory=dict)
+    query_env: dict | None = field(default_factory=dict)
     retry_max_tokens: int | None = None  # an answer cut by the token limit is asked once more with this limit
     max_concurrency: int = 4
     requests_per_minute: float | None = None
@@ -165,9 +199,15 @@ class ClientSettings:
     answer_parser: str = ANSWER_PARSERS[0]
 
     def __post_init__(self):
-        _check(self, CLIENT_RULES)
-        object.__setattr__(self, "headers", redact_headers(self.headers or {}))  # null (the config's default): none
+        _check(self, CLIENT_RULES, ("header", self.headers, self.header_env), ("query parameter", {}, self.query_env))
+        for name in ("headers", "header_env", "query_env"):  # null (the config's default): none
+            object.__setattr__(self, name, dict(getattr(self, name) or {}))
         Price.of(self.price)
+
+    def record(self) -> dict:
+        """model.json's `client`: every field, the secrets' variables only when declared (earlier records are
+        written back as they were)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("header_env", "query_env") or v}
 
 
 def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:

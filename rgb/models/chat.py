@@ -18,7 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
@@ -67,7 +67,7 @@ class ApiClassifier:
         if settings.clarify and client.batch:
             raise ConfigValueError("model.clarify=true asks a follow-up turn as soon as an answer names no class; a "
                                    "Batch answers all at once: set model.batch=false or model.clarify=false")
-        self.endpoint = Endpoint(settings.base_url, settings.api_model, client, sleep)
+        self.endpoint = Endpoint(settings.address, settings.api_model, client, sleep)
         self._sleep = sleep
         identity = {"base_url": settings.base_url, "api_model": settings.api_model, "prompt": self.prompt,
                     "decoding": settings.decoding, "image_encoding": settings.image_encoding,
@@ -80,7 +80,7 @@ class ApiClassifier:
         return hashlib.sha256(hashlib.sha256(image).digest() + self._identity.encode()).hexdigest()
 
     def describe(self) -> dict:
-        return {"api": self.settings.record(), "client": asdict(self.client_settings),
+        return {"api": self.settings.record(), "client": self.client_settings.record(),
                 "class_names": self.class_names, "num_classes": len(self.class_names), "dataset": self.dataset,
                 "api_model": self.settings.api_model}
 

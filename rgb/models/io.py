@@ -15,6 +15,7 @@ import rgb
 from rgb.core.errors import UserError
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
 from rgb.core.jsonrecord import RecordError, check_fields, read_json
+from rgb.core.values import ConfigValueError
 from rgb.models.factory import ModelLoadError, ModelSpecError
 from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
@@ -169,6 +170,8 @@ def load_with_meta(path: str | Path) -> tuple[nn.Module, dict]:
         model = rebuild(meta)
     except ModelLoadError as err:
         raise ModelLoadError(f"{meta_file}: {err}") from None
+    except ConfigValueError as err:  # a recorded setting its family refuses (an endpoint's REDACTED secret)
+        raise ConfigValueError(f"{meta_file}: {err}") from None
     if not family_of_record(meta).weights:
         return model, meta
     try:
@@ -211,6 +214,7 @@ def load(path: str | Path) -> nn.Module:
         ExportFileError: The record or the weights file does not read (truncated, not JSON / safetensors).
         ModelLoadError: The record names no family this rgb can rebuild (unknown, or a module handed to
             rgb.benchmark in memory, which records no code to rebuild it).
+        ConfigValueError: A setting the record holds is refused (an endpoint's secret recorded as REDACTED).
         ModelSpecError: A factory record whose `module:function` does not import or returns no module.
     """
     return load_with_meta(path)[0]

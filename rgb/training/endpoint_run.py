@@ -65,11 +65,11 @@ def claim_api_run(run_dir: Path, identity: dict) -> None:
 
 def export_api_run(request: ApiRunRequest) -> None:
     """Write `<run_dir>/model.json` for the requested endpoint; the API key stays in its environment variable."""
-    datamodule = request.data()
-    try:
+    try:  # first: a refused setting (a typed secret) stops the run before any work
         settings, client = split_config(request.model)
     except (TypeError, ValueError) as err:  # a key the settings do not know, a value that breaks its rule
         raise TrainingConfigError(f"model=api_chat: {err}") from None
+    datamodule = request.data()
     model = ApiClassifier(settings, client, datamodule.class_names, datamodule.dataset)
     if request.model.get("check_endpoint", True):  # GET /models answers and lists api_model (false: offline)
         model.endpoint.check_served()
