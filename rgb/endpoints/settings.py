@@ -60,6 +60,7 @@ API_RULES: dict[str, Rule] = {
     "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
                       and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
     "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
+    "model.clarify": (lambda v: isinstance(v, bool), "true or false"),
     "model.query": (_texts, "a mapping of parameter: text (public values: recorded)"),
 }
 CLIENT_RULES: dict[str, Rule] = {
