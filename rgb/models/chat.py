@@ -267,9 +267,6 @@ class ApiFamily:
 
         Returns:
             The record's fields.
-
-        Raises:
-            Nothing of its own.
         """
         return model.describe()
 
@@ -281,9 +278,6 @@ class ApiFamily:
 
         Returns:
             The endpoint's model name.
-
-        Raises:
-            Nothing of its own.
         """
         return record.get("api_model")
 
@@ -295,9 +289,6 @@ class ApiFamily:
 
         Returns:
             The class count.
-
-        Raises:
-            Nothing of its own.
         """
         return len(model.class_names)
 

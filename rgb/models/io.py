@@ -102,7 +102,17 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
                          meta: dict | None = None) -> Path:
     """Export any `nn.Module` on [0,1] images: `factory` ("module:function") called with `kwargs` rebuilds it.
 
-    The factory is called once here, so a record that would not load is refused now rather than at attack time."""
+    The factory is called once here, so a record that would not load is refused now rather than at attack time.
+
+    Example:
+        >>> import json, torchvision
+        >>> from rgb.models import export_factory_model
+        >>> model = torchvision.models.squeezenet1_1(num_classes=10)  # trained as you like
+        >>> weights = export_factory_model(model, "exports/squeezenet", factory="torchvision.models:squeezenet1_1",
+        ...                                kwargs={"num_classes": 10})
+        >>> weights.name, json.loads(weights.with_name("model.json").read_text())["factory"]
+        ('model.safetensors', 'torchvision.models:squeezenet1_1')
+    """
     kwargs = dict(kwargs or {})
     rebuilt = build_from_factory(factory, kwargs)
     mine, theirs = model.state_dict(), rebuilt.state_dict()
@@ -199,5 +209,14 @@ def load(path: str | Path) -> nn.Module:
         ModelLoadError: The record names no family this rgb can rebuild (unknown, or a module handed to
             rgb.benchmark in memory, which records no code to rebuild it).
         ModelSpecError: A factory record whose `module:function` does not import or returns no module.
+
+    Example:
+        >>> import torch, torchvision, rgb
+        >>> from rgb.models import export_factory_model
+        >>> _ = export_factory_model(torchvision.models.squeezenet1_1(num_classes=10), "exports/squeezenet",
+        ...                          factory="torchvision.models:squeezenet1_1", kwargs={"num_classes": 10})
+        >>> model = rgb.load_model("exports/squeezenet")  # or a train run dir: outputs/train/digits/demo
+        >>> model(torch.rand(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
     """
     return load_with_meta(path)[0]
