@@ -4,9 +4,11 @@ never a traceback, and nothing written outside the output tree. Mostly in-proces
 import errno
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -201,15 +203,39 @@ def test_an_output_dir_under_a_file_is_one_line(recorded_run, tmp_path):
     assert problem.endswith(f": {blocker} is a file, not a directory")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
-def test_an_unwritable_output_dir_is_one_line(tmp_path):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        assert "is not writable (read-only or no permission)" in cli.unwritable(locked / "out" / "x")
-    finally:
-        locked.chmod(0o700)
+def unprivileged(function, *args):
+    """`function(*args)` as a user without privileges: root (CI runs as root) writes into read-only directories,
+    so there it runs in a fork that became `nobody` (its result comes back pickled)."""
+    if os.geteuid() != 0:
+        return function(*args)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, answer, leave without running the parent's cleanup
+        os.close(read_end)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write_end, pickle.dumps(function(*args)))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        data = answer.read()
+    os.waitpid(pid, 0)
+    return pickle.loads(data)
+
+
+def test_an_unwritable_output_dir_is_one_line():
+    with tempfile.TemporaryDirectory() as top:  # not under pytest's tmp dirs, which only their owner may enter
+        os.chmod(top, 0o755)
+        locked = Path(top) / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        try:
+            problem = unprivileged(cli.unwritable, locked / "out" / "x")
+        finally:
+            locked.chmod(0o700)
+    assert "is not writable (read-only or no permission)" in problem
 
 
 @pytest.mark.parametrize("code, words", [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "read-only filesystem"),
