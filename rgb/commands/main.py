@@ -167,6 +167,14 @@ def _in_local_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN and os.getpid() == _ENTRY_PID
 
 
+def _sweeper_needs_values() -> bool:
+    """A sweeper that chooses the next job from the values of the last (Optuna): a failed job leaves its trial
+    without one, so the study cannot go on (it would fail later, with a traceback, on a study without a value)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return not str(HydraConfig.get().sweeper.get("_target_", "")).endswith("BasicSweeper")
+
+
 # Config choices that need an optional extra: (group, option or None for any) -> (plugin module, extra).
 EXTRAS = {
     ("hydra/launcher", "slurm"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
@@ -262,12 +270,17 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             line = _error_line(err)
             if line is None:
                 raise
-            log.error("%s: error: %s", program(name), line)
             if not _in_local_sweep():
+                log.error("%s: error: %s", program(name), line)
                 sys.exit(2)
             from hydra.core.hydra_config import HydraConfig
 
             job = HydraConfig.get().job
+            if _sweeper_needs_values():  # SystemExit passes Hydra's job runner and the sweeper: the study ends here
+                log.error("%s: error: job %s (%s) failed, so the study ends: %s", program(name), job.num,
+                          job.override_dirname or "no overrides", line)
+                sys.exit(2)
+            log.error("%s: error: %s", program(name), line)
             _failed_jobs.append(f"job {job.num} ({job.override_dirname or 'no overrides'}): {line}")
             return None
 
