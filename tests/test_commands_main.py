@@ -475,3 +475,34 @@ def test_a_users_own_malloc_settings_win(monkeypatch):
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
     assert keep_freed_memory() is False
+
+
+# ---------------------------------------------------------------- errors in a second (issue 53 item 5)
+
+
+@pytest.mark.slow  # a fresh interpreter per case (pytest's has torch loaded)
+@pytest.mark.parametrize("argv", [
+    ["train.py", "trainer.max_epochz=3"],  # an unknown key
+    ["attack.py", "run=outputs/train/digits/no-such-run", "max_imagez=3"],
+    ["evaluate.py", "run=outputs/train/digits/no-such-run", "max_imagez=3"],
+    ["attack.py", "norms=[linf]"],  # no run given
+])
+def test_config_mistakes_are_said_before_torch_is_imported(argv, tmp_path):
+    """benchmarks/startup_time.py --errors times these; here: nothing of torch is loaded before the one line."""
+    script = ("import sys\nfrom rgb.commands import main\n"
+              f"sys.argv = {argv!r}\n"
+              "try:\n    getattr(main, sys.argv[0].removesuffix('.py') + '_main')()\n"
+              "except SystemExit as done:\n    print(done)\n"
+              "print('torch loaded' if 'torch' in sys.modules else 'no torch')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300).stdout.splitlines()
+    assert out[-2].startswith(f"{argv[0]}: error: ") and out[-1] == "no torch", out
+
+
+def test_an_import_error_behind_a_config_value_is_an_import_error(monkeypatch):
+    """A resolver whose module does not import (a broken install) was reported as a config error on
+    hydra.run.dir; it is the ImportError itself."""
+    monkeypatch.setitem(sys.modules, "rgb.runs.store", None)  # `import rgb.runs.store` raises ImportError
+    with pytest.raises(ImportError, match="rgb.runs.store"):
+        cli._compose_error("train", ["run_name=x"])

@@ -121,7 +121,7 @@ def _infer_from_run(argv: list[str]) -> list[str]:
     position = next((i for i, a in enumerate(argv) if a.startswith("run=")), None)
     if position is None:
         return argv
-    from rgb.models import export_paths
+    from rgb.core.exportfiles import export_paths
 
     _, meta_file = export_paths(argv[position].split("=", 1)[1].split(",")[0])  # runs= a sweep over models: one dataset
     try:
@@ -338,6 +338,9 @@ def _compose_error(config_name: str, argv: list[str]) -> str | None:
             OmegaConf.select(cfg, key)
         schema.check(config_name, cfg)
     except Exception as err:  # any composition failure is the user's config: shown, not raised
+        broken = _import_error_in(err)
+        if broken is not None:  # a resolver's module that does not import is the install's fault, not the config's
+            raise broken
         refused = schema.refused_override(err)
         if refused:
             return schema.unknown_key(config_name, refused, _compose(config_name, _group_choices(overrides)))
@@ -401,6 +404,13 @@ def _user_error_in(err: BaseException) -> UserError | None:
     """The UserError behind a wrapping error, if any: an interpolation error (`${rgb.path_name:...}` refusing a
     run name), or Hydra's InstantiationException around a model or data class refusing its arguments."""
     while err is not None and not isinstance(err, UserError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def _import_error_in(err: BaseException) -> ImportError | None:
+    """The ImportError behind a config error (a resolver importing a module that is broken or missing), if any."""
+    while err is not None and not isinstance(err, ImportError):
         err = err.__cause__ or err.__context__
     return err
 

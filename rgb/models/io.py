@@ -14,14 +14,12 @@ from torch import nn
 
 import rgb
 from rgb.core.errors import UserError
+from rgb.core.exportfiles import META_FILE, WEIGHTS_FILE, export_paths
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
 from rgb.models.factory import ModelLoadError, ModelSpecError
 from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.models.user_factory import build_from_factory
-
-WEIGHTS_FILE = "model.safetensors"
-META_FILE = "model.json"
 
 
 class ExportFileError(CorruptFileError):
@@ -121,15 +119,6 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
                              f"match the model's: give the factory and kwargs that build this model")
     return write_export(model, out_dir, {**(meta or {}), "family": FACTORY_FAMILY.name, "factory": factory,
                                          "kwargs": kwargs})
-
-
-def export_paths(run: str | Path) -> tuple[Path, Path]:
-    """(weights file, model.json) of an export: a train run dir, or an exported weights file (its record beside
-    it, same stem). Neither need exist."""
-    run = Path(str(run))
-    if run.is_dir():
-        return run / WEIGHTS_FILE, run / META_FILE
-    return run, run.with_suffix(".json")
 
 
 def _required(file: Path) -> Path:
