@@ -506,3 +506,34 @@ def test_an_import_error_behind_a_config_value_is_an_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "rgb.runs.store", None)  # `import rgb.runs.store` raises ImportError
     with pytest.raises(ImportError, match="rgb.runs.store"):
         cli._compose_error("train", ["run_name=x"])
+
+
+def test_each_lightning_line_is_printed_once(monkeypatch):
+    """The `lightning` package's own console handler printed each of its lines ("INFO: ...") beside Hydra's root
+    handler ("[...][lightning.pytorch.utilities.rank_zero][INFO] - ..."): after the command's set-up, only the root
+    logger's handlers see them."""
+    import logging
+
+    import lightning  # noqa: F401  (its console handler comes with the import)
+
+    loggers = [logging.getLogger(name) for name in ("lightning", "lightning.pytorch", "lightning.fabric")]
+    for logger in loggers:  # restored after the test
+        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+        monkeypatch.setattr(logger, "propagate", logger.propagate)
+    logging.getLogger("lightning").addHandler(logging.StreamHandler())  # as `import lightning` does
+    seen = []
+
+    class Counting(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    root = logging.getLogger()
+    counting = Counting()
+    root.addHandler(counting)
+    try:
+        cli.lightning_through_root()
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").warning("`Trainer.fit` stopped")
+    finally:
+        root.removeHandler(counting)
+    assert seen == ["`Trainer.fit` stopped"]
+    assert [h for logger in loggers for h in logger.handlers] == []  # no second console voice

@@ -232,11 +232,7 @@ def _log_to_files(cfg: DictConfig) -> None:
     for name in QUIET_LOGGERS:  # one line per HTTP request (2,000 for the mini benchmark), unless asked for
         if logging.getLogger(name).level == logging.NOTSET:
             logging.getLogger(name).setLevel(logging.WARNING)
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logger = logging.getLogger(name)
-        if not logger.propagate:
-            logger.handlers.clear()
-            logger.propagate = True
+    lightning_through_root()
     try:
         container = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation only the command itself can report (it will): the config as written
@@ -246,6 +242,19 @@ def _log_to_files(cfg: DictConfig) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
+
+
+def lightning_through_root() -> None:
+    """Lightning's lines once, through the root logger (Hydra's console and the log file): the `lightning` package
+    gives its logger a console handler of its own on import ("INFO: ..."), and `lightning.pytorch`/`.fabric` do too
+    when imported before logging is set up (then their lines never reach the log file), so each line was printed
+    twice, or only to the console. Called once logging is set up and again once the command imported Lightning."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:  # their console handlers; never a file handler
+                logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def _command(name: str, config_name: str, body: Callable[[DictConfig, int], object], infer_data: bool):
@@ -426,8 +435,9 @@ def _missing_required(config_name: str, argv: list[str]) -> str | None:
 
 
 def _train(cfg: DictConfig, threads: int):
-    from rgb.commands.train import train
+    from rgb.commands.train import train  # imports Lightning, which brings its own console handlers
 
+    lightning_through_root()
     return train(cfg)
 
 
