@@ -145,7 +145,7 @@ class Bars:
     def resumed(self, budget: int, n: int) -> None:
         """`n` images a resumed run let go before this start: counted, but not in the bar's rate."""
         bar = self.bars[budget]
-        bar.initial += n
+        bar.initial = getattr(bar, "initial", 0) + n  # a disabled bar (progress=false) has none
         bar.update(n)
 
     def _start(self, budget: int) -> None:
