@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import raises_one_line
+from helpers import REPO, raises_one_line
 from rgb.commands import main as cli
 from rgb.core.files import replaced_whole
 from rgb.core.values import ConfigValueError, path_name
 from rgb.models import ExportFileError, create_model, export_model, load_with_meta
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

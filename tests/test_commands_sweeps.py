@@ -14,10 +14,6 @@ from rgb.evaluation.leaderboard import seed_spread, seed_spread_markdown
 from rgb.runs.store import run_name_for, train_runs
 
 
-def compose_hydra(config, *overrides):
-    return compose_config(config, *overrides, return_hydra_config=True)
-
-
 def job_dir(sweep: Path, job: int, run_name="m-ce-ff-e1-s0", sweep_name="m-ce-ff-e1") -> Path:
     directory = sweep / str(job)
     directory.mkdir(parents=True)
@@ -27,9 +23,11 @@ def job_dir(sweep: Path, job: int, run_name="m-ce-ff-e1-s0", sweep_name="m-ce-ff
 
 
 def test_a_seed_sweep_shares_one_sweep_dir_without_the_seed():
-    dirs = {str(compose_hydra("train", f"seed={seed}").hydra.sweep.dir).rsplit("-", 2)[0] for seed in (0, 1)}
+    dirs = {str(compose_config("train", f"seed={seed}", return_hydra_config=True).hydra.sweep.dir).rsplit("-", 2)[0]
+            for seed in (0, 1)}
     assert dirs == {"./outputs/train/digits/multirun/test_resnet-ce-full_finetune-e10"}  # then the start time
-    assert compose_hydra("train", "sweep_name=lr_study").hydra.sweep.dir.endswith("/multirun/lr_study")
+    named = compose_config("train", "sweep_name=lr_study", return_hydra_config=True)
+    assert named.hydra.sweep.dir.endswith("/multirun/lr_study")
 
 
 def test_outputs_are_named_from_the_train_record_not_the_directory(tmp_path):
@@ -155,7 +153,7 @@ def test_an_unnamed_sweep_gets_a_fresh_dir_and_a_named_one_keeps_its_own():
     unnamed one carries its start time; sweep_name= names a sweep to resume."""
     import re
 
-    unnamed = compose_hydra("train")
+    unnamed = compose_config("train", return_hydra_config=True)
     assert re.fullmatch(r"\./outputs/train/digits/multirun/test_resnet-ce-full_finetune-e10-\d{8}-\d{6}",
                         str(unnamed.hydra.sweep.dir))
     assert str(unnamed.sweep_name) == Path(str(unnamed.hydra.sweep.dir)).name  # one value: the sweep's name

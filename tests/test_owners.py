@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rgb.core.threat import Norm
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 RGB = REPO / "rgb"
 CONF = REPO / "conf"
 # A whole file from one call: the writes a JSON record must not be hand-made with.
