@@ -116,6 +116,13 @@ def benchmark(
         ExportConflictError: `<output_dir>/models/<dataset id>/<name>` holds an export of other weights (another
             model under the old name): give this one another `name`.
         AttackError: A returned adversarial image breaks the threat model, or the model's logits are not finite.
+
+    Example:
+        >>> import torch, rgb
+        >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+        >>> record = rgb.benchmark(model, "mini", settings=["test"], n_examples=20, progress=False)
+        >>> record.white_box.settings["test"].total
+        20
     """
     try:
         chosen = {white_box_setting(s) for s in settings}

@@ -1,7 +1,7 @@
 """Plain functions and constants that several test modules share. Fixtures that several modules share are in
 conftest.py; no test module imports another (tests/test_layers.py checks it).
 
-Also helper modules of their own: user_models (named by `factory` model.json files), clip_runs, hub_cache. What
+Also helper modules of their own: user_models (named by `factory` model.json files), hub_cache. What
 tests share with benchmarks/ is in rgb (rgb.models.toy, rgb.runs.agreement, rgb.data.export.noise_transfer_splits):
 no test imports a benchmark script.
 """
@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]  # the checkout: the one place tests find it
 CONF = REPO / "conf"
+RGB = REPO / "rgb"
+TESTS = REPO / "tests"
 
 NO_PROGRESS_BAR = "callbacks.progress_bar.refresh_rate=0"
 # What every composed test config sets, per config name, before the test's own overrides (which win): training on
@@ -40,6 +42,26 @@ def compose_config(name: str, *overrides: str, return_hydra_config: bool = False
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(name, overrides=[*TEST_DEFAULTS.get(name, ()), *overrides],
                        return_hydra_config=return_hydra_config)
+
+
+def compose_train(run_dir: Path, mini_dir: Path, *overrides: str):
+    """The real conf/train.yaml with a run dir and the mini benchmark."""
+    return compose_config("train", f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides)
+
+
+# A tiny, randomly initialised embedded CLIP on the mini benchmark (the zero-shot and robust CLIP training tests).
+TINY_CLIP = ["model=openclip_mini", "model.random_init=true", "data.eval_batch_size=128"]
+
+
+def compose_tiny_clip(tmp_path: Path, mini_dir: Path, *overrides: str):
+    """conf/train.yaml for TINY_CLIP, its run dir and data dir under `tmp_path`."""
+    return compose_config("train", f"run_dir={tmp_path / 'run'}", f"data.source={mini_dir}",
+                          f"paths.data_dir={tmp_path / 'data'}", *TINY_CLIP, *overrides)
+
+
+def compose_rooted(name: str, root: Path, mini_dir: Path, *overrides: str):
+    """Any of the commands' configs with everything under `root` (outputs/ and data/, as RGB_ROOT does)."""
+    return compose_config(name, f"paths.root_dir={root}", f"paths.mini_dir={mini_dir}", *overrides)
 
 
 def resolved(cfg) -> dict:

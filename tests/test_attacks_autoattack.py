@@ -55,7 +55,8 @@ def test_undefended_model_is_broken(trained_mlp, batch, norm):
     assert result.attacks == ["apgd-ce", "apgd-t", "fab-t", "square"]
 
 
-@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+@pytest.mark.parametrize("norm", ["Linf", pytest.param("L2", marks=pytest.mark.slow),
+                                  pytest.param("L1", marks=pytest.mark.slow)])
 def test_partly_robust_model_cascade_and_square_not_better(trained_mlp, batch, norm):
     x, y = batch
     with warnings.catch_warnings():
@@ -81,7 +82,7 @@ def test_each_attack_gets_exactly_the_points_still_robust(trained_mlp, batch, mo
 
     monkeypatch.setattr(aa.AutoAttack, "_attack", recording)
     x, y = batch
-    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"]).run(x, y, batch_size=16)
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], steps=20, queries=100).run(x, y, batch_size=16)
     survivors = result.clean_correct.clone()
     for k, name in enumerate(result.attacks, start=1):
         received = torch.cat(seen[name]) if name in seen else torch.empty(0, *x.shape[1:])
@@ -91,7 +92,7 @@ def test_each_attack_gets_exactly_the_points_still_robust(trained_mlp, batch, mo
 
 def test_fixed_seed_is_deterministic(trained_mlp, batch):
     x, y = batch
-    settings = dict(seed=3, attacks=["apgd-ce", "square"], queries=1000)  # the two randomised attacks
+    settings = dict(seed=3, attacks=["apgd-ce", "square"], steps=20, queries=200)  # the two randomised attacks
     first = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], **settings).run(x, y)
     second = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], **settings).run(x, y)
     assert torch.equal(first.robust, second.robust) and torch.equal(first.x_adv, second.x_adv)
@@ -142,7 +143,8 @@ def test_tail_rows_batch_the_targets_of_the_tail_within_noise(trained_mlp, batch
     x, y = batch
     assert {name for name, entry in ATTACKS.items() if "tail_rows" in entry.inputs} == {"apgd-t", "apgd-t-malt",
                                                                                          "fab-t"}
-    runs = [AutoAttack(trained_mlp, "Linf", 0.07, tail_rows=rows).run(x, y) for rows in (0, 500)]
+    runs = [AutoAttack(trained_mlp, "Linf", 0.07, tail_rows=rows, steps=20, queries=100).run(x, y)
+            for rows in (0, 500)]
     assert 0 < int(runs[0].robust.sum()) < len(y)
     assert abs(int(runs[0].robust.sum()) - int(runs[1].robust.sum())) <= 1
 
@@ -173,9 +175,9 @@ class NaNLogits(nn.Module):
 def test_reference_checks_warn_or_refuse(trained_mlp, batch):
     x, y = batch
     with pytest.warns(UserWarning, match="probabilities"):
-        AutoAttack(Probabilities(trained_mlp), "Linf", 0.01, attacks=["apgd-ce"]).run(x[:8], y[:8])
+        AutoAttack(Probabilities(trained_mlp), "Linf", 0.01, attacks=["apgd-ce"], steps=10).run(x[:8], y[:8])
     with pytest.warns(UserWarning, match="changes between identical forward passes"):
-        AutoAttack(Noisy(trained_mlp), "Linf", 0.001, attacks=["apgd-ce"]).run(x[:8], y[:8])
+        AutoAttack(Noisy(trained_mlp), "Linf", 0.001, attacks=["apgd-ce"], steps=10).run(x[:8], y[:8])
     with pytest.raises(AttackError, match="NaN/inf logits"):
         AutoAttack(NaNLogits(), "Linf", 0.01).run(x[:8], y[:8])
 
@@ -186,7 +188,7 @@ def test_few_classes_cap_targets_and_three_classes_refused():
     five = train_mlp(n_classes=5, steps=100)
     x, y = separable_data(16, seed=2, n_classes=5)
     with pytest.warns(UserWarning, match=r"capped at 4 \(min\(9, K-1\)\)"):
-        AutoAttack(five, "Linf", 0.15).run(x, y)
+        AutoAttack(five, "Linf", 0.15, steps=20, queries=100).run(x, y)
     three = train_mlp(n_classes=3, steps=50)
     x, y = separable_data(8, seed=2, n_classes=3)
     with pytest.raises(ValueError, match="at least 4 classes"):
@@ -197,7 +199,7 @@ def test_few_classes_cap_targets_and_three_classes_refused():
 
 def test_bf16_precision_counts_only_fp32_verified_successes(trained_mlp, batch):
     x, y = batch
-    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], precision="bf16",
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], precision="bf16", steps=20,
                         attacks=["apgd-ce", "apgd-t"]).run(x, y)
     check_result(trained_mlp, x, y, result, "Linf", MIXED_EPS["Linf"])
     assert result.precision == "bf16"
@@ -217,6 +219,7 @@ def test_rand_version_uses_eot_and_skips_the_randomness_check(trained_mlp, batch
         AutoAttack(trained_mlp, "Linf", 0.1, version="rand", attacks=["square"])
 
 
+@pytest.mark.slow
 def test_plus_version_runs_its_cascade_and_is_at_least_as_strong(trained_mlp, batch):
     x, y = batch
     standard = AutoAttack(trained_mlp, "L2", MIXED_EPS["L2"], seed=0).run(x, y)
@@ -271,7 +274,7 @@ def test_progress_reports_stages_and_steps_within_a_batch(trained_mlp, batch):
     """Issue 13 item 22: a long batch is never silent: every stage starts with its name, then step positions."""
     x, y = batch
     calls = []
-    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, queries=40, progress_interval=0,
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, steps=12, queries=40, progress_interval=0,
                         progress=lambda name, *position: calls.append((name, position))).run(x, y, batch_size=32)
     assert 0 < result.robust_accuracy  # every stage ran on the one batch
     stages = list(dict.fromkeys(name for name, _ in calls))
@@ -283,11 +286,11 @@ def test_progress_reports_stages_and_steps_within_a_batch(trained_mlp, batch):
         assert len(steps) >= 10 and steps == sorted(steps) and len(set(steps)) == len(steps), stage
         assert all(step[-2] <= step[-1] for step in steps), stage
     assert {len(p) for name, p in calls if name in ("apgd-t", "fab-t") and p} == {4}  # target, n_targets, step, n
-    assert [p for name, p in calls if name == "apgd-ce"][1:3] == [(1, 100), (2, 100)]
+    assert [p for name, p in calls if name == "apgd-ce"][1:3] == [(1, 12), (2, 12)]
     assert [p for name, p in calls if name == "fab-t"][1][1] == 9
 
     throttled = []
-    AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, queries=40, progress_interval=3600,
+    AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, steps=12, queries=40, progress_interval=3600,
                progress=lambda name, *position: throttled.append((name, position))).run(x, y, batch_size=32)
     assert throttled == [(stage, ()) for stage in stages]  # nothing between the stage starts within an hour
 
@@ -296,7 +299,7 @@ def test_images_are_reported_as_they_leave_the_cascade(trained_mlp, batch):
     """Issue 24: a bar counts images as they leave a batch (fooled or finished), not once per batch."""
     x, y = batch
     left, seen = [], []
-    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, queries=40, on_leave=left.append,
+    result = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], seed=0, steps=12, queries=40, on_leave=left.append,
                         progress=lambda name, *position: seen.append((name, sum(left)))).run(x, y, batch_size=32)
     assert sum(left) == len(y) and all(n > 0 for n in left)
     assert left[-1] == int(result.robust.sum()) > 0  # the robust ones leave after the last attack
@@ -360,7 +363,8 @@ def test_conv_models_get_nhwc_inputs_on_the_cpu_and_the_same_flags():
     x, y = torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 10
     seen = []
     model.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
-    runs = {fmt: AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce", "apgd-t"], input_format=fmt, capture="eager")
+    runs = {fmt: AutoAttack(model, "Linf", 0.03, attacks=["apgd-ce", "apgd-t"], input_format=fmt, capture="eager",
+                            steps=10)
             for fmt in ("auto", "contiguous")}
     results = {fmt: attack.run(x, y) for fmt, attack in runs.items()}
     assert isinstance(runs["auto"].attack_model, ChannelsLastInputs) and runs["contiguous"].attack_model is model
@@ -395,7 +399,7 @@ def test_the_attacks_call_a_trace_of_the_model_on_the_cpu_with_the_same_results_
 
     model = small_cnn().eval()
     x, y = torch.rand(6, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.arange(6) % 10
-    attacks = {capture: AutoAttack(model, "L2", 0.5, attacks=["apgd-ce", "apgd-t", "square"], queries=30,
+    attacks = {capture: AutoAttack(model, "L2", 0.5, attacks=["apgd-ce", "apgd-t", "square"], steps=10, queries=30,
                                    capture=capture) for capture in ("auto", "eager")}
     results = {capture: attack.run(x, y) for capture, attack in attacks.items()}
     assert isinstance(attacks["auto"].attack_model, TracedModel) and results["auto"].capture == "trace"
@@ -482,10 +486,10 @@ def test_a_trace_that_differs_or_fails_keeps_the_model_or_is_named():
 def test_no_trace_on_bf16_or_for_randomised_models(trained_mlp, batch):
     x, y = batch
     for kwargs in ({"precision": "bf16"}, {"version": "rand"}):
-        attack = AutoAttack(trained_mlp, "Linf", 0.03, attacks=["apgd-ce"], **kwargs)
+        attack = AutoAttack(trained_mlp, "Linf", 0.03, attacks=["apgd-ce"], steps=5, **kwargs)
         attack.run(x, y)
         assert attack.attack_model is trained_mlp
-    attack = AutoAttack(trained_mlp, "Linf", 0.03, attacks=["apgd-ce"])
+    attack = AutoAttack(trained_mlp, "Linf", 0.03, attacks=["apgd-ce"], steps=5)
     attack.run(x, y)
     assert attack.attack_model is not trained_mlp
 
@@ -546,9 +550,9 @@ def test_tf32_and_cudnn_benchmark_agree_with_fp32_on_the_cpu(trained_mlp, batch)
     """The CPU has no TF32 and no cudnn: the opt-ins must give fp32's results there (on a GPU, robust accuracy
     may not exceed fp32's by more than the agreement allowance: tests/test_gpu.py), and leave torch's flags."""
     x, y = batch
-    fp32 = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], attacks=["apgd-ce", "apgd-t"]).run(x, y)
+    fp32 = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], attacks=["apgd-ce", "apgd-t"], steps=20).run(x, y)
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark
-    fast = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], precision="tf32", cudnn_benchmark=True,
+    fast = AutoAttack(trained_mlp, "Linf", MIXED_EPS["Linf"], precision="tf32", cudnn_benchmark=True, steps=20,
                       attacks=["apgd-ce", "apgd-t"]).run(x, y)
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark) == before
     check_result(trained_mlp, x, y, fast, "Linf", MIXED_EPS["Linf"])

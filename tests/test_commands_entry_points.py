@@ -11,9 +11,8 @@ import pytest
 
 from rgb.models import export_factory_model
 from user_models import trained_small_cnn
+from helpers import REPO, TESTS
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
 
 
 def run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -4,21 +4,22 @@ never a traceback, and nothing written outside the output tree. Mostly in-proces
 import errno
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import raises_one_line
+from helpers import REPO, raises_one_line
 from rgb.commands import main as cli
 from rgb.core.files import replaced_whole
 from rgb.core.values import ConfigValueError, path_name
 from rgb.models import ExportFileError, create_model, export_model, load_with_meta
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -201,15 +202,39 @@ def test_an_output_dir_under_a_file_is_one_line(recorded_run, tmp_path):
     assert problem.endswith(f": {blocker} is a file, not a directory")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
-def test_an_unwritable_output_dir_is_one_line(tmp_path):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        assert "is not writable (read-only or no permission)" in cli.unwritable(locked / "out" / "x")
-    finally:
-        locked.chmod(0o700)
+def unprivileged(function, *args):
+    """`function(*args)` as a user without privileges: root (CI runs as root) writes into read-only directories,
+    so there it runs in a fork that became `nobody` (its result comes back pickled)."""
+    if os.geteuid() != 0:
+        return function(*args)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, answer, leave without running the parent's cleanup
+        os.close(read_end)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write_end, pickle.dumps(function(*args)))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        data = answer.read()
+    os.waitpid(pid, 0)
+    return pickle.loads(data)
+
+
+def test_an_unwritable_output_dir_is_one_line():
+    with tempfile.TemporaryDirectory() as top:  # not under pytest's tmp dirs, which only their owner may enter
+        os.chmod(top, 0o755)
+        locked = Path(top) / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        try:
+            problem = unprivileged(cli.unwritable, locked / "out" / "x")
+        finally:
+            locked.chmod(0o700)
+    assert "is not writable (read-only or no permission)" in problem
 
 
 @pytest.mark.parametrize("code, words", [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "read-only filesystem"),
@@ -449,3 +474,65 @@ def test_a_users_own_malloc_settings_win(monkeypatch):
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
     assert keep_freed_memory() is False
+
+
+# ---------------------------------------------------------------- errors in a second (issue 53 item 5)
+
+
+@pytest.mark.slow  # a fresh interpreter per case (pytest's has torch loaded)
+@pytest.mark.parametrize("argv", [
+    ["train.py", "trainer.max_epochz=3"],  # an unknown key
+    ["attack.py", "run=outputs/train/digits/no-such-run", "max_imagez=3"],
+    ["evaluate.py", "run=outputs/train/digits/no-such-run", "max_imagez=3"],
+    ["attack.py", "norms=[linf]"],  # no run given
+])
+def test_config_mistakes_are_said_before_torch_is_imported(argv, tmp_path):
+    """benchmarks/startup_time.py --errors times these; here: nothing of torch is loaded before the one line."""
+    script = ("import sys\nfrom rgb.commands import main\n"
+              f"sys.argv = {argv!r}\n"
+              "try:\n    getattr(main, sys.argv[0].removesuffix('.py') + '_main')()\n"
+              "except SystemExit as done:\n    print(done)\n"
+              "print('torch loaded' if 'torch' in sys.modules else 'no torch')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300).stdout.splitlines()
+    assert out[-2].startswith(f"{argv[0]}: error: ") and out[-1] == "no torch", out
+
+
+def test_an_import_error_behind_a_config_value_is_an_import_error(monkeypatch):
+    """A resolver whose module does not import (a broken install) was reported as a config error on
+    hydra.run.dir; it is the ImportError itself."""
+    monkeypatch.setitem(sys.modules, "rgb.runs.store", None)  # `import rgb.runs.store` raises ImportError
+    with pytest.raises(ImportError, match="rgb.runs.store"):
+        cli._compose_error("train", ["run_name=x"])
+
+
+def test_each_lightning_line_is_printed_once(monkeypatch):
+    """The `lightning` package's own console handler printed each of its lines ("INFO: ...") beside Hydra's root
+    handler ("[...][lightning.pytorch.utilities.rank_zero][INFO] - ..."): after the command's set-up, only the root
+    logger's handlers see them."""
+    import logging
+
+    import lightning  # noqa: F401  (its console handler comes with the import)
+
+    loggers = [logging.getLogger(name) for name in ("lightning", "lightning.pytorch", "lightning.fabric")]
+    for logger in loggers:  # restored after the test
+        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+        monkeypatch.setattr(logger, "propagate", logger.propagate)
+    logging.getLogger("lightning").addHandler(logging.StreamHandler())  # as `import lightning` does
+    seen = []
+
+    class Counting(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    root = logging.getLogger()
+    counting = Counting()
+    root.addHandler(counting)
+    try:
+        cli.lightning_through_root()
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").warning("`Trainer.fit` stopped")
+    finally:
+        root.removeHandler(counting)
+    assert seen == ["`Trainer.fit` stopped"]
+    assert [h for logger in loggers for h in logger.handlers] == []  # no second console voice

@@ -14,10 +14,6 @@ from rgb.evaluation.leaderboard import seed_spread, seed_spread_markdown
 from rgb.runs.store import run_name_for, train_runs
 
 
-def compose_hydra(config, *overrides):
-    return compose_config(config, *overrides, return_hydra_config=True)
-
-
 def job_dir(sweep: Path, job: int, run_name="m-ce-ff-e1-s0", sweep_name="m-ce-ff-e1") -> Path:
     directory = sweep / str(job)
     directory.mkdir(parents=True)
@@ -27,9 +23,11 @@ def job_dir(sweep: Path, job: int, run_name="m-ce-ff-e1-s0", sweep_name="m-ce-ff
 
 
 def test_a_seed_sweep_shares_one_sweep_dir_without_the_seed():
-    dirs = {str(compose_hydra("train", f"seed={seed}").hydra.sweep.dir) for seed in (0, 1)}
-    assert dirs == {"./outputs/train/digits/multirun/test_resnet-ce-full_finetune-e10"}
-    assert compose_hydra("train", "sweep_name=lr_study").hydra.sweep.dir.endswith("/multirun/lr_study")
+    dirs = {str(compose_config("train", f"seed={seed}", return_hydra_config=True).hydra.sweep.dir).rsplit("-", 2)[0]
+            for seed in (0, 1)}
+    assert dirs == {"./outputs/train/digits/multirun/test_resnet-ce-full_finetune-e10"}  # then the start time
+    named = compose_config("train", "sweep_name=lr_study", return_hydra_config=True)
+    assert named.hydra.sweep.dir.endswith("/multirun/lr_study")
 
 
 def test_outputs_are_named_from_the_train_record_not_the_directory(tmp_path):
@@ -145,3 +143,49 @@ def test_a_sweep_with_a_job_missing_gives_no_seed_spread_and_says_which(tmp_path
                                                         missing_jobs=request.missing_jobs))
     assert not (board / "seeds.md").exists() and not (board / "seeds.json").exists()
     assert f"sweep jobs without a model (failed, running or removed): {sweep / '1'}, {sweep / '3'}" in caplog.text
+
+
+# ---------------------------------------------------------------- sweeps that repeat (issue 53 item 3)
+
+
+def test_an_unnamed_sweep_gets_a_fresh_dir_and_a_named_one_keeps_its_own():
+    """Two multiruns of one recipe (another sampler seed, another search) never land in one `multirun/<...>/0`: an
+    unnamed one carries its start time; sweep_name= names a sweep to resume."""
+    import re
+
+    unnamed = compose_config("train", return_hydra_config=True)
+    assert re.fullmatch(r"\./outputs/train/digits/multirun/test_resnet-ce-full_finetune-e10-\d{8}-\d{6}",
+                        str(unnamed.hydra.sweep.dir))
+    assert str(unnamed.sweep_name) == Path(str(unnamed.hydra.sweep.dir)).name  # one value: the sweep's name
+
+
+def test_a_sweep_job_refused_by_its_dir_names_sweep_name(tmp_path):
+    from rgb.training.rundir import RunManifest
+    from rgb.training.run import SWEEP_ELSEWHERE
+    from rgb.training.config import TrainingError
+
+    job = tmp_path / "multirun" / "m-ce-ff-e1" / "0"
+    RunManifest(job).claim({"optim.head_lr": 0.1})
+    (job / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(TrainingError, match=r"start fresh with another sweep_name= \(a multirun without one gets"):
+        RunManifest(job, SWEEP_ELSEWHERE).claim({"optim.head_lr": 0.2})
+
+
+@pytest.mark.slow
+def test_a_failed_optuna_trial_ends_the_study_in_one_line(tmp_path, mini_dir):
+    """A trial whose job fails with a user error has no value: the study ends there with one line, instead of
+    Optuna's traceback on a study without a completed trial."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(CONF.parent / "train.py"), "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2",
+         "trainer.max_epochs=0", f"data.source={mini_dir}", f"paths.root_dir={tmp_path}",
+         f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said[-2000:]
+    assert "Traceback" not in said, said[-2000:]
+    errors = [line for line in said.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "job 0 (" in errors[0] and "failed, so the study ends" in errors[0], said[-2000:]
+    assert "trainer.max_epochs" in errors[0]

@@ -26,12 +26,8 @@ def options(group):
     return sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def compose_train(*overrides, hydra_cfg=False):
-    return compose_config("train", *overrides, return_hydra_config=hydra_cfg)
-
-
 def test_plain_train_defaults_are_the_tiny_demo_with_paper_optimiser():
-    cfg = compose_train()
+    cfg = compose_config("train")
     assert (cfg.model.name, cfg.model.pretrained) == ("test_resnet", False)
     assert (cfg.loss.name, cfg.strategy.name) == ("ce", "full_finetune")
     assert {k: cfg.optim[k] for k in PAPER_OPTIM} == PAPER_OPTIM
@@ -40,7 +36,7 @@ def test_plain_train_defaults_are_the_tiny_demo_with_paper_optimiser():
 
 
 def test_run_dir_is_stable_and_named_after_model_loss_strategy():
-    cfg = compose_train("loss=trades", "strategy=linear_probe", hydra_cfg=True)
+    cfg = compose_config("train", "loss=trades", "strategy=linear_probe", return_hydra_config=True)
     # the run store's layout (rgb.runs.store.output_dir_for): <outputs>/train/<dataset id>/<run name>
     assert Path(cfg.hydra.run.dir) == Path("outputs/train/digits/test_resnet-trades-linear_probe-e10-s0")
     assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.num}"
@@ -48,12 +44,12 @@ def test_run_dir_is_stable_and_named_after_model_loss_strategy():
 
 def timm_presets():
     """Model presets of the timm family (the open_clip ones are tested in tests/test_zeroshot_openclip.py)."""
-    return [o for o in options("model") if compose_train(f"model={o}").model.get("_target_") == "rgb.models.create_model"]
+    return [o for o in options("model") if compose_config("train", f"model={o}").model.get("_target_") == "rgb.models.create_model"]
 
 
 @pytest.mark.parametrize("preset", timm_presets())
 def test_model_preset_names_a_timm_model(preset):
-    cfg = compose_train(f"model={preset}")
+    cfg = compose_config("train", f"model={preset}")
     check_model_name(cfg.model.name)
     assert cfg.model.num_classes == 10 and cfg.model.weights is None
     if preset == "clip_vit_b16":  # CLIP statistics come from timm's config, not from the name
@@ -69,7 +65,7 @@ def test_model_preset_names_a_timm_model(preset):
     "group, option", [(g, o) for g in ("loss", "strategy", "optim", "callbacks", "logger", "debug") for o in options(g)]
 )
 def test_group_option_composes_and_instantiates(group, option, tmp_path):
-    cfg = compose_train(f"{group}={option}", f"run_dir={tmp_path}")
+    cfg = compose_config("train", f"{group}={option}", f"run_dir={tmp_path}")
     OmegaConf.resolve(cfg)
     for node in list((cfg.callbacks or {}).values()) + list((cfg.logger or {}).values()):
         hydra.utils.instantiate(node)
@@ -79,7 +75,7 @@ def test_group_option_composes_and_instantiates(group, option, tmp_path):
 # Prefixed ids: conftest would read a bare "gpu" id as the gpu mark and skip it without CUDA.
 @pytest.mark.parametrize("option", options("trainer"), ids=lambda o: f"trainer_{o}")
 def test_trainer_option_instantiates(option, tmp_path):
-    cfg = compose_train(f"trainer={option}", f"run_dir={tmp_path}")  # on the CPU: a test default
+    cfg = compose_config("train", f"trainer={option}", f"run_dir={tmp_path}")  # on the CPU: a test default
     trainer = hydra.utils.instantiate(cfg.trainer)
     assert isinstance(trainer, Trainer) and not cfg.trainer.inference_mode
     if option in ("gpu", "ddp"):
@@ -87,15 +83,15 @@ def test_trainer_option_instantiates(option, tmp_path):
 
 
 def test_linear_probe_strategy_sets_the_paper_lp_head_values():
-    cfg = compose_train("strategy=linear_probe")
+    cfg = compose_config("train", "strategy=linear_probe")
     assert (cfg.optim.head_lr, cfg.optim.head_weight_decay) == (1.2165e-4, 7.61e-4)
-    assert compose_train("strategy=linear_probe", "optim.head_lr=0.5").optim.head_lr == 0.5
+    assert compose_config("train", "strategy=linear_probe", "optim.head_lr=0.5").optim.head_lr == 0.5
 
 
 def test_slurm_launcher_lets_submitit_requeue_with_one_task_per_gpu():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")  # hydra/launcher=slurm: the launcher's config
     site = "++local.slurm.partition=gpu-long"  # what conf/local/default.yaml (git-ignored) provides
-    cfg = compose_train("hydra/launcher=slurm", "trainer=ddp", "trainer.devices=8", site, hydra_cfg=True)
+    cfg = compose_config("train", "hydra/launcher=slurm", "trainer=ddp", "trainer.devices=8", site, return_hydra_config=True)
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert launcher.max_num_timeout > 0
@@ -105,14 +101,14 @@ def test_slurm_launcher_lets_submitit_requeue_with_one_task_per_gpu():
 
 def test_optuna_overlay_minimises_the_validation_loss():
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    cfg = compose_train("hparams_search=optuna", hydra_cfg=True)
+    cfg = compose_config("train", "hparams_search=optuna", return_hydra_config=True)
     assert cfg.hydra.sweeper.direction == "minimize" and cfg.monitor.metric == "val/loss"
     assert "optim.backbone_lr" in cfg.hydra.sweeper.params
 
 
 def test_robust_optuna_overlay_maximises_the_clean_robust_score():
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    cfg = compose_train("hparams_search=optuna_robust", "callbacks.robust_val.every_n_epochs=2", hydra_cfg=True)
+    cfg = compose_config("train", "hparams_search=optuna_robust", "callbacks.robust_val.every_n_epochs=2", return_hydra_config=True)
     assert cfg.hydra.sweeper.direction == "maximize" and (cfg.monitor.metric, cfg.monitor.mode) == ("val/robust_score", "max")
     assert cfg.callbacks.robust_val._target_.endswith("RobustValidation") and "optim.head_lr" in cfg.hydra.sweeper.params
     assert cfg.callbacks.best_checkpoint.every_n_epochs == 2  # checkpoints only where the robust score is fresh
@@ -132,7 +128,7 @@ def test_every_experiment_is_listed():
 
 @pytest.mark.parametrize("experiment", sorted(EXPERIMENTS))
 def test_experiment_runs_once_with_fast_dev_run(experiment, tmp_path, mini_dir):
-    cfg = compose_train(f"experiment={experiment}", f"run_dir={tmp_path}", f"data.source={mini_dir}", "debug=fdr",
+    cfg = compose_config("train", f"experiment={experiment}", f"run_dir={tmp_path}", f"data.source={mini_dir}", "debug=fdr",
                         *FAST)
     assert (cfg.loss.name, cfg.strategy.name, cfg.trainer.max_epochs) == EXPERIMENTS[experiment]
     assert cfg.effective_batch_size == 1024
@@ -150,5 +146,5 @@ DEMO_IDENTITIES = {
 
 @pytest.mark.parametrize("overrides", list(DEMO_IDENTITIES))
 def test_the_identity_of_the_demo_runs_is_unchanged(overrides):
-    identity = training_request(compose_train("run_dir=outputs/demo", *overrides)).identity
+    identity = training_request(compose_config("train", "run_dir=outputs/demo", *overrides)).identity
     assert hashlib.sha256(json.dumps(identity).encode()).hexdigest() == DEMO_IDENTITIES[overrides]

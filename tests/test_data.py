@@ -10,13 +10,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers import REPO, compose_config, raises_one_line
+from helpers import REPO, compose_config, raises_one_line, resolved
 from rgb.core.threat import Norm
 from rgb.data import BenchmarkError, ImageSplit, load_split, transfer_coverage
 from rgb.data.catalog import CORRUPTIONS, DATASETS, MINI, TRANSFER_SPLITS, WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.corruptions import corruption_of_row
 from rgb.data.mini import CLASS_NAMES, DATASET, HELD_OUT, TEST_SIZE, VALIDATION_SIZE, build_mini, digit_images, stratified_splits
-from rgb.commands.resolvers import register_resolvers
 from rgb.data.snapshot import build_staged, png_bytes, write_readme, write_split
 
 SPLIT_SIZES = {"train": 1797 - HELD_OUT - VALIDATION_SIZE, "validation": VALIDATION_SIZE, "test": TEST_SIZE,
@@ -210,15 +209,10 @@ REAL_TRANSFER_BUDGETS = {"l1_75": 75.0, "l1_300": 300.0, "l2_2": 2.0, "l2_8": 8.
                          "linf_8": 0.03137254901960784, "linf_30": 0.11764705882352941}
 
 
-def compose_data(*overrides):
-    register_resolvers()
-    return OmegaConf.to_container(compose_config("train", *overrides).data, resolve=True)
-
-
 # data=custom reads its image size from an imported snapshot: its budgets are checked in tests/test_data_import_folder.py
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf/data").glob("[!_]*.yaml") if p.stem != "custom"))
 def test_data_configs_have_the_catalog_budgets_bit_for_bit(name):
-    data = compose_data(f"data={name}")
+    data = resolved(compose_config("train", f"data={name}").data)
     mini = data["image_size"] == 32
     assert data["budgets"] == (MINI_BUDGETS if mini else REAL_BUDGETS)  # exact: no rounding drift
     assert data["transfer_budgets"] == (MINI_TRANSFER_BUDGETS if mini else REAL_TRANSFER_BUDGETS)
@@ -232,7 +226,7 @@ def test_data_configs_have_the_catalog_budgets_bit_for_bit(name):
 def test_data_configs_take_their_class_count_from_the_catalog(name):
     """The catalog owns each dataset's class count: a data config composes to it and writes no number of its own
     (a count typed into a YAML drifts from the catalog unnoticed)."""
-    data = compose_data(f"data={name}")
+    data = resolved(compose_config("train", f"data={name}").data)
     info = MINI if data["dataset"] == MINI.name else DATASETS[data["dataset"]]
     assert data["num_classes"] == info.num_classes
     assert "num_classes" not in OmegaConf.load(REPO / "conf/data" / f"{name}.yaml")
@@ -248,7 +242,7 @@ def test_the_plain_data_module_of_a_dataset_is_its_composed_config(name, monkeyp
 
     from rgb.data import BenchmarkData
 
-    composed = instantiate(compose_data(f"data={name}"))
+    composed = instantiate(resolved(compose_config("train", f"data={name}").data))
     assert type(composed) is BenchmarkData  # attack.py and evaluate.py start without Lightning
     plain = BenchmarkData.for_dataset(composed.dataset)
     for field in ("source", "dataset", "image_size", "num_classes", "budgets", "transfer_budgets", "eval_batch_size",
@@ -267,7 +261,7 @@ def test_the_plain_data_module_refuses_an_unknown_dataset():
 
 
 def test_one_budget_stays_overridable():
-    data = compose_data("data=mini", "data.budgets.linf=0.03", "data.image_size=64")
+    data = resolved(compose_config("train", "data=mini", "data.budgets.linf=0.03", "data.image_size=64").data)
     assert data["budgets"]["linf"] == 0.03 and data["budgets"]["l1"] == scale_budget("l1", 75.0, 3 * 64 * 64)
 
 

@@ -4,11 +4,10 @@ user runs it, with no step run: --steps 0)."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow

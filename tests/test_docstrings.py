@@ -1,11 +1,17 @@
 """The public API's docstrings keep one layout (Google style, what users of timm and open_clip read): a summary line,
-then `Args:` when it takes arguments, `Returns:` when it returns something, and `Raises:`. A dataclass request lists
-every field under `Args:`, so a new field cannot go undocumented."""
+then `Args:` when it takes arguments, `Returns:` when it returns something, and `Raises:` when its body raises (never a
+`Raises:` that says "Nothing"). A dataclass request lists every field under `Args:`, so a new field cannot go
+undocumented. The front doors (`rgb.benchmark`, `rgb.load_model`, `rgb.AutoAttack`, `export_factory_model`) carry an
+`Example:` that runs as written."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import doctest
 import inspect
+import io
+import textwrap
 
 import pytest
 
@@ -14,7 +20,7 @@ from rgb.attacks.options import AttackOptions
 from rgb.evaluation.run import EvalRequest, PoolRequest
 from rgb.evaluation.text_robustness import TextRobustnessRequest
 from rgb.evaluation.zeroshot_report import ZeroShotReportRequest
-from rgb.models import chat, openclip, timm_family, user_factory
+from rgb.models import chat, export_factory_model, openclip, timm_family, user_factory
 from rgb.models.families import FAMILIES, ModelFamily
 from rgb.runs.request import AttackRequest
 from rgb.serve.request import ServeRequest
@@ -70,6 +76,18 @@ def returns_something(value, signature: inspect.Signature) -> bool:
     return signature.return_annotation not in (None, "None")
 
 
+def raises_in_body(value) -> bool:
+    """Whether the body that runs when `value` is called has a `raise`: a function's own, a class's `__init__` and
+    `__post_init__` (a dataclass's generated `__init__` raises nothing of its own)."""
+    if inspect.isclass(value):
+        bodies = [vars(value).get("__post_init__")]
+        if not dataclasses.is_dataclass(value):
+            bodies.append(vars(value).get("__init__"))
+        return any(raises_in_body(body) for body in bodies if body is not None)
+    source = textwrap.dedent(inspect.getsource(value))
+    return any(isinstance(node, ast.Raise) for node in ast.walk(ast.parse(source)))
+
+
 def layout_problems(value) -> list[str]:
     doc, signature = documented(value)
     if not doc:
@@ -83,8 +101,11 @@ def layout_problems(value) -> list[str]:
         problems.append("no Args: section")
     if returns_something(value, signature) and "Returns:" not in sections:
         problems.append("no Returns: section")
-    if "Raises:" not in sections:
-        problems.append("no Raises: section")
+    if raises_in_body(value) and "Raises:" not in sections:
+        problems.append("its body raises but there is no Raises: section")
+    first_raises = [lines[k + 1] for k, line in enumerate(lines[:-1]) if line.rstrip() == "Raises:"]
+    if first_raises and first_raises[0].strip().startswith("Nothing"):
+        problems.append("a Raises: section that says Nothing (leave it out)")
     return problems
 
 
@@ -110,3 +131,24 @@ def test_family_summary(cls):
 
 def test_every_family_is_checked():
     assert {type(family) for family in FAMILIES.values()} <= set(FAMILY_CLASSES)
+
+
+FRONT_DOORS = {"rgb.benchmark": lambda: rgb.benchmark, "rgb.load_model": lambda: rgb.load_model,
+               "rgb.AutoAttack": lambda: rgb.AutoAttack, "rgb.models.export_factory_model": lambda: export_factory_model}
+
+
+@pytest.mark.parametrize("name", sorted(FRONT_DOORS))
+def test_front_doors_have_an_example_that_runs_as_written(name, mini_dir, tmp_path, monkeypatch):
+    """Each `Example:` (the last section) runs in a fresh directory where `data/mini` is the mini benchmark, as
+    after `make demo`, and prints what it says."""
+    doc = documented(FRONT_DOORS[name]())[0]
+    assert "\nExample:\n" in doc, f"{name}: no Example: section"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mini").symlink_to(mini_dir)
+    example = doctest.DocTestParser().get_doctest(inspect.cleandoc(doc.split("\nExample:\n", 1)[1]), {}, name,
+                                                  None, 0)
+    assert example.examples, f"{name}: its Example: has no >>> lines"
+    runner, out = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS), io.StringIO()
+    runner.run(example, out=out.write)
+    assert runner.failures == 0, out.getvalue()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import raises_one_line
+from helpers import RGB, raises_one_line
 from rgb.attacks import AutoAttack
 from rgb.commands import main as cli
 from rgb.core.errors import UserError
@@ -29,7 +29,6 @@ from rgb.training.optim import build_optimizer
 from rgb.training.request import ModelSection
 from rgb.training.zeroshot import initialise_head
 
-RGB = Path(__file__).resolve().parents[1] / "rgb"
 BARE = {"ValueError", "RuntimeError", "TypeError"}
 
 _ATTACK_ARGS = ("the pure-PyTorch attacks' arguments (tensor shapes, eps, iteration counts) checked for a Python "

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers import compose_config, datamodule, expectation, record, save_pool, scoring, write_attack
+from helpers import CONF, compose_config, datamodule, expectation, record, save_pool, scoring, write_attack
 from rgb.attacks.registry import VERSIONS
 from rgb.data.catalog import CORRUPTIONS, DATASETS, TRANSFER_SPLITS
 from rgb.evaluation.leaderboard import LeaderboardError, build_leaderboard, find_records, to_markdown
@@ -208,7 +208,7 @@ def test_corruption_names_are_normalised_once_and_unknown_ones_refused():
 
 
 def test_worst_k_defaults_to_1_5_10():
-    cfg = OmegaConf.load(Path(__file__).parents[1] / "conf" / "evaluate.yaml")
+    cfg = OmegaConf.load(CONF / "evaluate.yaml")
     assert list(cfg.worst_k) == [1, 5, 10] and scoring(Path(), Path()).worst_k == (1, 5, 10)
     assert cfg.rank_by == "borda" and cfg.leaderboard_datasets is None
 

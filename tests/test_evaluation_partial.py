@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import card_protocol, datamodule, record, scoring, write_attack
+from helpers import REPO, card_protocol, datamodule, record, scoring, write_attack
 from rgb.core.files import distinct_name
 from rgb.evaluation.leaderboard import board_figure, build_leaderboard, find_records, to_markdown, write_leaderboard
 from rgb.evaluation.model_eval import evaluate_model, format_table
@@ -113,7 +113,7 @@ def test_a_record_with_settings_missing_gives_its_partial_sum_of_n():
     assert score.score is None and (score.partial_sum, score.covered, score.max) == (pytest.approx(1.7), 3, 5)
     assert str(score) == "incomplete (1.7000 over 3 of 5 settings; missing: autoattack_l1, autoattack_l2)"
     assert score.to_json()["covered"] == 3 and str(record("m", "d", [0.5] * 5).white_box) == "2.5000 / 5"
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     assert "print(record.white_box)  " in readme and "n_examples=100)" in readme
 
 

@@ -17,7 +17,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from helpers import REPO, compose_config, raises_one_line
+from helpers import REPO, TESTS, compose_config, raises_one_line
 from rgb.evaluation.model_eval import EvaluationError
 from rgb.commands.evaluate import run_evaluation
 from rgb.evaluation.text_robustness import (
@@ -30,7 +30,6 @@ from rgb.models import export_factory_model, export_model, load_clip, load_with_
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, zeroshot_classifier
 from rgb.brittleness.perturb import DEFAULT_TYPES, LEXICAL, SEMANTIC, SYNTACTIC
 
-TESTS = Path(__file__).resolve().parent
 TINY_ARCH = "rgb-test-tiny-clip"
 TINY_CONFIG = {
     "embed_dim": 32,

@@ -11,14 +11,13 @@ import pytest
 import safetensors.torch
 import torch
 
-from helpers import compose_config, raises_one_line, scoring
+from helpers import compose_config, compose_tiny_clip, raises_one_line, scoring
 from rgb.evaluation.model_eval import EvaluationError, evaluate_model
 from rgb.commands.evaluate import run_evaluation
 from rgb.runs.store import ZEROSHOT_REPORT_DIR
 from rgb.zeroshot import row_metrics
 from rgb.models import load_with_meta
 from rgb.commands.train import train
-from clip_runs import compose_train
 
 ROWS = ("clip (class names)", "single", "mean", "zpe (test debias)", "zpe (median+2*MAD, logit average, test debias)",
         "cpe (weights)")
@@ -30,7 +29,7 @@ METRICS = ("overall", "worst@1", "worst@5", "worst@10", "hm", "gm")
 def cpe_run(tmp_path_factory, mini_dir):
     """strategy=zeroshot prompts=cpe on the untrained embedded architecture; its prompts cache in <root>/data."""
     root = tmp_path_factory.mktemp("zs_report")
-    train(compose_train(root, mini_dir, "strategy=zeroshot", "prompts=cpe", "monitor.metric=val/acc"))
+    train(compose_tiny_clip(root, mini_dir, "strategy=zeroshot", "prompts=cpe", "monitor.metric=val/acc"))
     return root
 
 
@@ -141,7 +140,7 @@ def test_the_unlabelled_split_option_changes_the_weights_and_never_the_scoring(c
 
 def test_a_model_that_is_not_zero_shot_is_one_line(cpe_run, mini_dir, tmp_path):
     ft = tmp_path / "ft"
-    train(compose_train(ft, mini_dir, "strategy=linear_probe", "debug=fdr", "data.batch_size=16"))
+    train(compose_tiny_clip(ft, mini_dir, "strategy=linear_probe", "debug=fdr", "data.batch_size=16"))
     with raises_one_line(EvaluationError, match="compares the prompt ensembles of a zero-shot run .* an openclip "
                                                 "model without a prompt-built head") as err:
         run_evaluation(evaluate_config(tmp_path, mini_dir, f"run={ft / 'run'}", "zeroshot_report=true"))

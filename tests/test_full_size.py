@@ -4,11 +4,10 @@ train.py, attack.py and evaluate.py, as a user runs them; the JSON holds every s
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import RGB, TESTS
 
-RGB = Path(__file__).resolve().parents[1] / "rgb"
 
 # Each package and the rgb packages it may import (the top-level `rgb` package, which holds only the version and
 # lazy names, may be imported from anywhere).
@@ -243,7 +243,6 @@ def test_the_check_sees_a_module_named_api(tmp_path):
 
 # -- tests/ and benchmarks/: test modules import no test module and no benchmark; benchmarks nothing of tests/ ---
 
-TESTS = Path(__file__).resolve().parent
 BENCHMARKS = TESTS.parent / "benchmarks"
 
 

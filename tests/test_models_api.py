@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 import helpers
-from helpers import REPO, raises_one_line
+from helpers import REPO, compose_rooted, raises_one_line
 from rgb.data import ImageSplit, load_split
 from rgb.data.catalog import CONTROL_SPLIT, TRANSFER_SPLITS
 from rgb.data.mini import CLASS_NAMES, DATASET
@@ -206,20 +206,16 @@ def server(served_run):
         yield running
 
 
-def compose_config(name: str, root: Path, bench: Path, *overrides: str):
-    return helpers.compose_config(name, f"paths.root_dir={root}", f"paths.mini_dir={bench}", *overrides)
-
-
 def api_run(root: Path, bench: Path, base_url: str, name: str = "api_tiny", *overrides: str) -> Path:
     """train.py model=api_chat model.base_url=... model.api_model=tiny (no training: model.json only)."""
     run = root / "outputs" / "train" / DATASET / name
-    train(compose_config("train", root, bench, "model=api_chat", f"model.base_url={base_url}",
+    train(compose_rooted("train", root, bench, "model=api_chat", f"model.base_url={base_url}",
                          "model.api_model=tiny", f"model.name={name}", f"run_dir={run}", *overrides))
     return run
 
 
 def evaluate(root: Path, bench: Path, run: Path, *overrides: str) -> ScoresRecord:
-    run_evaluation(compose_config("evaluate", root, bench, f"run={run}", "protocol=black_box", *overrides))
+    run_evaluation(compose_rooted("evaluate", root, bench, f"run={run}", "protocol=black_box", *overrides))
     out = root / "outputs" / "eval" / DATASET / run.name
     written = [p for p in (out / SCORES_FILE, partial_dir(out) / PARTIAL_SCORES_FILE) if p.is_file()]
     return ScoresRecord.load(max(written, key=lambda p: p.stat().st_mtime_ns))  # a partial one goes apart
@@ -289,7 +285,7 @@ def test_an_api_model_cannot_be_attacked(tmp_path, bench, server):
 
     run = api_run(tmp_path, bench, server.base_url)
     with pytest.raises(AttackRunError, match="cannot be white-box attacked"):
-        attack_from_config(compose_config("attack", tmp_path, bench, f"run={run}", "progress=false"), threads=1)
+        attack_from_config(compose_rooted("attack", tmp_path, bench, f"run={run}", "progress=false"), threads=1)
 
 
 # -------------------------------------------------------------------------------------------------- manners
@@ -358,7 +354,7 @@ def test_dry_run_counts_and_max_requests_stops_partial_then_resumes(tmp_path, be
         run = api_run(tmp_path, bench, running.base_url)
         distinct = distinct_images(bench)
         with caplog.at_level("INFO"):
-            assert run_evaluation(compose_config("evaluate", tmp_path, bench, f"run={run}", "dry_run=true")) is None
+            assert run_evaluation(compose_rooted("evaluate", tmp_path, bench, f"run={run}", "dry_run=true")) is None
         assert f": {distinct} distinct requests to send" in caplog.text and running.requests.count() == 0
         plan = json.loads(next(tmp_path.rglob("*.dry_run.json")).read_text())
         assert plan["requests"] == distinct == sum(row["requests"] for row in plan["splits"].values())
@@ -381,7 +377,7 @@ def test_dry_run_counts_and_max_requests_stops_partial_then_resumes(tmp_path, be
             PARTIAL_SCORES_FILE  # a file that exists, not the staging copy it was written in
         caplog.clear()
         with caplog.at_level("INFO"):
-            run_evaluation(compose_config("evaluate", tmp_path, bench, f"run={run}", "dry_run=true"))
+            run_evaluation(compose_rooted("evaluate", tmp_path, bench, f"run={run}", "dry_run=true"))
         assert f": {distinct - 30} distinct requests to send" in caplog.text
 
         whole = evaluate(tmp_path, bench, run)
@@ -582,7 +578,7 @@ def test_the_reasoning_preset_sends_no_temperature_nor_max_tokens(tmp_path, benc
     from rgb.models import load
 
     run = tmp_path / "outputs" / "train" / DATASET / "reasoning"
-    train(compose_config("train", tmp_path, bench, "model=api_reasoning", "model.base_url=http://127.0.0.1:9/v1",
+    train(compose_rooted("train", tmp_path, bench, "model=api_reasoning", "model.base_url=http://127.0.0.1:9/v1",
                          "model.api_model=o-tiny", "model.name=reasoning", f"run_dir={run}",
                          "model.check_endpoint=false"))  # nothing listens on port 9
     api = json.loads((run / "model.json").read_text())["api"]
@@ -645,7 +641,7 @@ def test_secrets_declared_by_their_variables_are_sent_and_never_written(tmp_path
         # a record written before these rules (secrets in its base_url's query) is published without them
         scored.write_text(scored.read_text().replace(f"{url}", f"{url}&key={SECRET}&{param}={query_mark}"))
         assert query_mark in scored.read_text()
-        run_evaluation(compose_config("evaluate", tmp_path, bench, f"pool=[{scored}]",
+        run_evaluation(compose_rooted("evaluate", tmp_path, bench, f"pool=[{scored}]",
                                       "protocol=black_box", f"leaderboard_datasets=[{DATASET}]", "site=true",
                                       "allow_partial=true", "wandb.enabled=true", "wandb.project=rgb-tests"))
     wandb.teardown()  # W&B's service has written its files
@@ -687,7 +683,7 @@ def test_a_query_parameter_not_known_public_is_refused_before_anything_is_writte
                             (f"model.headers={{Proxy-Authorization: Basic {mark}}}",
                              "model.header_env={Proxy-Authorization: ENV_VAR}")):
         run = tmp_path / "outputs" / "r"
-        cfg = compose_config("train", tmp_path, bench, "model=api_chat", f"model.base_url={base}",
+        cfg = compose_rooted("train", tmp_path, bench, "model=api_chat", f"model.base_url={base}",
                              "model.api_model=tiny", override, f"run_dir={run}", "model.check_endpoint=false")
         with raises_one_line(UserError, match=re.escape(where)) as refused:
             train(cfg)
@@ -737,7 +733,7 @@ def test_train_py_refuses_a_bad_model_value_as_a_user_error(overrides, message, 
     given = {o.split("=")[0] for o in overrides}
     defaults = [o for o in ("model.base_url=http://127.0.0.1:1/v1", "model.api_model=tiny")
                 if o.split("=")[0] not in given]
-    cfg = compose_config("train", tmp_path, bench, "model=api_chat", *defaults, *overrides, f"run_dir={tmp_path / 'r'}")
+    cfg = compose_rooted("train", tmp_path, bench, "model=api_chat", *defaults, *overrides, f"run_dir={tmp_path / 'r'}")
     with raises_one_line(UserError, match=re.escape(message)):
         train(cfg)
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rgb.core.threat import Norm
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 RGB = REPO / "rgb"
 CONF = REPO / "conf"
 # A whole file from one call: the writes a JSON record must not be hand-made with.
@@ -237,12 +237,12 @@ def owned_names_spelled_again(root: Path = RGB) -> list[str]:
     from rgb.data.layout import README
     from rgb.evaluation.exports import MANIFEST as EXPORTS_MANIFEST
     from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE
-    from rgb.models.io import META_FILE, WEIGHTS_FILE
+    from rgb.core.exportfiles import META_FILE, WEIGHTS_FILE
     from rgb.models.openclip import CHECKPOINT_FILE, CONFIG_FILE
     from rgb.runs.store import BATCH_SIZE_FILE, COST_ESTIMATE_FILE, POOLED_PLAN, RESULTS_FILE, SUMMARY_FILE
     from rgb.training.module import VAL_ACC, VAL_LOSS
 
-    owners = {RUN_MANIFEST: "rgb/core/rundir.py", META_FILE: "rgb/models/io.py", WEIGHTS_FILE: "rgb/models/io.py",
+    owners = {RUN_MANIFEST: "rgb/core/rundir.py", **dict.fromkeys((META_FILE, WEIGHTS_FILE), "rgb/core/exportfiles.py"),
               **dict.fromkeys((RESULTS_FILE, SUMMARY_FILE, BATCH_SIZE_FILE, COST_ESTIMATE_FILE, POOLED_PLAN),
                               "rgb/runs/store.py"),
               SCORES_FILE: "rgb/evaluation/records.py", PARTIAL_SCORES_FILE: "rgb/evaluation/records.py",

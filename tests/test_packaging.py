@@ -10,8 +10,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = ("rgb-train", "rgb-attack", "rgb-evaluate", "rgb-transfer")
 
 

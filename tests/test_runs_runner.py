@@ -499,3 +499,55 @@ def test_batch_size_auto_is_resolved_once_recorded_and_kept_by_later_shards(surr
     assert summary["batch_size"] == 12 and summary["batch_size_auto"] == record and summary["n"] == N_IMAGES
     assert len(batch_files(out)) == N_IMAGES // 12
     assert "batch_size_auto" not in attack(overrides(surrogate, small_bench, tmp_path / "fixed"))["linf"]
+
+
+# ---------------------------------------------------------------- honest progress (issue 53 item 4)
+
+
+class FakeRun:
+    """A budget's run directory as Bars reads it: `n` images in batches of 10, the batches at `done` saved."""
+
+    def __init__(self, n=40, done=()):
+        self.identity, self.done = {"n_images": n}, {start: f"batch-{start}" for start in done}
+
+    def shard_starts(self, index, count):
+        return list(range(0, self.identity["n_images"], 10))
+
+    def batch_files(self):
+        return self.done
+
+    def load(self, path, start):
+        return {"robust": torch.ones(10, dtype=torch.bool)}
+
+
+def test_each_budgets_bar_counts_its_own_time_from_its_own_start():
+    """The budgets run one after the other: the L1 bar's elapsed time, rate and ETA count from L1's first stage,
+    not from when the bars were made (`L1 42/200 [10:01<37:42]` counted the time spent on Linf and L2); images a
+    resumed run already holds are shown but are no part of the rate."""
+    from types import SimpleNamespace
+
+    from rgb.runs.runner import Bars
+
+    budgets = [SimpleNamespace(name=name, threat=SimpleNamespace(eps=0.1)) for name in ("linf", "l2", "l1")]
+    request = SimpleNamespace(budgets=budgets, batch_size=10, progress=True)
+    now = [1000.0]
+    bars = Bars(request, [FakeRun(), FakeRun(), FakeRun(done=(0,))], 0, 1)
+    try:
+        for bar in bars.bars:
+            bar._time = lambda: now[0]
+        bars.stage(0, 0, "apgd-ce step 1/100")
+        now[0] += 600  # Linf: ten minutes
+        bars.left(0, 40)
+        now[0] += 300  # L2: five more
+        bars.left(1, 40)
+        now[0] += 60  # then L1 starts; a minute later 20 of its 30 images still to attack have left
+        bars.stage(2, 0, "apgd-ce")
+        now[0] += 60
+        bars.left(2, 20)
+        shown = bars.bars[2].format_dict
+        assert shown["elapsed"] == 60 and shown["n"] == 30 and shown["initial"] == 10
+        assert bars.bars[2].format_meter(**{**shown, "rate": None}).count("01:00") == 1  # [01:00<00:30]
+        assert "00:30" in bars.bars[2].format_meter(**{**shown, "rate": None})
+        assert bars.bars[0].format_dict["elapsed"] == 1020  # Linf's clock started with Linf
+    finally:
+        bars.close()

@@ -25,10 +25,6 @@ def make_transfer_splits(cfg) -> dict:
     return {name: summary.to_json() for name, summary in make_transfer_summaries(cfg).items()}
 
 
-def compose_transfer(items: list[str]):
-    return compose_config("transfer", *items)
-
-
 @pytest.fixture(scope="module")
 def made(mini_dir, surrogate, tmp_path_factory):
     """Transfer splits of the test surrogate written into a fresh small copy of the mini benchmark."""
@@ -36,7 +32,7 @@ def made(mini_dir, surrogate, tmp_path_factory):
     out = tmp_path_factory.mktemp("transfer_runs")
     items = [f"run={surrogate}", f"paths.mini_dir={bench}", f"output_dir={out}", "attacks=[apgd-ce]",
              f"batch_size={N_IMAGES}"]
-    cfg = compose_transfer([*items, f"splits=[{','.join(FAST_SPLITS)}]"])
+    cfg = compose_config("transfer", *items, f"splits=[{','.join(FAST_SPLITS)}]")
     return bench, surrogate, out, items, make_transfer_splits(cfg)
 
 
@@ -59,7 +55,7 @@ def test_split_loads_aligned_within_budget_and_modified_where_the_attack_succeed
 @pytest.mark.slow
 def test_all_seven_transfer_budgets(made):
     bench, surrogate, out, items, _ = made
-    summaries = make_transfer_splits(compose_transfer(items))  # the three above are reused, not recomputed
+    summaries = make_transfer_splits(compose_config("transfer", *items))  # the three above are reused, not recomputed
     assert sorted(readme_configs(bench)[f"{DATASET}-vit_mlp"]) == sorted(TRANSFER_SPLITS)
     for split in TRANSFER_SPLITS:
         check_split(bench, surrogate, out, split, summaries[split])
@@ -98,8 +94,8 @@ def check_split(bench, surrogate, out, split: str, summary: dict) -> None:
 def test_rerun_recomputes_nothing_and_rejects_unknown_splits(made):
     bench, surrogate, out, items, summaries = made
     before = {p: p.stat().st_mtime_ns for p in out.rglob("batch-*.pt")}
-    again = make_transfer_splits(compose_transfer([*items, f"splits=[{','.join(FAST_SPLITS)}]"]))
+    again = make_transfer_splits(compose_config("transfer", *items, f"splits=[{','.join(FAST_SPLITS)}]"))
     assert {p: p.stat().st_mtime_ns for p in out.rglob("batch-*.pt")} == before
     assert {s: again[s]["n_robust"] for s in again} == {s: summaries[s]["n_robust"] for s in summaries}
     with pytest.raises(AttackRunError, match="unknown transfer splits"):
-        make_transfer_splits(compose_transfer([f"run={surrogate}", f"paths.mini_dir={bench}", "splits=[linf_5]"]))
+        make_transfer_splits(compose_config("transfer", f"run={surrogate}", f"paths.mini_dir={bench}", "splits=[linf_5]"))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from helpers import FAST, REPO, compose_config, raises_one_line
+from helpers import FAST, REPO, compose_config, compose_train, raises_one_line
 from rgb.commands.train import train
 from rgb.core.files import stable_id as stable_run_id
 from rgb.models import create_model, load, load_with_meta
@@ -33,11 +33,6 @@ from rgb.training import (
 )
 
 AT_LOSSES = ("pgd_at", "trades")
-
-
-def compose_train(run_dir, mini_dir, *overrides):
-    """The real conf/train.yaml with a run dir and the mini benchmark."""
-    return compose_config("train", f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides)
 
 
 def read_metrics(run_dir, version=0):

@@ -28,7 +28,7 @@ from rgb.training import (
 from rgb.commands.train import train
 
 # FAST: one set of fast-run overrides for the training tests
-from helpers import FAST, REPO, compose_config, raises_one_line, resolved
+from helpers import FAST, REPO, compose_train, raises_one_line, resolved
 
 SHORT = ["debug=limit", "trainer.max_epochs=1", *FAST]
 
@@ -39,10 +39,6 @@ def _restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-
-
-def compose_train(run_dir, mini_dir, *overrides):
-    return compose_config("train", f"run_dir={run_dir}", f"data.source={mini_dir}", *overrides)
 
 
 def snapshot(run_dir):
@@ -331,7 +327,7 @@ def test_threads_are_set_and_recorded(tmp_path, mini_dir, monkeypatch):
 # ---------------------------------------------------------------- zero-shot run dirs: the same identity and lock
 
 
-from clip_runs import TINY_CLIP  # noqa: E402  (the tiny random open_clip of the zero-shot tests)
+from helpers import TINY_CLIP  # noqa: E402  (the tiny random open_clip of the zero-shot tests)
 
 ZEROSHOT = ["strategy=zeroshot", "monitor.metric=val/acc", *TINY_CLIP]
 

@@ -5,8 +5,7 @@ import hydra
 import pytest
 import torch
 
-from clip_runs import compose_train
-from helpers import resolved
+from helpers import compose_tiny_clip, resolved
 from rgb.models import create_openclip_classifier, load_with_meta
 from rgb.models.embedded_clip import EMBEDDED_ARCH, register_embedded_architecture
 from rgb.commands.train import train, training_request
@@ -56,7 +55,7 @@ def test_fare_loss_is_zero_at_the_start_on_clean_images_and_keeps_a_frozen_refer
 
 @pytest.mark.parametrize("loss", ["tecoa", "fare"])
 def test_robust_clip_losses_train_the_image_tower_only_and_export_a_zeroshot_classifier(tmp_path, mini_dir, loss):
-    cfg = compose_train(tmp_path, mini_dir, f"loss={loss}", "strategy=full_finetune", "head_init=zeroshot",
+    cfg = compose_tiny_clip(tmp_path, mini_dir, f"loss={loss}", "strategy=full_finetune", "head_init=zeroshot",
                         "debug=fdr", "data.batch_size=16", "loss.attack.n_iter=2", "optim.backbone_lr=1e-3")
     start = hydra.utils.instantiate(cfg.model)
     initialise_head(start, training_request(cfg).model, hydra.utils.instantiate(cfg.data))
@@ -70,10 +69,10 @@ def test_robust_clip_losses_train_the_image_tower_only_and_export_a_zeroshot_cla
 
 def test_robust_clip_losses_need_the_prompt_head_and_a_trainable_tower(tmp_path, mini_dir):
     with pytest.raises(TrainingConfigError, match="loss=fare .*add head_init=zeroshot"):
-        validate_config(resolved(compose_train(tmp_path, mini_dir, "loss=fare")))
+        validate_config(resolved(compose_tiny_clip(tmp_path, mini_dir, "loss=fare")))
     with pytest.raises(TrainingConfigError, match="strategy=linear_probe would train nothing"):
-        validate_config(resolved(compose_train(tmp_path, mini_dir, "loss=tecoa", "head_init=zeroshot",
+        validate_config(resolved(compose_tiny_clip(tmp_path, mini_dir, "loss=tecoa", "head_init=zeroshot",
                                                "strategy=linear_probe")))
     with pytest.raises(TrainingConfigError, match="loss.attack.step_size must be null or a finite number > 0"):
-        validate_config(resolved(compose_train(tmp_path, mini_dir, "loss=fare", "head_init=zeroshot",
+        validate_config(resolved(compose_tiny_clip(tmp_path, mini_dir, "loss=fare", "head_init=zeroshot",
                                                "loss.attack.step_size=-1")))

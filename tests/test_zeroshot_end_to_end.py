@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import helpers
 from consumers import clip_benchmark_cli
 from rgb.commands.evaluate import run_evaluation
 from rgb.core.files import distinct_name
@@ -19,29 +18,25 @@ from rgb.models import load_with_meta
 from rgb.models.embedded_clip import EMBEDDED_ARCH
 from rgb.commands.attack import attack_from_config
 from rgb.commands.train import train
+from helpers import compose_rooted
 
 RUN_NAME = "zs_cpe"
 WIDE_BUDGETS = ("data.budgets.linf=0.5", "data.budgets.l2=16", "data.budgets.l1=400")
 SETTINGS = ("test", "common", "autoattack_l1", "autoattack_l2", "autoattack_linf")
 
 
-def compose_config(name: str, root: Path, mini_dir: Path, *overrides: str):
-    """Any of the three commands' configs, with everything under `root` (outputs/ and data/, as RGB_ROOT does)."""
-    return helpers.compose_config(name, f"paths.root_dir={root}", f"paths.mini_dir={mini_dir}", *overrides)
-
-
 def zero_shot_run(root: Path, mini_dir: Path) -> Path:
     """train.py model=openclip_mini strategy=zeroshot prompts=cpe run_name=zs_cpe, the tower untrained."""
     run = root / "outputs" / "train" / "digits" / RUN_NAME  # hydra.run.dir of train.py, set here without Hydra
-    train(compose_config("train", root, mini_dir, "model=openclip_mini", "model.random_init=true", "strategy=zeroshot",
+    train(compose_rooted("train", root, mini_dir, "model=openclip_mini", "model.random_init=true", "strategy=zeroshot",
                          "prompts=cpe", f"run_name={RUN_NAME}", f"run_dir={run}", "threads=1"))
     return run
 
 
 def scores_and_leaderboard(root: Path, mini_dir: Path, run: Path, *overrides: str) -> tuple[dict, dict]:
-    run_evaluation(compose_config("evaluate", root, mini_dir, f"run={run}", *overrides))
+    run_evaluation(compose_rooted("evaluate", root, mini_dir, f"run={run}", *overrides))
     scores = json.loads((root / "outputs" / "eval" / "digits" / RUN_NAME / "scores.json").read_text())
-    run_evaluation(compose_config("evaluate", root, mini_dir, f"pool=[{root / 'outputs' / 'eval'}]",
+    run_evaluation(compose_rooted("evaluate", root, mini_dir, f"pool=[{root / 'outputs' / 'eval'}]",
                                   "leaderboard_datasets=[digits]"))
     board = json.loads((root / "outputs" / "leaderboard" / "model_info" / "digits" / f"{distinct_name(RUN_NAME)}.json").read_text())
     return scores, board
@@ -61,7 +56,7 @@ def test_zero_shot_export_loads_and_is_scored_without_attacks(tmp_path, mini_dir
     class_wise = scores["class_wise"]["test"]
     assert len(class_wise["per_class"]) == 10 and set(class_wise["worst"]) == {"1", "5", "10"}
     # the zero-shot report's row of the exported head: the same ClassWise record, computed from features
-    run_evaluation(compose_config("evaluate", tmp_path, mini_dir, f"run={run}", "zeroshot_report=true"))
+    run_evaluation(compose_rooted("evaluate", tmp_path, mini_dir, f"run={run}", "zeroshot_report=true"))
     report = json.loads((tmp_path / "outputs" / "eval" / "digits" / RUN_NAME / "zeroshot_report" /
                          "comparison.json").read_text())
     exported = report["rows"][-1]
@@ -90,7 +85,7 @@ def test_zero_shot_run_is_attacked_in_three_norms_and_scored_in_five_settings(tm
     """The standard cascade on all 200 test images in three norms, at budgets wide enough that every image the
     untrained model gets right falls to the first attack (at the mini's own budgets it resists: ~6 min a norm)."""
     run = zero_shot_run(tmp_path, mini_dir)
-    summaries = attack_from_config(compose_config("attack", tmp_path, mini_dir, f"run={run}", "threads=1",
+    summaries = attack_from_config(compose_rooted("attack", tmp_path, mini_dir, f"run={run}", "threads=1",
                                                   *WIDE_BUDGETS))
     assert sorted(summaries) == ["l1", "l2", "linf"]
     for summary in summaries.values():

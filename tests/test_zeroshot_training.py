@@ -7,8 +7,7 @@ import hydra
 import pytest
 import torch
 
-from clip_runs import compose_train
-from helpers import raises_one_line, resolved
+from helpers import compose_tiny_clip, raises_one_line, resolved
 from rgb.models import load_with_meta
 from rgb.commands.train import train, training_request
 from rgb.training.zeroshot import initialise_head, validation_metrics
@@ -16,7 +15,7 @@ from rgb.training.zeroshot import initialise_head, validation_metrics
 
 
 def test_zeroshot_strategy_exports_a_run_that_loads_and_logs_the_ensemble(tmp_path, mini_dir, caplog):
-    cfg = compose_train(tmp_path, mini_dir, "strategy=zeroshot", "prompts=cpe", "monitor.metric=val/acc")
+    cfg = compose_tiny_clip(tmp_path, mini_dir, "strategy=zeroshot", "prompts=cpe", "monitor.metric=val/acc")
     with caplog.at_level(logging.INFO, logger="rgb.training.zeroshot"):
         value = train(cfg)
     model, meta = load_with_meta(tmp_path / "run")
@@ -36,9 +35,9 @@ def test_zeroshot_strategy_exports_a_run_that_loads_and_logs_the_ensemble(tmp_pa
 
 
 def test_head_init_zeroshot_gives_the_zeroshot_accuracy_at_step_0(tmp_path, mini_dir):
-    zeroshot = compose_train(tmp_path / "zs", mini_dir, "strategy=zeroshot", "prompts=mean", "monitor.metric=val/acc")
+    zeroshot = compose_tiny_clip(tmp_path / "zs", mini_dir, "strategy=zeroshot", "prompts=mean", "monitor.metric=val/acc")
     zeroshot_acc = train(zeroshot)
-    cfg = compose_train(tmp_path / "ft", mini_dir, "strategy=linear_probe", "head_init=zeroshot", "prompts=mean")
+    cfg = compose_tiny_clip(tmp_path / "ft", mini_dir, "strategy=linear_probe", "head_init=zeroshot", "prompts=mean")
     datamodule = hydra.utils.instantiate(cfg.data)
     model = hydra.utils.instantiate(cfg.model)
     initialise_head(model, training_request(cfg).model, datamodule)
@@ -50,7 +49,7 @@ def test_head_init_zeroshot_gives_the_zeroshot_accuracy_at_step_0(tmp_path, mini
 
 
 def test_fine_tuning_from_the_zeroshot_head_trains_and_exports(tmp_path, mini_dir):
-    cfg = compose_train(tmp_path, mini_dir, "strategy=linear_probe", "head_init=zeroshot", "debug=fdr",
+    cfg = compose_tiny_clip(tmp_path, mini_dir, "strategy=linear_probe", "head_init=zeroshot", "debug=fdr",
                         "data.batch_size=16")
     train(cfg)
     model, meta = load_with_meta(tmp_path / "run")

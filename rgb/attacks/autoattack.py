@@ -230,6 +230,15 @@ class AutoAttack:
             ValueError: `eps` is not a positive number.
             AttackOptionsError: An option in `**option_values` has a value AutoAttack cannot run.
             TypeError: A keyword that is not a field of `AttackOptions`.
+
+        Example:
+            >>> import torch
+            >>> from rgb import AutoAttack
+            >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10)).eval()
+            >>> x, y = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+            >>> result = AutoAttack(model, "Linf", 8 / 255, seed=0).run(x, y)
+            >>> result.attacks, result.robust_accuracy <= result.accuracy_after["clean"]
+            (['apgd-ce', 'apgd-t', 'fab-t', 'square'], True)
         """
         self.model = model
         threat = ThreatModel(norm, eps)  # a finite eps > 0 and a known norm, or one line

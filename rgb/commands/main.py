@@ -121,7 +121,7 @@ def _infer_from_run(argv: list[str]) -> list[str]:
     position = next((i for i, a in enumerate(argv) if a.startswith("run=")), None)
     if position is None:
         return argv
-    from rgb.models import export_paths
+    from rgb.core.exportfiles import export_paths
 
     _, meta_file = export_paths(argv[position].split("=", 1)[1].split(",")[0])  # runs= a sweep over models: one dataset
     try:
@@ -165,6 +165,14 @@ def _in_local_sweep() -> bool:
     from hydra.types import RunMode
 
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN and os.getpid() == _ENTRY_PID
+
+
+def _sweeper_needs_values() -> bool:
+    """A sweeper that chooses the next job from the values of the last (Optuna): a failed job leaves its trial
+    without one, so the study cannot go on (it would fail later, with a traceback, on a study without a value)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return not str(HydraConfig.get().sweeper.get("_target_", "")).endswith("BasicSweeper")
 
 
 # Config choices that need an optional extra: (group, option or None for any) -> (plugin module, extra).
@@ -224,11 +232,7 @@ def _log_to_files(cfg: DictConfig) -> None:
     for name in QUIET_LOGGERS:  # one line per HTTP request (2,000 for the mini benchmark), unless asked for
         if logging.getLogger(name).level == logging.NOTSET:
             logging.getLogger(name).setLevel(logging.WARNING)
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logger = logging.getLogger(name)
-        if not logger.propagate:
-            logger.handlers.clear()
-            logger.propagate = True
+    lightning_through_root()
     try:
         container = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation only the command itself can report (it will): the config as written
@@ -238,6 +242,19 @@ def _log_to_files(cfg: DictConfig) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
+
+
+def lightning_through_root() -> None:
+    """Lightning's lines once, through the root logger (Hydra's console and the log file): the `lightning` package
+    gives its logger a console handler of its own on import ("INFO: ..."), and `lightning.pytorch`/`.fabric` do too
+    when imported before logging is set up (then their lines never reach the log file), so each line was printed
+    twice, or only to the console. Called once logging is set up and again once the command imported Lightning."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:  # their console handlers; never a file handler
+                logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def _command(name: str, config_name: str, body: Callable[[DictConfig, int], object], infer_data: bool):
@@ -262,12 +279,17 @@ def _command(name: str, config_name: str, body: Callable[[DictConfig, int], obje
             line = _error_line(err)
             if line is None:
                 raise
-            log.error("%s: error: %s", program(name), line)
             if not _in_local_sweep():
+                log.error("%s: error: %s", program(name), line)
                 sys.exit(2)
             from hydra.core.hydra_config import HydraConfig
 
             job = HydraConfig.get().job
+            if _sweeper_needs_values():  # SystemExit passes Hydra's job runner and the sweeper: the study ends here
+                log.error("%s: error: job %s (%s) failed, so the study ends: %s", program(name), job.num,
+                          job.override_dirname or "no overrides", line)
+                sys.exit(2)
+            log.error("%s: error: %s", program(name), line)
             _failed_jobs.append(f"job {job.num} ({job.override_dirname or 'no overrides'}): {line}")
             return None
 
@@ -346,6 +368,9 @@ def _compose_error(config_name: str, argv: list[str]) -> str | None:
             OmegaConf.select(cfg, key)
         schema.check(config_name, cfg)
     except Exception as err:  # any composition failure is the user's config: shown, not raised
+        broken = _import_error_in(err)
+        if broken is not None:  # a resolver's module that does not import is the install's fault, not the config's
+            raise broken
         refused = schema.refused_override(err)
         if refused:
             return schema.unknown_key(config_name, refused, _compose(config_name, _group_choices(overrides)))
@@ -413,6 +438,13 @@ def _user_error_in(err: BaseException) -> UserError | None:
     return err
 
 
+def _import_error_in(err: BaseException) -> ImportError | None:
+    """The ImportError behind a config error (a resolver importing a module that is broken or missing), if any."""
+    while err is not None and not isinstance(err, ImportError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
 def _missing_required(config_name: str, argv: list[str]) -> str | None:
     """Hydra reports a missing `run=` as a 230-line traceback; say it in one line before it starts."""
     keys = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
@@ -424,8 +456,9 @@ def _missing_required(config_name: str, argv: list[str]) -> str | None:
 
 
 def _train(cfg: DictConfig, threads: int):
-    from rgb.commands.train import train
+    from rgb.commands.train import train  # imports Lightning, which brings its own console handlers
 
+    lightning_through_root()
     return train(cfg)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from rgb.core.threat import parse_norm
 from rgb.data.catalog import (MINI, TRANSFER_BUDGETS, WHITE_BOX, WHITE_BOX_BUDGETS, check_dataset, scale_budget,
                               split_budget)
-from rgb.data.snapshot import snapshot_shape
 
 
 def image_dim(image_size: int) -> int:
@@ -52,10 +51,14 @@ def catalog_classes(dataset: str) -> int:
 
 def snapshot_classes(source: str, dataset: str) -> int:
     """Classes of a local snapshot's config (`data=custom`)."""
+    from rgb.data.snapshot import snapshot_shape  # the datasets stack: only for a config that reads a snapshot
+
     return snapshot_shape(source, dataset)[0]
 
 
 def snapshot_image_size(source: str, dataset: str) -> int:
     """Image side of a local snapshot's config (`data=custom`)."""
+    from rgb.data.snapshot import snapshot_shape
+
     return snapshot_shape(source, dataset)[1]
 

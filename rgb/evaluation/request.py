@@ -49,11 +49,6 @@ class EvalRequest:
         dry_run: Plan an endpoint model's requests and cost without sending any.
         wandb_project: Log the record to this W&B project; None: nothing logged.
         output_root: paths.output_dir: records name the train run relative to it.
-
-    Raises:
-        Nothing when made; `evaluate` raises EvaluationError for results that must not be scored (another
-        model, dataset, split size or budget; partial without `allow_partial`; caps or a dry run for a model that
-        sends no requests).
     """
 
     model: RunOutputs

@@ -61,10 +61,6 @@ class PoolRequest:
         site: Also write the static site (rgb.evaluation.site) in `<leaderboard_dir>/site`.
         wandb_project: Log the board's table and files to this W&B project; None: nothing logged.
         missing_jobs: Sweep jobs without a model: no mean +- std over part of a sweep.
-
-    Raises:
-        Nothing when made; `evaluate_pool` raises EvaluationError for an entry that must not be scored or records
-        that make no leaderboard.
     """
 
     entries: tuple[EvalRequest | Path, ...]

@@ -384,10 +384,6 @@ class TextRobustnessRequest:
         data: Builds the data module (rgb.data.BenchmarkData).
         pool_dir: A pool: where the side-by-side comparison goes; None: one model.
         wandb_project: Log the results to this W&B project; None: nothing logged.
-
-    Raises:
-        Nothing when made; `text_robustness` raises EvaluationError for a run that is not a zero-shot (openclip)
-        model with a prompt-built head.
     """
 
     options: TextRobustnessOptions

@@ -296,10 +296,6 @@ class ZeroShotReportRequest:
         entries: Runs (reported where evaluate writes their outputs), or earlier reports' comparison.json files.
         data: Builds the data module (rgb.data.BenchmarkData).
         pool_dir: A pool: where the average goes; None: one run.
-
-    Raises:
-        Nothing when made; `zeroshot_reports` raises EvaluationError for a report that is missing or not a
-        comparison.json, or a run made for another dataset.
     """
 
     options: ZeroShotReportOptions

@@ -247,9 +247,6 @@ class ApiFamily:
 
         Returns:
             The record's fields.
-
-        Raises:
-            Nothing of its own.
         """
         return model.describe()
 
@@ -261,9 +258,6 @@ class ApiFamily:
 
         Returns:
             The endpoint's model name.
-
-        Raises:
-            Nothing of its own.
         """
         return record.get("api_model")
 
@@ -275,9 +269,6 @@ class ApiFamily:
 
         Returns:
             The class count.
-
-        Raises:
-            Nothing of its own.
         """
         return len(model.class_names)
 

@@ -89,9 +89,6 @@ class RecipeModelParts:
 
         Returns:
             The number of logits.
-
-        Raises:
-            Nothing of its own.
         """
         return model.recipe["num_classes"]
 
@@ -103,9 +100,6 @@ class RecipeModelParts:
 
         Returns:
             The head module.
-
-        Raises:
-            Nothing of its own.
         """
         return model.classifier
 
@@ -119,9 +113,6 @@ class RecipeModelParts:
 
         Returns:
             The module.
-
-        Raises:
-            Nothing of its own.
         """
         return model.backbone
 

@@ -73,9 +73,6 @@ class ModelFamily(Protocol):
 
         Returns:
             The name, or None where the record gives none.
-
-        Raises:
-            Nothing of its own.
         """
 
     def num_classes(self, model: nn.Module) -> int:

@@ -13,6 +13,7 @@ from torch import nn
 
 import rgb
 from rgb.core.errors import UserError
+from rgb.core.exportfiles import META_FILE, WEIGHTS_FILE, export_paths
 from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
 from rgb.core.jsonrecord import RecordError, check_fields, read_json
 from rgb.core.values import ConfigValueError
@@ -20,9 +21,6 @@ from rgb.models.factory import ModelLoadError, ModelSpecError
 from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.models.user_factory import build_from_factory
-
-WEIGHTS_FILE = "model.safetensors"
-META_FILE = "model.json"
 
 
 class ExportFileError(CorruptFileError):
@@ -103,7 +101,17 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
                          meta: dict | None = None) -> Path:
     """Export any `nn.Module` on [0,1] images: `factory` ("module:function") called with `kwargs` rebuilds it.
 
-    The factory is called once here, so a record that would not load is refused now rather than at attack time."""
+    The factory is called once here, so a record that would not load is refused now rather than at attack time.
+
+    Example:
+        >>> import json, torchvision
+        >>> from rgb.models import export_factory_model
+        >>> model = torchvision.models.squeezenet1_1(num_classes=10)  # trained as you like
+        >>> weights = export_factory_model(model, "exports/squeezenet", factory="torchvision.models:squeezenet1_1",
+        ...                                kwargs={"num_classes": 10})
+        >>> weights.name, json.loads(weights.with_name("model.json").read_text())["factory"]
+        ('model.safetensors', 'torchvision.models:squeezenet1_1')
+    """
     kwargs = dict(kwargs or {})
     rebuilt = build_from_factory(factory, kwargs)
     mine, theirs = model.state_dict(), rebuilt.state_dict()
@@ -112,15 +120,6 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
                              f"match the model's: give the factory and kwargs that build this model")
     return write_export(model, out_dir, {**(meta or {}), "family": FACTORY_FAMILY.name, "factory": factory,
                                          "kwargs": kwargs})
-
-
-def export_paths(run: str | Path) -> tuple[Path, Path]:
-    """(weights file, model.json) of an export: a train run dir, or an exported weights file (its record beside
-    it, same stem). Neither need exist."""
-    run = Path(str(run))
-    if run.is_dir():
-        return run / WEIGHTS_FILE, run / META_FILE
-    return run, run.with_suffix(".json")
 
 
 # The keys of a model.json rgb reads as values, and their types (checked when the record is read; the family's
@@ -216,5 +215,14 @@ def load(path: str | Path) -> nn.Module:
             rgb.benchmark in memory, which records no code to rebuild it).
         ConfigValueError: A setting the record holds is refused (an endpoint's secret recorded as REDACTED).
         ModelSpecError: A factory record whose `module:function` does not import or returns no module.
+
+    Example:
+        >>> import torch, torchvision, rgb
+        >>> from rgb.models import export_factory_model
+        >>> _ = export_factory_model(torchvision.models.squeezenet1_1(num_classes=10), "exports/squeezenet",
+        ...                          factory="torchvision.models:squeezenet1_1", kwargs={"num_classes": 10})
+        >>> model = rgb.load_model("exports/squeezenet")  # or a train run dir: outputs/train/digits/demo
+        >>> model(torch.rand(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
     """
     return load_with_meta(path)[0]

@@ -442,9 +442,6 @@ class OpenCLIPFamily(RecipeModelParts):
 
         Returns:
             The record's fields, with the open_clip version.
-
-        Raises:
-            Nothing of its own.
         """
         import open_clip
 
@@ -466,9 +463,6 @@ class OpenCLIPFamily(RecipeModelParts):
 
         Returns:
             The `OpenCLIPClassifier`.
-
-        Raises:
-            Nothing of its own.
         """
         recipe = {"name": record["openclip_name"], "pretrained": record.get("pretrained"),
                   "weights": record.get("clip_weights"), "text_weights": record.get("text_weights"),
@@ -485,9 +479,6 @@ class OpenCLIPFamily(RecipeModelParts):
 
         Returns:
             The open_clip architecture's name.
-
-        Raises:
-            Nothing of its own.
         """
         return record.get("openclip_name")
 

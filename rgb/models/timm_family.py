@@ -31,9 +31,6 @@ class TimmFamily(RecipeModelParts):
 
         Returns:
             The record's fields.
-
-        Raises:
-            Nothing of its own.
         """
         source = model.recipe.get("source")
         return {
@@ -75,9 +72,6 @@ class TimmFamily(RecipeModelParts):
 
         Returns:
             The timm architecture's name.
-
-        Raises:
-            Nothing of its own.
         """
         return record.get("timm_name")
 

@@ -82,9 +82,6 @@ class FactoryFamily:
 
         Returns:
             The "module:function" spec.
-
-        Raises:
-            Nothing of its own.
         """
         return record.get("factory")
 
@@ -131,9 +128,6 @@ class FactoryFamily:
 
         Returns:
             `model` itself.
-
-        Raises:
-            Nothing of its own.
         """
         return model
 
@@ -159,9 +153,6 @@ class InMemoryFamily(FactoryFamily):
 
         Returns:
             The class's qualified name.
-
-        Raises:
-            Nothing of its own.
         """
         return record.get("name")
 

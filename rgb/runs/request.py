@@ -65,9 +65,6 @@ class AttackRequest:
         impl: "ours", or another implementation of `rgb.runs.implementations`.
         threads: CPU threads this run may use.
         max_images: Attack the first N test images only (rgb.benchmark(n_examples=N)): a PARTIAL run.
-
-    Raises:
-        Nothing when made directly; `create` validates (AttackRunError).
     """
 
     run: Path

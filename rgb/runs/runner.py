@@ -60,6 +60,7 @@ class Target:
         """The model of `request.run`; or an in-memory model (the Python API) whose weights `request.run`
         holds, so results are tied to the exact weights attacked."""
         if model is None:
+            log.info("loading the model of %s ...", request.run)  # a large model: tens of seconds of silence
             try:
                 model, meta = load_with_meta(request.run)
             except FileNotFoundError as err:
@@ -70,6 +71,7 @@ class Target:
             raise AttackRunError(f"{request.run} holds a model of family {meta.get('family')!r}, which cannot be "
                                  f"white-box attacked: score it with evaluate.py run={request.run} protocol=black_box")
         weights, _ = export_paths(request.run)
+        log.info("reading the test split ...")
         datamodule = request.data()
         if meta.get("dataset") != datamodule.dataset:
             trained, given = describe_data_config(meta.get("dataset")), describe_data_config(datamodule.dataset)
@@ -111,12 +113,15 @@ class Bars:
     """One progress bar per budget of this shard: images are counted as they leave a batch (fooled, misclassified
     or finished robust), so the bar and its ETA move within a batch; the postfix shows the robust share of the
     finished batches and what each worker is doing (`apgd-t target 3/9 step 59/100`). When a budget's last batch of
-    this shard is done its bar closes (showing the real elapsed time) and `on_done(budget)` runs."""
+    this shard is done its bar closes (showing the real elapsed time) and `on_done(budget)` runs. The budgets are
+    attacked one after the other, so each bar's clock (elapsed, rate, ETA) starts when its own first stage or image
+    does, never at the bars' creation: the L1 bar does not count the time spent on Linf and L2."""
 
     def __init__(self, request: AttackRequest, runs: list[RunDirectory], index: int, count: int,
                  on_done: Callable[[int], None] = lambda budget: None):
         self.bars, self.robust, self.finished, self.stages = [], [], [], []
         self.on_done = on_done
+        self.started: set[int] = set()
         for position, (budget, run) in enumerate(zip(request.budgets, runs)):
             mine, done, n = run.shard_starts(index, count), run.batch_files(), run.identity["n_images"]
             sizes = {s: min(request.batch_size, n - s) for s in mine}
@@ -129,11 +134,30 @@ class Bars:
             self._show(position)
 
     def stage(self, budget: int, worker: int, text: str) -> None:
+        self._start(budget)
         self.stages[budget][worker] = text
         self._show(budget)
 
     def left(self, budget: int, n: int) -> None:
+        self._start(budget)
         self.bars[budget].update(n)
+
+    def resumed(self, budget: int, n: int) -> None:
+        """`n` images a resumed run let go before this start: counted, but not in the bar's rate."""
+        bar = self.bars[budget]
+        bar.initial = getattr(bar, "initial", 0) + n  # a disabled bar (progress=false) has none
+        bar.update(n)
+
+    def _start(self, budget: int) -> None:
+        """Budget `budget`'s work begins: its bar's clock starts now; what it holds already (resumed) is no rate."""
+        if budget in self.started:
+            return
+        self.started.add(budget)
+        bar = self.bars[budget]
+        held = bar.n
+        bar.reset(total=bar.total)
+        bar.n = bar.last_print_n = bar.initial = held
+        bar.refresh()
 
     def batch_done(self, budget: int, worker: int, n: int, robust: int) -> None:
         self.robust[budget] += robust
@@ -402,7 +426,7 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
         pooled = request.options.schedule == "pooled"
         if pooled:  # a resumed pooled run's bars start after the images its saved units let go
             for b, left in enumerate(images_left(target, request, ordered)):
-                bars.left(b, left)
+                bars.resumed(b, left)
         try:
             with logging_redirect_tqdm():  # a budget's lines while the other bars are drawn
                 on_cpu = request.device.startswith("cpu")

@@ -106,10 +106,6 @@ class TrainRequest:
         optim: AdamW's learning rates, weight decays and schedule (OptimSection).
         trainer: Lightning's Trainer, its callbacks, precision, batch accumulation and resume (TrainerSection).
         logging: loggers, the monitored metric and what they record (LoggingSection).
-
-    Raises:
-        Nothing when made; `rgb.training.train` raises TrainingError (a UserError) for a run dir whose run.json
-        names another identity and for settings a callback or the loss refuses.
     """
 
     run_dir: Path

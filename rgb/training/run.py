@@ -37,6 +37,8 @@ from rgb.training.rundir import (
 from rgb.zeroshot import ZEROSHOT
 
 log = logging.getLogger(__name__)
+# Where a sweep job refused by its job dir goes instead: the job dir is named by the sweep, not by run_name.
+SWEEP_ELSEWHERE = "another sweep_name= (a multirun without one gets a fresh directory)"
 
 
 def accumulation_steps(effective_batch_size: int | None, batch_size: int, world_size: int) -> int:
@@ -196,7 +198,7 @@ def train(request: TrainRequest) -> float | None:
     if rank_zero_only.rank != 0:
         return fit_and_export(request, threads, callbacks, None, None)
     with locked(run_dir):
-        manifest = RunManifest(run_dir)
+        manifest = RunManifest(run_dir, SWEEP_ELSEWHERE if request.names.get("sweep") else "another run_name")
         record = manifest.claim(request.identity)
         write_hydra_record(run_dir, request.logging.hydra_record)
         if zeroshot:

@@ -110,10 +110,11 @@ def _training_identity_in(record) -> dict | None:
 class RunManifest:
     """`run.json` of a train run dir: {"task": "train", "identity": {...}, "starts": [...]}."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, elsewhere: str = "another run_name"):
+        """`elsewhere`: where a refused start goes instead (a sweep job: another sweep_name=)."""
         self.run_dir = Path(run_dir)
         self.manifest = IdentityManifest(self.run_dir, "a training run", _training_identity_in, TrainingError,
-                                         "was made by another training config", "another run_name")
+                                         "was made by another training config", elsewhere)
 
     def claim(self, identity: dict) -> dict:
         """The stored record, (re)written now if nothing in the run dir was trained yet; refuse another identity
