@@ -22,6 +22,7 @@ from rgb.attacks.common import AttackError, AttackInputError, EvalCounter, Progr
 from rgb.attacks.model_calls import TracedModel, attack_model
 from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import ATTACKS, VERSIONS
+from rgb.core.machine import matmul_numerics
 from rgb.core.threat import Norm, ThreatModel, parse_norm
 from rgb.core.values import POSITIVE_INT, require
 
@@ -327,6 +328,7 @@ class AutoAttack:
             self.attack_stage(stage, state, state.survivors(), batch_size)
         return self.finish(state, batch_size)
 
+    @matmul_numerics("fp32")  # a stage's model calls: strict fp32 (cuDNN allows TF32 by default); `_attack_numerics` opts in
     def clean_pass(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> CascadeState:
         """The first stage: clean predictions, the model the attacks call, and the reference's pre-checks.
 
@@ -381,6 +383,7 @@ class AutoAttack:
             caught.append(f"capture='auto' attacked the model eager, not a trace: {self.capture_reason}")
         return probe
 
+    @matmul_numerics("fp32")
     def entering_stage(self, x: torch.Tensor, y: torch.Tensor, clean_logits: torch.Tensor) -> CascadeState:
         """The state of images that enter a stage still robust, gathered from the clean passes of other batches.
 
@@ -411,6 +414,7 @@ class AutoAttack:
             forward_rows=torch.zeros(len(x), dtype=torch.float64), backward_rows=torch.zeros(len(x), dtype=torch.float64),
         )
 
+    @matmul_numerics("fp32")
     def attack_stage(self, stage: int, state: CascadeState, rows: torch.Tensor, batch_size: int) -> None:
         """Run one attack of the cascade over some still-robust images of `state`, updating `state` in place.
 
@@ -453,6 +457,7 @@ class AutoAttack:
         spent["backward_rows"] += counter.backward_rows
         state.accuracy_after[name] = float(state.robust.float().mean())
 
+    @matmul_numerics("fp32")
     def finish(self, state: CascadeState, batch_size: int) -> AutoAttackResult:
         """The result once every stage has run: the masking checks, the final threat-model and cascade checks.
 
@@ -524,17 +529,17 @@ class AutoAttack:
         convolutions (CUDA only; the CPU has none, so there tf32 is fp32) or neither, and cudnn's benchmark mode;
         torch's flags are restored afterwards."""
         backends = torch.backends
-        saved = backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark
-        backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = self.options.precision == "tf32"
+        saved = backends.cudnn.benchmark
         backends.cudnn.benchmark = self.options.cudnn_benchmark
         try:
-            if self.options.precision == "bf16":
-                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+            with matmul_numerics(self.options.precision):
+                if self.options.precision == "bf16":
+                    with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                        yield
+                else:
                     yield
-            else:
-                yield
         finally:
-            backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = saved
+            backends.cudnn.benchmark = saved
 
     @torch.inference_mode()
     def _logits(self, x: torch.Tensor, batch_size: int) -> torch.Tensor:
