@@ -70,6 +70,8 @@ class AutoAttackResult:
     precision: str
     warnings: list[str] = field(default_factory=list)
     capture: str = "eager"  # how the attacks called the model: "trace" or "eager" (see AutoAttack's `capture`)
+    input_format: str = "contiguous"  # the memory format of the attacks' inputs (see AutoAttack's `input_format`)
+    input_format_reason: str = ""  # why: "as asked", or what input_format="auto" measured or found
 
     @property
     def robust_accuracy(self) -> float:
@@ -178,9 +180,11 @@ class AutoAttack:
     (statistically equivalent), so the setting is part of a run's identity.
 
     `input_format="channels_last"` feeds the attacks' model calls NHWC copies of the images (spec §6.3 item 6:
-    float rounding only); "auto" (the default) does so on the CPU for a model with 2-d convolutions, where
-    oneDNN's NHWC kernels make each forward/backward cheaper (1.5x on a small CNN), unless the model refuses it
-    (e.g. a `.view` of its input). The clean pass and the fp32 verification always see the images as given, so
+    float rounding only); "auto" (the default) does so on the CPU for a model with 2-d convolutions when a timed
+    forward + input-gradient pass at the batch's rows is faster in NHWC than as given (oneDNN's NHWC kernels win at
+    a few rows, 1.5x on a small CNN, and can lose at 200) and the model accepts it (not e.g. a `.view` of its
+    input); `AutoAttackResult.input_format` and `input_format_reason` record the choice and the timings.
+    The clean pass and the fp32 verification always see the images as given, so
     the reported predictions do not depend on the choice.
 
     `capture="trace"` has the attacks call a TorchScript trace of that model instead of its Python modules, run
@@ -249,6 +253,7 @@ class AutoAttack:
         self.on_leave = on_leave
         self.attack_model: nn.Module | None = None  # what the attacks call (the model, or its trace): `_prepare`
         self.capture_reason: str | None = None  # why capture="auto" kept a model eager that a trace would blind
+        self.input_format, self.input_format_reason = "contiguous", ""  # what the attacks' inputs were, and why
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
@@ -354,7 +359,7 @@ class AutoAttack:
             i = int(outside[0])
             raise AttackInputError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): "
                                    f"y[{i}] = {int(y[i])}, {outside.numel()} label(s) outside")
-        probe = self._prepare(x, clean_logits, caught)
+        probe = self._prepare(x, clean_logits, caught, batch_size)
         caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
                                                   self.spec.deterministic_model))
         params = self._step_params(clean_logits.shape[1], caught)
@@ -375,10 +380,11 @@ class AutoAttack:
             backward_rows=torch.full((len(x),), probe.backward_rows / max(len(x), 1), dtype=torch.float64),
         )
 
-    def _prepare(self, x: torch.Tensor, clean_logits: torch.Tensor, caught: list[str]):
-        """Choose the model the attacks call (`capture`), probed on images x; returns the probe's EvalCounter."""
-        self.attack_model, probe, self.capture_reason = attack_model(self.model, x, clean_logits, self.options,
-                                                                     self.device, self.spec.deterministic_model)
+    def _prepare(self, x: torch.Tensor, clean_logits: torch.Tensor, caught: list[str], batch_rows: int):
+        """Choose the model the attacks call (`input_format`, `capture`), probed on images x in batches of
+        `batch_rows`; returns the probe's EvalCounter."""
+        self.attack_model, probe, self.capture_reason, self.input_format, self.input_format_reason = attack_model(
+            self.model, x, clean_logits, self.options, self.device, self.spec.deterministic_model, batch_rows)
         if self.capture_reason:
             caught.append(f"capture='auto' attacked the model eager, not a trace: {self.capture_reason}")
         return probe
@@ -405,7 +411,7 @@ class AutoAttack:
         """
         caught: list[str] = []
         if self.attack_model is None:
-            self._prepare(x, clean_logits, caught)
+            self._prepare(x, clean_logits, caught, self.batch_size)
         robust = torch.ones(len(x), dtype=torch.bool)
         return CascadeState(
             x=x, y=y, clean_logits=clean_logits, params=self._step_params(clean_logits.shape[1], caught),
@@ -486,6 +492,7 @@ class AutoAttack:
             backward_rows=state.backward_rows, norm=self.norm.value, eps=self.eps,
             version=self.options.version, seed=self.options.seed, precision=self.options.precision, warnings=caught,
             capture="trace" if isinstance(self.attack_model, TracedModel) else "eager",
+            input_format=self.input_format, input_format_reason=self.input_format_reason,
         )
 
     def _attack(self, name, x, y, clean_logits, counter, params) -> torch.Tensor:
