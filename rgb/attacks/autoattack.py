@@ -180,12 +180,12 @@ class AutoAttack:
     (statistically equivalent), so the setting is part of a run's identity.
 
     `input_format="channels_last"` feeds the attacks' model calls NHWC copies of the images (spec §6.3 item 6:
-    float rounding only); "auto" (the default) does so on the CPU for a model with 2-d convolutions when a timed
-    forward + input-gradient pass at the batch's rows is faster in NHWC than as given (oneDNN's NHWC kernels win at
-    a few rows, 1.5x on a small CNN, and can lose at 200) and the model accepts it (not e.g. a `.view` of its
-    input); `AutoAttackResult.input_format` and `input_format_reason` record the choice and the timings.
-    The clean pass and the fp32 verification always see the images as given, so
-    the reported predictions do not depend on the choice.
+    float rounding only); "auto" (the default) does so on the CPU for a model with 2-d convolutions that accepts
+    them (not e.g. one that takes a `.view` of its input), unless a timed forward + input-gradient pass at the
+    batch's rows (from 32) is 1.15x faster as given (oneDNN's NHWC kernels win at a few rows, 1.5x on a small CNN,
+    and can lose on other models and sizes); `AutoAttackResult.input_format` and `input_format_reason` record the
+    choice and the timings. The clean pass and the fp32 verification always see the images as given, so the
+    reported predictions do not depend on the choice.
 
     `capture="trace"` has the attacks call a TorchScript trace of that model instead of its Python modules, run
     without graph optimisations: the same ATen calls in the same order, so the same numbers, without the Python of
