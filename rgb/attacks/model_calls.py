@@ -67,8 +67,7 @@ def _formatted(model: nn.Module, rows: torch.Tensor, probe_logits: torch.Tensor,
     timed = _TIMED_FORMATS.setdefault(model, {})
     if key not in timed:  # once per model, batch shape and device in a process (a run's later batches reuse it)
         rows = rows.to(device)
-        seconds = {"channels_last": _step_seconds(nhwc, rows, probes),
-                   "contiguous": _step_seconds(model, rows, probes)}
+        seconds = {"channels_last": _step_seconds(nhwc, rows), "contiguous": _step_seconds(model, rows)}
         chosen = "contiguous" if seconds["contiguous"] * _NCHW_MARGIN < seconds["channels_last"] else "channels_last"
         times = " vs ".join(f"{layout} {1e3 * value:.3g} ms" for layout, value in seconds.items())
         timed[key] = chosen, (f"auto: per forward + input gradient of {len(rows)} rows {times} (best of "
@@ -89,9 +88,10 @@ _NCHW_MARGIN = 1.15
 _TIMED_FORMATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _step_seconds(model: nn.Module, rows: torch.Tensor, probes: EvalCounter) -> float:
-    """Best process CPU seconds of a forward + input-gradient pass on `rows` (the attacks' step), after a warm-up;
-    the passes are counted as the probe's rows."""
+def _step_seconds(model: nn.Module, rows: torch.Tensor) -> float:
+    """Best process CPU seconds of a forward + input-gradient pass on `rows` (the attacks' step), after a warm-up.
+    Not charged to the images (like `batch_size=auto`'s probe): made once per process, it would make an image's
+    rows depend on which worker took its batch, and the results of several workers differ from one process's."""
     best = float("inf")
     for timed in range(-1, _TIMED_STEPS):
         image = rows.detach().clone().requires_grad_(True)
@@ -99,8 +99,6 @@ def _step_seconds(model: nn.Module, rows: torch.Tensor, probes: EvalCounter) -> 
         torch.autograd.grad(model(image).float().sum(), image)
         if timed >= 0:
             best = min(best, time.process_time() - began)
-    probes.forward(len(rows) * (_TIMED_STEPS + 1))
-    probes.backward(len(rows) * (_TIMED_STEPS + 1))
     return best
 
 
