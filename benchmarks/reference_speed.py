@@ -138,12 +138,13 @@ class CallLog(RowCounter):
 
 
 def _seconds_per_call(call, min_seconds: float = 0.05, repeats: int = 3) -> float:
-    """Best of `repeats` timings of `call`, each over enough calls to take `min_seconds` (after one warm-up)."""
+    """Best of `repeats` process-CPU timings of `call`, each over enough calls to take `min_seconds` (after one
+    warm-up): the best per-call speed for that size on this CPU, steady where other jobs share the cores."""
     call()
     best = float("inf")
     for _ in range(repeats):
-        calls, began = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - began) < min_seconds or calls == 0:
+        calls, began = 0, time.process_time()
+        while (elapsed := time.process_time() - began) < min_seconds or calls == 0:
             call()
             calls += 1
         best = min(best, elapsed / calls)
@@ -151,7 +152,8 @@ def _seconds_per_call(call, min_seconds: float = 0.05, repeats: int = 3) -> floa
 
 
 def evaluation_floor(net: nn.Module, log: CallLog, shape: tuple[int, ...]) -> dict:
-    """What the model evaluations of a run cost alone: every logged call size timed in isolation (random images,
+    """What the model evaluations of a run cost alone (process CPU seconds): every logged call size timed in
+    isolation (random images,
     in the memory format the run gave them, forward without a graph; forward with one plus the backward to the input
     for a backward call), times its count.
     A run's wall time over this is what its own steps add: the limit an implementation can reach is 1."""
@@ -271,7 +273,8 @@ def child(args) -> None:
         robust = net(outcome.pop("x_adv")).argmax(1) == y
     forward_rows, backward_rows = model.rows()
     floor = evaluation_floor(net, model, tuple(x.shape[1:]))
-    outcome["evaluation_floor"] = {**floor, "wall_over_floor": outcome["seconds"] / floor["seconds"]}
+    outcome["evaluation_floor"] = {**floor, "wall_over_floor": outcome["seconds"] / floor["seconds"],
+                                   "share_of_floor": floor["seconds"] / outcome["cpu_seconds"]}
     atomic_write_json(Path(args.child_out), {
         **outcome, "eps": eps, "threads": torch.get_num_threads(), "kept_freed_memory": kept,
         "robust": robust.tolist(),

@@ -182,3 +182,13 @@ def test_l1_projection_of_sparse_and_dense_moves_matches_float64_reference(movin
     torch.testing.assert_close(projected.double().flatten(1), reference_l1_projection(x, delta, eps), atol=2e-6,
                                rtol=0)
     assert torch.all(lp_norm(projected, "L1") <= eps * (1 + 1e-5))
+
+
+def test_kth_largest_is_the_sorted_rows_entry_whichever_selection_runs():
+    """APGD-L1's top-q threshold: one quickselect where every row wants the same k, one topk otherwise (issue 54):
+    the value at sorted position k - 1, bit for bit, ties included."""
+    values = torch.rand(5, 300, generator=torch.Generator().manual_seed(0)).round(decimals=2)  # many ties
+    ordered = values.sort(dim=1, descending=True)[0]
+    for k in (torch.full((5,), 37), torch.tensor([1, 300, 64, 65, 200])):
+        assert torch.equal(kth_largest(values, k), ordered.gather(1, (k - 1)[:, None]))
+    assert kth_largest(values[:0], k[:0]).shape == (0, 1)

@@ -22,6 +22,7 @@ from rgb.attacks.common import AttackError, AttackInputError, EvalCounter, Progr
 from rgb.attacks.model_calls import TracedModel, attack_model
 from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import ATTACKS, VERSIONS
+from rgb.core.machine import matmul_numerics
 from rgb.core.threat import Norm, ThreatModel, parse_norm
 from rgb.core.values import POSITIVE_INT, require
 
@@ -69,6 +70,8 @@ class AutoAttackResult:
     precision: str
     warnings: list[str] = field(default_factory=list)
     capture: str = "eager"  # how the attacks called the model: "trace" or "eager" (see AutoAttack's `capture`)
+    input_format: str = "contiguous"  # the memory format of the attacks' inputs (see AutoAttack's `input_format`)
+    input_format_reason: str = ""  # why: "as asked", or what input_format="auto" measured or found
 
     @property
     def robust_accuracy(self) -> float:
@@ -177,10 +180,12 @@ class AutoAttack:
     (statistically equivalent), so the setting is part of a run's identity.
 
     `input_format="channels_last"` feeds the attacks' model calls NHWC copies of the images (spec §6.3 item 6:
-    float rounding only); "auto" (the default) does so on the CPU for a model with 2-d convolutions, where
-    oneDNN's NHWC kernels make each forward/backward cheaper (1.5x on a small CNN), unless the model refuses it
-    (e.g. a `.view` of its input). The clean pass and the fp32 verification always see the images as given, so
-    the reported predictions do not depend on the choice.
+    float rounding only); "auto" (the default) does so on the CPU for a model with 2-d convolutions that accepts
+    them (not e.g. one that takes a `.view` of its input), unless a timed forward + input-gradient pass at the
+    batch's rows (from 32) is 1.15x faster as given (oneDNN's NHWC kernels win at a few rows, 1.5x on a small CNN,
+    and can lose on other models and sizes); `AutoAttackResult.input_format` and `input_format_reason` record the
+    choice and the timings. The clean pass and the fp32 verification always see the images as given, so the
+    reported predictions do not depend on the choice.
 
     `capture="trace"` has the attacks call a TorchScript trace of that model instead of its Python modules, run
     without graph optimisations: the same ATen calls in the same order, so the same numbers, without the Python of
@@ -257,6 +262,7 @@ class AutoAttack:
         self.on_leave = on_leave
         self.attack_model: nn.Module | None = None  # what the attacks call (the model, or its trace): `_prepare`
         self.capture_reason: str | None = None  # why capture="auto" kept a model eager that a trace would blind
+        self.input_format, self.input_format_reason = "contiguous", ""  # what the attacks' inputs were, and why
 
     # -- the cascade -------------------------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> AutoAttackResult:
@@ -336,6 +342,7 @@ class AutoAttack:
             self.attack_stage(stage, state, state.survivors(), batch_size)
         return self.finish(state, batch_size)
 
+    @matmul_numerics("fp32")  # a stage's model calls: strict fp32 (cuDNN allows TF32 by default); `_attack_numerics` opts in
     def clean_pass(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> CascadeState:
         """The first stage: clean predictions, the model the attacks call, and the reference's pre-checks.
 
@@ -361,7 +368,7 @@ class AutoAttack:
             i = int(outside[0])
             raise AttackInputError(f"labels must lie in [0, {clean_logits.shape[1]}) (the model's logits): "
                                    f"y[{i}] = {int(y[i])}, {outside.numel()} label(s) outside")
-        probe = self._prepare(x, clean_logits, caught)
+        probe = self._prepare(x, clean_logits, caught, batch_size)
         caught += self._caveated(self._pre_checks(x[:batch_size], clean_logits[:batch_size],
                                                   self.spec.deterministic_model))
         params = self._step_params(clean_logits.shape[1], caught)
@@ -382,14 +389,16 @@ class AutoAttack:
             backward_rows=torch.full((len(x),), probe.backward_rows / max(len(x), 1), dtype=torch.float64),
         )
 
-    def _prepare(self, x: torch.Tensor, clean_logits: torch.Tensor, caught: list[str]):
-        """Choose the model the attacks call (`capture`), probed on images x; returns the probe's EvalCounter."""
-        self.attack_model, probe, self.capture_reason = attack_model(self.model, x, clean_logits, self.options,
-                                                                     self.device, self.spec.deterministic_model)
+    def _prepare(self, x: torch.Tensor, clean_logits: torch.Tensor, caught: list[str], batch_rows: int):
+        """Choose the model the attacks call (`input_format`, `capture`), probed on images x in batches of
+        `batch_rows`; returns the probe's EvalCounter."""
+        self.attack_model, probe, self.capture_reason, self.input_format, self.input_format_reason = attack_model(
+            self.model, x, clean_logits, self.options, self.device, self.spec.deterministic_model, batch_rows)
         if self.capture_reason:
             caught.append(f"capture='auto' attacked the model eager, not a trace: {self.capture_reason}")
         return probe
 
+    @matmul_numerics("fp32")
     def entering_stage(self, x: torch.Tensor, y: torch.Tensor, clean_logits: torch.Tensor) -> CascadeState:
         """The state of images that enter a stage still robust, gathered from the clean passes of other batches.
 
@@ -411,7 +420,7 @@ class AutoAttack:
         """
         caught: list[str] = []
         if self.attack_model is None:
-            self._prepare(x, clean_logits, caught)
+            self._prepare(x, clean_logits, caught, self.batch_size)
         robust = torch.ones(len(x), dtype=torch.bool)
         return CascadeState(
             x=x, y=y, clean_logits=clean_logits, params=self._step_params(clean_logits.shape[1], caught),
@@ -420,6 +429,7 @@ class AutoAttack:
             forward_rows=torch.zeros(len(x), dtype=torch.float64), backward_rows=torch.zeros(len(x), dtype=torch.float64),
         )
 
+    @matmul_numerics("fp32")
     def attack_stage(self, stage: int, state: CascadeState, rows: torch.Tensor, batch_size: int) -> None:
         """Run one attack of the cascade over some still-robust images of `state`, updating `state` in place.
 
@@ -462,6 +472,7 @@ class AutoAttack:
         spent["backward_rows"] += counter.backward_rows
         state.accuracy_after[name] = float(state.robust.float().mean())
 
+    @matmul_numerics("fp32")
     def finish(self, state: CascadeState, batch_size: int) -> AutoAttackResult:
         """The result once every stage has run: the masking checks, the final threat-model and cascade checks.
 
@@ -490,6 +501,7 @@ class AutoAttack:
             backward_rows=state.backward_rows, norm=self.norm.value, eps=self.eps,
             version=self.options.version, seed=self.options.seed, precision=self.options.precision, warnings=caught,
             capture="trace" if isinstance(self.attack_model, TracedModel) else "eager",
+            input_format=self.input_format, input_format_reason=self.input_format_reason,
         )
 
     def _attack(self, name, x, y, clean_logits, counter, params) -> torch.Tensor:
@@ -533,17 +545,17 @@ class AutoAttack:
         convolutions (CUDA only; the CPU has none, so there tf32 is fp32) or neither, and cudnn's benchmark mode;
         torch's flags are restored afterwards."""
         backends = torch.backends
-        saved = backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark
-        backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = self.options.precision == "tf32"
+        saved = backends.cudnn.benchmark
         backends.cudnn.benchmark = self.options.cudnn_benchmark
         try:
-            if self.options.precision == "bf16":
-                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+            with matmul_numerics(self.options.precision):
+                if self.options.precision == "bf16":
+                    with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                        yield
+                else:
                     yield
-            else:
-                yield
         finally:
-            backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = saved
+            backends.cudnn.benchmark = saved
 
     @torch.inference_mode()
     def _logits(self, x: torch.Tensor, batch_size: int) -> torch.Tensor:

@@ -5,7 +5,9 @@ where a probe shows it is the same model; see `rgb.attacks.AutoAttack`."""
 from __future__ import annotations
 
 import sys
+import time
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -15,25 +17,32 @@ from rgb.attacks.options import AttackOptions, AttackOptionsError
 
 
 def attack_model(model: nn.Module, x: torch.Tensor, clean_logits: torch.Tensor, options: AttackOptions,
-                 device: torch.device, deterministic: bool) -> tuple[nn.Module, EvalCounter, str | None]:
-    """The model the attacks call on images `x` (clean logits `clean_logits`), the rows its probes spent, and why
-    capture="auto" kept eager a model that a trace would blind (None otherwise). `deterministic`: the version
-    assumes a deterministic model (a randomised one is never traced)."""
+                 device: torch.device, deterministic: bool, batch_rows: int | None = None
+                 ) -> tuple[nn.Module, EvalCounter, str | None, str, str]:
+    """The model the attacks call on images `x` (clean logits `clean_logits`) in batches of `batch_rows` (None: all at once), the rows
+    its probes spent, why capture="auto" kept eager a model that a trace would blind (None otherwise), and the
+    memory format of its inputs with the reason for it. `deterministic`: the version assumes a deterministic model
+    (a randomised one is never traced)."""
     probes = EvalCounter()
-    formatted = _formatted(model, x[:1], clean_logits[:1], options.input_format, device, probes)
+    formatted, layout, why = _formatted(model, x if batch_rows is None else x[:max(batch_rows, 1)], clean_logits[:1], options.input_format,
+                                        device, probes)
     captured, reason = _captured(model, formatted, x, options, device, deterministic, probes)
-    return captured, probes, reason
+    return captured, probes, reason, layout, why
 
 
-def _formatted(model: nn.Module, probe: torch.Tensor, probe_logits: torch.Tensor, input_format: str,
-               device: torch.device, probes: EvalCounter) -> nn.Module:
-    """`model` in the memory format of `input_format`, checked on a one-image probe."""
-    wanted = input_format
+def _formatted(model: nn.Module, rows: torch.Tensor, probe_logits: torch.Tensor, input_format: str,
+               device: torch.device, probes: EvalCounter) -> tuple[nn.Module, str, str]:
+    """`model` in the memory format of `input_format`, checked on a one-image probe (the first of `rows`), with the
+    format and why. "auto" on the CPU, for a model with 2-d convolutions that gives NHWC inputs the same logits,
+    times a forward + input-gradient pass of both formats at the batch's rows (from 32 rows) and keeps NHWC unless the inputs as
+    given are clearly faster (oneDNN's NHWC kernels usually win on the CPU; some models and sizes lose)."""
+    wanted, probe = input_format, rows[:1]
     if wanted == "auto":
         convolutional = any(isinstance(module, nn.Conv2d) for module in model.modules())
-        wanted = "channels_last" if device.type == "cpu" and convolutional else "contiguous"
+        if not (device.type == "cpu" and convolutional):
+            return model, "contiguous", "auto: NHWC is only tried for a model with 2-d convolutions on the CPU"
     if wanted == "contiguous" or probe.shape[0] == 0:
-        return model
+        return model, "contiguous", "as asked" if wanted == "contiguous" else "no images"
     nhwc = ChannelsLastInputs(model)
     probes.forward(1)
     try:
@@ -44,13 +53,53 @@ def _formatted(model: nn.Module, probe: torch.Tensor, probe_logits: torch.Tensor
         if input_format == "channels_last":
             raise AttackOptionsError(f"input_format='channels_last': the model refuses NHWC inputs ({err}); use "
                                      f"input_format='auto' or 'contiguous'") from err
-        return model
+        return model, "contiguous", f"auto: the model refuses NHWC inputs ({type(err).__name__})"
     if not agrees:
         if input_format == "channels_last":
             raise AttackOptionsError("input_format='channels_last': the model's logits change with the memory format; "
                                      "use input_format='auto' or 'contiguous'")
-        return model
-    return nhwc
+        return model, "contiguous", "auto: the model's logits change with the memory format"
+    if input_format == "channels_last":
+        return nhwc, "channels_last", "as asked"
+    if len(rows) < _TIMED_FROM_ROWS:
+        return nhwc, "channels_last", f"auto: NHWC, untimed below {_TIMED_FROM_ROWS} rows (where it wins on the CPU)"
+    key = (tuple(rows.shape), str(device))
+    timed = _TIMED_FORMATS.setdefault(model, {})
+    if key not in timed:  # once per model, batch shape and device in a process (a run's later batches reuse it)
+        rows = rows.to(device)
+        seconds = {"channels_last": _step_seconds(nhwc, rows), "contiguous": _step_seconds(model, rows)}
+        chosen = "contiguous" if seconds["contiguous"] * _NCHW_MARGIN < seconds["channels_last"] else "channels_last"
+        times = " vs ".join(f"{layout} {1e3 * value:.3g} ms" for layout, value in seconds.items())
+        timed[key] = chosen, (f"auto: per forward + input gradient of {len(rows)} rows {times} (best of "
+                              f"{_TIMED_STEPS} after a warm-up; contiguous needs to be {_NCHW_MARGIN}x faster)")
+    chosen, why = timed[key]
+    return (nhwc if chosen == "channels_last" else model), chosen, why
+
+
+# Batches of fewer rows keep NHWC untimed: there oneDNN's NHWC kernels win (1.1x-1.5x on small CNNs at 1-8 rows)
+# and a step is too short to time reliably on a shared CPU.
+_TIMED_FROM_ROWS = 32
+# Timed passes per memory format when input_format="auto" chooses (after one warm-up pass).
+_TIMED_STEPS = 2
+# How much faster the inputs as given must be to replace NHWC (the choice before timing): timing noise on a
+# shared CPU must not flip a close call (measured here: NHWC 1.07-1.35x faster on small CNNs at 8-200 rows).
+_NCHW_MARGIN = 1.15
+# model -> {(batch shape, device): (format, why)}: what input_format="auto" measured.
+_TIMED_FORMATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _step_seconds(model: nn.Module, rows: torch.Tensor) -> float:
+    """Best process CPU seconds of a forward + input-gradient pass on `rows` (the attacks' step), after a warm-up.
+    Not charged to the images (like `batch_size=auto`'s probe): made once per process, it would make an image's
+    rows depend on which worker took its batch, and the results of several workers differ from one process's."""
+    best = float("inf")
+    for timed in range(-1, _TIMED_STEPS):
+        image = rows.detach().clone().requires_grad_(True)
+        began = time.process_time()
+        torch.autograd.grad(model(image).float().sum(), image)
+        if timed >= 0:
+            best = min(best, time.process_time() - began)
+    return best
 
 
 def _captured(original: nn.Module, model: nn.Module, x: torch.Tensor, options: AttackOptions, device: torch.device,

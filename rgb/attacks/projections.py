@@ -82,15 +82,21 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
     if magnitude.shape[1] == 0:
         lam = zero
     elif magnitude.device.type == "cpu" and magnitude.shape[1] * _HEAD_SHARE > 64:
+        checked = {}  # the last head checked: its width, its rooms, whether the root lies above it
+
         def root_above_head(top, order):
             """Is the root above the head's smallest a_i in every row that needs shrinking?"""
-            return bool(((_l1_mass(top, room.gather(1, order), top[:, -1:]) >= eps_col) | ~shrink).all())
+            if checked.get("width") != top.shape[1]:
+                head_room = room.gather(1, order)
+                above = bool(((_l1_mass(top, head_room, top[:, -1:]) >= eps_col) | ~shrink).all())
+                checked.update(width=top.shape[1], room=head_room, above=above)
+            return checked["above"]
 
         give_up = magnitude.shape[1] * _HEAD_SHARE
         top, order = largest_first(
             magnitude, lambda top, order: top.shape[1] >= give_up or root_above_head(top, order))
         if root_above_head(top, order):
-            lam = _l1_threshold(top, room.gather(1, order), eps_col, top[:, -1:], top[:, :1])
+            lam = _l1_threshold(top, checked["room"], eps_col, top[:, -1:], top[:, :1])
         else:  # dense: many coordinates move, bisect whole rows
             lam = _l1_threshold(magnitude, room, eps_col, zero, magnitude.amax(dim=1, keepdim=True))
     else:

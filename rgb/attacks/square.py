@@ -144,6 +144,14 @@ class _SquareLinf:
         candidate[window] = (x_best[window] + 2 * eps * signs).clamp_(state["lower"][window], state["upper"][window])
         return candidate
 
+    @staticmethod
+    def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
+               ) -> torch.Tensor:
+        """The accepted rows' window (all that a candidate changed) copied into `best`, in place."""
+        window = windows[0]
+        best[window] = torch.where(accept[:, None, None, None], candidate[window], best[window])
+        return best
+
 
 class _SquareLp:
     """Square-L2/L1: a tiled pattern start; per query a new pattern in one window, the old content of both
@@ -164,6 +172,12 @@ class _SquareLp:
     @staticmethod
     def uniforms_per_query(n: int, c: int) -> int:
         return 5 + n * c
+
+    @staticmethod
+    def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
+               ) -> torch.Tensor:
+        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images)."""
+        return torch.where(accept[:, None, None, None], candidate, best)
 
     def mass(self, values: torch.Tensor) -> torch.Tensor:
         """Per (image, channel) mass over the spatial dims, shape (N, C, 1, 1)."""
@@ -351,7 +365,7 @@ def square(
         counter.forward(len(state))
         attacking = state["margin"] > 0
         accept = attacking & ((candidate_margin < state["margin"]) | (candidate_margin <= 0))
-        state["best"] = torch.where(accept[:, None, None, None], candidate, state["best"])
+        state["best"] = geometry.accept(state["best"], candidate, accept, windows[iteration])
         state["margin"] = torch.where(accept, candidate_margin, state["margin"])
         state["predicted"] = torch.where(accept, candidate_predicted, state["predicted"])
         state["queries"] = state["queries"] + attacking

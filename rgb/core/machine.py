@@ -7,6 +7,7 @@ cgroup-limited container (an attack batch measured 70x slower under load). Every
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -125,3 +126,18 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != parent.pid:  # the parent died before the request took effect
         os._exit(1)
+
+
+@contextlib.contextmanager
+def matmul_numerics(precision: str = "fp32"):
+    """TF32 for CUDA convolutions and matrix products exactly when `precision` is "tf32", torch's flags restored
+    afterwards. PyTorch lets cuDNN use TF32 for convolutions by default, so a number recorded as fp32 (the clean
+    pass, every success's re-check, the protocol's attacks, evaluation's accuracies) is computed under this with
+    "fp32". The CPU has no TF32: there the flags change nothing."""
+    backends = torch.backends
+    saved = backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32
+    backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = saved

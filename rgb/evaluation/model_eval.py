@@ -28,6 +28,7 @@ from tqdm import tqdm
 from rgb.core.classwise import class_wise_summary
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, file_sha256
+from rgb.core.machine import matmul_numerics
 from rgb.data import BenchmarkData
 from rgb.data.benchmark import BenchmarkError, decode_image, is_local, to_tensor
 from rgb.data.catalog import (BLACK_BOX, CONTROL_SPLIT, CORRUPTIONS, DATASETS, TRANSFER_SPLITS, WHITE_BOX,
@@ -89,12 +90,13 @@ def _subset(split, max_images):
 @torch.inference_mode()
 def predict(model, split, request: EvalRequest, desc: str) -> dict[str, np.ndarray]:
     """Predictions over a split (in order, nothing dropped), with labels and image ids. Refuses a model whose
-    logits are not finite, as AutoAttack does: an argmax over NaN is not a prediction."""
+    logits are not finite, as AutoAttack does: an argmax over NaN is not a prediction. Strict fp32 (TF32 off)."""
     data = _subset(split, request.max_images)
     loader = DataLoader(data, batch_size=request.batch_size, shuffle=False, drop_last=False)
     preds, labels, ids = [], [], []
     for x, y, image_id in tqdm(loader, desc=desc, unit="batch", leave=False):
-        logits = model(x.to(request.device)).float()
+        with matmul_numerics("fp32"):  # the record's accuracies are fp32: no TF32 on CUDA (cuDNN's default)
+            logits = model(x.to(request.device)).float()
         finite = torch.isfinite(logits).all(dim=1).cpu()
         if not finite.all():
             first = int(image_id[~finite][0])
