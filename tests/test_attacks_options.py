@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import MISSING, fields
 
 import pytest
@@ -44,8 +45,12 @@ def test_cascade_inputs_follow_the_fields():
 
 def test_summary_writes_set_options_after_the_schema_and_reads_them_back():
     options = set(AttackOptions.names())
-    values = {f.name: 0 for f in fields(RunSummary) if f.default is MISSING and f.default_factory is MISSING
-              and f.name not in options}  # placeholders: only the keys matter here
+    hints = typing.get_type_hints(RunSummary)
+    placeholder = {str: "x", bool: False, int: 0, float: 0.0, list: [], dict: {}}  # only the keys matter here
+    values = {f.name: placeholder[typing.get_origin(hints[f.name]) or hints[f.name]] if hints[f.name] in placeholder
+              or typing.get_origin(hints[f.name]) in placeholder else None
+              for f in fields(RunSummary) if f.default is MISSING and f.default_factory is MISSING
+              and f.name not in options}
     record = RunSummary.recording(AttackOptions(steps=10), attacks=["apgd-ce"], **values).to_json()
     assert list(record)[-4:] == ["tail_rows", "input_format", "capture", "steps"] and record["steps"] == 10
     assert record["attacks"] == ["apgd-ce"] and record["version"] == "standard"

@@ -107,8 +107,7 @@ def test_black_box_next_to_run_is_honoured_as_the_returned_score(run_dir, compos
     objective, never the white-box score."""
     from rgb.commands import evaluate as command
 
-    record = SimpleNamespace(white_box=SimpleNamespace(score=1.0), black_box=SimpleNamespace(score=7.0),
-                             white_box_na=None)
+    record = SimpleNamespace(card_score={"white_box": 1.0, "black_box": 7.0}.get, white_box_na=None)
     asked = []
     monkeypatch.setattr(command, "evaluate", lambda request: asked.append(request) or (record, {}))
     assert command.run_evaluation(compose("evaluate", f"run={run_dir}", "protocol=black_box")) == 7.0
