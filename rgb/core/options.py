@@ -3,7 +3,7 @@
 command's schema checks before anything runs (`rules`), and a command builds the type from its config by field name
 (`from_config`): a new option is its field and its key in the YAML.
 
-A field's metadata:
+A field's metadata (a `ruled` field is read from the config; a plain field is built by the command):
   - `rule`: its value's rule (rgb.core.values);
   - `key`: its dotted key in the config when not `<prefix><name>` (a train section field read from a top-level key);
   - `identity`: False when the key may change between starts of one run (rgb.commands.train_config); types that
@@ -15,6 +15,7 @@ Plain Python: no Hydra, no torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import MISSING, field, fields
 
 from rgb.core.values import ConfigValueError, Rule, problems
@@ -24,7 +25,7 @@ _ABSENT = object()
 
 def ruled(default=MISSING, rule: Rule | None = None, *, default_factory=MISSING, repr: bool = True, **metadata):
     """A dataclass field whose metadata carries `rule` and the rest of `metadata` (see the module)."""
-    meta = {**({"rule": rule} if rule else {}), **metadata}
+    meta = {"option": True, **({"rule": rule} if rule else {}), **metadata}
     return field(default=default, default_factory=default_factory, repr=repr, metadata=meta)
 
 
@@ -44,10 +45,15 @@ def _section_prefix(f, prefix: str) -> str:
     return f"{key}." if key else ""
 
 
+def _is_option(f) -> bool:
+    """A field read from the config: a `ruled` one, or any carrying a rule."""
+    return "option" in f.metadata or "rule" in f.metadata
+
+
 def _select(config: dict, key: str):
     node = config
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
+        if not isinstance(node, Mapping) or part not in node:
             return _ABSENT
         node = node[part]
     return node
@@ -80,14 +86,14 @@ class Ruled:
         for f in fields(cls):
             if "section" in f.metadata:
                 found += f.metadata["section"].keys(_section_prefix(f, prefix), identity)
-            elif ("rule" in f.metadata or "key" in f.metadata) and (
+            elif _is_option(f) and (
                     identity is None or f.metadata.get("identity", True) == identity):
                 found.append(_key(f, prefix))
         return tuple(found)
 
     @classmethod
     def from_config(cls, config: dict, prefix: str = "", **built):
-        """The type made from `config` (plain nested values): each ruled field from its key when present, each
+        """The type made from `config` (nested mappings): each ruled field from its key when present, each
         section likewise; `built` gives the fields that are no config value (factories, objects)."""
         values = {}
         for f in fields(cls):
@@ -95,7 +101,7 @@ class Ruled:
                 continue
             if "section" in f.metadata:
                 values[f.name] = f.metadata["section"].from_config(config, _section_prefix(f, prefix))
-            elif "rule" in f.metadata or "key" in f.metadata:
+            elif _is_option(f):
                 value = _select(config, _key(f, prefix))
                 if value is not _ABSENT:
                     convert = f.metadata.get("convert")
