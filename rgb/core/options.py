@@ -94,13 +94,15 @@ class Ruled:
     @classmethod
     def from_config(cls, config: dict, prefix: str = "", **built):
         """The type made from `config` (nested mappings): each ruled field from its key when present, each
-        section likewise; `built` gives the fields that are no config value (factories, objects)."""
+        section likewise; `built` gives the fields that are no config value (factories, objects; a section's as a
+        dict of its own)."""
         values = {}
         for f in fields(cls):
-            if f.name in built:
+            if "section" in f.metadata and (f.name not in built or isinstance(built[f.name], dict)):
+                inner = built.pop(f.name, {})  # a section's own built fields
+                values[f.name] = f.metadata["section"].from_config(config, _section_prefix(f, prefix), **inner)
+            elif f.name in built:
                 continue
-            if "section" in f.metadata:
-                values[f.name] = f.metadata["section"].from_config(config, _section_prefix(f, prefix))
             elif _is_option(f):
                 value = _select(config, _key(f, prefix))
                 if value is not _ABSENT:
@@ -108,13 +110,27 @@ class Ruled:
                     values[f.name] = convert(value) if convert and value is not None else value
         return cls(**values, **built)
 
+    def values(self, prefix: str = "") -> dict:
+        """{dotted key: value} of the ruled fields, its sections' included."""
+        found = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if "section" in f.metadata and isinstance(value, Ruled):
+                found |= value.values(_section_prefix(f, prefix))
+            elif "rule" in f.metadata:
+                found[_key(f, prefix)] = value
+        return found
+
+    def problems(self, prefix: str = "") -> list[str]:
+        """`key must be <rule>, got <value>` for each ruled value that breaks its rule, by its config key."""
+        return problems(self.values(prefix), type(self).rules(prefix))
+
     def check(self, prefix: str = "", error: type[Exception] = ConfigValueError) -> None:
         """`error` naming each ruled value that breaks its rule, by its config key, in one line; a section given as
         its mapping (the YAML's) becomes its type first."""
         for f in fields(self):
             if "section" in f.metadata and isinstance(value := getattr(self, f.name), dict):
                 object.__setattr__(self, f.name, f.metadata["section"](**value))
-        values = {_key(f, prefix): getattr(self, f.name) for f in fields(self) if "rule" in f.metadata}
-        found = problems(values, {_key(f, prefix): f.metadata["rule"] for f in fields(self) if "rule" in f.metadata})
+        found = self.problems(prefix)
         if found:
             raise error("; ".join(found))

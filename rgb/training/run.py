@@ -109,7 +109,7 @@ def export_best(
     state, which = best_state_dict(best, module)
     model.load_state_dict(state, strict=True)
     meta = export_meta(
-        datamodule, request.names,
+        datamodule, request.run_names,
         loss=sorted_tree(request.loss.settings()),
         strategy=request.strategy.name,
         optim=sorted_tree(request.optim.settings()),
@@ -255,10 +255,10 @@ def fit_and_export(
             )
         if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
             described = {"parameters": counts, "card": request.model.card,
-                         "wandb": export_wandb_record(loggers, request.names["run_name"] or run_dir.name)}
+                         "wandb": export_wandb_record(loggers, request.run_names["run_name"] or run_dir.name)}
             exported = export_best(datamodule, module, best, request, record, described)
             log.info("exported %s (%s = %.4f)", exported, metric, value)
-            logged = log_export(loggers, run_dir, {**request.names, **described}, request.logging.log_weights)
+            logged = log_export(loggers, run_dir, {**request.run_names, **described}, request.logging.log_weights)
             if logged:
                 log.info("W&B: export logged as artifact %s", logged)
         elif trainer.is_global_zero:
