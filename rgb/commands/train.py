@@ -15,7 +15,6 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.commands.schema import DATA
 from rgb.commands.train_config import RULES, training_identity, validate_config
 from rgb.core.values import one_of
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
@@ -139,7 +138,7 @@ def export_api_config(cfg: DictConfig) -> None:
 RECORD_ONLY = {"api": export_api_config}
 # conf/train.yaml's schema (rgb.commands.schema): the data config's and the training sections' (train_config.RULES),
 # whose strategies this command widens by its record-only ones (model=api_chat).
-SCHEMA = {**DATA, **RULES, "strategy.name": one_of((*sections.STRATEGY_NAMES, *RECORD_ONLY))}
+SCHEMA = {**RULES, "strategy.name": one_of((*sections.STRATEGY_NAMES, *RECORD_ONLY))}
 
 
 def train(cfg: DictConfig) -> float | None:

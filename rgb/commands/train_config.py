@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+from rgb.commands.schema import DATA
 from rgb.core.values import (
     BOOL,
     NORM,
@@ -81,6 +82,7 @@ def training_identity(config: dict) -> dict:
 # key -> (rule, what the rule says): the typed request's and robust validation's, and rows for the keys no type
 # reads. Missing keys are skipped: the instantiation names those.
 RULES: dict[str, Rule] = {
+    **DATA,
     **TrainRequest.rules(),
     **RobustValSettings.rules(ROBUST_VAL),
     # beta = 0 is plain CE on clean images (with a wasted inner attack): allowed, the limit of the family.
@@ -90,7 +92,6 @@ RULES: dict[str, Rule] = {
     "loss.attack.n_iter": POSITIVE_INT,
     "loss.attack.step_size": optional(POSITIVE),
     "model.check_endpoint": BOOL,  # model=api_chat: ask GET /models before the run dir is made
-    "data.eval_batch_size": POSITIVE_INT,
     "trainer.max_epochs": POSITIVE_INT,
     "monitor.mode": (lambda v: v in ("min", "max"), "min or max"),
     "run_name": PATH_NAME,

@@ -46,6 +46,12 @@ FRACTION_OPEN: Rule = (lambda v: number(v) and 0 < v < 1, "a number in (0, 1)")
 AUTO_OR_COUNT: Rule = (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1")
 
 
+# How the data config's images are read, one table: BenchmarkData checks it when made, the commands' schemas under
+# `data.` before anything runs.
+DATA_LOADING: dict[str, Rule] = {"image_size": POSITIVE_INT, "batch_size": POSITIVE_INT,
+                                 "eval_batch_size": POSITIVE_INT, "num_workers": NON_NEGATIVE_INT}
+
+
 def _norm(value) -> bool:
     try:
         parse_norm(value)

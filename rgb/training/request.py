@@ -31,7 +31,8 @@ STRATEGY: Rule = (lambda v: v in STRATEGY_NAMES, f"one of {list(STRATEGY_NAMES)}
 
 @dataclass(frozen=True)
 class DataSection(Ruled):
-    batch_size: int = ruled(rule=POSITIVE_INT)  # images per device and step (effective_batch_size accumulates them)
+    # images per device and step (effective_batch_size accumulates them); its rule is the data config's (DATA_LOADING)
+    batch_size: int = ruled()
     build: Callable[[], object]  # the data config's own class (rgb.data.BenchmarkData): what a zero-shot head reads
     build_fit: Callable[[], L.LightningDataModule]  # the same data as Lightning fits on it
 
