@@ -1,8 +1,8 @@
 """The request of one model's scoring (evaluate.py run=DIR, rgb.benchmark): what rgb.commands.evaluate builds and
 every step of rgb.evaluation reads, fields, defaults and rules declared once here (rgb.core.options: evaluate.py
-builds it from conf/evaluate.yaml by field name, and its schema checks the same rules first). `rgb.evaluation.run.evaluate` resolves
-it once (the attack runs' dir, the device, the protocol's transfer, a capped run's consent to partial) and hands the
-resolved request down."""
+builds it from conf/evaluate.yaml by field name, and its schema checks the same rules first).
+`rgb.evaluation.run.evaluate` resolves it once (the attack runs' dir, the device, the protocol's transfer, a capped
+run's consent to partial) and hands the resolved request down."""
 
 from __future__ import annotations
 
@@ -56,9 +56,9 @@ class EvalRequest(Ruled):
         output_root: paths.output_dir: records name the train run relative to it.
 
     Raises:
-        ConfigValueError: A value outside its rule (one line naming the key, its rule and the value); `evaluate` raises EvaluationError for results that must not be scored (another
-        model, dataset, split size or budget; partial without `allow_partial`; caps or a dry run for a model that
-        sends no requests).
+        ConfigValueError: A value outside its rule (one line naming the key, its rule and the value). `evaluate`
+            raises EvaluationError for results that must not be scored (another model, dataset, split size or
+            budget; partial without `allow_partial`; caps or a dry run for a model that sends no requests).
     """
 
     model: RunOutputs
