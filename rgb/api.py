@@ -130,7 +130,7 @@ def benchmark(
         chosen = set()
     if not chosen:
         raise EvaluationError(f"settings must be a non-empty subset of {SETTINGS} (any case), got {list(settings)}")
-    if n_examples is not None and (isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples < 1):
+    if n_examples is not None and not POSITIVE_INT[0](n_examples):
         raise EvaluationError(f"n_examples must be a positive integer (the first N images of each split), got "
                               f"{n_examples!r}")
     require({"batch_size": batch_size}, {"batch_size": optional(POSITIVE_INT)}, EvaluationError)

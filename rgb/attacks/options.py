@@ -2,8 +2,8 @@
 
 AutoAttack, an attack run's settings (and its summary.json and run identity), robust validation and the
 reference implementation all take one `AttackOptions`; the config and `rgb.benchmark` map onto its fields by name.
-A field's metadata says what it is to the rest of the suite, so a new option is its field here (and its key in
-conf/attack.yaml) and nothing else:
+A field (`rgb.core.options.ruled`) says what it is to the rest of the suite, so a new option is its field here (and
+its key in conf/attack.yaml) and nothing else:
   - `rule`: the value it must have (`rgb.core.values`), checked when the options are made and by the commands
     before anything runs;
   - `feeds`: the cascade input of `rgb.attacks.registry` it supplies (`only`: to these attacks, overriding the
@@ -15,21 +15,18 @@ conf/attack.yaml) and nothing else:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from rgb.attacks.registry import VERSIONS
 from rgb.core.errors import UserError
-from rgb.core.values import BOOL, INT, NON_NEGATIVE_INT, POSITIVE_INT, Rule, one_of, optional, problems
+from rgb.core.options import Ruled, ruled
+from rgb.core.values import BOOL, INT, NON_NEGATIVE_INT, POSITIVE_INT, one_of, optional
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
 CAPTURES = ("auto", "eager", "trace")
 SCHEDULES = ("batch", "pooled")
 ALWAYS, WHEN_SET = "always", "when set"
-
-
-def _option(default, **metadata):
-    return field(default=default, metadata=metadata)
 
 
 class AttackOptionsError(UserError, ValueError):
@@ -39,7 +36,7 @@ class AttackOptionsError(UserError, ValueError):
 
 
 @dataclass(frozen=True)
-class AttackOptions:
+class AttackOptions(Ruled):
     """What AutoAttack is asked to run, validated once when made.
 
     See `rgb.attacks.AutoAttack` for what each option does. Options marked "not the protocol's" make a run whose
@@ -66,30 +63,28 @@ class AttackOptions:
             `attacks` not a non-empty subset of the version's, or capture="trace" without precision="fp32".
     """
 
-    version: str = _option("standard", rule=one_of(VERSIONS), identity=ALWAYS)
-    seed: int = _option(0, rule=INT, identity=ALWAYS, feeds="generator")
-    attacks: tuple[str, ...] | None = _option(None, identity=ALWAYS)
-    precision: str = _option("fp32", rule=one_of(PRECISIONS), identity=ALWAYS)
-    steps: int = _option(100, rule=POSITIVE_INT, identity=WHEN_SET, protocol=True, feeds="n_iter")
-    fab_steps: int | None = _option(None, rule=optional(POSITIVE_INT), identity=WHEN_SET, protocol=True,
+    version: str = ruled("standard", rule=one_of(VERSIONS), identity=ALWAYS)
+    seed: int = ruled(0, rule=INT, identity=ALWAYS, feeds="generator")
+    attacks: tuple[str, ...] | None = ruled(None, identity=ALWAYS)
+    precision: str = ruled("fp32", rule=one_of(PRECISIONS), identity=ALWAYS)
+    steps: int = ruled(100, rule=POSITIVE_INT, identity=WHEN_SET, protocol=True, feeds="n_iter")
+    fab_steps: int | None = ruled(None, rule=optional(POSITIVE_INT), identity=WHEN_SET, protocol=True,
                                     feeds="n_iter", only=("fab", "fab-t"))
-    queries: int = _option(5000, rule=POSITIVE_INT, identity=WHEN_SET, protocol=True, feeds="n_queries")
-    tail_rows: int = _option(0, rule=NON_NEGATIVE_INT, identity=WHEN_SET, feeds="tail_rows")
-    input_format: str = _option("auto", rule=one_of(INPUT_FORMATS))
-    capture: str = _option("auto", rule=one_of(CAPTURES))
+    queries: int = ruled(5000, rule=POSITIVE_INT, identity=WHEN_SET, protocol=True, feeds="n_queries")
+    tail_rows: int = ruled(0, rule=NON_NEGATIVE_INT, identity=WHEN_SET, feeds="tail_rows")
+    input_format: str = ruled("auto", rule=one_of(INPUT_FORMATS))
+    capture: str = ruled("auto", rule=one_of(CAPTURES))
     # How an attack run (rgb.runs) orders the cascade over its images: "batch" runs the whole cascade on one batch
     # after another; "pooled" runs each stage over the survivors of all of a shard's batches, re-cut into full
     # batches (rgb.runs.pooled). AutoAttack.run on one tensor is one pool either way. Other chunks draw other
     # random starts (never a weaker attack), so it is part of a run's identity once set.
-    schedule: str = _option("batch", rule=one_of(SCHEDULES), identity=WHEN_SET)
+    schedule: str = ruled("batch", rule=one_of(SCHEDULES), identity=WHEN_SET)
     # cudnn's benchmark mode (CUDA only) picks the fastest convolution algorithm per shape, by timing: another
     # algorithm rounds differently (float rounding only, spec §6.3 item 6), so neither identity nor protocol.
-    cudnn_benchmark: bool = _option(False, rule=BOOL)
+    cudnn_benchmark: bool = ruled(False, rule=BOOL)
 
     def __post_init__(self):
-        found = problems({name: getattr(self, name) for name in self.rules()}, self.rules())
-        if found:
-            raise AttackOptionsError("; ".join(found))
+        self.check(error=AttackOptionsError)
         order = VERSIONS[self.version].attacks
         if self.attacks is not None:
             attacks = tuple(str(a) for a in self.attacks)
@@ -100,15 +95,6 @@ class AttackOptions:
         if self.capture == "trace" and self.precision == "bf16":
             raise AttackOptionsError("capture='trace' needs precision='fp32' or 'tf32' (a trace does not follow "
                                      "autocast)")
-
-    @classmethod
-    def rules(cls) -> dict[str, Rule]:
-        """{option: its rule}: what __post_init__ checks, and what the commands check before anything runs."""
-        return {f.name: f.metadata["rule"] for f in fields(cls) if "rule" in f.metadata}
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
 
     def changed(self) -> dict[str, object]:
         """The options that differ from their defaults, by name."""

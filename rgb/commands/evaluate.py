@@ -13,14 +13,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.commands.schema import DATA, MACHINE, RUN, WANDB
-from rgb.core.classwise import check_worst_k
 from rgb.core.configs import config_dir
-from rgb.core.values import BOOL, POSITIVE_INT, TEXT, list_of, one_of, optional
+from rgb.core.values import BOOL, TEXT, list_of, one_of, optional
 from rgb.data.catalog import BLACK_BOX, WHITE_BOX
 from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.leaderboard import RANK_KEYS
 from rgb.evaluation.model_eval import EvaluationError
-from rgb.evaluation.records import PROTOCOLS
 from rgb.evaluation.request import EvalRequest, RunOutputs
 from rgb.evaluation.run import PoolRequest, evaluate, evaluate_pool
 from rgb.runs.store import missing_sweep_jobs, train_runs
@@ -33,25 +31,15 @@ REPORTS = {
 
 
 
-def _worst_k(value) -> bool:
-    try:
-        check_worst_k(value)
-    except ValueError:
-        return False
-    return True
-
-
 # A pool entry: a train run or sweep dir, a dir of scores.json files, a comparison.json, or a glob of run dirs.
 POOL_ENTRY = (lambda v: isinstance(v, str) and bool(glob.glob(v) if glob.has_magic(v) else Path(v).exists()),
               "existing directories or files (or globs matching some)")
 # conf/evaluate.yaml's schema (rgb.commands.schema; the reports of REPORTS add theirs).
+# The request's own rules (EvalRequest), and rows for the keys no request field reads.
 SCHEMA = {
-    **DATA, **MACHINE, **WANDB, "run": optional(RUN["run"]), "pool": optional(list_of(POOL_ENTRY)),
-    "protocol": one_of(PROTOCOLS), "rank_by": one_of(RANK_KEYS), "batch_size": POSITIVE_INT,
-    **dict.fromkeys(("transfer", "severity_sweep", "text_robustness", "zeroshot_report", "allow_partial", "dry_run",
-                     "site"), BOOL),
-    "max_images": optional(POSITIVE_INT), **RequestCaps.rules(),
-    "worst_k": (_worst_k, "a non-empty list of class counts >= 1 or percentages ('10%')"),
+    **DATA, **MACHINE, **WANDB, **EvalRequest.rules(), "run": optional(RUN["run"]),
+    "pool": optional(list_of(POOL_ENTRY)),
+    "rank_by": one_of(RANK_KEYS), **dict.fromkeys(("text_robustness", "zeroshot_report", "site"), BOOL),
     "leaderboard_datasets": optional(list_of(TEXT)),
 }
 
@@ -73,20 +61,15 @@ def price_table() -> dict:
 
 def request_caps(cfg: DictConfig) -> RequestCaps:
     """The API caps, each read from its key of conf/evaluate.yaml by its field's name."""
-    return RequestCaps(**{name: cfg.get(name) for name in RequestCaps.names()})
+    return RequestCaps.from_config(cfg)
 
 
 def eval_request(cfg: DictConfig) -> EvalRequest:
+    """conf/evaluate.yaml's keys onto EvalRequest's fields by name; the model, data, prices and W&B project built."""
     tracking = cfg.wandb
-    return EvalRequest(
-        model=run_outputs(cfg), attack_dir=Path(str(cfg.attack_dir)), data=partial(instantiate, cfg.data),
-        protocol=str(cfg.protocol), transfer=bool(cfg.transfer), severity_sweep=bool(cfg.severity_sweep),
-        allow_partial=bool(cfg.allow_partial), max_images=cfg.max_images,
-        worst_k=tuple(OmegaConf.to_container(cfg.worst_k)), device=str(cfg.device), batch_size=int(cfg.batch_size),
-        api_cache_dir=Path(str(cfg.api_cache_dir)), caps=request_caps(cfg), prices=price_table(),
-        dry_run=bool(cfg.get("dry_run")), wandb_project=str(tracking.project) if tracking.enabled else None,
-        output_root=Path(str(cfg.paths.output_dir)),
-    )
+    return EvalRequest.from_config(
+        cfg, model=run_outputs(cfg), data=partial(instantiate, cfg.data), prices=price_table(),
+        wandb_project=str(tracking.project) if tracking.enabled else None)
 
 
 def pool_request(cfg: DictConfig) -> PoolRequest:

@@ -19,9 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.core.values import (
     BOOL,
     EXISTING_RUN,
-    NON_NEGATIVE_INT,
+    DATA_LOADING,
     POSITIVE,
-    POSITIVE_INT,
     TEXT,
     AUTO_OR_COUNT,
     ConfigValueError,
@@ -33,8 +32,8 @@ from rgb.core.values import (
 
 # The data config every command but rgb-serve reads.
 DATA: dict[str, Rule] = {
-    "data.budgets.*": POSITIVE, "data.transfer_budgets.*": POSITIVE, "data.image_size": POSITIVE_INT,
-    "data.batch_size": POSITIVE_INT, "data.eval_batch_size": POSITIVE_INT, "data.num_workers": NON_NEGATIVE_INT,
+    "data.budgets.*": POSITIVE, "data.transfer_budgets.*": POSITIVE,
+    **{f"data.{key}": rule for key, rule in DATA_LOADING.items()},
 }
 # Where and how fast a command runs, and its W&B switch.
 MACHINE: dict[str, Rule] = {"threads": AUTO_OR_COUNT, "device": TEXT}

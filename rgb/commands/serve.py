@@ -7,7 +7,7 @@ import logging
 import os
 from importlib.util import find_spec
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rgb.commands.schema import MACHINE, RUN
 from rgb.core.errors import UserError
@@ -34,9 +34,7 @@ def serve_request(cfg: DictConfig) -> ServeRequest:
     key = os.environ.get(str(key_env)) if key_env else None
     if key_env and not key:
         raise ServeError(f"api_key_env={key_env} is set but the environment has no {key_env}")
-    values = {name: OmegaConf.to_container(cfg[name], resolve=True) if OmegaConf.is_config(cfg[name]) else cfg[name]
-              for name in ServeRequest.names() if name in cfg}
-    return ServeRequest(**{**values, "run": str(cfg.run), "device": resolve_device(str(cfg.device)), "api_key": key})
+    return ServeRequest.from_config(cfg, run=str(cfg.run), device=resolve_device(str(cfg.device)), api_key=key)
 
 
 def serve_from_config(cfg: DictConfig) -> None:

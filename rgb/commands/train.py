@@ -15,8 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from rgb.commands.schema import DATA
-from rgb.commands.train_config import RULES, STRATEGIES, ZEROSHOT, training_identity, validate_config
+from rgb.commands.train_config import RULES, training_identity, validate_config
 from rgb.core.values import one_of
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.models.card import model_card
@@ -88,13 +87,13 @@ def lightning_data(data: DictConfig) -> L.LightningDataModule:
     return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
 
 
-def optim_section(optim: dict) -> sections.OptimSection:
-    """The `optim` group as AdamW's settings; a key it does not know is named (it used to fail in the fit)."""
-    known = sections.OptimSection.__dataclass_fields__
+def check_optim_keys(optim: dict) -> None:
+    """TrainingConfigError naming a key of the `optim` group that AdamW's settings do not know (it used to fail in
+    the fit)."""
+    known = sections.OptimSection.names()
     unknown = sorted(set(optim) - set(known))
     if unknown:
         raise TrainingConfigError(f"unknown optim key(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return sections.OptimSection(**optim)
 
 
 def card_of(cfg: DictConfig) -> dict:
@@ -104,36 +103,24 @@ def card_of(cfg: DictConfig) -> dict:
 
 
 def training_request(cfg: DictConfig) -> sections.TrainRequest:
-    """The run of `cfg` as typed sections: resolved once (an interpolation that fails is named here, before
-    anything starts) and validated; its identity is the resolved config minus the resumable keys."""
+    """The run of `cfg` as typed sections, each field from its key (rgb.core.options): resolved once (an
+    interpolation that fails is named here, before anything starts) and validated; its identity is the resolved
+    config minus the resumable keys. What no key holds (builders, the card, the prompts) is built here."""
     config = OmegaConf.to_container(cfg, resolve=True)
     validate_config(config)
     run_dir = Path(config["run_dir"])
-    loss = dict(config["loss"])
-    return sections.TrainRequest(
-        run_dir=run_dir, names=run_names(cfg), identity=training_identity(config), seed=config["seed"],
-        data=sections.DataSection(batch_size=config["data"]["batch_size"],
-                                  build=partial(hydra.utils.instantiate, cfg.data),
-                                  build_fit=partial(lightning_data, cfg.data)),
-        model=sections.ModelSection(
-            build=partial(hydra.utils.instantiate, cfg.model),
-            head_init=(config.get("head_init") or {}).get("name"),
-            prompts=PromptSettings.from_config(config["prompts"]) if config.get("prompts") else None,
-            channels_last=config["channels_last"], compile=config["compile"], card=card_of(cfg),
-        ),
-        loss=sections.LossSection(name=loss.pop("name"), attack=loss.pop("attack", None), options=loss),
-        strategy=sections.StrategySection(name=config["strategy"]["name"]),
-        optim=optim_section(config["optim"]),
-        trainer=sections.TrainerSection(
-            build=partial(hydra.utils.instantiate, cfg.get("trainer")),
-            callbacks=partial(instantiate_callbacks, cfg.get("callbacks")),
-            precision=config["trainer"]["precision"], effective_batch_size=config["effective_batch_size"],
-            ckpt_path=config["ckpt_path"], threads=config.get("threads", "auto"),
-        ),
-        logging=sections.LoggingSection(loggers=partial(build_loggers, cfg.get("logger"), run_dir),
-                                        monitor=config["monitor"]["metric"], hyperparameters=config,
-                                        log_weights=bool((config.get("wandb") or {}).get("log_weights")),
-                                        hydra_record=hydra_record(cfg)),
+    loss = config["loss"]
+    check_optim_keys(config["optim"])
+    return sections.TrainRequest.from_config(
+        config, run_names=run_names(cfg), identity=training_identity(config),
+        data={"build": partial(hydra.utils.instantiate, cfg.data), "build_fit": partial(lightning_data, cfg.data)},
+        model={"build": partial(hydra.utils.instantiate, cfg.model), "card": card_of(cfg),
+               "prompts": PromptSettings.from_config(config["prompts"]) if config.get("prompts") else None},
+        loss={"attack": loss.get("attack"), "options": {k: v for k, v in loss.items() if k not in ("name", "attack")}},
+        trainer={"build": partial(hydra.utils.instantiate, cfg.get("trainer")),
+                 "callbacks": partial(instantiate_callbacks, cfg.get("callbacks"))},
+        logging={"loggers": partial(build_loggers, cfg.get("logger"), run_dir), "hyperparameters": config,
+                 "hydra_record": hydra_record(cfg)},
     )
 
 
@@ -151,7 +138,7 @@ def export_api_config(cfg: DictConfig) -> None:
 RECORD_ONLY = {"api": export_api_config}
 # conf/train.yaml's schema (rgb.commands.schema): the data config's and the training sections' (train_config.RULES),
 # whose strategies this command widens by its record-only ones (model=api_chat).
-SCHEMA = {**DATA, **RULES, "strategy.name": one_of((*STRATEGIES, ZEROSHOT, *RECORD_ONLY))}
+SCHEMA = {**RULES, "strategy.name": one_of((*sections.STRATEGY_NAMES, *RECORD_ONLY))}
 
 
 def train(cfg: DictConfig) -> float | None:

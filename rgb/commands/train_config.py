@@ -4,15 +4,17 @@ Both read the resolved config as plain values (rgb.commands.train resolves it). 
 hyper-parameters in one line (they used to train and export: a negative learning rate gave val/loss 1.2e9 and exit
 0). `training_identity` is the resolved config minus the keys listed in
 `RESUMABLE_KEYS` (where things run and are written, how fast, how they are logged): a run dir keeps the identity
-of its first start in `run.json`, and a resume under another identity is refused.
+of its first start in `run.json`, and a resume under another identity is refused. The keys of the typed request
+(rgb.training.request, RobustValSettings) declare their rules and identity on their fields; the tables here hold the
+keys no type reads.
 """
 
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+from rgb.commands.schema import DATA
 from rgb.core.values import (
-    AUTO_OR_COUNT,
     BOOL,
     NORM,
     NON_NEGATIVE,
@@ -22,28 +24,23 @@ from rgb.core.values import (
     POSITIVE_INT,
     Rule,
     flatten,
-    integer,
     number,
     optional,
 )
 from rgb.core.values import problems as check
 from rgb.training.config import TrainingConfigError
 from rgb.training.losses import LOSSES
-from rgb.training.module import STRATEGIES
-from rgb.training.optim import SCHEDULERS
-from rgb.zeroshot import ZEROSHOT  # strategy=zeroshot; the fine-tuning strategies are rgb.training.module.STRATEGIES
+from rgb.training.request import TrainRequest
+from rgb.training.robust_val import KEY as ROBUST_VAL
+from rgb.training.robust_val import RobustValSettings
 
 
 # Keys that may differ between starts of one run: they change where a run runs, writes or logs, or how fast, never
-# which weights it produces. Everything else is the run's identity. fnmatch patterns over dotted keys.
+# which weights it produces. Everything else is the run's identity. fnmatch patterns over dotted keys: the
+# config-level ones here, then the typed request's fields declared identity=False.
 RESUMABLE_KEYS = (
     "run_name",
     "sweep_name",
-    "run_dir",
-    "ckpt_path",
-    "threads",
-    "channels_last",
-    "compile",
     "paths.*",
     "logger.*",
     "wandb.*",
@@ -66,7 +63,8 @@ RESUMABLE_KEYS = (
     "trainer.enable_model_summary",
     "callbacks.progress_bar.*",
     "callbacks.*.dirpath",
-    "callbacks.robust_val.batch_size",
+    *TrainRequest.keys(identity=False),
+    *RobustValSettings.keys(ROBUST_VAL, identity=False),
 )
 
 
@@ -81,35 +79,21 @@ def training_identity(config: dict) -> dict:
 
 # ---------------------------------------------------------------- validation
 
-# key -> (rule, what the rule says). Missing keys are skipped: the instantiation names those.
+# key -> (rule, what the rule says): the typed request's and robust validation's, and rows for the keys no type
+# reads. Missing keys are skipped: the instantiation names those.
 RULES: dict[str, Rule] = {
-    # The new head starts random: it must learn. A zero backbone lr keeps the backbone weights (its BN statistics
-    # still adapt under full_finetune): a meaningful ablation, so 0 is allowed there.
-    "optim.head_lr": POSITIVE,
-    "optim.backbone_lr": NON_NEGATIVE,
-    "optim.head_weight_decay": NON_NEGATIVE,
-    "optim.backbone_weight_decay": NON_NEGATIVE,
-    "optim.betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(number(b) and 0 <= b < 1 for b in v),
-                    "two numbers in [0, 1)"),
-    "optim.scheduler": (lambda v: v in SCHEDULERS, f"one of {list(SCHEDULERS)}"),
-    "optim.warmup_epochs": NON_NEGATIVE,
-    "loss.name": (lambda v: v in LOSSES, f"one of {sorted(LOSSES)}"),
+    **DATA,
+    **TrainRequest.rules(),
+    **RobustValSettings.rules(ROBUST_VAL),
     # beta = 0 is plain CE on clean images (with a wasted inner attack): allowed, the limit of the family.
     "loss.beta": NON_NEGATIVE,
     "loss.attack.norm": NORM,
     "loss.attack.eps": POSITIVE,
     "loss.attack.n_iter": POSITIVE_INT,
     "loss.attack.step_size": optional(POSITIVE),
-    "strategy.name": (lambda v: v in (*STRATEGIES, ZEROSHOT), f"one of {[*STRATEGIES, ZEROSHOT]}"),
     "model.check_endpoint": BOOL,  # model=api_chat: ask GET /models before the run dir is made
-    "data.batch_size": POSITIVE_INT,
-    "data.eval_batch_size": POSITIVE_INT,
     "trainer.max_epochs": POSITIVE_INT,
-    "effective_batch_size": optional(POSITIVE_INT),
-    "seed": (lambda v: v is None or integer(v), "null or an integer"),
     "monitor.mode": (lambda v: v in ("min", "max"), "min or max"),
-    "monitor.metric": (lambda v: isinstance(v, str) and bool(v), "a metric name"),
-    "threads": AUTO_OR_COUNT,
     "run_name": PATH_NAME,
     # The prompt ensembles (strategy=zeroshot, head_init=zeroshot): CPE's worst-k fraction, the temperature.
     "prompts.k": (lambda v: number(v) and 0 < v <= 1, "a fraction in (0, 1]"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rgb.core.jsonrecord import JsonRecord
-from rgb.core.values import ConfigValueError
+from rgb.core.values import ConfigValueError, Rule
 
 DEFAULT_WORST_K = (1, 5, 10)
 
@@ -80,6 +80,18 @@ def check_worst_k(worst_k) -> tuple:
     return tuple(worst_k)
 
 
+def _worst_k(value) -> bool:
+    try:
+        check_worst_k(value)
+    except ValueError:
+        return False
+    return True
+
+
+# worst_k's rule, as a config schema and a request check it.
+WORST_K: Rule = (_worst_k, "a non-empty list of class counts >= 1 or percentages ('10%')")
+
+
 def class_wise_summary(labels, correct_flags, num_classes: int, worst_k=DEFAULT_WORST_K) -> ClassWise:
     """Per-class accuracy with the worst-k means and the harmonic / geometric means over present classes.
 
@@ -105,5 +117,5 @@ def class_wise_summary(labels, correct_flags, num_classes: int, worst_k=DEFAULT_
     )
 
 
-__all__ = ["DEFAULT_WORST_K", "ClassWise", "check_worst_k", "class_wise_summary", "per_class_accuracy",
+__all__ = ["DEFAULT_WORST_K", "WORST_K", "ClassWise", "check_worst_k", "class_wise_summary", "per_class_accuracy",
            "worst_k_count", "worst_k_entry"]

@@ -42,7 +42,14 @@ NON_NEGATIVE_INT: Rule = (lambda v: integer(v) and v >= 0, "an integer >= 0")
 INT: Rule = (integer, "an integer")
 BOOL: Rule = (lambda v: isinstance(v, bool), "true or false")
 TEXT: Rule = (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
+FRACTION_OPEN: Rule = (lambda v: number(v) and 0 < v < 1, "a number in (0, 1)")
 AUTO_OR_COUNT: Rule = (lambda v: v == "auto" or (integer(v) and v >= 1), "auto or an integer >= 1")
+
+
+# How the data config's images are read, one table: BenchmarkData checks it when made, the commands' schemas under
+# `data.` before anything runs.
+DATA_LOADING: dict[str, Rule] = {"image_size": POSITIVE_INT, "batch_size": POSITIVE_INT,
+                                 "eval_batch_size": POSITIVE_INT, "num_workers": NON_NEGATIVE_INT}
 
 
 def _norm(value) -> bool:
@@ -63,15 +70,15 @@ def one_of(choices) -> Rule:
 
 
 def list_of(rule: Rule) -> Rule:
-    """A non-empty list (`[a,b]` on the command line) whose every item keeps `rule`: a bare string is refused, never
-    iterated over as its characters."""
+    """A non-empty list (`[a,b]` on the command line; a tuple, as a frozen dataclass holds it) whose every item
+    keeps `rule`: a bare string is refused, never iterated over as its characters."""
     ok, what = rule
-    return (lambda v: isinstance(v, list) and bool(v) and all(ok(x) for x in v),
+    return (lambda v: isinstance(v, list | tuple) and bool(v) and all(ok(x) for x in v),
             f"a non-empty list ([a,b,...]), each {what}")
 
 
 def _existing(value) -> bool:
-    return isinstance(value, str) and bool(value) and Path(value).expanduser().exists()
+    return isinstance(value, str | Path) and bool(str(value)) and Path(value).expanduser().exists()
 
 
 EXISTING_PATH: Rule = (_existing, "an existing file or directory")

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from rgb.core.machine import available_cpus
 from rgb.core.threat import ThreatModel, parse_norm
-from rgb.core.values import POSITIVE_INT, require
+from rgb.core.values import DATA_LOADING, require
 from rgb.data.benchmark import ImageSplit, load_split
 from rgb.data.catalog import (CARD_IMAGE_SIZE, DATASET_IDS, DATASETS, DEFAULT_REPO_ID, MINI, WHITE_BOX,
                               UnknownDatasetError)
@@ -58,8 +58,8 @@ class BenchmarkData:
         self.num_classes = int(num_classes)
         self.budgets = {threat.name: threat.eps for threat in (ThreatModel(k, v) for k, v in dict(budgets).items())}
         self.transfer_budgets = {k: float(v) for k, v in dict(transfer_budgets or {}).items()}
-        require({"batch_size": batch_size, "eval_batch_size": eval_batch_size},
-                {"batch_size": POSITIVE_INT, "eval_batch_size": POSITIVE_INT})
+        require({"image_size": image_size, "batch_size": batch_size, "eval_batch_size": eval_batch_size,
+                 "num_workers": num_workers}, DATA_LOADING)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers

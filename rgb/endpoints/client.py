@@ -15,12 +15,13 @@ import re
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from rgb.core.errors import UserError
 from rgb.core.jsonrecord import JsonRecord
+from rgb.core.options import Ruled
 from rgb.core.secrets import MissingSecretError, from_environment, redact_logs
 from rgb.core.values import POSITIVE, POSITIVE_INT, ConfigValueError, Rule, optional, problems
 from rgb.endpoints.cost import Price, billed_usage
@@ -133,7 +134,7 @@ def _cap(rule: Rule):
 
 
 @dataclass(frozen=True)
-class RequestCaps:
+class RequestCaps(Ruled):
     """What one evaluation may send and spend on new answers (None: no limit), declared once: a cap is its field
     here (its rule, enforced by RequestBudget) and its key in conf/evaluate.yaml, which evaluate.py maps by name.
     A capped run may stop early: it is then partial, and a re-run continues from the answer cache."""
@@ -146,15 +147,6 @@ class RequestCaps:
         found = problems({name: getattr(self, name) for name in self.names()}, self.rules())
         if found:
             raise ConfigValueError(f"invalid value: {found[0]} (null: no limit)")
-
-    @classmethod
-    def rules(cls) -> dict[str, Rule]:
-        """{cap: its rule}: what __post_init__ checks, and what evaluate.py's schema checks before anything runs."""
-        return {f.name: f.metadata["rule"] for f in fields(cls)}
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
 
     @property
     def capped(self) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -46,7 +45,7 @@ from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.cost import model_price
 from rgb.models.checks import check_model_fits
 from rgb.models.families import model_name
-from rgb.models.io import library_versions
+from rgb.models.io import result_versions
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import RunResult, budget_dir, read_run, standard_run
 from rgb.zeroshot.head import check_class_names
@@ -327,7 +326,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
                     for setting, flags in per_sample.items() if len(flags)},
         attacks=attacks, non_standard=non_standard, black_box=black_box,
         severity_sweep=severity_sweep(predictor.model, datamodule, request) if request.severity_sweep else None,
-        versions={**library_versions(), "python": platform.python_version()}, max_images=request.max_images,
+        versions=result_versions(), max_images=request.max_images,
         white_box_na=predictor.white_box_na, api=predictor.usage(),
         protocol=Protocol.of(datamodule.dataset, datamodule.image_size, datamodule.budgets,
                              source=_resolved_source(datamodule.source)),

@@ -33,7 +33,10 @@ from torch.utils.data import DataLoader
 from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256
 from rgb.core.files import read_cached_tensors
 from rgb.core.files import read_jsonl
-from rgb.core.values import unknown_name
+from rgb.core.options import Ruled, ruled
+from rgb.core.values import (
+    EXISTING_FILE, FRACTION_OPEN, INT, POSITIVE_INT, TEXT, list_of, one_of, optional, unknown_name,
+)
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
@@ -47,6 +50,7 @@ from rgb.zeroshot.ensembles import ensemble_head
 from rgb.zeroshot.head import check_class_names, features_of
 from rgb.brittleness.perturb import (
     DEFAULT_TYPES,
+    PERTURBATION_TYPES,
     Perturbation,
     PerturbationError,
     Query,
@@ -66,29 +70,31 @@ POOL_METRICS = {"instability_mean": "mean instability", "brittleness_mean": "mea
 
 
 @dataclass(frozen=True)
-class TextRobustnessOptions:
-    """The `text_robustness_options` block of conf/evaluate.yaml (rgb.commands.text_robustness reads it), checked
-    (types against the registry)."""
+class TextRobustnessOptions(Ruled):
+    """The `text_robustness_options` block of conf/evaluate.yaml, each key a field of its name (rgb.commands.
+    text_robustness builds it so, and its schema checks these fields' rules first); types checked against the
+    registry."""
 
-    split: str
-    queries: Path | None
-    types: tuple[str, ...]
-    seeds: tuple[int, ...]
-    user_edits: Path | None
-    ks: tuple[int, ...] = DEFAULT_KS
-    p: float = DEFAULT_P
-    cache_dir: Path | None = None
+    split: str = ruled(rule=TEXT)
+    queries: Path | None = ruled(rule=optional(EXISTING_FILE), convert=Path)
+    # None: DEFAULT_TYPES
+    types: tuple[str, ...] | None = ruled(rule=optional(list_of(one_of(PERTURBATION_TYPES))), convert=tuple)
+    seeds: tuple[int, ...] = ruled(rule=list_of(INT), convert=tuple)
+    user_edits: Path | None = ruled(rule=optional(EXISTING_FILE), convert=Path)
+    ks: tuple[int, ...] = ruled(DEFAULT_KS, list_of(POSITIVE_INT), convert=tuple)
+    p: float = ruled(DEFAULT_P, FRACTION_OPEN)
+    cache_dir: Path | None = ruled(None, convert=Path)
     device: str = "cpu"
     batch_size: int = 256
 
     def __post_init__(self):
+        if self.types is None:
+            object.__setattr__(self, "types", DEFAULT_TYPES)
         for name in self.types:
             perturbation_type(name)  # unknown: one line listing the known ones
         if not self.types or not self.seeds:
             raise PerturbationError("text_robustness_options.types and .seeds must not be empty")
-        if any(k < 1 for k in self.ks) or not 0 < self.p < 1:
-            raise PerturbationError(f"text_robustness_options: ks must be >= 1 and 0 < p < 1, got ks={list(self.ks)}, "
-                                    f"p={self.p}")
+        self.check("text_robustness_options.", PerturbationError)
 
 
 def zero_shot_record(meta: dict, run: Path) -> dict:

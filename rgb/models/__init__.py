@@ -28,6 +28,7 @@ from rgb.models.io import (
     parameter_counts,
     rebuild,
     rebuild_like,
+    result_versions,
     write_export,
 )
 from rgb.models.openclip import (
@@ -78,6 +79,7 @@ __all__ = [
     "model_name",
     "rebuild",
     "rebuild_like",
+    "result_versions",
     "write_export",
     "register_architecture",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,11 @@ class ExportFileError(CorruptFileError):
 def library_versions() -> dict[str, str]:
     """Recorded next to every result: numbers depend on them."""
     return {"torch": torch.__version__, "timm": timm.__version__, "rgb": rgb.__version__}
+
+
+def result_versions() -> dict[str, str]:
+    """The libraries' versions and Python's: what a score or an attack run records it was made with."""
+    return {**library_versions(), "python": platform.python_version()}
 
 
 class ExportNotFoundError(UserError, FileNotFoundError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from rgb.core.files import file_sha256, flock
 from rgb.data.benchmark import ImageSplit
 from rgb.data.export import export_adversarial_split
 from rgb.data.fingerprint import split_sha256
-from rgb.models import (InMemoryModel, apply_speed_options, export_paths, family_of_record, library_versions,
+from rgb.models import (InMemoryModel, apply_speed_options, export_paths, family_of_record, result_versions,
                         load_with_meta, model_name)
 from rgb.models.checks import check_model_fits
 from rgb.runs.implementations import attack_implementation
@@ -305,7 +304,7 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
         forward_rows_per_image=float(columns["forward_rows"].double().mean()),
         backward_rows_per_image=float(columns["backward_rows"].double().mean()),
         results_sha256=results_sha256,
-        versions={**library_versions(), "python": platform.python_version()},
+        versions=result_versions(),
         complete=True, warnings=warnings, batch_size_auto=run.batch_size_record(),
     )
     if request.export:

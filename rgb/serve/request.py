@@ -1,5 +1,5 @@
 """What rgb-serve is asked to serve, and how: `ServeRequest` (with its `Limits` and `Faults` sections), declared
-once, as AttackOptions and RequestCaps are: a setting is its field here, whose metadata `rule` is both what the
+once, as every option type is (rgb.core.options): a setting is its field here, whose `rule` is both what the
 request checks when made and what conf/serve.yaml's schema checks before anything runs (`ServeRequest.rules()`);
 the command builds the request from the YAML by field name. So a new server option is its field here and its key in
 conf/serve.yaml. Plain Python (no FastAPI, no torch): the command's schema reads it without the `[serve]` extra.
@@ -7,10 +7,11 @@ conf/serve.yaml. Plain Python (no FastAPI, no torch): the command's schema reads
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from rgb.core.errors import UserError
+from rgb.core.options import Ruled, ruled, section
 from rgb.core.values import (
     EXISTING_RUN,
     NON_NEGATIVE,
@@ -20,7 +21,6 @@ from rgb.core.values import (
     Rule,
     integer,
     optional,
-    problems,
 )
 
 PORT: Rule = (lambda v: integer(v) and 0 <= v <= 65535, "an integer from 0 (any free one) to 65535")
@@ -32,54 +32,19 @@ class ServeError(UserError, ValueError):
     """A model or setting rgb-serve cannot serve (one line)."""
 
 
-def _setting(default=None, rule: Rule | None = None, **kwargs):
-    return field(default=default, metadata={"rule": rule} if rule else {}, **kwargs)
-
-
-def _section(kind):
-    return field(default_factory=kind, metadata={"section": kind})
-
-
-class _Ruled:
-    """The rules of a settings dataclass, read off its fields' metadata (a section's under its prefix), and the
-    check every one of them runs when made."""
-
-    @classmethod
-    def rules(cls, prefix: str = "") -> dict[str, Rule]:
-        """{dotted key: its rule}: what the dataclass checks when made and what the command checks first."""
-        found = {}
-        for f in fields(cls):
-            if "section" in f.metadata:
-                found |= f.metadata["section"].rules(f"{prefix}{f.name}.")
-            elif "rule" in f.metadata:
-                found[prefix + f.name] = f.metadata["rule"]
-        return found
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    def _check(self, prefix: str = "") -> None:
-        """ServeError naming each value that breaks its rule, by its key in conf/serve.yaml."""
-        values = {prefix + f.name: getattr(self, f.name) for f in fields(self) if "rule" in f.metadata}
-        found = problems(values, type(self).rules(prefix))
-        if found:
-            raise ServeError("; ".join(found))
-
-
 @dataclass(frozen=True)
-class Faults(_Ruled):
+class Faults(Ruled):
     """Misbehaviour on every k-th request (0: never), counted over all requests; the first that applies wins."""
 
-    rate_limit_every: int = _setting(0, NON_NEGATIVE_INT)  # 429 with Retry-After: retry_after_s
-    retry_after_s: float = _setting(1.0, NON_NEGATIVE)
-    error_every: int = _setting(0, NON_NEGATIVE_INT)  # 500
-    slow_every: int = _setting(0, NON_NEGATIVE_INT)  # answer after slow_s seconds
-    slow_s: float = _setting(2.0, NON_NEGATIVE)
-    malformed_every: int = _setting(0, NON_NEGATIVE_INT)  # 200 whose answer names no class
+    rate_limit_every: int = ruled(0, NON_NEGATIVE_INT)  # 429 with Retry-After: retry_after_s
+    retry_after_s: float = ruled(1.0, NON_NEGATIVE)
+    error_every: int = ruled(0, NON_NEGATIVE_INT)  # 500
+    slow_every: int = ruled(0, NON_NEGATIVE_INT)  # answer after slow_s seconds
+    slow_s: float = ruled(2.0, NON_NEGATIVE)
+    malformed_every: int = ruled(0, NON_NEGATIVE_INT)  # 200 whose answer names no class
 
     def __post_init__(self):
-        self._check("faults.")
+        self.check("faults.", ServeError)
 
     def pick(self, number: int) -> str | None:
         """The fault request `number` gets (None: an honest answer)."""
@@ -91,18 +56,18 @@ class Faults(_Ruled):
 
 
 @dataclass(frozen=True)
-class Limits(_Ruled):
+class Limits(Ruled):
     """Requests worked on at once, and how many more may wait for a turn (beyond both: 429)."""
 
-    max_concurrency: int = _setting(8, POSITIVE_INT)
-    max_queue: int = _setting(1024, NON_NEGATIVE_INT)
+    max_concurrency: int = ruled(8, POSITIVE_INT)
+    max_queue: int = ruled(1024, NON_NEGATIVE_INT)
 
     def __post_init__(self):
-        self._check("limits.")
+        self.check("limits.", ServeError)
 
 
 @dataclass(frozen=True)
-class ServeRequest(_Ruled):
+class ServeRequest(Ruled):
     """What `rgb-serve` serves and how, checked once when made.
 
     `make_server(request)` loads `run` and serves it; a `ModelServer` serves a model given to it (then `image_size`
@@ -126,20 +91,17 @@ class ServeRequest(_Ruled):
         ServeError: A value outside its rule (one line naming the key, its rule and the value).
     """
 
-    run: str | Path | None = _setting(None, optional(RUN))
-    host: str = _setting("127.0.0.1", TEXT)
-    port: int = _setting(0, PORT)
-    served_name: str | None = _setting(None, optional(TEXT))
-    api_key: str | None = _setting(None, optional(TEXT), repr=False)
-    device: str = _setting("cpu", TEXT)
-    image_size: int | None = _setting(None, optional(POSITIVE_INT))
-    batch_dir: str | Path | None = _setting(None, optional(DIRECTORY))
-    log_interval_s: float = _setting(10.0, NON_NEGATIVE)
-    limits: Limits = _section(Limits)
-    faults: Faults = _section(Faults)
+    run: str | Path | None = ruled(None, optional(RUN))
+    host: str = ruled("127.0.0.1", TEXT)
+    port: int = ruled(0, PORT)
+    served_name: str | None = ruled(None, optional(TEXT))
+    api_key: str | None = ruled(None, optional(TEXT), repr=False)
+    device: str = ruled("cpu", TEXT)
+    image_size: int | None = ruled(None, optional(POSITIVE_INT))
+    batch_dir: str | Path | None = ruled(None, optional(DIRECTORY))
+    log_interval_s: float = ruled(10.0, NON_NEGATIVE)
+    limits: Limits = section(Limits)
+    faults: Faults = section(Faults)
 
     def __post_init__(self):
-        for f in fields(self):  # a section given as its mapping (the YAML's) becomes its type
-            if "section" in f.metadata and isinstance(value := getattr(self, f.name), dict):
-                object.__setattr__(self, f.name, f.metadata["section"](**value))
-        self._check()
+        self.check(error=ServeError)  # a section given as its mapping (the YAML's) becomes its type

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -22,14 +23,30 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from rgb.attacks.autoattack import AutoAttack
 from rgb.attacks.options import AttackOptions, AttackOptionsError
 from rgb.core import parse_norm
+from rgb.core.options import Ruled, ruled
+from rgb.core.values import POSITIVE_INT, number
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.module import VAL_ACC
 
 log = logging.getLogger(__name__)
 
+KEY = "callbacks.robust_val."  # its settings' keys in train.py's config
+
 PREFIX = "val/robust_acc_"
 SCORE = "val/robust_score"
 SECONDS = "val/robust_seconds"
+
+
+@dataclass(frozen=True)
+class RobustValSettings(Ruled):
+    """The numbers of `callbacks.robust_val` (conf/callbacks/robust_val.yaml), each with its rule: what the callback
+    checks and what train.py's schema checks first. The batch only sets how many images are attacked at once."""
+
+    every_n_epochs: int = ruled(1, POSITIVE_INT)
+    n_images: int = ruled(200, POSITIVE_INT)
+    batch_size: int = ruled(256, POSITIVE_INT, identity=False)
+    n_iter: int = ruled(100, POSITIVE_INT)
+    clean_weight: float = ruled(0.5, (lambda v: number(v) and 0 <= v <= 1, "a number in [0, 1]"))
 
 
 def robust_metric(norm: str) -> str:
@@ -55,25 +72,19 @@ class RobustValidation(Callback):
         clean_weight: float = 0.5,
         n_iter: int = 100,
     ):
-        problems = []
-        for name, value in (("every_n_epochs", every_n_epochs), ("n_images", n_images), ("batch_size", batch_size),
-                            ("n_iter", n_iter)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(f"callbacks.robust_val.{name} must be an integer >= 1, got {value!r}")
-        if isinstance(clean_weight, bool) or not isinstance(clean_weight, (int, float)) or not 0 <= clean_weight <= 1:
-            problems.append(f"callbacks.robust_val.clean_weight must be a number in [0, 1], got {clean_weight!r}")
+        problems = RobustValSettings(every_n_epochs, n_images, batch_size, n_iter, clean_weight).problems(KEY)
         try:
             self.norms = [parse_norm(n) for n in norms]
         except ValueError as err:
-            problems.append(f"callbacks.robust_val.norms: {err}")
+            problems.append(f"{KEY}norms: {err}")
         if not problems and not self.norms:
-            problems.append("callbacks.robust_val.norms must name at least one norm")
+            problems.append(f"{KEY}norms must name at least one norm")
         if not problems:
             try:  # a LightningModule may keep Python-side state between calls: attacked eager
                 self.options = AttackOptions(version=version, seed=seed, attacks=attacks, precision=precision,
                                              steps=n_iter, capture="eager")
             except AttackOptionsError as err:  # collected with the callback's own problems, its keys named
-                problems.append(f"callbacks.robust_val: {err}")
+                problems.append(f"{KEY.rstrip('.')}: {err}")
         if problems:
             raise TrainingConfigError("; ".join(problems))
         self.every_n_epochs, self.n_images = every_n_epochs, n_images

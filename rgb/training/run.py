@@ -111,7 +111,7 @@ def export_best(
     state, which = best_state_dict(best, module)
     model.load_state_dict(state, strict=True)
     meta = export_meta(
-        datamodule, request.names,
+        datamodule, request.run_names,
         loss=sorted_tree(request.loss.settings()),
         strategy=request.strategy.name,
         optim=sorted_tree(request.optim.settings()),
@@ -198,7 +198,7 @@ def train(request: TrainRequest) -> float | None:
     if rank_zero_only.rank != 0:
         return fit_and_export(request, threads, callbacks, None, None)
     with locked(run_dir):
-        manifest = RunManifest(run_dir, SWEEP_ELSEWHERE if request.names.get("sweep") else "another run_name")
+        manifest = RunManifest(run_dir, SWEEP_ELSEWHERE if request.run_names.get("sweep") else "another run_name")
         record = manifest.claim(request.identity)
         write_hydra_record(run_dir, request.logging.hydra_record)
         if zeroshot:
@@ -257,7 +257,7 @@ def fit_and_export(
             )
         if trainer.is_global_zero and (progress.trained(trainer) or not (run_dir / META_FILE).is_file()):
             described = {"parameters": counts, "card": request.model.card,
-                         "wandb": export_wandb_record(loggers, request.names["run_name"] or run_dir.name)}
+                         "wandb": export_wandb_record(loggers, request.run_names["run_name"] or run_dir.name)}
             exported = export_best(datamodule, module, best, request, record, described)
             log.info("exported %s (%s = %.4f)", exported, metric, value)
             logged = log_export(loggers, run_dir, request.logging.log_weights)

@@ -121,7 +121,7 @@ def train_zeroshot(request: TrainRequest, threads: int, manifest: RunManifest, r
     head = init_head_from_prompts(model, request.model.prompts, datamodule)
     metrics = validation_metrics(model, datamodule, device)
     meta = export_meta(
-        datamodule, request.names,
+        datamodule, request.run_names,
         loss=None,
         strategy=ZEROSHOT,
         epochs=0,
