@@ -450,6 +450,10 @@ class ScoresRecord(JsonRecord):
             if name is not None and (problem := name_problem(name)):
                 raise RecordError(f"scores record with {what} {shown_name(name)}: {problem}; evaluate the model "
                                   f"again under a {what} that is one directory name")
+        for plot in self.plots:  # a plot is a file beside scores.json, copied under its name into the site
+            if problem := name_problem(plot):
+                raise RecordError(f"scores record of {shown_name(self.model.run_name)} with plot {shown_name(plot)}: "
+                                  f"{problem}; a plot is a file name beside scores.json (evaluate the model again)")
 
     @classmethod
     def from_json(cls, data: dict, where: str = "") -> ScoresRecord:
