@@ -139,6 +139,24 @@ def test_a_choice_reply_that_holds_a_denial_is_unparsed_too():
     assert misread(lambda classes, text: parse_choice(StrictReader(classes), text).pred, TABLE) == []
 
 
+@pytest.mark.parametrize("parser", ANSWER_PARSERS)
+@pytest.mark.parametrize("reply", ['{"answer": "cat", "not": true}', '{"answer": "cat", "answer": "dog"}',
+                                   '{"answer": "dog", "answer": "dog"}', '{"Answer": "cat"}', '["cat"]',
+                                   '{"answer": ["cat"]}', '{"answer": "cat", "confidence": 0.2}',
+                                   '```json\n{"answer": "cat", "not": true}\n```', '{}', '{"answer": null}'])
+def test_a_choice_reply_that_is_not_exactly_the_object_asked_for_is_unparsed(parser, reply):
+    """answer_format=choice: only the object asked for, its one key `answer` given once, names a class; another
+    key beside it may deny it, and json.loads keeps the last of two (`dog` was read from
+    `{"answer":"cat","answer":"dog"}`, `cat` from `{"answer":"cat","not":true}`). JSON is never re-read as text."""
+    assert parse_choice(READERS[parser](THINGS), reply).pred is None
+
+
+@pytest.mark.parametrize("reply", ['{"answer": "cat"}', '```json\n{"answer": "cat"}\n```', '```{"answer":"cat"}```',
+                                   ' {"answer": "Cat"} ', '"cat"', 'cat'])
+def test_a_choice_reply_in_the_object_asked_for_or_one_code_fence_counts(reply):
+    assert parse_choice(StrictReader(THINGS), reply) == Parsed(THINGS.index("cat"), "class")
+
+
 def test_the_table_bites_the_lenient_reader_reads_some_denials_as_their_class():
     """The same table read by the lenient parser (v3): denials in languages it has no word for, English hedges and
     confidences are read as a class they do not assert. What `lenient` is marked for."""

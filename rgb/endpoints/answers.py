@@ -368,16 +368,39 @@ def choice_format(class_names: Sequence[str]) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "class_choice", "strict": True, "schema": schema}}
 
 
+_FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n?(.*?)\n?[ \t]*```", re.DOTALL)  # one code fence: ```json {...} ```
+
+
+class _KeyTwice(Exception):
+    """A JSON object that gives one key twice: JSON, but not the object asked for."""
+
+
+def _unique_keys(pairs: list[tuple]) -> dict:
+    """A JSON object's keys and values, refusing a key given twice (json.loads would keep the last one)."""
+    if len({key for key, _ in pairs}) < len(pairs):
+        raise _KeyTwice
+    return dict(pairs)
+
+
 def parse_choice(parser: Reader, text: str | None) -> Parsed:
-    """An answer to `choice_format`: its class when the reply is the JSON object asked for; otherwise (an endpoint
-    that ignores the format) its value, or the whole reply, read by the text reader (strict by default)."""
+    """An answer to `choice_format`: its class when the reply (less one code fence, ```json ... ```) is the JSON
+    object asked for, exactly: its one key CHOICE_FIELD, given once, whose value is a class name (or reads as one
+    to the text reader). Any other JSON object or array (`{"answer": "cat", "not": true}`, a key given twice) is
+    unparsed, never re-read as text; a reply that is no JSON, or a bare JSON value (`"cat"`, quotes being a
+    wrapper), is an endpoint that ignores the format, read by the text reader (strict by default)."""
+    fenced = _FENCE.fullmatch((text or "").strip())
+    body = fenced.group(1) if fenced else text
     try:
-        reply = json.loads(text or "")
+        reply = json.loads(body or "", object_pairs_hook=_unique_keys)
+    except _KeyTwice:
+        return Parsed(None, UNPARSED)
     except ValueError:
         return parser.parse(text)
-    value = reply.get(CHOICE_FIELD) if isinstance(reply, dict) else None
-    if not isinstance(value, str):
+    if not isinstance(reply, (dict, list)):
         return parser.parse(text)
+    value = reply.get(CHOICE_FIELD) if isinstance(reply, dict) and reply.keys() == {CHOICE_FIELD} else None
+    if not isinstance(value, str):
+        return Parsed(None, UNPARSED)
     return Parsed(parser.class_names.index(value), "class") if value in parser.class_names else parser.parse(value)
 
 
