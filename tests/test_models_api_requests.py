@@ -306,22 +306,29 @@ def test_a_request_is_estimated_from_its_texts_image_size_and_completion_limit()
     assert classifier("http://127.0.0.1:1/v1", {"max_tokens": None}).estimate(png) == (prompt, COMPLETION_ESTIMATE)
 
 
-@pytest.mark.parametrize("completion_tokens", [3, 160], ids=["prompt_10x", "both_10x"])
+@pytest.mark.parametrize("completion_tokens, first", [(3, 10), (160, 10), (3, 1)],
+                         ids=["prompt_10x", "both_10x", "rising_1x_then_10x"])
 @pytest.mark.parametrize("cap", ["max_tokens_total", "max_cost", "max_requests"])
 def test_caps_hold_with_eight_in_flight_when_the_endpoint_counts_ten_times_the_estimate(tmp_path, cap,
-                                                                                        completion_tokens):
+                                                                                        completion_tokens, first):
     """An endpoint that counts 10x the estimated prompt tokens (and, `both_10x`, 10x the completion limit sent:
     160 for 16), eight requests at a time: the first answer calibrates the bound every later request holds, so no
     cap is passed (before: the eight first requests held a tenth of what they cost and took the run past its cap).
-    The overshoot measured is 0."""
+    `rising_1x_then_10x`: the first answer counted as estimated, every later one 10x: the scale rises after the
+    first answer, so the requests after it go one at a time until one kept to its hold (before: eight went at the
+    first answer's scale and spent 1.8x the cap). The overshoot measured is 0."""
     images = [png(v) for v in range(24)]
     prompt, limit = classifier("http://127.0.0.1:1/v1").estimate(images[0])
-    actual = 10 * prompt + completion_tokens  # what each answer is billed
+    actual = 10 * prompt + completion_tokens  # what each answer is billed (the first: `first` x the prompt)
     value = {"max_tokens_total": 5 * actual + 7, "max_cost": (5 * actual + 7) * 1000 / 1e6, "max_requests": 5}[cap]
-    reply = completion("dog", prompt_tokens=10 * prompt)
-    reply["usage"] = {**reply["usage"], "completion_tokens": completion_tokens,
-                      "total_tokens": 10 * prompt + completion_tokens}
-    with Endpoint([(200, {}, reply)], delay_s=0.2) as endpoint:
+
+    def reply(scale):
+        made = completion("dog", prompt_tokens=scale * prompt)
+        made["usage"] = {**made["usage"], "completion_tokens": completion_tokens,
+                         "total_tokens": scale * prompt + completion_tokens}
+        return 200, {}, made
+
+    with Endpoint([reply(first), reply(10)], delay_s=0.2) as endpoint:
         budget = RequestBudget.of(RequestCaps(**{cap: value}), PRICE)
         answers, stats = classifier(endpoint.base_url, max_concurrency=8).answer(
             images, AnswerCache(tmp_path / "c.jsonl"), budget)

@@ -16,13 +16,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 from tqdm import tqdm
 
-from rgb.endpoints.cache import AnswerCache
 from rgb.core.values import ConfigValueError
+from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.client import FormatRefused, Hold, RateLimiter, RequestBudget, RequestStats
 from rgb.endpoints.cost import combined
 from rgb.endpoints.requester import Requester
@@ -164,10 +164,23 @@ class OnlineRun:
                              retried=self.stats.retries, tokens=self.stats.prompt_tokens + self.stats.completion_tokens,
                              **money, unparsed=self.unparsed_count, refresh=False)
 
+    def narrow(self, pending: list[Future]) -> list[Future]:
+        """Of the keys being asked (`pending`), those still asked once fewer are than the budget lets be in flight
+        now (RequestBudget.in_flight: under a usage cap, one until the first answer or after an answer counted
+        above its hold's scale, and near the cap)."""
+        most = self.model.client_settings.max_concurrency
+        while True:
+            pending = [f for f in pending if not f.done()]
+            with self.lock:
+                allowed = self.budget.in_flight(most)
+            if len(pending) < allowed:
+                return pending
+            wait(pending, return_when=FIRST_COMPLETED)
+
     def run(self) -> RequestStats:
         """Ask every key still to ask, in order, each first request reserved before it is handed to a free thread
-        (so the caps stop at a prefix of the keys); until one answer has calibrated the budget's bounds, one
-        request at a time. A refusal for good stops the asking (the answers so far are cached)."""
+        (so the caps stop at a prefix of the keys), as many at a time as the budget's bounds allow (`narrow`). A
+        refusal for good stops the asking (the answers so far are cached)."""
         todo = [k for k in self.uses if k not in self.cache]
         free = threading.Semaphore(self.model.client_settings.max_concurrency)
         failed = threading.Event()
@@ -177,7 +190,7 @@ class OnlineRun:
                 failed.set()
             free.release()
 
-        futures = []
+        futures, pending = [], []
         with tqdm(total=len(self.images), desc=self.desc, unit="img", leave=False) as self.bar, \
                 self.model.endpoint.session() as sdk, \
                 ThreadPoolExecutor(self.model.client_settings.max_concurrency) as pool:
@@ -192,8 +205,7 @@ class OnlineRun:
                         break
                     futures.append(pool.submit(self.ask, sdk, request, held))
                     futures[-1].add_done_callback(done)
-                    if not self.budget.calibrated:  # the first answer sets the bounds of the requests after it
-                        wait(futures[-1:])
+                    pending = self.narrow([*pending, futures[-1]])
                 finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
             except BaseException:  # Ctrl-C: ask nothing more; the requests in flight finish into the cache
                 pool.shutdown(wait=False, cancel_futures=True)
