@@ -180,6 +180,36 @@ def test_an_answer_cut_by_the_token_limit_is_asked_again_never_cached_as_an_abst
     assert record["max_tokens_retried"] == 256 and record["billed"]["prompt_tokens"] == 40  # both requests billed
 
 
+@pytest.mark.parametrize("answer_format", ["text", "choice"])
+def test_an_answer_cut_by_the_token_limit_is_no_answer_whatever_its_text(tmp_path, answer_format):
+    """"cat" cut by the token limit may be the start of "cat shark" (before: read as cat, because its prefix named
+    a class): counted truncated, asked again with retry_max_tokens when set, else left unanswered, never cached;
+    a cached cut record (an older cache) is read as no class."""
+    text = "cat" if answer_format == "text" else '{"answer": "cat"}'
+    cut = (200, {}, completion(text, finish_reason="length"))
+    with Endpoint([cut]) as endpoint:
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        answers, stats = classifier(endpoint.base_url, {"answer_format": answer_format}).answer([PNG], cache)
+    assert answers == [None] and (stats.truncated, stats.unanswered, len(cache.answers)) == (1, 1, 0)
+    with Endpoint([cut, (200, {}, completion(text))]) as endpoint:
+        answers, stats = classifier(endpoint.base_url, {"answer_format": answer_format},
+                                    retry_max_tokens=256).answer([PNG], cache)
+    assert answers[0].pred == 0 and (stats.truncated, stats.reasked, len(endpoint.seen)) == (1, 1, 2)
+    model = classifier("http://127.0.0.1:1/v1", {"answer_format": answer_format})
+    assert model.unparsed({"answer": text, "finish_reason": "length"})
+
+
+def test_a_clarification_cut_by_the_token_limit_is_not_cached_as_final(tmp_path):
+    """model.clarify=true: a clarifying reply cut by the limit ("dog" of "dog sled") is no answer: the image is left
+    unanswered (PARTIAL, truncated), asked again by the next run (before: cached as dog for good)."""
+    unsure, cut = (200, {}, completion("I am not sure")), (200, {}, completion("dog", finish_reason="length"))
+    with Endpoint([unsure, cut]) as endpoint:
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        answers, stats = classifier(endpoint.base_url, {"clarify": True}).answer([PNG], cache)
+    assert answers == [None] and len(endpoint.seen) == 2 and len(cache.answers) == 0
+    assert (stats.truncated, stats.unanswered, stats.requests) == (1, 1, 2)
+
+
 def test_answers_cut_then_answered_count_truncated_and_reasked_and_cached_is_never_negative(tmp_path):
     """Five images, each answer cut then answered when asked again, and a sixth, a duplicate of the first: ten
     requests, six images truncated and reasked (counted per image, as every count), one image from the cache (the

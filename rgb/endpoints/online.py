@@ -4,9 +4,10 @@ enters the cache as it arrives. Its twin is the Batch path (rgb.endpoints.batch)
 cache records.
 
 A request holds a bound of its tokens and cost in the budget until its usage is known. An answer cut by the token
-limit is asked once more with `retry_max_tokens` (when set); one still cut is not an answer: left unanswered (the
-split PARTIAL) and asked again by the next run. An answer naming no class is followed by one clarifying turn when
-the requester asks for it (`model.clarify=true`). An endpoint refusing the response format is asked in text.
+limit (whatever its text) is asked once more with `retry_max_tokens` (when set); one still cut is not an answer: left
+unanswered (the split PARTIAL) and asked again by the next run. An answer naming no class is followed by one
+clarifying turn when the requester asks for it (`model.clarify=true`); a clarification cut by the limit leaves the
+image unanswered the same way. An endpoint refusing the response format is asked in text.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ class OnlineRun:
             return
         if self.model.unparsed(reply):
             reply = self.clarify(sdk, request, reply)
+        if self.model.cut(reply.get("clarification", {})):  # a cut clarification is no final answer either
+            with self.lock:
+                self.stats.truncated += self.uses[key]
+                self.bar.update(self.uses[key])
+            return
         self.cache.add({"key": key, **reply, **self.model.format_note(request.body)})
         with self.lock:
             self.unparsed_count += self.uses[key] if self.model.unparsed(reply) else 0
