@@ -204,6 +204,16 @@ def test_a_record_written_before_strict_reading_reads_its_abstentions_as_unparse
         usage.unparsed_line()
 
 
+def test_a_clarifying_turn_puts_a_record_under_another_protocol():
+    """model.clarify=true asks the answers a one-turn entry counts wrong a second time: marked like the lenient
+    reader (before: its numbers entered card rankings unmarked)."""
+    usage = ApiUsage("http://127.0.0.1:1/v1", "m", {"test": RequestStats(images=4, requests=5, clarified=1)}, None,
+                     StrictReader.version, answer_parser=CARD_PARSER, answer_format="choice", clarify=True)
+    assert usage.reader_differences() == ["clarifying turn (model.clarify=true), card one turn"]
+    assert ApiUsage.from_json(usage.to_json()) == usage
+    assert ApiUsage.from_json({**usage.to_json(), "clarify": False}).reader_differences() == []
+
+
 # ------------------------------------------------------------------------------ end to end through evaluate.py
 fastapi = pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")  # helpers.asgi_on_localhost serves the stand-in
