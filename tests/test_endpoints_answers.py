@@ -157,6 +157,18 @@ def test_a_choice_reply_in_the_object_asked_for_or_one_code_fence_counts(reply):
     assert parse_choice(StrictReader(THINGS), reply) == Parsed(THINGS.index("cat"), "class")
 
 
+@pytest.mark.parametrize("reply", ["\ufeffcat", "\u200bcat\u200b", "\u200fcat.", "\u2068Cat\u2069", "cat。",
+                                   "Answer: \u200bcat", "**cat**\u200d", "「cat」。"])
+def test_format_characters_at_the_ends_and_an_ideographic_full_stop_are_wrappers(reply):
+    """A byte order mark, zero-width and bidi characters (Unicode Cf) around an answer and "。" as its trailing
+    period are removed like whitespace and "." (before: "\ufeffcat" was unparsed); never two periods, and a
+    format character inside a word stays."""
+    assert StrictReader(THINGS).parse(reply) == Parsed(THINGS.index("cat"), "class")
+    assert StrictReader(THINGS).parse(reply.replace("at", "\u200bat")).pred is None
+    assert StrictReader(THINGS).parse("cat。。").pred is None and StrictReader(THINGS).parse("cat.。").pred is None
+
+
+
 def test_the_table_bites_the_lenient_reader_reads_some_denials_as_their_class():
     """The same table read by the lenient parser (v3): denials in languages it has no word for, English hedges and
     confidences are read as a class they do not assert. What `lenient` is marked for."""

@@ -285,8 +285,9 @@ class AnswerParser:
 
 
 # The wrappers StrictReader removes around a class name, and nothing else (an admit-list: no word that denies a
-# class is known here, so none can be missed): surrounding whitespace; surrounding quotes or markdown emphasis and
-# code marks, as matching pairs, any number of layers; ONE leading label (LABEL); ONE trailing period.
+# class is known here, so none can be missed): surrounding whitespace and format characters (Unicode category Cf: a
+# byte order mark, zero-width spaces, bidi marks); surrounding quotes or markdown emphasis and code marks, as
+# matching pairs, any number of layers; ONE leading label (LABEL); ONE trailing period (PERIODS).
 QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb", "\u201e": "\u201c",
           "\u300c": "\u300d"}
 EMPHASIS = ("```", "***", "**", "__", "*", "_", "`")
@@ -295,6 +296,20 @@ EMPHASIS = ("```", "***", "**", "__", "*", "_", "`")
 LABEL = re.compile(r"(?P<em>[*_]{0,3})\s*(?:the\s+answer\s+is(?:\s*(?P=em)\s*:?|\s*:\s*(?P=em))"
                    r"|(?:(?:final\s+)?answer|prediction|class|label|category)(?:\s*(?P=em)\s*:|\s*:\s*(?P=em)))\s*",
                    re.IGNORECASE)
+PERIODS = (".", "\u3002")  # "." and the ideographic full stop "。" (NFKC keeps it)
+
+
+def _trimmed(text: str) -> str:
+    """`text` less the whitespace and format characters (Cf) at its ends; those within it are kept (a zero-width
+    non-joiner is part of a Persian word)."""
+    start, end = 0, len(text)
+    while start < end and (text[start].isspace() or unicodedata.category(text[start]) == "Cf"):
+        start += 1
+    while end > start and (text[end - 1].isspace() or unicodedata.category(text[end - 1]) == "Cf"):
+        end -= 1
+    return text[start:end]
+
+
 # "_", "-" and spaces within a line: "sea_lion" is "Sea Lion" is "sea-lion" (a line break is not: "sea\nlion" is two)
 _SEPARATORS = re.compile(r"[ \t_\-\u2010\u2011]+")
 
@@ -309,18 +324,18 @@ def folded(text: str) -> str:
 def _unwrapped(text: str) -> str:
     """`text` less the wrappers StrictReader admits around a class name (QUOTES, EMPHASIS, one LABEL, one trailing
     period), in any order."""
-    text, label, period = unicodedata.normalize("NFKC", text).strip(), False, False
+    text, label, period = _trimmed(unicodedata.normalize("NFKC", text)), False, False
     while True:
         before = text
         pair = next(((o, QUOTES[o]) for o in QUOTES if len(text) > 2 and text[0] == o and text[-1] == QUOTES[o]),
                     None) or next(((m, m) for m in EMPHASIS if len(text) > 2 * len(m) and text.startswith(m)
                                    and text.endswith(m)), None)
         if not label and (found := LABEL.match(text)) and found.end() < len(text):
-            text, label = text[found.end():], True
+            text, label = _trimmed(text[found.end():]), True
         elif pair:
-            text = text[len(pair[0]): -len(pair[1])].strip()
-        elif not period and text.endswith(".") and not text.endswith(".."):
-            text, period = text[:-1].rstrip(), True
+            text = _trimmed(text[len(pair[0]): -len(pair[1])])
+        elif not period and text.endswith(PERIODS) and not text[:-1].endswith(PERIODS):
+            text, period = _trimmed(text[:-1]), True
         if text == before:
             return text
 
