@@ -369,6 +369,29 @@ def test_caps_hold_with_eight_in_flight_when_the_endpoint_counts_ten_times_the_e
     assert [a is not None for a in answers] == [True] * stats.requests + [False] * stats.unanswered  # in order
 
 
+def test_a_capped_budget_opens_one_request_more_per_answer_kept_to_its_hold_and_one_after_a_rise():
+    """RequestBudget.in_flight under max_tokens_total: one until an answer, one more for each later answer billed
+    within its hold, back to one when an answer is billed above the ratio its hold used, one near the cap."""
+    budget = RequestBudget(max_tokens_total=100_000)
+
+    def answer(ratio):
+        held = budget.reserve(100, 10)
+        budget.settle(held, {"prompt_tokens": int(100 * ratio), "completion_tokens": 3})
+
+    assert budget.in_flight(8) == 1
+    answer(1)
+    assert budget.in_flight(8) == 1  # the first answer alone calibrates nothing it could confirm
+    for expected in (2, 3, 4):
+        answer(1)
+        assert budget.in_flight(8) == expected
+    answer(10)  # the ratio rose: those in flight settle before the next, held at 10x
+    assert budget.in_flight(8) == 1 and budget.prompt_scale == 10
+    answer(10)
+    assert budget.in_flight(8) == 2
+    budget.tokens = 100_000 - 7 * 1010  # room for fewer than eight holds of 10x: one at a time
+    assert budget.in_flight(8) == 1 and RequestBudget().in_flight(8) == 8  # no usage cap: all
+
+
 def test_max_requests_counts_every_request_an_answer_asked_again_included(tmp_path):
     """An answer cut by the token limit and asked again takes two requests: max_requests=3 sends three."""
     cut = (200, {}, completion(None, finish_reason="length"))

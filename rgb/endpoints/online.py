@@ -203,6 +203,7 @@ class OnlineRun:
             self.bar.update(self.cached)
             try:
                 for key in todo:
+                    pending = self.narrow(pending)
                     free.acquire()
                     request = None if failed.is_set() else self.request(key)
                     held = None if request is None else self.reserve(request.prompt_tokens, request.completion_tokens)
@@ -211,7 +212,7 @@ class OnlineRun:
                         break
                     futures.append(pool.submit(self.ask, sdk, request, held))
                     futures[-1].add_done_callback(done)
-                    pending = self.narrow([*pending, futures[-1]])
+                    pending.append(futures[-1])
                 finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
             except BaseException:  # Ctrl-C: ask nothing more; the requests in flight finish into the cache
                 pool.shutdown(wait=False, cancel_futures=True)
