@@ -139,6 +139,36 @@ def test_a_choice_reply_that_holds_a_denial_is_unparsed_too():
     assert misread(lambda classes, text: parse_choice(StrictReader(classes), text).pred, TABLE) == []
 
 
+@pytest.mark.parametrize("parser", ANSWER_PARSERS)
+@pytest.mark.parametrize("reply", ['{"answer": "cat", "not": true}', '{"answer": "cat", "answer": "dog"}',
+                                   '{"answer": "dog", "answer": "dog"}', '{"Answer": "cat"}', '["cat"]',
+                                   '{"answer": ["cat"]}', '{"answer": "cat", "confidence": 0.2}',
+                                   '```json\n{"answer": "cat", "not": true}\n```', '{}', '{"answer": null}'])
+def test_a_choice_reply_that_is_not_exactly_the_object_asked_for_is_unparsed(parser, reply):
+    """answer_format=choice: only the object asked for, its one key `answer` given once, names a class; another
+    key beside it may deny it, and json.loads keeps the last of two (`dog` was read from
+    `{"answer":"cat","answer":"dog"}`, `cat` from `{"answer":"cat","not":true}`). JSON is never re-read as text."""
+    assert parse_choice(READERS[parser](THINGS), reply).pred is None
+
+
+@pytest.mark.parametrize("reply", ['{"answer": "cat"}', '```json\n{"answer": "cat"}\n```', '```{"answer":"cat"}```',
+                                   ' {"answer": "Cat"} ', '"cat"', 'cat'])
+def test_a_choice_reply_in_the_object_asked_for_or_one_code_fence_counts(reply):
+    assert parse_choice(StrictReader(THINGS), reply) == Parsed(THINGS.index("cat"), "class")
+
+
+@pytest.mark.parametrize("reply", ["\ufeffcat", "\u200bcat\u200b", "\u200fcat.", "\u2068Cat\u2069", "cat。",
+                                   "Answer: \u200bcat", "**cat**\u200d", "「cat」。"])
+def test_format_characters_at_the_ends_and_an_ideographic_full_stop_are_wrappers(reply):
+    """A byte order mark, zero-width and bidi characters (Unicode Cf) around an answer and "。" as its trailing
+    period are removed like whitespace and "." (before: "\ufeffcat" was unparsed); never two periods, and a
+    format character inside a word stays."""
+    assert StrictReader(THINGS).parse(reply) == Parsed(THINGS.index("cat"), "class")
+    assert StrictReader(THINGS).parse(reply.replace("at", "\u200bat")).pred is None
+    assert StrictReader(THINGS).parse("cat。。").pred is None and StrictReader(THINGS).parse("cat.。").pred is None
+
+
+
 def test_the_table_bites_the_lenient_reader_reads_some_denials_as_their_class():
     """The same table read by the lenient parser (v3): denials in languages it has no word for, English hedges and
     confidences are read as a class they do not assert. What `lenient` is marked for."""
@@ -184,6 +214,16 @@ def test_a_record_written_before_strict_reading_reads_its_abstentions_as_unparse
     assert usage.reader_differences() == ["answer parser lenient v3, card strict"]
     assert "3 unparsed (75.0% of 4 answers; 0 denying a class, 0 alternatives; answer parser lenient v3)" == \
         usage.unparsed_line()
+
+
+def test_a_clarifying_turn_puts_a_record_under_another_protocol():
+    """model.clarify=true asks the answers a one-turn entry counts wrong a second time: marked like the lenient
+    reader (before: its numbers entered card rankings unmarked)."""
+    usage = ApiUsage("http://127.0.0.1:1/v1", "m", {"test": RequestStats(images=4, requests=5, clarified=1)}, None,
+                     StrictReader.version, answer_parser=CARD_PARSER, answer_format="choice", clarify=True)
+    assert usage.reader_differences() == ["clarifying turn (model.clarify=true), card one turn"]
+    assert ApiUsage.from_json(usage.to_json()) == usage
+    assert ApiUsage.from_json({**usage.to_json(), "clarify": False}).reader_differences() == []
 
 
 # ------------------------------------------------------------------------------ end to end through evaluate.py

@@ -550,3 +550,24 @@ def test_cards_parameters_colours_seed_epochs_pages_and_keyboard_in_chromium(tmp
         assert head.get_attribute("aria-sort") == "ascending"
         shown = [float(v) for v in values.evaluate_all("cs => cs.map(c => c.dataset.value)")]
         assert shown == sorted(shown)
+
+
+@pytest.mark.parametrize("plot", ["../../../index.html", "/abs/plot.png", "sub/plot.png", ".."])
+def test_a_plot_that_is_not_a_file_name_is_refused_when_the_record_is_read(tmp_path, plot):
+    """A record's `plots` are files beside its scores.json, copied under their names into the model's folder:
+    `../../../index.html` replaced the site's index.html, an absolute path was a SameFileError traceback."""
+    from rgb.core.jsonrecord import RecordError
+    from rgb.evaluation.records import ScoresRecord
+
+    made = record("plotted", "digits", [0.6, 0.5, 0.4, 0.3, 0.2], protocol=card_protocol("digits", image_size=32))
+    with raises_one_line(RecordError, "a plot is a file name beside scores.json"):
+        ScoresRecord.from_json({**made.to_json(), "plots": [plot]})
+
+
+def test_a_plot_named_like_a_copied_file_is_refused_not_written_over_it(tmp_path):
+    """Every path copied into a model's folder is claimed once: a plot named `scores.json` would replace the
+    record's own copy."""
+    made = record("plotted", "digits", [0.6, 0.5, 0.4, 0.3, 0.2], protocol=card_protocol("digits", image_size=32))
+    (entry,) = _entries(tmp_path, [replace(made, plots=["scores.json"])])
+    with raises_one_line(NameClashError, "would both be written to digits/scores.json"):
+        _pool_site(tmp_path, [entry])

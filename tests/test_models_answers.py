@@ -163,10 +163,11 @@ def test_answers_map_to_their_class_or_abstain_with_a_reason(names, text, expect
 @pytest.mark.parametrize("text, expected, reason", [
     ('{"answer": "three"}', "three", "class"), ('{"answer":"seven"}', "seven", "class"),
     ('{"answer": "Three."}', "three", "class"), ('{"answer": "not 3"}', None, "negation"),
-    ("3", "three", "class"), ("It is not 3.", None, "negation"), ('{"label": "three"}', "three", "class"),
-    ('["three"]', "three", "class"), ("", None, "no class"), (None, None, "no class"),
+    ("3", "three", "class"), ("It is not 3.", None, "negation"), ('{"label": "three"}', None, "unparsed"),
+    ('["three"]', None, "unparsed"), ("", None, "no class"), (None, None, "no class"),
 ])
 def test_a_choice_answer_is_its_json_value_else_the_text_parser_reads_it(text, expected, reason):
+    """Text that is no JSON is read by the text parser; JSON other than the object asked for is unparsed."""
     parser = AnswerParser(MINI)
     assert parse_choice(parser, text) == Parsed(None if expected is None else MINI.index(expected), reason)
 

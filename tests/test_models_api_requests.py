@@ -180,6 +180,36 @@ def test_an_answer_cut_by_the_token_limit_is_asked_again_never_cached_as_an_abst
     assert record["max_tokens_retried"] == 256 and record["billed"]["prompt_tokens"] == 40  # both requests billed
 
 
+@pytest.mark.parametrize("answer_format", ["text", "choice"])
+def test_an_answer_cut_by_the_token_limit_is_no_answer_whatever_its_text(tmp_path, answer_format):
+    """"cat" cut by the token limit may be the start of "cat shark" (before: read as cat, because its prefix named
+    a class): counted truncated, asked again with retry_max_tokens when set, else left unanswered, never cached;
+    a cached cut record (an older cache) is read as no class."""
+    text = "cat" if answer_format == "text" else '{"answer": "cat"}'
+    cut = (200, {}, completion(text, finish_reason="length"))
+    with Endpoint([cut]) as endpoint:
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        answers, stats = classifier(endpoint.base_url, {"answer_format": answer_format}).answer([PNG], cache)
+    assert answers == [None] and (stats.truncated, stats.unanswered, len(cache.answers)) == (1, 1, 0)
+    with Endpoint([cut, (200, {}, completion(text))]) as endpoint:
+        answers, stats = classifier(endpoint.base_url, {"answer_format": answer_format},
+                                    retry_max_tokens=256).answer([PNG], cache)
+    assert answers[0].pred == 0 and (stats.truncated, stats.reasked, len(endpoint.seen)) == (1, 1, 2)
+    model = classifier("http://127.0.0.1:1/v1", {"answer_format": answer_format})
+    assert model.unparsed({"answer": text, "finish_reason": "length"})
+
+
+def test_a_clarification_cut_by_the_token_limit_is_not_cached_as_final(tmp_path):
+    """model.clarify=true: a clarifying reply cut by the limit ("dog" of "dog sled") is no answer: the image is left
+    unanswered (PARTIAL, truncated), asked again by the next run (before: cached as dog for good)."""
+    unsure, cut = (200, {}, completion("I am not sure")), (200, {}, completion("dog", finish_reason="length"))
+    with Endpoint([unsure, cut]) as endpoint:
+        cache = AnswerCache(tmp_path / "c.jsonl")
+        answers, stats = classifier(endpoint.base_url, {"clarify": True}).answer([PNG], cache)
+    assert answers == [None] and len(endpoint.seen) == 2 and len(cache.answers) == 0
+    assert (stats.truncated, stats.unanswered, stats.requests) == (1, 1, 2)
+
+
 def test_answers_cut_then_answered_count_truncated_and_reasked_and_cached_is_never_negative(tmp_path):
     """Five images, each answer cut then answered when asked again, and a sixth, a duplicate of the first: ten
     requests, six images truncated and reasked (counted per image, as every count), one image from the cache (the
@@ -306,22 +336,29 @@ def test_a_request_is_estimated_from_its_texts_image_size_and_completion_limit()
     assert classifier("http://127.0.0.1:1/v1", {"max_tokens": None}).estimate(png) == (prompt, COMPLETION_ESTIMATE)
 
 
-@pytest.mark.parametrize("completion_tokens", [3, 160], ids=["prompt_10x", "both_10x"])
+@pytest.mark.parametrize("completion_tokens, first", [(3, 10), (160, 10), (3, 1)],
+                         ids=["prompt_10x", "both_10x", "rising_1x_then_10x"])
 @pytest.mark.parametrize("cap", ["max_tokens_total", "max_cost", "max_requests"])
 def test_caps_hold_with_eight_in_flight_when_the_endpoint_counts_ten_times_the_estimate(tmp_path, cap,
-                                                                                        completion_tokens):
+                                                                                        completion_tokens, first):
     """An endpoint that counts 10x the estimated prompt tokens (and, `both_10x`, 10x the completion limit sent:
     160 for 16), eight requests at a time: the first answer calibrates the bound every later request holds, so no
     cap is passed (before: the eight first requests held a tenth of what they cost and took the run past its cap).
-    The overshoot measured is 0."""
+    `rising_1x_then_10x`: the first answer counted as estimated, every later one 10x: the scale rises after the
+    first answer, so the requests after it go one at a time until one kept to its hold (before: eight went at the
+    first answer's scale and spent 1.8x the cap). The overshoot measured is 0."""
     images = [png(v) for v in range(24)]
     prompt, limit = classifier("http://127.0.0.1:1/v1").estimate(images[0])
-    actual = 10 * prompt + completion_tokens  # what each answer is billed
+    actual = 10 * prompt + completion_tokens  # what each answer is billed (the first: `first` x the prompt)
     value = {"max_tokens_total": 5 * actual + 7, "max_cost": (5 * actual + 7) * 1000 / 1e6, "max_requests": 5}[cap]
-    reply = completion("dog", prompt_tokens=10 * prompt)
-    reply["usage"] = {**reply["usage"], "completion_tokens": completion_tokens,
-                      "total_tokens": 10 * prompt + completion_tokens}
-    with Endpoint([(200, {}, reply)], delay_s=0.2) as endpoint:
+
+    def reply(scale):
+        made = completion("dog", prompt_tokens=scale * prompt)
+        made["usage"] = {**made["usage"], "completion_tokens": completion_tokens,
+                         "total_tokens": scale * prompt + completion_tokens}
+        return 200, {}, made
+
+    with Endpoint([reply(first), reply(10)], delay_s=0.2) as endpoint:
         budget = RequestBudget.of(RequestCaps(**{cap: value}), PRICE)
         answers, stats = classifier(endpoint.base_url, max_concurrency=8).answer(
             images, AnswerCache(tmp_path / "c.jsonl"), budget)
@@ -330,6 +367,29 @@ def test_caps_hold_with_eight_in_flight_when_the_endpoint_counts_ten_times_the_e
     assert overshoot == 0 and stats.requests == len(endpoint.seen) == stats.images - stats.unanswered
     assert budget.stopped_by == f"{cap}={value:g}" and stats.requests >= 4  # the cap, not the calibration, stopped it
     assert [a is not None for a in answers] == [True] * stats.requests + [False] * stats.unanswered  # in order
+
+
+def test_a_capped_budget_opens_one_request_more_per_answer_kept_to_its_hold_and_one_after_a_rise():
+    """RequestBudget.in_flight under max_tokens_total: one until an answer, one more for each later answer billed
+    within its hold, back to one when an answer is billed above the ratio its hold used, one near the cap."""
+    budget = RequestBudget(max_tokens_total=100_000)
+
+    def answer(ratio):
+        held = budget.reserve(100, 10)
+        budget.settle(held, {"prompt_tokens": int(100 * ratio), "completion_tokens": 3})
+
+    assert budget.in_flight(8) == 1
+    answer(1)
+    assert budget.in_flight(8) == 1  # the first answer alone calibrates nothing it could confirm
+    for expected in (2, 3, 4):
+        answer(1)
+        assert budget.in_flight(8) == expected
+    answer(10)  # the ratio rose: those in flight settle before the next, held at 10x
+    assert budget.in_flight(8) == 1 and budget.prompt_scale == 10
+    answer(10)
+    assert budget.in_flight(8) == 2
+    budget.tokens = 100_000 - 7 * 1010  # room for fewer than eight holds of 10x: one at a time
+    assert budget.in_flight(8) == 1 and RequestBudget().in_flight(8) == 8  # no usage cap: all
 
 
 def test_max_requests_counts_every_request_an_answer_asked_again_included(tmp_path):

@@ -113,3 +113,19 @@ def test_an_evaluation_declares_the_model_artifact_it_scored_and_a_pool_the_scor
     for key in (b"leaderboard", b"boards/black_box", b"black_box/ce/status", inputs[0].encode(), b"inputs"):
         assert key in logged, key
     assert b"leaderboard" in logged and b"white_box" in logged and b"d1" in logged  # group and tags
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"family": "timm", "num_classes": 2, "class_names": ["a"], "wandb": "x"}',
+                                  "{"])
+def test_the_export_logged_to_wandb_reads_model_json_by_its_one_reader(tmp_path, offline, text):
+    """A malformed model.json under log_export (a list, `wandb` a string, invalid JSON) is one ExportFileError
+    naming the file (before: a bare json.loads, an AttributeError or TypeError traceback)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from rgb.models import META_FILE
+    from rgb.models.io import ExportFileError
+    from rgb.training.wandb_export import log_export
+
+    (tmp_path / META_FILE).write_text(text)
+    with pytest.raises(ExportFileError, match=META_FILE):
+        log_export([WandbLogger(save_dir=str(tmp_path), offline=True)], tmp_path, log_weights=False)

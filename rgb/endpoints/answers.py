@@ -285,8 +285,9 @@ class AnswerParser:
 
 
 # The wrappers StrictReader removes around a class name, and nothing else (an admit-list: no word that denies a
-# class is known here, so none can be missed): surrounding whitespace; surrounding quotes or markdown emphasis and
-# code marks, as matching pairs, any number of layers; ONE leading label (LABEL); ONE trailing period.
+# class is known here, so none can be missed): surrounding whitespace and format characters (Unicode category Cf: a
+# byte order mark, zero-width spaces, bidi marks); surrounding quotes or markdown emphasis and code marks, as
+# matching pairs, any number of layers; ONE leading label (LABEL); ONE trailing period (PERIODS).
 QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb", "\u201e": "\u201c",
           "\u300c": "\u300d"}
 EMPHASIS = ("```", "***", "**", "__", "*", "_", "`")
@@ -295,6 +296,20 @@ EMPHASIS = ("```", "***", "**", "__", "*", "_", "`")
 LABEL = re.compile(r"(?P<em>[*_]{0,3})\s*(?:the\s+answer\s+is(?:\s*(?P=em)\s*:?|\s*:\s*(?P=em))"
                    r"|(?:(?:final\s+)?answer|prediction|class|label|category)(?:\s*(?P=em)\s*:|\s*:\s*(?P=em)))\s*",
                    re.IGNORECASE)
+PERIODS = (".", "\u3002")  # "." and the ideographic full stop "。" (NFKC keeps it)
+
+
+def _trimmed(text: str) -> str:
+    """`text` less the whitespace and format characters (Cf) at its ends; those within it are kept (a zero-width
+    non-joiner is part of a Persian word)."""
+    start, end = 0, len(text)
+    while start < end and (text[start].isspace() or unicodedata.category(text[start]) == "Cf"):
+        start += 1
+    while end > start and (text[end - 1].isspace() or unicodedata.category(text[end - 1]) == "Cf"):
+        end -= 1
+    return text[start:end]
+
+
 # "_", "-" and spaces within a line: "sea_lion" is "Sea Lion" is "sea-lion" (a line break is not: "sea\nlion" is two)
 _SEPARATORS = re.compile(r"[ \t_\-\u2010\u2011]+")
 
@@ -309,18 +324,18 @@ def folded(text: str) -> str:
 def _unwrapped(text: str) -> str:
     """`text` less the wrappers StrictReader admits around a class name (QUOTES, EMPHASIS, one LABEL, one trailing
     period), in any order."""
-    text, label, period = unicodedata.normalize("NFKC", text).strip(), False, False
+    text, label, period = _trimmed(unicodedata.normalize("NFKC", text)), False, False
     while True:
         before = text
         pair = next(((o, QUOTES[o]) for o in QUOTES if len(text) > 2 and text[0] == o and text[-1] == QUOTES[o]),
                     None) or next(((m, m) for m in EMPHASIS if len(text) > 2 * len(m) and text.startswith(m)
                                    and text.endswith(m)), None)
         if not label and (found := LABEL.match(text)) and found.end() < len(text):
-            text, label = text[found.end():], True
+            text, label = _trimmed(text[found.end():]), True
         elif pair:
-            text = text[len(pair[0]): -len(pair[1])].strip()
-        elif not period and text.endswith(".") and not text.endswith(".."):
-            text, period = text[:-1].rstrip(), True
+            text = _trimmed(text[len(pair[0]): -len(pair[1])])
+        elif not period and text.endswith(PERIODS) and not text[:-1].endswith(PERIODS):
+            text, period = _trimmed(text[:-1]), True
         if text == before:
             return text
 
@@ -368,16 +383,39 @@ def choice_format(class_names: Sequence[str]) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "class_choice", "strict": True, "schema": schema}}
 
 
+_FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n?(.*?)\n?[ \t]*```", re.DOTALL)  # one code fence: ```json {...} ```
+
+
+class _KeyTwice(Exception):
+    """A JSON object that gives one key twice: JSON, but not the object asked for."""
+
+
+def _unique_keys(pairs: list[tuple]) -> dict:
+    """A JSON object's keys and values, refusing a key given twice (json.loads would keep the last one)."""
+    if len({key for key, _ in pairs}) < len(pairs):
+        raise _KeyTwice
+    return dict(pairs)
+
+
 def parse_choice(parser: Reader, text: str | None) -> Parsed:
-    """An answer to `choice_format`: its class when the reply is the JSON object asked for; otherwise (an endpoint
-    that ignores the format) its value, or the whole reply, read by the text reader (strict by default)."""
+    """An answer to `choice_format`: its class when the reply (less one code fence, ```json ... ```) is the JSON
+    object asked for, exactly: its one key CHOICE_FIELD, given once, whose value is a class name (or reads as one
+    to the text reader). Any other JSON object or array (`{"answer": "cat", "not": true}`, a key given twice) is
+    unparsed, never re-read as text; a reply that is no JSON, or a bare JSON value (`"cat"`, quotes being a
+    wrapper), is an endpoint that ignores the format, read by the text reader (strict by default)."""
+    fenced = _FENCE.fullmatch((text or "").strip())
+    body = fenced.group(1) if fenced else text
     try:
-        reply = json.loads(text or "")
+        reply = json.loads(body or "", object_pairs_hook=_unique_keys)
+    except _KeyTwice:
+        return Parsed(None, UNPARSED)
     except ValueError:
         return parser.parse(text)
-    value = reply.get(CHOICE_FIELD) if isinstance(reply, dict) else None
-    if not isinstance(value, str):
+    if not isinstance(reply, (dict, list)):
         return parser.parse(text)
+    value = reply.get(CHOICE_FIELD) if isinstance(reply, dict) and reply.keys() == {CHOICE_FIELD} else None
+    if not isinstance(value, str):
+        return Parsed(None, UNPARSED)
     return Parsed(parser.class_names.index(value), "class") if value in parser.class_names else parser.parse(value)
 
 

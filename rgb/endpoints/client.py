@@ -156,12 +156,14 @@ class RequestCaps(Ruled):
 
 class Hold(NamedTuple):
     """What one request holds of the budget until its usage is known: its reserved tokens and USD (its estimate
-    scaled), and the estimate itself (prompt, completion), to calibrate the scales by."""
+    scaled), the estimate itself (prompt, completion) and the scales it was held at, to calibrate by."""
 
     tokens: int
     cost: float
     prompt_estimate: int
     completion_estimate: int
+    prompt_scale: float = 1.0
+    completion_scale: float = 1.0
 
 
 @dataclass
@@ -169,12 +171,17 @@ class RequestBudget:
     """What this evaluation may still spend: `max_requests` new requests (`remaining`), `max_tokens_total` tokens
     (prompt and completion) and `max_cost` USD billed (priced by `price`) of new answers (None: no limit). Each
     request (an answer asked again or clarified is its own) holds a bound of its tokens and cost (`reserve`) until
-    its usage is known (`settle`), and is sent only when the spent, the held and its own fit under the caps, so
-    the requests in flight never take a run past a cap. The bound: the completion at the limit the request sends,
-    the prompt at its estimate scaled by the largest actual/estimated prompt tokens seen, known once one answer
-    came (`calibrated`): until then a capped run has one request in flight (rgb.endpoints.online), sent on its
-    estimate alone (nothing is known of how the endpoint counts before its first answer). When a cap is reached no
-    new request is sent: the answers so far are cached, the rest is left to a re-run."""
+    its usage is known (`settle`), and is sent only when the spent, the held and its own fit under the caps. The
+    bound: the completion at the limit the request sends, the prompt at its estimate scaled by the largest
+    actual/estimated prompt tokens seen. That is a bound only while the endpoint counts no more than it did: so a
+    capped run has few requests in flight (`in_flight`): one until the first answer (sent on its estimate alone:
+    nothing is known of how the endpoint counts before it), one again after any answer counted above the scale its
+    hold used (the requests in flight settle first, the next ones are held at the new scale), one more for each
+    answer that kept to its hold, and one when the room left is under `max_concurrency` holds. A cap can be passed
+    only by a request the endpoint counts above every answer before it: the first, or one sent alone after a
+    rise (by its excess over its hold), or several far from the cap billed more than twice their holds; a reply
+    with more completion tokens than the limit sent is the endpoint's error, counted, never prevented. When a cap
+    is reached no new request is sent: the answers so far are cached, the rest is left to a re-run."""
 
     remaining: int | None = None
     max_tokens_total: int | None = None
@@ -187,7 +194,10 @@ class RequestBudget:
     prompt_scale: float = 1.0      # the largest actual/estimated prompt tokens of an answer so far (at least 1)
     completion_scale: float = 1.0  # the same of completion tokens (1 while the endpoint keeps to the limit sent)
     answers: int = 0     # requests settled with a usage: the scales are calibrated once there is one
+    steady: int = 0      # answers after the first that kept to the scales of their holds, since the last that did not
+    last_hold: Hold | None = None  # the latest request's hold: the size of one more, to tell the room left
     stopped_by: str | None = None  # the cap that stopped the asking, as `name=value` (logged once, recorded)
+    max_requests: int | None = field(init=False)  # the cap `remaining` started from, as the messages name it
 
     def __post_init__(self):
         RequestCaps(self.remaining, self.max_tokens_total, self.max_cost)  # each cap's rule
@@ -205,10 +215,19 @@ class RequestBudget:
         """A token or cost cap is set: a request's usage must be bounded before it is sent."""
         return self.max_tokens_total is not None or self.max_cost is not None
 
-    @property
-    def calibrated(self) -> bool:
-        """No usage cap, or one answer's usage has set the scales: requests may go many at a time."""
-        return not self.caps_usage or self.answers > 0
+    def in_flight(self, most: int) -> int:
+        """How many first requests may be in flight now, of `most` (max_concurrency): all without a usage cap; else
+        one until an answer came and after an answer counted above its hold's scale, one more for each answer
+        since that kept to it, and one when the room left under a cap is under `most` holds the size of the last."""
+        if not self.caps_usage:
+            return most
+        if self.answers == 0 or self.last_hold is None:
+            return 1
+        room = [(self.max_tokens_total, self.tokens + self.held_tokens, self.last_hold.tokens),
+                (self.max_cost, self.cost + self.held_cost, self.last_hold.cost)]
+        if any(cap is not None and cap - used < most * hold for cap, used, hold in room):
+            return 1
+        return max(1, min(most, 1 + self.steady))
 
     def take(self, wanted: int) -> int:
         """Of `wanted` requests, how many `max_requests` still allows (taken from it at once: the Batch path)."""
@@ -239,19 +258,25 @@ class RequestBudget:
         self.take(1)
         self.held_tokens += tokens
         self.held_cost += cost
-        return Hold(tokens, cost, prompt_tokens, completion_tokens)
+        self.last_hold = Hold(tokens, cost, prompt_tokens, completion_tokens, self.prompt_scale, self.completion_scale)
+        return self.last_hold
 
     def settle(self, held: Hold, billed: dict | None) -> None:
         """Release a request's hold and count what it was billed (rgb.endpoints.cost.billed_usage; None: it
-        failed, nothing billed), calibrating the scales by it."""
+        failed, nothing billed), calibrating the scales by it: an answer counted above the scales of its hold
+        (the endpoint's ratio rose) starts `steady` again."""
         self.held_tokens -= held.tokens
         self.held_cost -= held.cost
         if billed is None:
             return
         self.tokens += billed["prompt_tokens"] + billed["completion_tokens"]
         self.cost += 0.0 if self.price is None else self.price.billed(billed)
-        self.prompt_scale = max(self.prompt_scale, billed["prompt_tokens"] / max(held.prompt_estimate, 1))
-        self.completion_scale = max(self.completion_scale, billed["completion_tokens"] / max(held.completion_estimate, 1))
+        prompt = billed["prompt_tokens"] / max(held.prompt_estimate, 1)
+        completion = billed["completion_tokens"] / max(held.completion_estimate, 1)
+        rose = prompt > held.prompt_scale or completion > held.completion_scale
+        self.steady = 0 if rose or self.answers == 0 else self.steady + 1
+        self.prompt_scale = max(self.prompt_scale, prompt)
+        self.completion_scale = max(self.completion_scale, completion)
         self.answers += 1
 
 

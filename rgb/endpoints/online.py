@@ -4,9 +4,10 @@ enters the cache as it arrives. Its twin is the Batch path (rgb.endpoints.batch)
 cache records.
 
 A request holds a bound of its tokens and cost in the budget until its usage is known. An answer cut by the token
-limit is asked once more with `retry_max_tokens` (when set); one still cut is not an answer: left unanswered (the
-split PARTIAL) and asked again by the next run. An answer naming no class is followed by one clarifying turn when
-the requester asks for it (`model.clarify=true`). An endpoint refusing the response format is asked in text.
+limit (whatever its text) is asked once more with `retry_max_tokens` (when set); one still cut is not an answer: left
+unanswered (the split PARTIAL) and asked again by the next run. An answer naming no class is followed by one
+clarifying turn when the requester asks for it (`model.clarify=true`); a clarification cut by the limit leaves the
+image unanswered the same way. An endpoint refusing the response format is asked in text.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 from tqdm import tqdm
 
-from rgb.endpoints.cache import AnswerCache
 from rgb.core.values import ConfigValueError
+from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.client import FormatRefused, Hold, RateLimiter, RequestBudget, RequestStats
 from rgb.endpoints.cost import combined
 from rgb.endpoints.requester import Requester
@@ -109,6 +110,11 @@ class OnlineRun:
             return
         if self.model.unparsed(reply):
             reply = self.clarify(sdk, request, reply)
+        if self.model.cut(reply.get("clarification", {})):  # a cut clarification is no final answer either
+            with self.lock:
+                self.stats.truncated += self.uses[key]
+                self.bar.update(self.uses[key])
+            return
         self.cache.add({"key": key, **reply, **self.model.format_note(request.body)})
         with self.lock:
             self.unparsed_count += self.uses[key] if self.model.unparsed(reply) else 0
@@ -164,10 +170,23 @@ class OnlineRun:
                              retried=self.stats.retries, tokens=self.stats.prompt_tokens + self.stats.completion_tokens,
                              **money, unparsed=self.unparsed_count, refresh=False)
 
+    def narrow(self, pending: list[Future]) -> list[Future]:
+        """Of the keys being asked (`pending`), those still asked once fewer are than the budget lets be in flight
+        now (RequestBudget.in_flight: under a usage cap, one until the first answer or after an answer counted
+        above its hold's scale, and near the cap)."""
+        most = self.model.client_settings.max_concurrency
+        while True:
+            pending = [f for f in pending if not f.done()]
+            with self.lock:
+                allowed = self.budget.in_flight(most)
+            if len(pending) < allowed:
+                return pending
+            wait(pending, return_when=FIRST_COMPLETED)
+
     def run(self) -> RequestStats:
         """Ask every key still to ask, in order, each first request reserved before it is handed to a free thread
-        (so the caps stop at a prefix of the keys); until one answer has calibrated the budget's bounds, one
-        request at a time. A refusal for good stops the asking (the answers so far are cached)."""
+        (so the caps stop at a prefix of the keys), as many at a time as the budget's bounds allow (`narrow`). A
+        refusal for good stops the asking (the answers so far are cached)."""
         todo = [k for k in self.uses if k not in self.cache]
         free = threading.Semaphore(self.model.client_settings.max_concurrency)
         failed = threading.Event()
@@ -177,13 +196,14 @@ class OnlineRun:
                 failed.set()
             free.release()
 
-        futures = []
+        futures, pending = [], []
         with tqdm(total=len(self.images), desc=self.desc, unit="img", leave=False) as self.bar, \
                 self.model.endpoint.session() as sdk, \
                 ThreadPoolExecutor(self.model.client_settings.max_concurrency) as pool:
             self.bar.update(self.cached)
             try:
                 for key in todo:
+                    pending = self.narrow(pending)
                     free.acquire()
                     request = None if failed.is_set() else self.request(key)
                     held = None if request is None else self.reserve(request.prompt_tokens, request.completion_tokens)
@@ -192,8 +212,7 @@ class OnlineRun:
                         break
                     futures.append(pool.submit(self.ask, sdk, request, held))
                     futures[-1].add_done_callback(done)
-                    if not self.budget.calibrated:  # the first answer sets the bounds of the requests after it
-                        wait(futures[-1:])
+                    pending.append(futures[-1])
                 finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
             except BaseException:  # Ctrl-C: ask nothing more; the requests in flight finish into the cache
                 pool.shutdown(wait=False, cancel_futures=True)

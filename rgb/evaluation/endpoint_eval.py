@@ -83,7 +83,7 @@ class ApiPredictor:
         return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
                         self.request.caps.max_requests, self.model.parser.version,
                         None if price is None else asdict(price), self.model.parser.name, self.budget.stopped_by,
-                        self.answer_format_used())
+                        self.answer_format_used(), self.model.settings.clarify)
 
     def answer_format_used(self) -> str:
         """The configured answer format, or "text" when some answers were asked in text instead (the endpoint

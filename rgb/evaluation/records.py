@@ -337,7 +337,10 @@ class ApiUsage(JsonRecord):
     answers to classes (rgb.endpoints.answers.READERS: `strict`, version 4, the card's; `lenient`, version 3;
     None in records made before they were kept: a lenient parser, version 1 when that is None too). A reader other
     than the card's puts the record under another protocol (`reader_differences`). `answer_format`: the answer
-    format the requests asked for (rgb.endpoints.settings.ANSWER_FORMATS)."""
+    format the requests asked for (rgb.endpoints.settings.ANSWER_FORMATS). `clarify`: an unparsed answer was
+    followed by a clarifying turn (`model.clarify=true`); another protocol too: the card evaluates API models "by
+    inference alone" on each image and says nothing of a second turn, which gives exactly the answers a one-turn
+    entry counts wrong a second chance, so its numbers can only be above what one turn would score."""
 
     base_url: str
     api_model: str
@@ -350,6 +353,7 @@ class ApiUsage(JsonRecord):
     # the format the answers were asked in: model.answer_format, or "text" when the endpoint refused choice's
     # response_format for some (counted per split: answered_in_text); None: recorded before it was kept
     answer_format: str | None = None
+    clarify: bool = False  # model.clarify=true asked unparsed answers once more (False: one turn, or recorded before)
     DERIVED: ClassVar[tuple[str, ...]] = ("total", "partial", "spent", "list_cost", "unparsed_rate")
 
     def __post_init__(self):  # a record written before secrets were redacted is shown without them
@@ -398,8 +402,9 @@ class ApiUsage(JsonRecord):
         return f"{int(total['unparsed'])} unparsed ({share}; {lenient}answer parser {self.reader}{asked})"
 
     def reader_differences(self) -> list[str]:
-        """How the reading departs from the card's protocol (empty: the strict reader)."""
-        return [] if self.answer_parser == CARD_PARSER else [f"answer parser {self.reader}, card {CARD_PARSER}"]
+        """How the asking and reading depart from the card's protocol (empty: one turn, the strict reader)."""
+        return ([] if self.answer_parser == CARD_PARSER else [f"answer parser {self.reader}, card {CARD_PARSER}"]) + \
+            (["clarifying turn (model.clarify=true), card one turn"] if self.clarify else [])
 
     @property
     def spent(self) -> float | None:
@@ -450,6 +455,10 @@ class ScoresRecord(JsonRecord):
             if name is not None and (problem := name_problem(name)):
                 raise RecordError(f"scores record with {what} {shown_name(name)}: {problem}; evaluate the model "
                                   f"again under a {what} that is one directory name")
+        for plot in self.plots:  # a plot is a file beside scores.json, copied under its name into the site
+            if problem := name_problem(plot):
+                raise RecordError(f"scores record of {shown_name(self.model.run_name)} with plot {shown_name(plot)}: "
+                                  f"{problem}; a plot is a file name beside scores.json (evaluate the model again)")
 
     @classmethod
     def from_json(cls, data: dict, where: str = "") -> ScoresRecord:

@@ -15,6 +15,7 @@ colour in every chart; the model card's paper, venue and extra data are columns 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-
 from rgb.core.files import DistinctFiles, atomic_write_bytes, atomic_write_json, distinct_name
+from rgb.core.jsonrecord import RecordError
 from rgb.core.secrets import redact, redact_text
 from rgb.core.threat import parse_norm
 from rgb.core.values import shown_name
@@ -464,11 +465,15 @@ def markdown_html(text: str) -> str:
 TEXT_FILES = (".json", ".md", ".csv", ".txt")
 
 
-def _copy(source: Path, target: Path) -> str | None:
-    """Copy one file into a model's folder of the site (`<site>/models/<slug>/...`); its path relative to the
-    model pages (`<site>/models/`), or None when absent."""
+def _copy(source: Path, target: Path, folder: Path, claimed: DistinctFiles) -> str | None:
+    """Copy one file into a model's `folder` of the site (`<site>/models/<slug>/`), its path there claimed (a plot
+    named like the copied scores.json is refused, never written over it); its path relative to the model pages
+    (`<site>/models/`), or None when absent. A target outside `folder` is refused (records refuse such names)."""
     if not source.is_file():
         return None
+    if not target.resolve().is_relative_to(folder.resolve()):
+        raise RecordError(f"{source} would be copied to {target}, outside its model's folder {folder}")
+    claimed.claim(target.resolve().relative_to(folder.resolve()).as_posix(), str(source))
     target.parent.mkdir(parents=True, exist_ok=True)
     if source.suffix in TEXT_FILES:  # a record written before secrets were redacted is published without them
         atomic_write_bytes(target, redact_text(source.read_text()).encode())
@@ -481,21 +486,22 @@ def _copy(source: Path, target: Path) -> str | None:
 def model_view(name: str, entries: Sequence[SiteEntry], boards: Sequence[Leaderboard], folder: Path,
                colour: str) -> dict:
     """A model's page: its columns, provenance, per dataset its settings (board numbers), class-wise metrics,
-    plots and files (copied into its `folder`, `models/<page>/<dataset>/`)."""
-    datasets = []
+    plots and files (copied into its `folder`, `models/<page>/<dataset>/`, each path claimed once)."""
+    datasets, claimed = [], DistinctFiles()
     for entry in sorted(entries, key=lambda e: e.record.dataset):
         record = entry.record
         files_dir = folder / record.dataset
-        files = {SCORES_FILE: _copy(entry.file, files_dir / SCORES_FILE)}
+        copy = functools.partial(_copy, folder=folder, claimed=claimed)
+        files = {SCORES_FILE: copy(entry.file, files_dir / SCORES_FILE)}
         if entry.attack_dir is not None:
             for summary in sorted(entry.attack_dir.glob(f"*/{SUMMARY_FILE}")):
-                files[f"{summary.parent.name}/{SUMMARY_FILE}"] = _copy(
+                files[f"{summary.parent.name}/{SUMMARY_FILE}"] = copy(
                     summary, files_dir / f"summary.{summary.parent.name}.json")
-        images = [p for p in (_copy(entry.file.parent / plot, files_dir / plot) for plot in record.plots) if p]
+        images = [p for p in (copy(entry.file.parent / plot, files_dir / plot) for plot in record.plots) if p]
         reports = []
         for sub, title in REPORT_FOLDERS.items():
             found = sorted((entry.file.parent / sub).glob("*")) if (entry.file.parent / sub).is_dir() else []
-            copied = {p.name: _copy(p, files_dir / sub / p.name) for p in found if p.suffix in (".md", ".png", ".csv")}
+            copied = {p.name: copy(p, files_dir / sub / p.name) for p in found if p.suffix in (".md", ".png", ".csv")}
             if copied:
                 reports.append({"title": title, "files": copied,
                                 "html": "\n".join(markdown_html(redact_text(p.read_text()))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
-from rgb.endpoints.answers import READERS, Parsed, choice_format, parse_choice
+from rgb.endpoints.answers import READERS, UNPARSED, Parsed, choice_format, parse_choice
 from rgb.endpoints.batch import ask_by_batch
 from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.client import ApiError, Endpoint, RequestBudget, RequestStats
@@ -114,10 +114,11 @@ class ApiClassifier:
         fell_back = self.settings.answer_format == "choice" and "response_format" not in body
         return {"answer_format_used": "text"} if fell_back else {}
 
-    def cut(self, reply: dict) -> bool:
-        """An answer the token limit cut before it named a class: an error to count and ask again, never an
-        abstention to cache."""
-        return reply.get("finish_reason") == "length" and self.unparsed(reply)
+    @staticmethod
+    def cut(reply: dict) -> bool:
+        """An answer the token limit cut: an error to count and ask again, never an answer to cache, whatever its
+        text ("tiger" may be the start of "tiger shark"), under any reader."""
+        return reply.get("finish_reason") == "length"
 
     def unparsed(self, record: dict) -> bool:
         """The answer of a cache record names no class (an abstention), its clarification's neither."""
@@ -149,6 +150,10 @@ class ApiClassifier:
         return {**body, field_name: limit}
 
     def _parse(self, record: dict) -> Parsed:
+        """The class a reply asserts; none for one the token limit cut (a cache written before cut answers were
+        left out may hold one)."""
+        if self.cut(record):
+            return Parsed(None, UNPARSED)
         if self.settings.answer_format == "choice":
             return parse_choice(self.parser, record["answer"])
         return self.parser.parse(record["answer"])

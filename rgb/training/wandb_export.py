@@ -4,13 +4,13 @@ them is asked), aliased by the weights' hash so that an evaluation declares the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 from rgb.core.files import distinct_name, file_sha256, sha256_alias
 from rgb.models import META_FILE, WEIGHTS_FILE
+from rgb.models.io import read_model_record
 
 # What the artifact's metadata keeps of model.json: what the model is, never a path of this machine.
 ARTIFACT_METADATA = ("run_name", "dataset", "num_classes", "image_size", "family", "loss", "strategy", "epochs",
@@ -42,7 +42,7 @@ def log_export(loggers: list[Logger], run_dir: Path, log_weights: bool) -> str |
     import wandb
 
     logger = wandb_logger(loggers)
-    record = json.loads((run_dir / META_FILE).read_text()) if logger is not None else {}
+    record = read_model_record(run_dir / META_FILE) if logger is not None else {}
     if not record.get("wandb"):
         return None
     weights = run_dir / WEIGHTS_FILE
