@@ -40,7 +40,7 @@ from rgb.evaluation.records import ScoresRecord
 from rgb.commands.evaluate import run_evaluation
 from rgb.models import library_versions, load_with_meta
 from rgb.endpoints.answers import parse_answer
-from rgb.models.chat import ApiClassifier
+from rgb.models.chat import ChatClassifier
 from rgb.endpoints.cache import AnswerCache
 from rgb.serve import ServeRequest, make_server
 
@@ -118,7 +118,7 @@ def client_overhead(model, server, images: list[bytes]) -> dict:
 def batch_round_trip(model, server, images: list[bytes], work: Path, online_cache: Path, poll_s: float) -> dict:
     """The Batch path's wall time for `images` from an empty cache (upload -> completed -> parsed into the cache,
     polled every poll_s), and its cache records against the online path's for the same keys."""
-    batched = ApiClassifier(model.settings, replace(model.client_settings, batch=True, batch_poll_s=poll_s),
+    batched = ChatClassifier(model.settings, replace(model.client_settings, batch=True, batch_poll_s=poll_s),
                             model.class_names, model.dataset)
     cache = AnswerCache(work / "api_cache_batch" / "answers.jsonl")
     asked_before, batches_before = server.requests.count(), len(server.batches.batches)

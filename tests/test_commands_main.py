@@ -257,7 +257,7 @@ FORMER_USER_ERRORS = [
     ("rgb.training.config", "TrainingError"), ("rgb.evaluation.model_eval", "EvaluationError"),
     ("rgb.evaluation.leaderboard", "LeaderboardError"), ("rgb.core.jsonrecord", "RecordError"),
     ("rgb.core.values", "ConfigValueError"), ("rgb.models.io", "ExportFileError"),
-    ("rgb.endpoints.client", "ApiError"), ("rgb.endpoints.cache", "CacheError"), ("rgb.serve", "ServeError"),
+    ("rgb.endpoints.client", "EndpointError"), ("rgb.endpoints.cache", "CacheError"), ("rgb.serve", "ServeError"),
 ]
 
 

@@ -73,13 +73,13 @@ def test_a_query_parameter_declared_in_two_places_is_refused():
     import pytest
 
     from rgb.core.values import ConfigValueError
-    from rgb.endpoints.settings import ApiSettings, ClientSettings
-    from rgb.models.chat import ApiClassifier
+    from rgb.endpoints.settings import EndpointSettings, ClientSettings
+    from rgb.models.chat import ChatClassifier
 
     with pytest.raises(ConfigValueError, match="'api-version' is in both model.base_url and model.query"):
-        ApiSettings("http://127.0.0.1:1/v1?api-version=1", "tiny", query={"api-version": "2"})
+        EndpointSettings("http://127.0.0.1:1/v1?api-version=1", "tiny", query={"api-version": "2"})
     with pytest.raises(ConfigValueError, match="'region' is in both .* and model.query_env"):
-        ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny", query={"region": "eu"}),
+        ChatClassifier(EndpointSettings("http://127.0.0.1:1/v1", "tiny", query={"region": "eu"}),
                       ClientSettings(query_env={"region": "RGB_REGION"}), ["a", "b"], "toy")
 
 

@@ -29,7 +29,7 @@ from rgb.training.request import TrainRequest
 REQUEST_TYPES = [EvalRequest, PoolRequest, AttackRequest, TextRobustnessRequest, ZeroShotReportRequest, AttackOptions,
                  TrainRequest, ServeRequest]
 FAMILY_CLASSES = [ModelFamily, timm_family.TimmFamily, openclip.OpenCLIPFamily, user_factory.FactoryFamily,
-                  user_factory.InMemoryFamily, chat.ApiFamily]
+                  user_factory.InMemoryFamily, chat.ChatFamily]
 FAMILY_METHODS = ("describe", "rebuild", "model_name", "num_classes", "head", "backbone")
 
 

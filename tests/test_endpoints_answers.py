@@ -24,10 +24,10 @@ from rgb.core.files import distinct_name
 from rgb.data.mini import CLASS_NAMES as MINI
 from rgb.endpoints.answers import (CARD_PARSER, READERS, UNPARSED, AnswerParser, Parsed, StrictReader,
                                    parse_answer, parse_choice)
-from rgb.endpoints.client import ApiError, RequestStats
-from rgb.endpoints.settings import ANSWER_PARSERS, CLARIFY_TURN, ApiSettings, ClientSettings
-from rgb.evaluation.records import ApiUsage
-from rgb.models.chat import ApiClassifier
+from rgb.endpoints.client import EndpointError, RequestStats
+from rgb.endpoints.settings import ANSWER_PARSERS, CLARIFY_TURN, EndpointSettings, ClientSettings
+from rgb.evaluation.records import EndpointUsage
+from rgb.models.chat import ChatClassifier
 
 THINGS = ["cat", "dog", "hot dog", "sea_lion", "sea", "lion", "golf course", "course", "café", "St. Bernard"]
 LISTS = {"mini": MINI, "things": THINGS}
@@ -189,14 +189,14 @@ def test_the_wrappers_are_the_documented_ones_once_each(text, reason):
 @pytest.mark.parametrize("names", [["sea_lion", "Sea Lion"], ["golfcourse", "Golf-Course"], ["café", "Cafe"],
                                    ["cat", "***"]])
 def test_class_names_the_strict_reader_cannot_tell_apart_are_refused_in_one_line(names):
-    with raises_one_line(ApiError) as refused:
-        ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny"), ClientSettings(), names, "data")
+    with raises_one_line(EndpointError) as refused:
+        ChatClassifier(EndpointSettings("http://127.0.0.1:1/v1", "tiny"), ClientSettings(), names, "data")
     assert repr(names[1]) in str(refused.value)
 
 
 def test_the_readers_are_named_once_and_the_default_is_the_cards():
     assert tuple(READERS) == ANSWER_PARSERS and ANSWER_PARSERS[0] == CARD_PARSER == "strict"
-    assert ClientSettings().answer_parser == CARD_PARSER and ApiSettings("http://127.0.0.1:1/v1", "m").answer_format \
+    assert ClientSettings().answer_parser == CARD_PARSER and EndpointSettings("http://127.0.0.1:1/v1", "m").answer_format \
         == "choice"
     assert CLARIFY_TURN.format(classes="; ".join(MINI)).endswith("eight; nine")
     with raises_one_line(ValueError, "model.answer_parser must be strict or lenient, got 'loose'"):
@@ -208,7 +208,7 @@ def test_a_record_written_before_strict_reading_reads_its_abstentions_as_unparse
     unparsed, and the record is under another protocol than the card's."""
     old = {"base_url": "http://127.0.0.1:1/v1", "api_model": "m", "max_requests": None, "parser_version": 3,
            "per_split": {"test": {"images": 4, "requests": 4, "abstained": 3, "unanswered": 0}}}
-    usage = ApiUsage.from_json(old)
+    usage = EndpointUsage.from_json(old)
     assert usage.per_split["test"] == RequestStats(images=4, requests=4, unparsed=3)
     assert usage.unparsed_rate == 0.75 and usage.reader == "lenient v3"
     assert usage.reader_differences() == ["answer parser lenient v3, card strict"]
@@ -219,11 +219,11 @@ def test_a_record_written_before_strict_reading_reads_its_abstentions_as_unparse
 def test_a_clarifying_turn_puts_a_record_under_another_protocol():
     """model.clarify=true asks the answers a one-turn entry counts wrong a second time: marked like the lenient
     reader (before: its numbers entered card rankings unmarked)."""
-    usage = ApiUsage("http://127.0.0.1:1/v1", "m", {"test": RequestStats(images=4, requests=5, clarified=1)}, None,
+    usage = EndpointUsage("http://127.0.0.1:1/v1", "m", {"test": RequestStats(images=4, requests=5, clarified=1)}, None,
                      StrictReader.version, answer_parser=CARD_PARSER, answer_format="choice", clarify=True)
     assert usage.reader_differences() == ["clarifying turn (model.clarify=true), card one turn"]
-    assert ApiUsage.from_json(usage.to_json()) == usage
-    assert ApiUsage.from_json({**usage.to_json(), "clarify": False}).reader_differences() == []
+    assert EndpointUsage.from_json(usage.to_json()) == usage
+    assert EndpointUsage.from_json({**usage.to_json(), "clarify": False}).reader_differences() == []
 
 
 # ------------------------------------------------------------------------------ end to end through evaluate.py

@@ -368,7 +368,7 @@ YAML_DEFAULTS = [
     ("serve.yaml", "", "rgb.serve.request:ServeRequest"),
     ("serve.yaml", "limits", "rgb.serve.request:Limits"),
     ("serve.yaml", "faults", "rgb.serve.request:Faults"),
-    ("model/api_chat.yaml", "", "rgb.endpoints.settings:ApiSettings"),
+    ("model/api_chat.yaml", "", "rgb.endpoints.settings:EndpointSettings"),
     ("model/api_chat.yaml", "", "rgb.endpoints.settings:ClientSettings"),
 ]
 # Keys whose YAML value is meant to differ from the code's default, each with why.

@@ -1,4 +1,4 @@
-"""train.py's config half: the composed config becomes one TrainRequest (a model behind an API: one ApiRunRequest)
+"""train.py's config half: the composed config becomes one TrainRequest (a model behind an API: one EndpointRunRequest)
 and rgb.training runs it. What only Hydra knows is read here: the objects its `_target_`s name, the run's place in a
 sweep, the `.hydra/` record of the start.
 """
@@ -19,7 +19,7 @@ from rgb.commands.train_config import RULES, training_identity, validate_config
 from rgb.core.values import one_of
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.models.card import model_card
-from rgb.training.endpoint_run import ApiRunRequest, export_api_run
+from rgb.training.endpoint_run import EndpointRunRequest, export_api_run
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.datamodule import RGBDataModule
 from rgb.training import request as sections
@@ -124,8 +124,8 @@ def training_request(cfg: DictConfig) -> sections.TrainRequest:
     )
 
 
-def api_run_request(cfg: DictConfig) -> ApiRunRequest:
-    return ApiRunRequest(model=OmegaConf.to_container(cfg.model, resolve=True),
+def api_run_request(cfg: DictConfig) -> EndpointRunRequest:
+    return EndpointRunRequest(model=OmegaConf.to_container(cfg.model, resolve=True),
                          data=partial(hydra.utils.instantiate, cfg.data), run_dir=str(cfg.run_dir),
                          names=run_names(cfg), seed=cfg.seed, card=card_of(cfg))
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rgb.endpoints.client import ApiError
+from rgb.endpoints.client import EndpointError
 from rgb.endpoints.settings import ANSWER_PARSERS
 
 CARD_PARSER = ANSWER_PARSERS[0]  # the card's reader ("strict"): numbers read otherwise are under another protocol
@@ -191,9 +191,9 @@ class AnswerParser:
             words = tokens(name)
             key = "".join(words)
             if not key:
-                raise ApiError(f"class name {name!r} has no letter or digit: no answer can name it")
+                raise EndpointError(f"class name {name!r} has no letter or digit: no answer can name it")
             if key in self.exact:
-                raise ApiError(f"class names {class_names[self.exact[key]]!r} and {name!r} read the same to the "
+                raise EndpointError(f"class names {class_names[self.exact[key]]!r} and {name!r} read the same to the "
                                f"answer parser (case, punctuation and spaces aside): rename one of them")
             self.exact[key] = i
             self.stemmed.setdefault("".join(map(stem, words)), set()).add(i)
@@ -357,9 +357,9 @@ class StrictReader:
         for i, name in enumerate(self.class_names):
             key = folded(_unwrapped(name))
             if not any(unicodedata.category(c)[0] in "LN" for c in key):
-                raise ApiError(f"class name {name!r} has no letter or digit: no answer can name it")
+                raise EndpointError(f"class name {name!r} has no letter or digit: no answer can name it")
             if key in self.keys:
-                raise ApiError(f"class names {self.class_names[self.keys[key]]!r} and {name!r} read the same to the "
+                raise EndpointError(f"class names {self.class_names[self.keys[key]]!r} and {name!r} read the same to the "
                                f"strict answer reader (case, accents, `_`, `-` and spaces aside): rename one of them")
             self.keys[key] = i
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from rgb.core.files import atomic_write_json
 from rgb.core.jsonrecord import RecordError, check_fields, decode, read_json
 from rgb.endpoints.cache import AnswerCache, CacheError
-from rgb.endpoints.client import ApiError, RequestBudget, RequestStats, completion_record
+from rgb.endpoints.client import EndpointError, RequestBudget, RequestStats, completion_record
 from rgb.endpoints.requester import Requester
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def _chunks(lines: list[tuple[str, bytes]]) -> list[list[tuple[str, bytes]]]:
 
 
 class BatchRun:
-    """One split's Batch round trip against the model's endpoint (SDK errors become one-line ApiErrors)."""
+    """One split's Batch round trip against the model's endpoint (SDK errors become one-line EndpointErrors)."""
 
     def __init__(self, model: Requester, cache: AnswerCache, sleep=time.sleep):
         self.model, self.cache, self.sleep = model, cache, sleep
@@ -137,7 +137,7 @@ class BatchRun:
                 if all(b.status in FINISHED for b in batches):
                     return batches
                 if time.monotonic() >= deadline:
-                    raise ApiError(f"{len(batches)} batch(es) still running after {settings.batch_wait_s:g} s "
+                    raise EndpointError(f"{len(batches)} batch(es) still running after {settings.batch_wait_s:g} s "
                                    f"(model.batch_wait_s): run again to resume them ({self.state.path})")
                 self.sleep(settings.batch_poll_s)
 
@@ -187,7 +187,7 @@ def ask_by_batch(model: Requester, images: Sequence[bytes], keys: list[str], cac
     """The answers of `images` (their request `keys`) into `cache` by the Batch API: pending batches resumed, the
     rest submitted, all waited for. What it cost is returned; the requester reads its answers from the cache."""
     if budget.max_tokens_total is not None or budget.max_cost is not None:
-        raise ApiError("max_tokens_total and max_cost stop online requests as their answers arrive; a Batch is "
+        raise EndpointError("max_tokens_total and max_cost stop online requests as their answers arrive; a Batch is "
                        "billed when it is done: with model.batch=true cap it by max_requests")
     uses, image_of = Counter(keys), {}
     for k, image in zip(keys, images):

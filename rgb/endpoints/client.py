@@ -34,12 +34,12 @@ redact_logs("httpx", "httpx2", "openai", "openai._base_client")
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
-class ApiError(UserError, RuntimeError):
+class EndpointError(UserError, RuntimeError):
     """The endpoint refused for good (401, unknown model, image not supported) or kept failing: one line that
     names the endpoint and the model, never the key. Also class names no answer could tell apart."""
 
 
-class FormatRefused(ApiError):
+class FormatRefused(EndpointError):
     """The endpoint refused a request for its `response_format` (an HTTP 400 naming it): it may be asked in text."""
 
 
@@ -87,8 +87,8 @@ class RateLimiter:
 
 @dataclass
 class RequestStats(JsonRecord):
-    """What asking cost, per call of `ApiClassifier.answer` (one split), and as scores.json records it per split
-    (rgb.evaluation.records.ApiUsage) with the money of rgb.evaluation.endpoint_eval.ApiPredictor.money.
+    """What asking cost, per call of `ChatClassifier.answer` (one split), and as scores.json records it per split
+    (rgb.evaluation.records.EndpointUsage) with the money of rgb.evaluation.endpoint_eval.EndpointPredictor.money.
     `unparsed`: answers the reader read as no class (written `abstained` before strict reading; read either way).
     Of those, the lenient reader's `negations` and `alternatives` named a class but denied it or offered it as one
     of several (0 under the strict reader, or before parser version 2). The fields keep the order scores.json has
@@ -359,7 +359,7 @@ class Endpoint:
     the cache and the accounting are ours."""
 
     def __init__(self, base_url: str, api_model: str, client: ClientSettings, sleep=time.sleep):
-        """`base_url`: the address with its public query (rgb.endpoints.settings.ApiSettings.address)."""
+        """`base_url`: the address with its public query (rgb.endpoints.settings.EndpointSettings.address)."""
         self.base_url, self.api_model, self.client_settings = base_url, api_model, client
         self._sleep = sleep
         typed = {name for name, _ in parse_qsl(urlsplit(base_url).query, keep_blank_values=True)}
@@ -368,13 +368,13 @@ class Endpoint:
             raise ConfigValueError(f"the query parameter {both[0]!r} is in both model.base_url (or model.query) and "
                                    f"model.query_env: keep one")
 
-    def refused(self, what: str, key: str | None) -> ApiError:
+    def refused(self, what: str, key: str | None) -> EndpointError:
         message = _one_line(what)
         secrets = [key, *(os.environ.get(v) for v in (*self.client_settings.query_env.values(),
                                                          *self.client_settings.header_env.values()))]
         for secret in filter(None, secrets):  # an error that quotes the request never shows what it sent
             message = message.replace(secret, "[secret]" if secret != key else "[key]")
-        return ApiError(f"{self.base_url} (model {self.api_model!r}): {message}")
+        return EndpointError(f"{self.base_url} (model {self.api_model!r}): {message}")
 
     def api_key(self) -> str | None:
         """The key in the environment variable `api_key_env` names (None when unset or empty), read at each use and
@@ -416,7 +416,7 @@ class Endpoint:
         return self.sdk("read-per-request", http_client=http)
 
     def check_served(self) -> None:
-        """GET {base_url}/models, as train.py asks before it makes a run dir for this endpoint: an ApiError (one
+        """GET {base_url}/models, as train.py asks before it makes a run dir for this endpoint: an EndpointError (one
         line) when nothing answers there, the endpoint refuses (a wrong key: 401), or `api_model` is not among the
         ids it serves (listed)."""
         import openai
@@ -424,8 +424,8 @@ class Endpoint:
         key = self.api_key()
         auth = {"Authorization": f"Bearer {key}" if key else openai.Omit()}
 
-        def failed(what: str) -> ApiError:
-            return ApiError(f"{self.refused(what, key)} (model.check_endpoint=false skips this check)")
+        def failed(what: str) -> EndpointError:
+            return EndpointError(f"{self.refused(what, key)} (model.check_endpoint=false skips this check)")
 
         try:
             with self.session() as sdk:
@@ -437,7 +437,7 @@ class Endpoint:
             raise failed(f"GET /models: HTTP {err.status_code}: {_error_message(err.response)}{hint}") from None
         if self.api_model not in served:
             shown = ", ".join(served[:10]) + (f", ... ({len(served)} in all)" if len(served) > 10 else "")
-            raise ApiError(f"{self.base_url} does not serve model {self.api_model!r}; it serves: {shown or 'none'} "
+            raise EndpointError(f"{self.base_url} does not serve model {self.api_model!r}; it serves: {shown or 'none'} "
                            f"(model.check_endpoint=false skips this check)")
 
     @staticmethod

@@ -1,5 +1,5 @@
 """What the two paths that ask an endpoint (rgb.endpoints.online, one request per image; rgb.endpoints.batch, the
-Batch API) read of a model: rgb.models.chat.ApiClassifier is one. Both drive the same requester, so a request and
+Batch API) read of a model: rgb.models.chat.ChatClassifier is one. Both drive the same requester, so a request and
 its cache record are the same whichever path asked."""
 
 from __future__ import annotations

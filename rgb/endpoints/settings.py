@@ -1,4 +1,4 @@
-"""The settings of a model behind a chat-completions endpoint: what identifies its answers (ApiSettings, model.json
+"""The settings of a model behind a chat-completions endpoint: what identifies its answers (EndpointSettings, model.json
 `api`) and how politely to ask (ClientSettings, model.json `client`), each value checked by a rule when made, so a
 bad value is one line wherever it comes from (train.py model=api_chat, or the load of a model.json)."""
 
@@ -99,7 +99,7 @@ def _check(settings, rules: dict[str, Rule], *declared: tuple[str, dict | None, 
 
 
 @dataclass(frozen=True)
-class ApiSettings:
+class EndpointSettings:
     """What identifies the model's answers (model.json `api`): a change of any of these is another model. The
     answer parser is not among them: it maps the cached answer texts, and the version that scored them is
     recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed).
@@ -211,10 +211,10 @@ class ClientSettings:
         return {k: v for k, v in asdict(self).items() if k not in ("header_env", "query_env") or v}
 
 
-def split_config(config: dict) -> tuple[ApiSettings, ClientSettings]:
+def split_config(config: dict) -> tuple[EndpointSettings, ClientSettings]:
     """Both settings from one flat mapping (the model config, or model.json's two sections merged: rgb.models.chat
     `from_record` reads an absent answer_format as RECORDED_FORMAT_DEFAULT); a null is the value given
     (`max_tokens: null` sends no limit), an absent key the default."""
-    names = {f.name for f in fields(ApiSettings)}, {f.name for f in fields(ClientSettings)}
-    return (ApiSettings(**{k: v for k, v in config.items() if k in names[0]}),
+    names = {f.name for f in fields(EndpointSettings)}, {f.name for f in fields(ClientSettings)}
+    return (EndpointSettings(**{k: v for k, v in config.items() if k in names[0]}),
             ClientSettings(**{k: v for k, v in config.items() if k in names[1]}))

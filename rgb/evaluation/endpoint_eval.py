@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from rgb.evaluation.records import ApiUsage
+from rgb.evaluation.records import EndpointUsage
 from rgb.evaluation.request import EvalRequest
-from rgb.models.chat import ApiClassifier
+from rgb.models.chat import ChatClassifier
 from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.client import RequestBudget, RequestStats
 from rgb.endpoints.cost import model_price
@@ -24,25 +24,25 @@ def split_images(split, n: int) -> list[bytes]:
     return pc.struct_field(split.rows.data.column("image"), "bytes").to_pylist()[:n]
 
 
-def cache_path(cache_dir: Path, model: ApiClassifier) -> Path:
+def cache_path(cache_dir: Path, model: ChatClassifier) -> Path:
     """One answer cache per model identity."""
     return Path(cache_dir) / f"{model.identity_sha256}.jsonl"
 
 
-def request_budget(model: ApiClassifier, request: EvalRequest) -> RequestBudget:
+def request_budget(model: ChatClassifier, request: EvalRequest) -> RequestBudget:
     """What the evaluation may spend (its caps, priced by model.price or conf/prices.yaml): made before anything is
     asked, so a cap it cannot honour (max_cost, no price) is refused first."""
     price = model_price(model.client_settings.price, model.settings.api_model, request.prices)
     return RequestBudget.of(request.caps, price)
 
 
-class ApiPredictor:
+class EndpointPredictor:
     """Evaluation's view of an API model: per split the answered prefix of predictions (all of it unless
     max_requests ran out), request counts per split, and the answer columns of predictions.parquet."""
 
     white_box_na = "API model"
 
-    def __init__(self, model: ApiClassifier, request: EvalRequest):
+    def __init__(self, model: ChatClassifier, request: EvalRequest):
         self.model, self.request = model, request
         self.cache = AnswerCache(cache_path(request.api_cache_dir, model))
         self.budget = request_budget(model, request)
@@ -78,9 +78,9 @@ class ApiPredictor:
         self.priced.update(keys)
         return {"spent": sum(map(price.spent, records)), "list_cost": sum(map(price.list_cost, records))}
 
-    def usage(self) -> ApiUsage:
+    def usage(self) -> EndpointUsage:
         price = self.budget.price
-        return ApiUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
+        return EndpointUsage(self.model.settings.base_url, self.model.settings.api_model, dict(self.per_split),
                         self.request.caps.max_requests, self.model.parser.version,
                         None if price is None else asdict(price), self.model.parser.name, self.budget.stopped_by,
                         self.answer_format_used(), self.model.settings.clarify)

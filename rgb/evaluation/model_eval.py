@@ -36,7 +36,7 @@ from rgb.data.protocol import Protocol
 from rgb.data.corruptions import apply_corruption
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
-from rgb.evaluation.endpoint_eval import ApiPredictor, cache_path, split_images
+from rgb.evaluation.endpoint_eval import EndpointPredictor, cache_path, split_images
 from rgb.evaluation.records import (ATTACK_SETTING_NORMS, WHITE_BOX_SETTINGS, Accuracy, AttackSummary,
                                     ModelIdentity, ProtocolScore, ScoresRecord, TrainRun, attack_setting)
 from rgb.evaluation.request import EvalRequest
@@ -133,7 +133,7 @@ class TensorPredictor:
 
 
 # How each kind of model is asked (`inputs` of the model: tensors, or the split's PNG bytes for API models).
-PREDICTORS = {"tensor": TensorPredictor, "png": ApiPredictor}
+PREDICTORS = {"tensor": TensorPredictor, "png": EndpointPredictor}
 
 
 def predictor_for(model, request: EvalRequest):
@@ -367,7 +367,7 @@ def _black_box(predict_split, datamodule, request, settings, per_sample, own):
 
 def request_plan(model, datamodule: BenchmarkData, request: EvalRequest) -> dict:
     """dry_run: what the black-box evaluation of an API model would ask per split (after the cache and the images
-    already asked for an earlier split), its tokens estimated without a tokenizer (ApiClassifier.estimate) and,
+    already asked for an earlier split), its tokens estimated without a tokenizer (ChatClassifier.estimate) and,
     when the model is priced, its money. Asks nothing."""
     cache = AnswerCache(cache_path(request.api_cache_dir, model))
     price = model_price(model.client_settings.price, model.settings.api_model, request.prices)

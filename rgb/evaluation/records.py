@@ -330,7 +330,7 @@ class AttackSummary(JsonRecord, _KeptFromRun):
 
 
 @dataclass(frozen=True)
-class ApiUsage(JsonRecord):
+class EndpointUsage(JsonRecord):
     """An API model's requests per split (test, common, `<surrogate>/<split>`) and in total. `partial`: some
     images were not asked (max_requests reached); their splits are scored over the answered prefix, marked
     PARTIAL, and a re-run asks only the rest. `answer_parser` and `parser_version`: the reader that mapped the
@@ -440,7 +440,7 @@ class ScoresRecord(JsonRecord):
     max_images: int | None = None  # the first N images of each split were evaluated (allow_partial)
     schema: int = SCORES_SCHEMA
     white_box_na: str | None = None  # why white-box settings do not apply ("API model"): shown as n/a, never 0
-    api: ApiUsage | None = None
+    api: EndpointUsage | None = None
     protocol: Protocol | None = None  # required (checked): a default only because the fields above have one
     control: Accuracy | None = None  # random_linf_30, the card's control: shown, never summed
     train: TrainRun | None = None  # the model's training run (None: a model scored without its run record)

@@ -25,10 +25,10 @@ from rgb.core.values import ConfigValueError
 from rgb.endpoints.answers import READERS, UNPARSED, Parsed, choice_format, parse_choice
 from rgb.endpoints.batch import ask_by_batch
 from rgb.endpoints.cache import AnswerCache
-from rgb.endpoints.client import ApiError, Endpoint, RequestBudget, RequestStats
+from rgb.endpoints.client import EndpointError, Endpoint, RequestBudget, RequestStats
 from rgb.endpoints.cost import image_tokens, png_size, text_tokens
 from rgb.endpoints.online import ask_online
-from rgb.endpoints.settings import CLARIFY_TURN, RECORDED_FORMAT_DEFAULT, ApiSettings, ClientSettings, split_config
+from rgb.endpoints.settings import CLARIFY_TURN, RECORDED_FORMAT_DEFAULT, EndpointSettings, ClientSettings, split_config
 
 
 class InferenceOnlyError(UserError, ValueError):
@@ -46,14 +46,14 @@ class Answer:
     reason: str       # the reader's (rgb.endpoints.answers): why pred is what it is
 
 
-class ApiClassifier:
+class ChatClassifier:
     """Classifies PNG images by asking a chat-completions endpoint; `inputs = "png"` tells evaluation to hand it
     the split's stored bytes instead of tensors."""
 
     family = "api"
     inputs = "png"
 
-    def __init__(self, settings: ApiSettings, client: ClientSettings, class_names: Sequence[str], dataset: str,
+    def __init__(self, settings: EndpointSettings, client: ClientSettings, class_names: Sequence[str], dataset: str,
                  sleep=time.sleep):
         self.settings, self.client_settings = settings, client
         self.class_names, self.dataset = list(class_names), dataset
@@ -88,7 +88,7 @@ class ApiClassifier:
     def body(self, image: bytes) -> dict:
         """The chat-completions request of one image (its stored PNG bytes as a data URL)."""
         if not image.startswith(PNG_MAGIC):
-            raise ApiError("an image of the split is not PNG: it is sent as stored or not at all (no re-encoding)")
+            raise EndpointError("an image of the split is not PNG: it is sent as stored or not at all (no re-encoding)")
         url = "data:image/png;base64," + base64.b64encode(image).decode("ascii")
         content = [{"type": "text", "text": self.prompt}, {"type": "image_url", "image_url": {"url": url}}]
         system = [{"role": "system", "content": self.settings.system_prompt}] if self.settings.system_prompt else []
@@ -226,15 +226,15 @@ class ApiClassifier:
 
 
 # --------------------------------------------------------------------------------------------------- the family
-def from_record(record: dict) -> ApiClassifier:
+def from_record(record: dict) -> ChatClassifier:
     """The classifier of a model.json (family `api`); one without answer_format was made for free text."""
     settings, client = split_config({"answer_format": RECORDED_FORMAT_DEFAULT, **record["api"],
                                      **record.get("client", {})})
-    return ApiClassifier(settings, client, record["class_names"], record["dataset"])
+    return ChatClassifier(settings, client, record["class_names"], record["dataset"])
 
 
 @dataclass(frozen=True)
-class ApiFamily:
+class ChatFamily:
     """The `api` family: a classifier answered by a chat-completions endpoint.
 
     No weights, no head: the record alone rebuilds the model (`weights = False` for rgb.models.load).
@@ -244,11 +244,11 @@ class ApiFamily:
     weights: bool = False
     text_tower: bool = False
 
-    def describe(self, model: ApiClassifier) -> dict:
+    def describe(self, model: ChatClassifier) -> dict:
         """model.json fields of an endpoint model: its settings, client settings, class names and dataset.
 
         Args:
-            model: An `ApiClassifier`.
+            model: An `ChatClassifier`.
 
         Returns:
             The record's fields.
@@ -266,36 +266,36 @@ class ApiFamily:
         """
         return record.get("api_model")
 
-    def num_classes(self, model: ApiClassifier) -> int:
+    def num_classes(self, model: ChatClassifier) -> int:
         """How many class names the model answers with.
 
         Args:
-            model: An `ApiClassifier`.
+            model: An `ChatClassifier`.
 
         Returns:
             The class count.
         """
         return len(model.class_names)
 
-    def rebuild(self, record: dict) -> ApiClassifier:
+    def rebuild(self, record: dict) -> ChatClassifier:
         """The classifier the record's settings describe (no weights: ready to ask the endpoint).
 
         Args:
             record: An `api` model.json (`api`, `client`, `class_names`, `dataset`).
 
         Returns:
-            The `ApiClassifier`.
+            The `ChatClassifier`.
 
         Raises:
             ConfigValueError: A setting of the record has an invalid value.
         """
         return from_record(record)
 
-    def head(self, model: ApiClassifier):
+    def head(self, model: ChatClassifier):
         """Refused: an endpoint model has no head to train.
 
         Args:
-            model: An `ApiClassifier` (answered by its endpoint; a head cannot be probed there).
+            model: An `ChatClassifier` (answered by its endpoint; a head cannot be probed there).
 
         Returns:
             Never returns.
@@ -305,11 +305,11 @@ class ApiFamily:
         """
         raise InferenceOnlyError("an api model has no head to train: it is evaluated by inference only")
 
-    def backbone(self, model: ApiClassifier):
+    def backbone(self, model: ChatClassifier):
         """Refused: an endpoint model has no parameters to train.
 
         Args:
-            model: An `ApiClassifier`.
+            model: An `ChatClassifier`.
 
         Returns:
             Never returns: nothing here is an optimiser's to walk.
@@ -320,6 +320,6 @@ class ApiFamily:
         raise InferenceOnlyError("an api model has no parameters to train: it is evaluated by inference only")
 
 
-FAMILY = ApiFamily()
+FAMILY = ChatFamily()
 
-__all__ = ["Answer", "ApiClassifier", "FAMILY"]
+__all__ = ["Answer", "ChatClassifier", "FAMILY"]

@@ -16,7 +16,7 @@ from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import flatten
 from rgb.models import META_FILE, export_meta, export_model
 from rgb.endpoints.settings import split_config
-from rgb.models.chat import ApiClassifier
+from rgb.models.chat import ChatClassifier
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.rundir import locked
 
@@ -26,7 +26,7 @@ TASK = "api"
 
 
 @dataclass(frozen=True)
-class ApiRunRequest:
+class EndpointRunRequest:
     """One `model=api_chat` run dir to write: the resolved model config (endpoint, decoding, prompt, client), the
     data whose class names the prompt lists, the run's names and seed."""
 
@@ -44,7 +44,7 @@ def _api_identity_in(record) -> dict | None:
     return None
 
 
-def api_identity(made: dict, model: ApiClassifier) -> dict:
+def api_identity(made: dict, model: ChatClassifier) -> dict:
     """What model.json says about the answers to score, as {dotted key: value}: the data and the model's record
     without its client settings (concurrency, rate limits, retries change no answer, so they may change)."""
     described = {key: value for key, value in model.describe().items() if key != "client"}
@@ -63,14 +63,14 @@ def claim_api_run(run_dir: Path, identity: dict) -> None:
     manifest.claim({"task": TASK, "identity": identity}, holds_results=made)
 
 
-def export_api_run(request: ApiRunRequest) -> None:
+def export_api_run(request: EndpointRunRequest) -> None:
     """Write `<run_dir>/model.json` for the requested endpoint; the API key stays in its environment variable."""
     try:  # first: a refused setting (a typed secret) stops the run before any work
         settings, client = split_config(request.model)
     except (TypeError, ValueError) as err:  # a key the settings do not know, a value that breaks its rule
         raise TrainingConfigError(f"model=api_chat: {err}") from None
     datamodule = request.data()
-    model = ApiClassifier(settings, client, datamodule.class_names, datamodule.dataset)
+    model = ChatClassifier(settings, client, datamodule.class_names, datamodule.dataset)
     if request.model.get("check_endpoint", True):  # GET /models answers and lists api_model (false: offline)
         model.endpoint.check_served()
     made = export_meta(datamodule, {}, loss=None, strategy="api", epochs=0, seed=request.seed, weights=None)

@@ -14,10 +14,10 @@ from PIL import Image
 
 from helpers import raises_one_line, serving
 from rgb.endpoints import batch as api_batch
-from rgb.endpoints.settings import ApiSettings, ClientSettings
-from rgb.models.chat import ApiClassifier
+from rgb.endpoints.settings import EndpointSettings, ClientSettings
+from rgb.models.chat import ChatClassifier
 from rgb.endpoints.cache import AnswerCache, CacheError
-from rgb.endpoints.client import ApiError, RequestBudget
+from rgb.endpoints.client import EndpointError, RequestBudget
 from rgb.endpoints.cost import Price
 from rgb.serve import Faults, ModelServer, ServeRequest
 
@@ -51,10 +51,10 @@ def running(tmp_path, **kwargs):
     return serving(ModelServer(Brightness(), CLASSES, request), TIMEOUT)
 
 
-def classifier(server: ModelServer, batch: bool, **api) -> ApiClassifier:
-    settings = ApiSettings(base_url=server.base_url, api_model=NAME, **api)
+def classifier(server: ModelServer, batch: bool, **api) -> ChatClassifier:
+    settings = EndpointSettings(base_url=server.base_url, api_model=NAME, **api)
     client = ClientSettings(batch=batch, batch_poll_s=0.02, batch_wait_s=TIMEOUT, max_retries=0, timeout_s=TIMEOUT)
-    return ApiClassifier(settings, client, CLASSES, "tiny")
+    return ChatClassifier(settings, client, CLASSES, "tiny")
 
 
 def records(path) -> dict:
@@ -105,7 +105,7 @@ def test_token_and_money_caps_are_refused_with_a_batch(tmp_path):
     """A Batch is billed when it is done: max_tokens_total / max_cost cannot stop it midway, so they are refused
     before anything is uploaded (max_requests caps it)."""
     with running(tmp_path) as server:
-        with raises_one_line(ApiError, "cap it by max_requests"):
+        with raises_one_line(EndpointError, "cap it by max_requests"):
             classifier(server, True).answer(IMAGES, AnswerCache(tmp_path / "c.jsonl"), RequestBudget(max_tokens_total=1000))
         assert inputs_and_batches(server) == (0, 0)
 

@@ -22,11 +22,11 @@ openai_types = pytest.importorskip("openai.types.chat")
 import helpers  # noqa: E402
 from helpers import raises_one_line  # noqa: E402
 from rgb.core.values import ConfigValueError  # noqa: E402
-from rgb.evaluation.records import ApiUsage  # noqa: E402
-from rgb.endpoints.settings import ApiSettings, ClientSettings  # noqa: E402
-from rgb.models.chat import COMPLETION_ESTIMATE, ApiClassifier  # noqa: E402
+from rgb.evaluation.records import EndpointUsage  # noqa: E402
+from rgb.endpoints.settings import EndpointSettings, ClientSettings  # noqa: E402
+from rgb.models.chat import COMPLETION_ESTIMATE, ChatClassifier  # noqa: E402
 from rgb.endpoints.cache import AnswerCache  # noqa: E402
-from rgb.endpoints.client import ApiError, RequestBudget, RequestCaps, RequestStats  # noqa: E402
+from rgb.endpoints.client import EndpointError, RequestBudget, RequestCaps, RequestStats  # noqa: E402
 from rgb.endpoints.cost import Price, image_tokens, model_price, png_size, text_tokens  # noqa: E402
 
 CLASSES = ["cat", "dog", "three"]
@@ -81,8 +81,8 @@ class Endpoint:
         self._serving.__exit__(*exc)
 
 
-def classifier(base_url: str, api: dict | None = None, **client) -> ApiClassifier:
-    return ApiClassifier(ApiSettings(base_url, "vlm", **(api or {})), ClientSettings(**client), CLASSES, "toy")
+def classifier(base_url: str, api: dict | None = None, **client) -> ChatClassifier:
+    return ChatClassifier(EndpointSettings(base_url, "vlm", **(api or {})), ClientSettings(**client), CLASSES, "toy")
 
 
 def test_request_fields_system_prompt_and_headers_reach_the_endpoint(tmp_path):
@@ -114,7 +114,7 @@ def test_the_request_carries_exactly_the_declared_query_and_headers(tmp_path, mo
         model = classifier(f"{endpoint.base_url}?api-version=2024", {"query": {"deployment": "eu"}}, **declared)
         model.answer([PNG], AnswerCache(tmp_path / "a.jsonl"))
         unset = classifier(endpoint.base_url, **{**declared, "header_env": {header: "RGB_TEST_UNSET_VARIABLE"}})
-        with raises_one_line(ApiError, match="header .* RGB_TEST_UNSET_VARIABLE, which is not set"):
+        with raises_one_line(EndpointError, match="header .* RGB_TEST_UNSET_VARIABLE, which is not set"):
             unset.answer([PNG], AnswerCache(tmp_path / "b.jsonl"))
     assert len(endpoint.seen) == 1
     seen = endpoint.seen[0]
@@ -141,7 +141,7 @@ def test_requests_go_through_the_openai_sdk_with_the_key_read_per_request(tmp_pa
     assert without["user-agent"].startswith("OpenAI/Python") and "authorization" not in without
     assert with_key["authorization"] == "Bearer sk-test-1"
     with Endpoint([(500, {}, {"error": {"message": "boom"}})]) as failing:
-        with raises_one_line(ApiError, match="gave up after 1 attempts, last: HTTP 500"):
+        with raises_one_line(EndpointError, match="gave up after 1 attempts, last: HTTP 500"):
             classifier(failing.base_url, max_retries=0).answer([PNG], AnswerCache(tmp_path / "c.jsonl"))
     assert len(failing.seen) == 1
 
@@ -315,13 +315,13 @@ def test_the_usage_record_totals_spent_and_list_cost_and_reads_back():
     counts = RequestStats(images=3, requests=1, cached=2, retries=0, unparsed=0, unanswered=0, prompt_tokens=20,
                           completion_tokens=3, backoff_s=0.0, cached_prompt_tokens=40, cached_completion_tokens=6,
                           spent=0.05, list_cost=0.08)
-    usage = ApiUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts, "common": counts}, None, 2,
+    usage = EndpointUsage("http://127.0.0.1:1/v1", "vlm", {"test": counts, "common": counts}, None, 2,
                      {"input": 1000.0, "output": 2000.0, "cached_input": None})
     assert (usage.spent, usage.list_cost) == pytest.approx((0.1, 0.16))
-    assert ApiUsage.from_json(usage.to_json()) == usage
-    assert ApiUsage("u", "vlm", {"test": counts}, None).spent is None  # unknown price: no money
+    assert EndpointUsage.from_json(usage.to_json()) == usage
+    assert EndpointUsage("u", "vlm", {"test": counts}, None).spent is None  # unknown price: no money
     before = RequestStats(**{**counts.to_json(), "spent": None, "list_cost": None})  # recorded before it was kept
-    assert ApiUsage("u", "vlm", {"test": counts, "old": before}, None, 2, usage.price).spent is None
+    assert EndpointUsage("u", "vlm", {"test": counts, "old": before}, None, 2, usage.price).spent is None
 
 
 def test_a_request_is_estimated_from_its_texts_image_size_and_completion_limit():
@@ -413,10 +413,10 @@ def test_a_usage_cap_needs_a_completion_limit_sent(tmp_path):
 
 def test_the_partial_line_names_the_cap_that_stopped_the_run():
     counts = RequestStats(images=3, requests=1, unanswered=2)
-    usage = ApiUsage("u", "vlm", {"test": counts}, None, 3, None, stopped_by="max_tokens_total=5000")
+    usage = EndpointUsage("u", "vlm", {"test": counts}, None, 3, None, stopped_by="max_tokens_total=5000")
     assert usage.waiting() == "2 images not asked yet (max_tokens_total=5000 reached)"
-    assert ApiUsage.from_json(usage.to_json()) == usage
-    legacy = ApiUsage("u", "vlm", {"test": counts}, 7)  # recorded before the cap was
+    assert EndpointUsage.from_json(usage.to_json()) == usage
+    legacy = EndpointUsage("u", "vlm", {"test": counts}, 7)  # recorded before the cap was
     assert legacy.waiting() == "2 images not asked yet (max_requests=7, or max_tokens_total / max_cost)"
 
 
@@ -438,7 +438,7 @@ def test_an_endpoint_refusing_response_format_is_asked_in_text_said_once_and_rec
     assert [r["answer_format_used"] for r in cache.answers.values()] == ["text", "text"]
     assert (stats.answered_in_text, stats.requests, model.answer_format_used) == (2, 2, "text")  # 2 answered
     with Endpoint([REFUSES_FORMAT]) as endpoint:  # a text request refused for its format: a refusal for good
-        with raises_one_line(ApiError, "HTTP 400: Invalid parameter: 'response_format'"):
+        with raises_one_line(EndpointError, "HTTP 400: Invalid parameter: 'response_format'"):
             classifier(endpoint.base_url, {"request": {"response_format": {"type": "json_object"}}}).answer(
                 [png(1)], AnswerCache(tmp_path / "t.jsonl"))
 

@@ -1,4 +1,4 @@
-"""The `api` model family against a real `rgb-serve` on 127.0.0.1 (its answer parser: test_models_answers.py): the
+"""The `api` model family against a real `rgb-serve` on 127.0.0.1 (its answer parser: test_endpoints_answers_lenient.py): the
 settings and their one-line refusals, the answer cache, re-reading cached answers under another reader, the
 manners (retries, Retry-After, rate limit, one-line refusals), the black-box protocol image by image equal to
 evaluate.py of the served model, dry_run / max_requests, and a key that never reaches a file."""
@@ -33,10 +33,10 @@ from rgb.evaluation.model_eval import format_table
 from rgb.evaluation.records import PARTIAL_SCORES_FILE, SCORES_FILE, ScoresRecord
 from rgb.commands.evaluate import request_caps, run_evaluation
 from rgb.models import load_with_meta
-from rgb.endpoints.settings import ApiSettings, ClientSettings, split_config
-from rgb.models.chat import ApiClassifier
+from rgb.endpoints.settings import EndpointSettings, ClientSettings, split_config
+from rgb.models.chat import ChatClassifier
 from rgb.endpoints.cache import AnswerCache, CacheError
-from rgb.endpoints.client import ApiError, RateLimiter, RequestBudget, RequestCaps
+from rgb.endpoints.client import EndpointError, RateLimiter, RequestBudget, RequestCaps
 from rgb.commands import main as cli
 from rgb.core.errors import UserError
 from rgb.core.values import ConfigValueError
@@ -92,7 +92,7 @@ def test_a_record_without_its_answer_is_one_line_naming_the_file_and_line(tmp_pa
 ])
 def test_bad_api_settings_are_one_line_naming_the_key(settings, message):
     with raises_one_line(ConfigValueError) as refused:
-        ApiSettings(**{"base_url": "http://127.0.0.1:1/v1", "api_model": "tiny", **settings})
+        EndpointSettings(**{"base_url": "http://127.0.0.1:1/v1", "api_model": "tiny", **settings})
     assert message in str(refused.value)
 
 
@@ -133,7 +133,7 @@ def test_request_caps_are_the_evaluate_config_keys_read_by_name():
 
 def test_a_prompt_with_an_unknown_placeholder_is_one_line():
     with pytest.raises(ConfigValueError, match=r"model.prompt may hold only \{dataset\} and \{classes\}"):
-        ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny", prompt="Which {thing}?"), ClientSettings(),
+        ChatClassifier(EndpointSettings("http://127.0.0.1:1/v1", "tiny", prompt="Which {thing}?"), ClientSettings(),
                       CLASS_NAMES, DATASET)
 
 
@@ -239,7 +239,7 @@ def distinct_images(bench: Path) -> int:
 def test_api_model_scores_what_the_served_model_scores_image_by_image(tmp_path, bench, served_run, server):
     run = api_run(tmp_path, bench, server.base_url, "api_tiny", "model.answer_format=text")  # choice: below
     model, meta = load_with_meta(run)
-    assert isinstance(model, ApiClassifier) and meta["family"] == "api" and not (run / "model.safetensors").exists()
+    assert isinstance(model, ChatClassifier) and meta["family"] == "api" and not (run / "model.safetensors").exists()
     assert meta["api"]["base_url"] == server.base_url and meta["class_names"] == CLASS_NAMES
 
     before = server.requests.count()
@@ -289,8 +289,8 @@ def test_an_api_model_cannot_be_attacked(tmp_path, bench, server):
 
 
 # -------------------------------------------------------------------------------------------------- manners
-def classifier(base_url: str, **client) -> ApiClassifier:
-    return ApiClassifier(ApiSettings(base_url, "tiny"), ClientSettings(**client), CLASS_NAMES, DATASET)
+def classifier(base_url: str, **client) -> ChatClassifier:
+    return ChatClassifier(EndpointSettings(base_url, "tiny"), ClientSettings(**client), CLASS_NAMES, DATASET)
 
 
 def test_faults_drive_retries_and_abstentions(tmp_path, bench, served_run):
@@ -320,19 +320,19 @@ def test_refusals_are_one_line_naming_endpoint_and_model_never_the_key(tmp_path,
     with Running(served_run, api_key="right-key") as running:
         monkeypatch.setenv(KEY_ENV, secret)
         model = classifier(running.base_url, api_key_env=KEY_ENV, max_retries=0)
-        with raises_one_line(ApiError) as refused:
+        with raises_one_line(EndpointError) as refused:
             model.answer([image], AnswerCache(tmp_path / "a.jsonl"))
         message = str(refused.value)
         assert running.base_url in message and "'tiny'" in message and "401" in message
         assert secret not in message and KEY_ENV in message
         monkeypatch.setenv(KEY_ENV, "right-key")
-        other = ApiClassifier(ApiSettings(running.base_url, "gpt-nothing"), ClientSettings(api_key_env=KEY_ENV),
+        other = ChatClassifier(EndpointSettings(running.base_url, "gpt-nothing"), ClientSettings(api_key_env=KEY_ENV),
                               CLASS_NAMES, DATASET)
-        with pytest.raises(ApiError, match="404.*does not exist"):
+        with pytest.raises(EndpointError, match="404.*does not exist"):
             other.answer([image], AnswerCache(tmp_path / "b.jsonl"))
     # the server is gone now: nothing answers, so one quick second try and one line, whatever max_retries says
     dead = classifier(running.base_url, max_retries=6, backoff_s=0.01, timeout_s=1)
-    with raises_one_line(ApiError, match=r"gave up after 2 attempts, last: cannot connect \(.*refused"):
+    with raises_one_line(EndpointError, match=r"gave up after 2 attempts, last: cannot connect \(.*refused"):
         dead.answer([image], AnswerCache(tmp_path / "c.jsonl"))
 
 
@@ -453,7 +453,7 @@ def test_answer_format_choice_asks_rgb_serve_for_an_enum_and_scores_what_the_ser
     assert ours["pred_test"].tolist() == theirs["pred_test"].tolist()
 
     with Running(served_run, faults=Faults(malformed_every=2)) as running:  # every other reply ignores the format
-        fallback = ApiClassifier(ApiSettings(running.base_url, "tiny", answer_format="choice"),
+        fallback = ChatClassifier(EndpointSettings(running.base_url, "tiny", answer_format="choice"),
                                  ClientSettings(max_concurrency=1), CLASS_NAMES, DATASET)
         answers, _ = fallback.answer(stored_images(bench)[:4], AnswerCache(tmp_path / "fallback.jsonl"))
     assert [a.reason for a in answers] == ["class", "unparsed"] * 2 and answers[1].text == MALFORMED_ANSWER
@@ -690,7 +690,7 @@ def test_a_query_parameter_not_known_public_is_refused_before_anything_is_writte
         assert mark not in str(refused.value)
         assert not [p for p in tmp_path.rglob("*") if p.is_file() and mark.encode() in p.read_bytes()]
         assert not (run / "model.json").exists()
-    assert ApiSettings(f"{base}?api-version=1", "tiny").base_url == f"{base}?api-version=1"
+    assert EndpointSettings(f"{base}?api-version=1", "tiny").base_url == f"{base}?api-version=1"
 
 
 @pytest.mark.slow
@@ -719,7 +719,7 @@ def test_credentials_in_the_url_are_refused_in_one_line_without_showing_them(tmp
 
 def test_credentials_in_a_model_json_url_are_refused_without_showing_them():
     with raises_one_line(ConfigValueError, match="without user:password@") as refused:  # on a model.json's load
-        ApiSettings(f"https://key:{SECRET}@api.example.com/v1", "tiny")
+        EndpointSettings(f"https://key:{SECRET}@api.example.com/v1", "tiny")
     assert SECRET not in str(refused.value)
 
 

@@ -9,9 +9,9 @@ from helpers import raises_one_line
 from rgb.data.mini import CLASS_NAMES as MINI
 from rgb.commands import main as cli
 from rgb.endpoints.answers import REASONS, REFUSALS, AnswerParser, Parsed, parse_answer, parse_choice
-from rgb.endpoints.settings import ApiSettings, ClientSettings
-from rgb.models.chat import ApiClassifier
-from rgb.endpoints.client import ApiError
+from rgb.endpoints.settings import EndpointSettings, ClientSettings
+from rgb.models.chat import ChatClassifier
+from rgb.endpoints.client import EndpointError
 
 DIGITS = [str(i) for i in range(10)]
 UC_MERCED = ["agricultural", "airplane", "baseballdiamond", "beach", "buildings", "chaparral", "denseresidential",
@@ -175,9 +175,9 @@ def test_a_choice_answer_is_its_json_value_else_the_text_parser_reads_it(text, e
 @pytest.mark.parametrize("names", [["sea_lion", "sea lion"], ["golfcourse", "Golf Course"], ["Cat", "cat"],
                                    ["cat", "***"]])
 def test_class_names_that_read_the_same_are_refused_in_one_line(names):
-    with raises_one_line(ApiError) as refused:
+    with raises_one_line(EndpointError) as refused:
         AnswerParser(names)
     assert repr(names[1]) in str(refused.value)
-    with pytest.raises(ApiError) as refused:  # as train.py model=api_chat and every load of its model.json build it
-        ApiClassifier(ApiSettings("http://127.0.0.1:1/v1", "tiny"), ClientSettings(), names, "data")
+    with pytest.raises(EndpointError) as refused:  # as train.py model=api_chat and every load of its model.json build it
+        ChatClassifier(EndpointSettings("http://127.0.0.1:1/v1", "tiny"), ClientSettings(), names, "data")
     assert cli._error_line(refused.value) == str(refused.value)

@@ -13,7 +13,7 @@ from helpers import raises_one_line
 from rgb.core.files import flock
 from rgb.core.values import path_name
 from rgb.data.mini import DATASET
-from rgb.endpoints.client import ApiError
+from rgb.endpoints.client import EndpointError
 from rgb.serve import ModelServer, ServeRequest
 from rgb.commands.train import train
 from rgb.training.config import TrainingError
@@ -150,13 +150,13 @@ def test_a_refusing_endpoint_is_one_line_and_no_run_dir(served_name, api_key, pa
     monkeypatch.delenv(KEY_ENV, raising=False)
     server = ModelServer(torch.nn.Flatten(), ["a", "b"],
                          ServeRequest(image_size=8, served_name=served_name, api_key=api_key))
-    with helpers.serving(server) as served, raises_one_line(ApiError, match=pattern):
+    with helpers.serving(server) as served, raises_one_line(EndpointError, match=pattern):
         checked_run(tmp_path, mini_dir, served.base_url, f"model.api_key_env={KEY_ENV}")
     assert not (tmp_path / "api_checked").exists()
 
 
 def test_an_unreachable_endpoint_is_one_line_unless_the_check_is_skipped(tmp_path, mini_dir):
-    with raises_one_line(ApiError, match=r"127.0.0.1:1/v1 .*GET /models: cannot reach the endpoint .*"
+    with raises_one_line(EndpointError, match=r"127.0.0.1:1/v1 .*GET /models: cannot reach the endpoint .*"
                                          r"model.check_endpoint=false skips this check"):
         checked_run(tmp_path, mini_dir, URL)
     assert (checked_run(tmp_path, mini_dir, URL, "model.check_endpoint=false") / "model.json").is_file()
