@@ -80,3 +80,14 @@ def test_tf32_and_cudnn_benchmark_rules():
     assert benchmark.identity(WHEN_SET) == {} and benchmark.off_protocol() == []
     with pytest.raises(ValueError, match="cudnn_benchmark must be true or false"):
         AttackOptions(cudnn_benchmark="yes")
+
+
+def test_a_summary_of_a_trained_model_reads_back_its_loss_config():
+    """A train run's model.json holds its loss as a config object ({"name": "ce"}), which summary.json copies: the
+    strict reader reads it back (make demo's evaluate.py refused it once)."""
+    hints = typing.get_type_hints(RunSummary)
+    placeholder = {str: "x", bool: False, int: 0, float: 0.0, list: [], dict: {}}
+    values = {f.name: placeholder.get(typing.get_origin(hints[f.name]) or hints[f.name]) for f in fields(RunSummary)
+              if f.default is MISSING and f.default_factory is MISSING and f.name not in AttackOptions.names()}
+    record = RunSummary.recording(AttackOptions(), attacks=["apgd-ce"], **{**values, "loss": {"name": "ce"}}).to_json()
+    assert RunSummary.from_json(record).loss == {"name": "ce"}

@@ -219,7 +219,7 @@ class RunSummary:
     weights_sha256: str
     model_family: str | None
     model_name: str | None
-    loss: str | None
+    loss: str | dict | None  # model.json's: a train run's loss config ({"name": ..., ...}), or a name
     strategy: str | None
     dataset: str
     source: str
