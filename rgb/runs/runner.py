@@ -39,7 +39,7 @@ from rgb.runs.pooled import attack_pooled, images_left
 from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method
 from rgb.runs.batch_probe import auto_batch_size
 from rgb.runs.request import AUTO_BATCH, AttackRequest, Budget
-from rgb.runs.store import (BATCH_SIZE_LOCK, INPUT_FORMAT_LOCK, RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir,
+from rgb.runs.store import (BATCH_SIZE_LOCK, RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir,
                             recorded_batch_size, standard_run)
 
 log = logging.getLogger(__name__)
@@ -352,12 +352,11 @@ def resolve_input_format(request: AttackRequest, target: Target) -> AttackReques
     """`request` with input_format=auto made a format once per run, before any batch (NHWC and NCHW round
     differently, so a choice by timing noise must not differ between workers, shards or resumes): the format the
     run's directories record, else the one `decide_input_format` picks on the first batch's rows, written with its
-    reason into every budget's directory (`input_format.json`, then summary.json) under one lock."""
+    reason into every budget's directory (`input_format.json`, then summary.json) under the first budget's lock."""
     if request.options.input_format != "auto" or request.impl != "ours":  # other implementations ignore it
         return request
     runs = run_directories(request, target)
-    request.output_dir.mkdir(parents=True, exist_ok=True)
-    with flock(request.output_dir / INPUT_FORMAT_LOCK, wait=True):
+    with next(iter(runs.values())).claim_input_format():
         records = {name: run.input_format_record() for name, run in runs.items()}
         formats = {record["input_format"] for record in records.values() if record is not None}
         if len(formats) > 1:
@@ -425,14 +424,13 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
             and (model is None or worker_start_method(request, request.processes) == "fork"))
     target = Target.open(request, "cpu" if pool else request.device, model)
     request = resolve_batch_size(request, target, record=not request.merge_only)
-    asked = request  # what the summary records: input_format=auto, with what it decided (merge)
-    if not request.merge_only:
-        request = resolve_input_format(request, target)
     runs = run_directories(request, target)
+    asked = request  # what the summary records: input_format=auto, with what it decided (merge)
     if not request.merge_only:
         implementation = attack_implementation(request.impl)
         for budget in request.budgets:
             implementation.check(target.model, budget.threat, request)
+        request = resolve_input_format(request, target)
     for run in runs.values():
         run.claim(create=not request.merge_only)
     index, count = request.shard_index, request.shard_count

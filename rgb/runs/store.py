@@ -48,7 +48,6 @@ COST_ESTIMATE_FILE = "cost_estimate.json"  # attack.py dry_run=true: beside the 
 BATCH_SIZE_FILE = "batch_size.json"  # how batch_size=auto became the number in run.json (rgb.runs.runner)
 BATCH_SIZE_LOCK = ".batch_size.lock"  # in a model's attack dir: one process at a time resolves batch_size=auto
 INPUT_FORMAT_FILE = "input_format.json"  # what input_format=auto decided for the run, and why (rgb.runs.runner)
-INPUT_FORMAT_LOCK = ".input_format.lock"  # in a model's attack dir: one process at a time decides input_format=auto
 RESULT_COLUMNS = (
     "image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust", "fooled_by", "perturbation_norm",
     "forward_rows", "backward_rows",
@@ -410,6 +409,10 @@ class RunDirectory:
             for stale in self.directory.glob(temp_files):
                 stale.unlink(missing_ok=True)
         return handle
+
+    def claim_input_format(self):
+        """The lock under which one process at a time decides input_format=auto for a run (a handle to close)."""
+        return self._claim("input_format", f"{INPUT_FORMAT_FILE}.tmp.*", wait=True)
 
     def save(self, index: int, count: int, start: int, record: dict[str, torch.Tensor]) -> None:
         self._save(self.shard_dir(index, count) / f"batch-{start:06d}.pt", record)
