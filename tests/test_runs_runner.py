@@ -7,6 +7,7 @@ at a budget APGD-CE wins at once; the cascade itself is tested in test_attacks_a
 
 import json
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -499,6 +500,68 @@ def test_batch_size_auto_is_resolved_once_recorded_and_kept_by_later_shards(surr
     assert summary["batch_size"] == 12 and summary["batch_size_auto"] == record and summary["n"] == N_IMAGES
     assert len(batch_files(out)) == N_IMAGES // 12
     assert "batch_size_auto" not in attack(overrides(surrogate, small_bench, tmp_path / "fixed"))["linf"]
+
+
+def time_and_log_formats(monkeypatch, log: Path, faster) -> None:
+    """input_format=auto times at the test's 6-row batches, `faster(pid)` ("contiguous" or "channels_last") wins
+    each timing, and every choice of the attacks' model format is logged as "pid asked chosen"."""
+    from rgb.attacks import model_calls
+
+    monkeypatch.setattr(model_calls, "_TIMED_FROM_ROWS", 1)
+    monkeypatch.setattr(model_calls, "_step_seconds", lambda model, rows: 0.1 if faster(os.getpid()) == (
+        "channels_last" if isinstance(model, model_calls.ChannelsLastInputs) else "contiguous") else 1.0)
+    formatted = model_calls._formatted
+
+    def logged(model, rows, logits, input_format, device, probes):
+        chosen = formatted(model, rows, logits, input_format, device, probes)
+        with log.open("a") as lines:
+            lines.write(f"{os.getpid()} {input_format} {chosen[1]}\n")
+        return chosen
+
+    monkeypatch.setattr(model_calls, "_formatted", logged)
+
+
+def logged_formats(log: Path) -> list[tuple[int, str, str]]:
+    return [(int(pid), asked, chosen) for pid, asked, chosen in map(str.split, log.read_text().splitlines())]
+
+
+def test_input_format_auto_is_decided_once_recorded_and_kept_by_later_shards(surrogate, small_bench, tmp_path,
+                                                                            monkeypatch):
+    """The first start decides on its first batch (here timing says NCHW) and records why; a later shard whose
+    timing says NHWC attacks in the recorded format, and the summary holds the record; a format given is used
+    as asked and records nothing."""
+    out, log = tmp_path / "auto", tmp_path / "formats.log"
+    time_and_log_formats(monkeypatch, log, lambda pid: "contiguous")
+    assert attack(overrides(surrogate, small_bench, out, "shard.index=0", "shard.count=2")) == {}
+    record = json.loads((out / "linf" / "input_format.json").read_text())
+    assert record["input_format"] == "contiguous" and record["rows"] == BATCH and record["device"] == "cpu"
+    assert record["reason"].startswith(f"auto: per forward + input gradient of {BATCH} rows channels_last 1e+03 ms "
+                                       f"vs contiguous 100 ms")
+    assert logged_formats(log)[0][1:] == ("auto", "contiguous")  # the decision, then the batches as recorded
+    assert {line[1:] for line in logged_formats(log)[1:]} == {("contiguous", "contiguous")}
+    log.unlink()
+    time_and_log_formats(monkeypatch, log, lambda pid: "channels_last")  # a resume whose timing says otherwise
+    summary = attack(overrides(surrogate, small_bench, out, "shard.index=1", "shard.count=2"))["linf"]
+    assert {line[1:] for line in logged_formats(log)} == {("contiguous", "contiguous")}
+    assert summary["input_format"] == "auto" and summary["input_format_auto"] == record
+    assert json.loads((out / "linf" / "summary.json").read_text())["input_format_auto"] == record
+    log.unlink()
+    given = attack(overrides(surrogate, small_bench, tmp_path / "given", "input_format=channels_last"))["linf"]
+    assert "input_format_auto" not in given and not (tmp_path / "given" / "linf" / "input_format.json").exists()
+    assert {line[1:] for line in logged_formats(log)} == {("channels_last", "channels_last")}
+
+
+@pytest.mark.slow
+def test_worker_processes_attack_in_the_format_the_parent_recorded(surrogate, small_bench, tmp_path, monkeypatch):
+    """Timing says NCHW in attack.py's process and NHWC in any other: the forked worker still attacks in the
+    format the parent decided and recorded before it started."""
+    out, log, parent = tmp_path / "workers", tmp_path / "formats.log", os.getpid()
+    time_and_log_formats(monkeypatch, log, lambda pid: "contiguous" if pid == parent else "channels_last")
+    summary = attack(overrides(surrogate, small_bench, out, "shard.devices=2"), threads=2)["linf"]
+    lines = logged_formats(log)
+    assert lines[0] == (parent, "auto", "contiguous")
+    assert {line[1:] for line in lines[1:]} == {("contiguous", "contiguous")} and len(lines) == 1 + N_BATCHES
+    assert summary["input_format_auto"]["input_format"] == "contiguous"
 
 
 # ---------------------------------------------------------------- honest progress (issue 53 item 4)

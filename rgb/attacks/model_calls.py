@@ -30,6 +30,17 @@ def attack_model(model: nn.Module, x: torch.Tensor, clean_logits: torch.Tensor, 
     return captured, probes, reason, layout, why
 
 
+def decide_input_format(model: nn.Module, rows: torch.Tensor, device: torch.device) -> tuple[str, str]:
+    """What input_format="auto" picks for `model` attacked on `device` in batches like `rows` (a run's first batch),
+    and why (both timings, where it timed): decided once by rgb.runs and recorded, so that every worker and resume
+    of a run attacks in one format (NHWC and NCHW round differently; a choice by timing noise must not split a run)."""
+    probe = rows[:1].to(device)
+    with torch.inference_mode():
+        logits = model(probe).float().cpu() if len(probe) else probe
+    _, layout, why = _formatted(model, rows, logits, "auto", device, EvalCounter())
+    return layout, why
+
+
 def _formatted(model: nn.Module, rows: torch.Tensor, probe_logits: torch.Tensor, input_format: str,
                device: torch.device, probes: EvalCounter) -> tuple[nn.Module, str, str]:
     """`model` in the memory format of `input_format`, checked on a one-image probe (the first of `rows`), with the

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rgb.attacks.autoattack import FooledBy
+from rgb.attacks.model_calls import decide_input_format
 from rgb.attacks.options import ALWAYS, WHEN_SET
 from rgb.attacks.registry import describe_stage
 from rgb.core.configs import describe_data_config
@@ -306,6 +308,7 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
         results_sha256=results_sha256,
         versions=result_versions(),
         complete=True, warnings=warnings, batch_size_auto=run.batch_size_record(),
+        input_format_auto=run.input_format_record() if options.input_format == "auto" else None,
     )
     if request.export:
         summary.export = str(export_adversarial_split(
@@ -325,17 +328,52 @@ def batch_size_cache() -> Path:
     return Path(root) / "batch_sizes.json"
 
 
-def probe_batch_size(request: AttackRequest, target: Target) -> dict:
-    """`auto` on the request's device for the target's model: {"batch_size", "source", "device"}
-    (rgb.runs.batch_probe), the model moved there for the probe when it waits on the CPU for its workers."""
-    x, _, _ = load_images(target.split, range(1))
+@contextmanager
+def on_request_device(request: AttackRequest, target: Target):
+    """The target's model on the request's device for a probe, moved back after it (it waits on the CPU for its
+    workers)."""
     where = next(target.model.parameters()).device
-    model = target.model.to(request.device)
     try:
-        return auto_batch_size(model, target.weights_sha256, tuple(x.shape[1:]), torch.device(request.device),
-                               batch_size_cache())
+        yield target.model.to(request.device)
     finally:
         target.model.to(where)
+
+
+def probe_batch_size(request: AttackRequest, target: Target) -> dict:
+    """`auto` on the request's device for the target's model: {"batch_size", "source", "device"}
+    (rgb.runs.batch_probe)."""
+    x, _, _ = load_images(target.split, range(1))
+    with on_request_device(request, target) as model:
+        return auto_batch_size(model, target.weights_sha256, tuple(x.shape[1:]), torch.device(request.device),
+                               batch_size_cache())
+
+
+def resolve_input_format(request: AttackRequest, target: Target) -> AttackRequest:
+    """`request` with input_format=auto made a format once per run, before any batch (NHWC and NCHW round
+    differently, so a choice by timing noise must not differ between workers, shards or resumes): the format the
+    run's directories record, else the one `decide_input_format` picks on the first batch's rows, written with its
+    reason into every budget's directory (`input_format.json`, then summary.json) under the first budget's lock."""
+    if request.options.input_format != "auto" or request.impl != "ours":  # other implementations ignore it
+        return request
+    runs = run_directories(request, target)
+    with next(iter(runs.values())).claim_input_format():
+        records = {name: run.input_format_record() for name, run in runs.items()}
+        formats = {record["input_format"] for record in records.values() if record is not None}
+        if len(formats) > 1:
+            raise AttackRunError(f"input_format=auto: the norms of {request.output_dir} were started with formats "
+                                 f"{sorted(formats)}; pass input_format=contiguous or channels_last")
+        record = next((record for record in records.values() if record is not None), None)
+        if record is None:
+            x, _, _ = load_images(target.split, range(min(request.batch_size, target.n_images(request))))
+            with on_request_device(request, target) as model:
+                layout, why = decide_input_format(model, x, torch.device(request.device))
+            record = {"input_format": layout, "reason": why, "rows": len(x), "device": request.device}
+            log.info("input_format=auto: %s (%s)", layout, why)
+        for name, run in runs.items():
+            if records[name] is None:
+                run.claim()
+                run.write_input_format_record(record)
+    return replace(request, options=replace(request.options, input_format=record["input_format"]))
 
 
 def resolve_batch_size(request: AttackRequest, target: Target, record: bool = True) -> AttackRequest:
@@ -387,10 +425,12 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
     target = Target.open(request, "cpu" if pool else request.device, model)
     request = resolve_batch_size(request, target, record=not request.merge_only)
     runs = run_directories(request, target)
+    asked = request  # what the summary records: input_format=auto, with what it decided (merge)
     if not request.merge_only:
         implementation = attack_implementation(request.impl)
         for budget in request.budgets:
             implementation.check(target.model, budget.threat, request)
+        request = resolve_input_format(request, target)
     for run in runs.values():
         run.claim(create=not request.merge_only)
     index, count = request.shard_index, request.shard_count
@@ -404,7 +444,7 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
         if missing and not request.merge_only:
             log.info("%s: this shard is done; merge waits for %s", budget.name, run.describe_missing(missing, count))
             return
-        summary = summaries[budget.name] = merge(target, request, budget, run, count)
+        summary = summaries[budget.name] = merge(target, asked, budget, run, count)
         log.info("%s", summary.line())
         log.info("%s", summary.stages())
         if request.max_images is not None:

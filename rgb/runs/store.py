@@ -47,6 +47,7 @@ SUMMARY_FILE = "summary.json"
 COST_ESTIMATE_FILE = "cost_estimate.json"  # attack.py dry_run=true: beside the run's budget dirs
 BATCH_SIZE_FILE = "batch_size.json"  # how batch_size=auto became the number in run.json (rgb.runs.runner)
 BATCH_SIZE_LOCK = ".batch_size.lock"  # in a model's attack dir: one process at a time resolves batch_size=auto
+INPUT_FORMAT_FILE = "input_format.json"  # what input_format=auto decided for the run, and why (rgb.runs.runner)
 RESULT_COLUMNS = (
     "image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust", "fooled_by", "perturbation_norm",
     "forward_rows", "backward_rows",
@@ -260,6 +261,9 @@ class RunSummary:
     options: dict[str, object] = field(default_factory=dict)  # the other options, where not at their defaults
     # batch_size=auto: how the number was found ({"batch_size", "source", "device"}); absent for a number given
     batch_size_auto: dict | None = None
+    # input_format=auto: what the run decided once and every worker and resume used ({"input_format", "reason",
+    # "rows", "device"}); absent for a format given
+    input_format_auto: dict | None = None
 
     @classmethod
     def recording(cls, options: AttackOptions, **values) -> RunSummary:
@@ -272,8 +276,9 @@ class RunSummary:
     def to_json(self) -> dict:
         record = asdict(self)
         others = record.pop("options")
-        if record["batch_size_auto"] is None:  # written only for batch_size=auto, so other summaries keep their bytes
-            del record["batch_size_auto"]
+        for name in ("batch_size_auto", "input_format_auto"):  # written only for auto: other summaries keep their bytes
+            if record[name] is None:
+                del record[name]
         return {**record, **others}
 
     @classmethod
@@ -405,6 +410,10 @@ class RunDirectory:
                 stale.unlink(missing_ok=True)
         return handle
 
+    def claim_input_format(self):
+        """The lock under which one process at a time decides input_format=auto for a run (a handle to close)."""
+        return self._claim("input_format", f"{INPUT_FORMAT_FILE}.tmp.*", wait=True)
+
     def save(self, index: int, count: int, start: int, record: dict[str, torch.Tensor]) -> None:
         self._save(self.shard_dir(index, count) / f"batch-{start:06d}.pt", record)
 
@@ -510,8 +519,19 @@ class RunDirectory:
 
     def batch_size_record(self) -> dict | None:
         """How batch_size=auto was resolved for this directory (None: it was given as a number)."""
-        path = self.directory / BATCH_SIZE_FILE
-        return read_json(path, AttackRunError, f"delete {path} (batch_size=auto probes again)") if path.exists() else None
+        return self._record(BATCH_SIZE_FILE, "batch_size=auto probes again")
+
+    def write_input_format_record(self, record: dict) -> None:
+        atomic_write_json(self.directory / INPUT_FORMAT_FILE, record)
+
+    def input_format_record(self) -> dict | None:
+        """What input_format=auto decided for this run ({"input_format", "reason", "rows", "device"}; None: not
+        decided, or the format was given)."""
+        return self._record(INPUT_FORMAT_FILE, "input_format=auto decides again")
+
+    def _record(self, name: str, then: str) -> dict | None:
+        path = self.directory / name
+        return read_json(path, AttackRunError, f"delete {path} ({then})") if path.exists() else None
 
     def write_summary(self, summary: RunSummary) -> None:
         atomic_write_json(self.directory / SUMMARY_FILE, summary.to_json())
