@@ -53,15 +53,18 @@ def test_class_wise_metrics_on_hand_made_predictions():
 def test_worst_k_has_one_rule_which_the_command_line_check_calls(k):
     """worst@k's entries are read and checked in rgb.core.classwise alone: what the class-wise metrics refuse the
     commands refuse before anything runs ("100%" included: worst@100% is the mean, not a worst-k)."""
-    from rgb.commands import evaluate as cli
+    from rgb.commands.schema import command_schema
+    from rgb.core.classwise import WORST_K
 
+    assert command_schema("evaluate")["worst_k"] is WORST_K  # the command line checks by the one rule
+    admits = WORST_K[0]
     with pytest.raises(ValueError, match="worst-k needs a class count >= 1 or a percentage below 100%"):
         worst_k_count(k, 10)
     with pytest.raises(ValueError):
         check_worst_k([1, k])
-    assert not cli._worst_k([1, k])
-    assert cli._worst_k([1, "99.5%", 0.5, 20]) and check_worst_k([1, "99.5%", 0.5, 20]) == (1, "99.5%", 0.5, 20)
-    assert not cli._worst_k([]) and not cli._worst_k("10%") and not cli._worst_k(5)
+    assert not admits([1, k])
+    assert admits([1, "99.5%", 0.5, 20]) and check_worst_k([1, "99.5%", 0.5, 20]) == (1, "99.5%", 0.5, 20)
+    assert not admits([]) and not admits("10%") and not admits(5)
 
 
 # -- scores --------------------------------------------------------------------------------------------------

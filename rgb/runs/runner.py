@@ -33,6 +33,7 @@ from rgb.data.fingerprint import split_sha256
 from rgb.models import (InMemoryModel, apply_speed_options, export_paths, family_of_record, result_versions,
                         load_with_meta, model_name)
 from rgb.models.checks import check_model_fits
+from rgb.models.io import read_model_record
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.records import batch_record, load_images
 from rgb.runs.pooled import attack_pooled, images_left
@@ -43,6 +44,16 @@ from rgb.runs.store import (BATCH_SIZE_LOCK, RESULT_COLUMNS, AttackRunError, Run
                             recorded_batch_size, standard_run)
 
 log = logging.getLogger(__name__)
+
+
+def _check_trained_on(request: AttackRequest, meta: dict, datamodule) -> None:
+    """AttackRunError in one line when the data config is not the dataset the model was trained on."""
+    if meta.get("dataset") != datamodule.dataset:
+        trained, given = describe_data_config(meta.get("dataset")), describe_data_config(datamodule.dataset)
+        raise AttackRunError(
+            f"{request.run} was trained on dataset {meta.get('dataset')!r} ({trained}) but the data config is "
+            f"{given} (dataset {datamodule.dataset!r}): pass {trained} or leave data= out"
+        )
 
 
 @dataclass
@@ -60,7 +71,11 @@ class Target:
     def open(cls, request: AttackRequest, device: str, model: InMemoryModel | None = None) -> Target:
         """The model of `request.run`; or an in-memory model (the Python API) whose weights `request.run`
         holds, so results are tied to the exact weights attacked."""
+        datamodule = request.data()  # the data config alone: its split is read below
         if model is None:
+            _, meta_file = export_paths(request.run)
+            if meta_file.is_file():  # a data config the model was not trained on is one line, before any wait
+                _check_trained_on(request, read_model_record(meta_file), datamodule)
             log.info("loading the model of %s ...", request.run)  # a large model: tens of seconds of silence
             try:
                 model, meta = load_with_meta(request.run)
@@ -71,15 +86,9 @@ class Target:
         if not isinstance(model, torch.nn.Module):  # e.g. family `api`: answers, but no gradients to attack
             raise AttackRunError(f"{request.run} holds a model of family {meta.get('family')!r}, which cannot be "
                                  f"white-box attacked: score it with evaluate.py run={request.run} protocol=black_box")
+        _check_trained_on(request, meta, datamodule)
         weights, _ = export_paths(request.run)
         log.info("reading the test split ...")
-        datamodule = request.data()
-        if meta.get("dataset") != datamodule.dataset:
-            trained, given = describe_data_config(meta.get("dataset")), describe_data_config(datamodule.dataset)
-            raise AttackRunError(
-                f"{request.run} was trained on dataset {meta.get('dataset')!r} ({trained}) but the data config is "
-                f"{given} (dataset {datamodule.dataset!r}): pass {trained} or leave data= out"
-            )
         split = datamodule.split("test")
         model = model.to(device).eval()
         check_model_fits(model, meta, split, datamodule.image_size, device, AttackRunError, str(request.run))
