@@ -130,7 +130,9 @@ def workspace(tmp_path_factory, mini_dir):
 def train_sweep(cluster, workspace):
     root, paths = workspace
     sweep = root / "outputs" / "train" / "digits" / "multirun" / SWEEP_NAME
-    process = launch("train.py", "-m", "hydra/launcher=slurm", "seed=0,1", "trainer=cpu", "debug=limit",
+    # named: an unnamed sweep's directory carries its start time (conf/train.yaml), and a sweep is resumed by name
+    process = launch("train.py", "-m", "hydra/launcher=slurm", "seed=0,1", f"sweep_name={SWEEP_NAME}", "trainer=cpu",
+                     "debug=limit",
                      f"trainer.max_epochs={EPOCHS}", "data.batch_size=16", "data.eval_batch_size=32",
                      "callbacks.progress_bar.refresh_rate=0", *paths, *LAUNCHER, cwd=root)
     job = sweep / "0"
