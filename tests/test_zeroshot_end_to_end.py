@@ -96,4 +96,5 @@ def test_zero_shot_run_is_attacked_in_three_norms_and_scored_in_five_settings(tm
     for norm, summary in summaries.items():
         assert settings[f"autoattack_{norm}"]["correct"] == round(summary.robust_accuracy * 200)
     assert scores["white_box"]["score"] is not None and set(SETTINGS) <= set(scores["class_wise"])
-    assert board["score"] == scores["white_box"]["score"] and board["architecture"] == EMBEDDED_ARCH
+    # wide budgets are another protocol: its model_info entry carries no card score (#51.5), scores.json its sum
+    assert board["score"] is None and board["architecture"] == EMBEDDED_ARCH
