@@ -16,7 +16,7 @@ class TimmFamily(RecipeModelParts):
     The family of a record without `family` (written before families existed).
     """
 
-    name: str = "timm"
+    name: str = NormalizedClassifier.family  # the models' own word, written into model.json
     weights: bool = True
     text_tower: bool = False
 
