@@ -44,7 +44,6 @@ from rgb.evaluation.scores import OTHER_PROTOCOL, black_box_score
 from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.cost import model_price
 from rgb.models.checks import check_model_fits
-from rgb.models.families import model_name
 from rgb.models.io import result_versions
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import RunResult, budget_dir, read_run, standard_run
@@ -317,7 +316,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
     per_sample[CONTROL_SPLIT] = control["pred"] == control["label"]
     labels = test.labels.numpy()
     record = ScoresRecord(
-        model=ModelIdentity.of(meta, weights_sha256, model_name(meta)), dataset=datamodule.dataset,
+        model=ModelIdentity.of(meta, weights_sha256), dataset=datamodule.dataset,
         source=datamodule.source, n_test=len(test), eps=dict(datamodule.budgets),
         white_box=ProtocolScore(WHITE_BOX, settings),
         common_by_corruption={c: Accuracy.of(per_sample["common"][corruption_of == c], settings["common"].partial)

@@ -84,7 +84,7 @@ class Target:
         else:
             model, meta = model.module, model.meta
         if not isinstance(model, torch.nn.Module):  # e.g. family `api`: answers, but no gradients to attack
-            raise AttackRunError(f"{request.run} holds a model of family {meta.get('family')!r}, which cannot be "
+            raise AttackRunError(f"{request.run} holds a model of family {family_of_record(meta).name!r}, which cannot be "
                                  f"white-box attacked: score it with evaluate.py run={request.run} protocol=black_box")
         _check_trained_on(request, meta, datamodule)
         weights, _ = export_paths(request.run)
