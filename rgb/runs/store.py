@@ -32,8 +32,8 @@ from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, f
 from rgb.core.jsonrecord import RecordError, decode, read_json
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import path_name
-from rgb.models import META_FILE, WEIGHTS_FILE, export_paths
-from rgb.models.io import read_model_record
+from rgb.core.exportfiles import model_record
+from rgb.models import META_FILE, WEIGHTS_FILE
 
 
 class AttackRunError(UserError, RuntimeError):
@@ -115,13 +115,6 @@ def partial_dir(out_dir: str | Path) -> Path:
     """Where a PARTIAL evaluation (max_images) writes its record: `<eval dir>/partial`, so it never replaces the
     complete record nor enters a pool unasked."""
     return Path(str(out_dir)) / PARTIAL_DIR
-
-
-def model_record(path: str | Path) -> dict | None:
-    """The model.json of a train run dir or of an exported weights file (None when absent; one that does not read
-    is an ExportFileError naming it, never taken as absent: the run would be named by its folder)."""
-    _, meta_file = export_paths(path)
-    return read_model_record(meta_file) if meta_file.exists() else None
 
 
 def run_name_for(path: str | Path) -> str:
@@ -592,5 +585,5 @@ def read_run(directory: Path) -> RunResult | None:
     return RunResult(directory, summary, columns)
 
 
-__all__ = ["MANIFEST", "RESULT_COLUMNS", "RunDirectory", "RunResult", "RunSummary", "model_record", "read_run",
+__all__ = ["MANIFEST", "RESULT_COLUMNS", "RunDirectory", "RunResult", "RunSummary", "read_run",
            "missing_sweep_jobs", "run_name_for", "train_runs"]
