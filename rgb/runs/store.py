@@ -16,8 +16,7 @@ import io
 import json
 import os
 import shutil
-import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, sha256_alias, stable_id
-from rgb.core.jsonrecord import RecordError, decode, read_json
+from rgb.core.jsonrecord import JsonRecord, RecordError, decode, read_json
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import path_name
 from rgb.core.exportfiles import model_record
@@ -200,8 +199,9 @@ def missing_sweep_jobs(pattern: str | Path) -> list[Path]:
 
 
 @dataclass
-class RunSummary:
-    """summary.json of one merged threat-model run (schema 2). `from_json` refuses records missing a field.
+class RunSummary(JsonRecord):
+    """summary.json of one merged threat-model run (schema 2), through JsonRecord's codec (each field checked
+    against its type when read back); `from_json` refuses records of another schema or missing a field.
 
     The attack options (`rgb.attacks.options.AttackOptions`) declared here are written always, at their places of
     schema 2 (`attacks` is the cascade that ran); any other option only when set to another value than its
@@ -267,15 +267,19 @@ class RunSummary:
         return cls(**values, **written, options=others)
 
     def to_json(self) -> dict:
-        record = asdict(self)
+        """JsonRecord's record, the other options after the fields (not under `options`), the auto records only
+        when there is one (other summaries keep their bytes)."""
+        record = super().to_json()
         others = record.pop("options")
-        for name in ("batch_size_auto", "input_format_auto"):  # written only for auto: other summaries keep their bytes
+        for name in ("batch_size_auto", "input_format_auto"):
             if record[name] is None:
                 del record[name]
         return {**record, **others}
 
     @classmethod
     def from_json(cls, record: dict, where: Path | str = SUMMARY_FILE) -> RunSummary:
+        """The summary of `record` (read from `where`): JsonRecord's reader, after the schema's check; the keys that
+        are options of AttackOptions but no field go back under `options`."""
         names = {f.name for f in fields(cls)} - {"options"}
         required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
         missing = sorted(required - set(record))
@@ -283,9 +287,8 @@ class RunSummary:
             raise AttackRunError(f"{where}: not a summary of this rgb version (schema {record.get('schema')}, "
                                  f"missing {missing}); {MERGE_AGAIN}")
         others = {k: v for k, v in record.items() if k in AttackOptions.names() and k not in names}
-        hints = typing.get_type_hints(cls)
         try:
-            return cls(**{k: decode(hints[k], v, k) for k, v in record.items() if k in names}, options=others)
+            return super().from_json({**{k: v for k, v in record.items() if k in names}, "options": others})
         except RecordError as err:
             raise AttackRunError(f"{where}: {err}; {MERGE_AGAIN}") from None
 
