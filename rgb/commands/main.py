@@ -205,7 +205,7 @@ def _expand_runs(argv: list[str]) -> list[str]:
     if not any(a in ("-m", "--multirun") for a in argv):
         raise ConfigValueError("runs= attacks every model of a sweep as one multirun: add -m (and attack=slurm for SLURM)")
     from rgb.core.exportfiles import model_record
-    from rgb.runs.store import train_runs
+    from rgb.runs.store import sweep_dir_for, train_runs
 
     runs = train_runs(given[-1])
     if not runs:
@@ -216,7 +216,7 @@ def _expand_runs(argv: list[str]) -> list[str]:
     sweep = (model_record(runs[0]) or {}).get("sweep") or {}
     label = sweep.get("name") or Path(given[-1].rstrip("/*")).name
     return [*argv, "run=" + ",".join(str(r) for r in runs),
-            f"sweep_dir=${{paths.output_dir}}/attack/${{data.dataset}}/multirun/{label}"]
+            f"sweep_dir={sweep_dir_for('${paths.output_dir}', '${data.dataset}', label)}"]
 
 
 # Libraries that log every request at INFO (the api family's HTTP client: the `openai` SDK on httpx2, and httpx);

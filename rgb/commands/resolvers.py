@@ -22,6 +22,18 @@ def _output_dir(root, kind, dataset, name) -> str:
     return str(output_dir_for(root, kind, dataset, name))
 
 
+def _multirun_dir(parent) -> str:
+    from rgb.runs.store import multirun_dir
+
+    return multirun_dir(parent)
+
+
+def _adversarial_dir(output_dir) -> str:
+    from rgb.runs.store import adversarial_dir
+
+    return adversarial_dir(output_dir)
+
+
 def _auto_on_cuda(device, fixed):
     """attack.py's default batch size: `auto` where `device` resolves to CUDA (rgb.runs.batch_probe), else `fixed`
     (the data config's eval_batch_size: the CPU's runs, and their identities, keep the size they always had)."""
@@ -45,6 +57,7 @@ def _data_resolvers() -> dict:
 def register_resolvers() -> None:
     """Register every `rgb.*` resolver (idempotent)."""
     resolvers = {"rgb.run_name": _run_name, "rgb.path_name": path_name, "rgb.output_dir": _output_dir,
+                 "rgb.multirun_dir": _multirun_dir, "rgb.adversarial_dir": _adversarial_dir,
                  "rgb.name_part": name_part, "rgb.url_host": url_host, "rgb.auto_on_cuda": _auto_on_cuda, **_data_resolvers()}
     for name, resolver in resolvers.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)

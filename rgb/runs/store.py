@@ -68,7 +68,8 @@ def standard_run(version: str, attacks: list[str], precision: str) -> bool:
 
 
 OUTPUT_KINDS = ("train", "models", "attack", "eval", "transfer")
-SWEEPS_DIR = "multirun"  # attack.py's multiruns, under a dataset's attack outputs
+SWEEPS_DIR = "multirun"  # train.py's and attack.py's multiruns, under a dataset's outputs of their kind
+ADVERSARIAL_DIR = "adversarial"  # attack.py export_adversarial=true: the splits it writes, under its output dir
 PARTIAL_DIR = "partial"  # a PARTIAL evaluation's record, beside the complete one
 # evaluate.py's other reports: side folders of an evaluation (and of a leaderboard, for a pool's), shown by the site.
 ZEROSHOT_REPORT_DIR = "zeroshot_report"
@@ -104,10 +105,22 @@ def attack_dir_read(attack_dir: str | Path, max_images: int | None) -> Path:
     return first if first is not None and first.is_dir() else Path(str(attack_dir))
 
 
+def multirun_dir(parent: str | Path) -> str:
+    """Where the multiruns under `parent` (a dataset's train or attack outputs, one model's attack outputs) keep
+    their sweep dirs: `<parent>/multirun`, spelled as `parent` is (the configs spell theirs with `rgb.multirun_dir`)."""
+    return os.path.join(str(parent), SWEEPS_DIR)
+
+
+def adversarial_dir(output_dir: str | Path) -> str:
+    """Where attack.py writes the adversarial splits it exports unless told (`export_dir`): `<output dir>/adversarial`,
+    spelled as `output_dir` is (conf/attack.yaml spells it with `rgb.adversarial_dir`)."""
+    return os.path.join(str(output_dir), ADVERSARIAL_DIR)
+
+
 def sweep_dir_for(root: str | Path, dataset: str, label: str) -> Path:
     """attack.py's sweep dir of a `runs=` multirun (its logs, .submitit): `<root>/attack/<dataset>/multirun/<label>`,
     `label` the train sweep's name."""
-    return Path(str(root)) / "attack" / str(dataset) / SWEEPS_DIR / str(label)
+    return Path(multirun_dir(Path(str(root)) / "attack" / str(dataset))) / str(label)
 
 
 def partial_dir(out_dir: str | Path) -> Path:
