@@ -47,10 +47,11 @@ def _auto_on_cuda(device, fixed):
 
 def _data_resolvers() -> dict:
     """The data configs' budgets and a local snapshot's shape (rgb.data.resolvers), so no number is written twice."""
-    from rgb.data.resolvers import (catalog_classes, snapshot_classes, snapshot_image_size, transfer_budget,
-                                    white_box_budget)
+    from rgb.data.resolvers import (card_surrogates, catalog_classes, snapshot_classes, snapshot_image_size,
+                                    transfer_budget, white_box_budget)
 
     return {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget, "rgb.num_classes": catalog_classes,
+            "rgb.card_surrogates": card_surrogates,
             "rgb.snapshot_classes": snapshot_classes, "rgb.snapshot_image_size": snapshot_image_size}
 
 
