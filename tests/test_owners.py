@@ -417,13 +417,13 @@ def test_each_yaml_default_is_its_codes():
 
 def yaml_dir_names(conf: Path = CONF) -> list[str]:
     """'file:line' of a conf/ YAML value spelling a run-store folder as a path part (`${output_dir}/multirun`): the
-    configs name them through the store's resolvers (`${rgb.multirun_dir:...}`, `${rgb.adversarial_dir:...}`).
-    Comments may name them."""
+    configs name them through the store's resolvers (`${rgb.multirun_dir:...}`, `${rgb.adversarial_dir:...}`,
+    `${rgb.text_robustness_dir:...}`, ...). Comments may name them."""
     import re
 
-    from rgb.runs.store import ADVERSARIAL_DIR, SWEEPS_DIR
+    from rgb.runs.store import ADVERSARIAL_DIR, PARTIAL_DIR, SWEEPS_DIR, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR
 
-    names = "|".join((SWEEPS_DIR, ADVERSARIAL_DIR))
+    names = "|".join((SWEEPS_DIR, ADVERSARIAL_DIR, PARTIAL_DIR, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR))
     part = re.compile(rf"/({names})(/|$|\s)|(^|\s)({names})/")
     found = []
     for path in sorted(conf.rglob("*.yaml")):
@@ -441,8 +441,9 @@ def test_the_configs_name_the_stores_folders_through_it():
 def test_the_yaml_dir_check_sees_a_folder_spelled(tmp_path):
     (tmp_path / "attack.yaml").write_text("# multirun/<label> holds the logs\nsweep_dir: ${output_dir}/multirun  # x\n"
                                           "export_dir: ${rgb.adversarial_dir:${output_dir}}\nname: adversarial\n"
-                                          "hydra:\n  dir: ${paths.output_dir}/multirun/${x}\n")
-    assert yaml_dir_names(tmp_path) == ["attack.yaml:2", "attack.yaml:6"]
+                                          "hydra:\n  dir: ${paths.output_dir}/multirun/${x}\n"
+                                          "pool_dir: ${leaderboard_dir}/text_robustness # the comparison\n")
+    assert yaml_dir_names(tmp_path) == ["attack.yaml:2", "attack.yaml:6", "attack.yaml:7"]
 
 
 def test_the_yaml_check_sees_a_drift(tmp_path):

@@ -22,16 +22,16 @@ def _output_dir(root, kind, dataset, name) -> str:
     return str(output_dir_for(root, kind, dataset, name))
 
 
-def _multirun_dir(parent) -> str:
-    from rgb.runs.store import multirun_dir
+def _side_dir(folder: str):
+    """The resolver of `<parent>/<the run store's folder named by the constant `folder`>` (rgb.runs.store.side_dir):
+    the configs name the store's folders (multirun, adversarial, the reports') through it, never by their names."""
 
-    return multirun_dir(parent)
+    def resolve(parent) -> str:
+        from rgb.runs import store
 
+        return store.side_dir(parent, getattr(store, folder))
 
-def _adversarial_dir(output_dir) -> str:
-    from rgb.runs.store import adversarial_dir
-
-    return adversarial_dir(output_dir)
+    return resolve
 
 
 def _auto_on_cuda(device, fixed):
@@ -58,7 +58,9 @@ def _data_resolvers() -> dict:
 def register_resolvers() -> None:
     """Register every `rgb.*` resolver (idempotent)."""
     resolvers = {"rgb.run_name": _run_name, "rgb.path_name": path_name, "rgb.output_dir": _output_dir,
-                 "rgb.multirun_dir": _multirun_dir, "rgb.adversarial_dir": _adversarial_dir,
+                 "rgb.multirun_dir": _side_dir("SWEEPS_DIR"), "rgb.adversarial_dir": _side_dir("ADVERSARIAL_DIR"),
+                 "rgb.text_robustness_dir": _side_dir("TEXT_ROBUSTNESS_DIR"),
+                 "rgb.zeroshot_report_dir": _side_dir("ZEROSHOT_REPORT_DIR"),
                  "rgb.name_part": name_part, "rgb.url_host": url_host, "rgb.auto_on_cuda": _auto_on_cuda, **_data_resolvers()}
     for name, resolver in resolvers.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)

@@ -105,16 +105,21 @@ def attack_dir_read(attack_dir: str | Path, max_images: int | None) -> Path:
     return first if first is not None and first.is_dir() else Path(str(attack_dir))
 
 
+def side_dir(parent: str | Path, folder: str) -> str:
+    """`<parent>/<folder>` for one of the folders above, spelled as `parent` is (a config's `./outputs` stays so):
+    what the configs' `${rgb.multirun_dir:...}`, `${rgb.adversarial_dir:...}`, ... resolve to."""
+    return os.path.join(str(parent), folder)
+
+
 def multirun_dir(parent: str | Path) -> str:
     """Where the multiruns under `parent` (a dataset's train or attack outputs, one model's attack outputs) keep
-    their sweep dirs: `<parent>/multirun`, spelled as `parent` is (the configs spell theirs with `rgb.multirun_dir`)."""
-    return os.path.join(str(parent), SWEEPS_DIR)
+    their sweep dirs: `<parent>/multirun`."""
+    return side_dir(parent, SWEEPS_DIR)
 
 
 def adversarial_dir(output_dir: str | Path) -> str:
-    """Where attack.py writes the adversarial splits it exports unless told (`export_dir`): `<output dir>/adversarial`,
-    spelled as `output_dir` is (conf/attack.yaml spells it with `rgb.adversarial_dir`)."""
-    return os.path.join(str(output_dir), ADVERSARIAL_DIR)
+    """Where attack.py writes the adversarial splits it exports unless told (`export_dir`): `<output dir>/adversarial`."""
+    return side_dir(output_dir, ADVERSARIAL_DIR)
 
 
 def sweep_dir_for(root: str | Path, dataset: str, label: str) -> Path:
