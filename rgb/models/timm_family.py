@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
-
 from rgb.models.factory import NormalizedClassifier, RecipeModelParts, create_model
 
 
