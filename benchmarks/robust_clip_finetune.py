@@ -26,7 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from rgb.core.files import atomic_write_json  # noqa: E402
-from rgb.runs.store import model_record, output_dir_for, run_name_for  # noqa: E402
+from rgb.core.exportfiles import model_record  # noqa: E402
+from rgb.runs.store import output_dir_for, run_name_for  # noqa: E402
 
 
 def measure(run: Path, output_root: Path) -> dict:

@@ -18,13 +18,13 @@ import safetensors.torch
 import torch
 
 from helpers import REPO, TESTS, compose_config, raises_one_line
-from rgb.evaluation.model_eval import EvaluationError
+from rgb.evaluation.model_eval import EvaluationError, zeroshot_record
 from rgb.commands.evaluate import run_evaluation
 from rgb.evaluation.text_robustness import (
+    REPORT,
     TextRobustnessOptions,
     load_queries,
     measure_text_robustness,
-    zero_shot_record,
 )
 from rgb.models import export_factory_model, export_model, load_clip, load_with_meta, register_architecture
 from rgb.zeroshot.head import PromptSettings, build_zeroshot_head, zeroshot_classifier
@@ -200,8 +200,9 @@ def test_only_zero_shot_runs(mini_dir, tmp_path):
                          meta={"dataset": "digits", "num_classes": 10, "image_size": 32})
     message = one_line_error(lambda: run_evaluation(evaluate_config(mini_dir, tmp_path, f"run={run}")))
     assert message == f"text robustness needs a zero-shot (openclip) run; {run} is a factory model"
-    assert "is a timm model" in one_line_error(lambda: zero_shot_record({}, Path("r")))
-    assert "without a prompt-built head" in one_line_error(lambda: zero_shot_record({"family": "openclip"}, Path("r")))
+    assert "is a timm model" in one_line_error(lambda: zeroshot_record({}, Path("r"), REPORT))
+    assert "without a prompt-built head" in one_line_error(lambda: zeroshot_record({"family": "openclip"}, Path("r"),
+                                                                                   REPORT))
 
 
 def test_a_collection_needs_two_images(tiny_runs, mini_dir, tmp_path):

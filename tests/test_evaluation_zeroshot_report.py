@@ -141,7 +141,7 @@ def test_the_unlabelled_split_option_changes_the_weights_and_never_the_scoring(c
 def test_a_model_that_is_not_zero_shot_is_one_line(cpe_run, mini_dir, tmp_path):
     ft = tmp_path / "ft"
     train(compose_tiny_clip(ft, mini_dir, "strategy=linear_probe", "debug=fdr", "data.batch_size=16"))
-    with raises_one_line(EvaluationError, match="compares the prompt ensembles of a zero-shot run .* an openclip "
+    with raises_one_line(EvaluationError, match="zeroshot_report=true .* needs a zero-shot .* an openclip "
                                                 "model without a prompt-built head") as err:
         run_evaluation(evaluate_config(tmp_path, mini_dir, f"run={ft / 'run'}", "zeroshot_report=true"))
 

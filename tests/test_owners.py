@@ -148,10 +148,10 @@ def folder_names_spelled_again(root: Path = RGB) -> list[str]:
     or a module constant. (The same word as a config flag or a JSON key is another name and passes.)"""
     from rgb.evaluation.exports import MODEL_INFO_DIR
     from rgb.evaluation.site import SITE_DIR
-    from rgb.runs.store import PARTIAL_DIR, SWEEPS_DIR, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR
+    from rgb.runs.store import ADVERSARIAL_DIR, PARTIAL_DIR, SWEEPS_DIR, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR
 
     owners = {ZEROSHOT_REPORT_DIR: "rgb/runs/store.py", TEXT_ROBUSTNESS_DIR: "rgb/runs/store.py",
-              PARTIAL_DIR: "rgb/runs/store.py", SWEEPS_DIR: "rgb/runs/store.py",
+              PARTIAL_DIR: "rgb/runs/store.py", SWEEPS_DIR: "rgb/runs/store.py", ADVERSARIAL_DIR: "rgb/runs/store.py",
               MODEL_INFO_DIR: "rgb/evaluation/exports.py", SITE_DIR: "rgb/evaluation/site.py"}
     found = []
     for name, tree in _modules(root):
@@ -413,6 +413,37 @@ def yaml_defaults_that_differ(conf: Path = CONF, table=YAML_DEFAULTS) -> list[st
 
 def test_each_yaml_default_is_its_codes():
     assert yaml_defaults_that_differ() == []
+
+
+def yaml_dir_names(conf: Path = CONF) -> list[str]:
+    """'file:line' of a conf/ YAML value spelling a run-store folder as a path part (`${output_dir}/multirun`): the
+    configs name them through the store's resolvers (`${rgb.multirun_dir:...}`, `${rgb.adversarial_dir:...}`,
+    `${rgb.text_robustness_dir:...}`, ...). Comments may name them."""
+    import re
+
+    from rgb.runs.store import ADVERSARIAL_DIR, PARTIAL_DIR, SWEEPS_DIR, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR
+
+    names = "|".join((SWEEPS_DIR, ADVERSARIAL_DIR, PARTIAL_DIR, TEXT_ROBUSTNESS_DIR, ZEROSHOT_REPORT_DIR))
+    part = re.compile(rf"/({names})(/|$|\s)|(^|\s)({names})/")
+    found = []
+    for path in sorted(conf.rglob("*.yaml")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            value = line.split(":", 1)[1].split(" #")[0] if ":" in line and not line.lstrip().startswith("#") else ""
+            if part.search(value.strip()):
+                found.append(f"{path.relative_to(conf).as_posix()}:{number}")
+    return found
+
+
+def test_the_configs_name_the_stores_folders_through_it():
+    assert yaml_dir_names() == []
+
+
+def test_the_yaml_dir_check_sees_a_folder_spelled(tmp_path):
+    (tmp_path / "attack.yaml").write_text("# multirun/<label> holds the logs\nsweep_dir: ${output_dir}/multirun  # x\n"
+                                          "export_dir: ${rgb.adversarial_dir:${output_dir}}\nname: adversarial\n"
+                                          "hydra:\n  dir: ${paths.output_dir}/multirun/${x}\n"
+                                          "pool_dir: ${leaderboard_dir}/text_robustness # the comparison\n")
+    assert yaml_dir_names(tmp_path) == ["attack.yaml:2", "attack.yaml:6", "attack.yaml:7"]
 
 
 def test_the_yaml_check_sees_a_drift(tmp_path):

@@ -53,6 +53,7 @@ def test_the_configs_spell_output_dirs_through_the_store(tmp_path, compose):
     assert Path(attack.output_dir) == output_dir_for(tmp_path, "attack", "digits", "demo")
     assert Path(evaluate.attack_dir) == Path(attack.output_dir)
     assert Path(evaluate.output_dir) == output_dir_for(tmp_path, "eval", "digits", "demo")
+    assert attack.export_dir == f"{attack.output_dir}/adversarial" and attack.sweep_dir == f"{attack.output_dir}/multirun"
 
 
 def test_standard_is_the_whole_cascade_of_a_standard_version_in_fp32():

@@ -131,10 +131,12 @@ class Step:
 class Version:
     """An AutoAttack version. `standard`: its numbers are the benchmark's (only the `standard` version);
     `deterministic_model`: assumes a deterministic model (checks it, and re-verifies the flags in fp32);
-    `notes`: a warning every run at that norm carries; `caveat`: appended to the warnings of the reference's sanity checks."""
+    `notes`: a warning every run at that norm carries; `caveat`: appended to the warnings of the reference's sanity checks;
+    `reference`: the authors' package (impl=reference) has a version of this name."""
 
     steps: tuple[Step, ...]
     standard: bool = False
+    reference: bool = False
     deterministic_model: bool = True
     notes: Mapping[Norm, str] = field(default_factory=dict)
     caveat: str = ""
@@ -154,7 +156,7 @@ _EOT = {"eot_iter": 20}
 
 VERSIONS: Mapping[str, Version] = MappingProxyType({
     # Spec §1.1: at L1, 5 APGD-CE restarts and 5 APGD-T targets under the 3-2-1 eps schedule.
-    "standard": Version(standard=True, steps=(
+    "standard": Version(standard=True, reference=True, steps=(
         Step("apgd-ce", at_norm={Norm.L1: {"n_restarts": 5, **_L1_SCHEDULE}}),
         Step("apgd-t", _TARGETED, at_norm={Norm.L1: {"n_targets": 5, **_L1_SCHEDULE}}),
         Step("fab-t", _TARGETED),
@@ -163,6 +165,7 @@ VERSIONS: Mapping[str, Version] = MappingProxyType({
     # The untargeted attacks with 5 restarts each, then the targeted ones; no L1 eps schedule (the reference
     # only warns at L1).
     "plus": Version(
+        reference=True,
         steps=(Step("apgd-ce", _RESTARTED), Step("apgd-dlr", _RESTARTED), Step("fab", _RESTARTED), Step("square"),
                Step("apgd-t", _TARGETED), Step("fab-t", _TARGETED)),
         notes={Norm.L1: "version 'plus' at L1 runs without the L1 eps schedule (as the reference, which asks to "
@@ -176,8 +179,12 @@ VERSIONS: Mapping[str, Version] = MappingProxyType({
                         "left (4 of 128 on one model, docs/performance.md); use the standard version"},
         caveat="version 'fast' runs neither FAB-T nor Square and cannot rule this out: run the standard version"),
     # Randomised defences: untargeted APGD with CE then DLR, each gradient averaged over 20 EoT passes.
-    "rand": Version(deterministic_model=False, steps=(Step("apgd-ce", _EOT), Step("apgd-dlr", _EOT))),
+    "rand": Version(reference=True, deterministic_model=False, steps=(Step("apgd-ce", _EOT), Step("apgd-dlr", _EOT))),
 })
+
+# The versions the authors' package runs under these names (impl=reference runs only those).
+REFERENCE_VERSIONS = tuple(name for name, version in VERSIONS.items() if version.reference)
+
 
 def is_standard(version: str) -> bool:
     """Are `version`'s numbers the benchmark's (the standard AutoAttack)? Unknown versions are not."""

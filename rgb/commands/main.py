@@ -9,7 +9,6 @@ Heavy libraries (torch, Lightning, timm, datasets) are imported inside the comma
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
@@ -121,14 +120,14 @@ def _infer_from_run(argv: list[str]) -> list[str]:
     position = next((i for i, a in enumerate(argv) if a.startswith("run=")), None)
     if position is None:
         return argv
-    from rgb.core.exportfiles import export_paths
+    from rgb.core.exportfiles import ExportFileError, export_paths, read_model_record
 
     _, meta_file = export_paths(argv[position].split("=", 1)[1].split(",")[0])  # runs= a sweep over models: one dataset
     try:
-        record = json.loads(meta_file.read_text())
-        dataset, source = record.get("dataset"), record.get("data_source")
-    except (OSError, ValueError, AttributeError):
+        record = read_model_record(meta_file)
+    except ExportFileError:  # absent or unreadable: the command names it when it loads the model
         return argv
+    dataset, source = record.get("dataset"), record.get("data_source")
     name = data_config_for(dataset)
     given = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+~") == "data"), None)
     if name is None and given is None and dataset and source and Path(source).expanduser().is_dir():
@@ -205,7 +204,8 @@ def _expand_runs(argv: list[str]) -> list[str]:
         return argv
     if not any(a in ("-m", "--multirun") for a in argv):
         raise ConfigValueError("runs= attacks every model of a sweep as one multirun: add -m (and attack=slurm for SLURM)")
-    from rgb.runs.store import model_record, train_runs
+    from rgb.core.exportfiles import model_record
+    from rgb.runs.store import sweep_dir_for, train_runs
 
     runs = train_runs(given[-1])
     if not runs:
@@ -216,7 +216,7 @@ def _expand_runs(argv: list[str]) -> list[str]:
     sweep = (model_record(runs[0]) or {}).get("sweep") or {}
     label = sweep.get("name") or Path(given[-1].rstrip("/*")).name
     return [*argv, "run=" + ",".join(str(r) for r in runs),
-            f"sweep_dir=${{paths.output_dir}}/attack/${{data.dataset}}/multirun/{label}"]
+            f"sweep_dir={sweep_dir_for('${paths.output_dir}', '${data.dataset}', label)}"]
 
 
 # Libraries that log every request at INFO (the api family's HTTP client: the `openai` SDK on httpx2, and httpx);

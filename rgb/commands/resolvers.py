@@ -22,6 +22,18 @@ def _output_dir(root, kind, dataset, name) -> str:
     return str(output_dir_for(root, kind, dataset, name))
 
 
+def _side_dir(folder: str):
+    """The resolver of `<parent>/<the run store's folder named by the constant `folder`>` (rgb.runs.store.side_dir):
+    the configs name the store's folders (multirun, adversarial, the reports') through it, never by their names."""
+
+    def resolve(parent) -> str:
+        from rgb.runs import store
+
+        return store.side_dir(parent, getattr(store, folder))
+
+    return resolve
+
+
 def _auto_on_cuda(device, fixed):
     """attack.py's default batch size: `auto` where `device` resolves to CUDA (rgb.runs.batch_probe), else `fixed`
     (the data config's eval_batch_size: the CPU's runs, and their identities, keep the size they always had)."""
@@ -35,16 +47,20 @@ def _auto_on_cuda(device, fixed):
 
 def _data_resolvers() -> dict:
     """The data configs' budgets and a local snapshot's shape (rgb.data.resolvers), so no number is written twice."""
-    from rgb.data.resolvers import (catalog_classes, snapshot_classes, snapshot_image_size, transfer_budget,
-                                    white_box_budget)
+    from rgb.data.resolvers import (card_surrogates, catalog_classes, snapshot_classes, snapshot_image_size,
+                                    transfer_budget, white_box_budget)
 
     return {"rgb.budget": white_box_budget, "rgb.transfer_budget": transfer_budget, "rgb.num_classes": catalog_classes,
+            "rgb.card_surrogates": card_surrogates,
             "rgb.snapshot_classes": snapshot_classes, "rgb.snapshot_image_size": snapshot_image_size}
 
 
 def register_resolvers() -> None:
     """Register every `rgb.*` resolver (idempotent)."""
     resolvers = {"rgb.run_name": _run_name, "rgb.path_name": path_name, "rgb.output_dir": _output_dir,
+                 "rgb.multirun_dir": _side_dir("SWEEPS_DIR"), "rgb.adversarial_dir": _side_dir("ADVERSARIAL_DIR"),
+                 "rgb.text_robustness_dir": _side_dir("TEXT_ROBUSTNESS_DIR"),
+                 "rgb.zeroshot_report_dir": _side_dir("ZEROSHOT_REPORT_DIR"),
                  "rgb.name_part": name_part, "rgb.url_host": url_host, "rgb.auto_on_cuda": _auto_on_cuda, **_data_resolvers()}
     for name, resolver in resolvers.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)

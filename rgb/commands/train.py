@@ -19,6 +19,7 @@ from rgb.commands.train_config import RULES, training_identity, validate_config
 from rgb.core.values import one_of
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.models.card import model_card
+from rgb.training.endpoint_run import STRATEGY as ENDPOINT_STRATEGY
 from rgb.training.endpoint_run import EndpointRunRequest, export_api_run
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.datamodule import RGBDataModule
@@ -135,7 +136,7 @@ def export_api_config(cfg: DictConfig) -> None:
 
 
 # Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.endpoint_run).
-RECORD_ONLY = {"api": export_api_config}
+RECORD_ONLY = {ENDPOINT_STRATEGY: export_api_config}
 # conf/train.yaml's schema (rgb.commands.schema): the data config's and the training sections' (train_config.RULES),
 # whose strategies this command widens by its record-only ones (model=api_chat).
 SCHEMA = {**RULES, "strategy.name": one_of((*sections.STRATEGY_NAMES, *RECORD_ONLY))}

@@ -30,6 +30,7 @@ from rgb.core.values import (
 from rgb.core.values import problems as check
 from rgb.training.config import TrainingConfigError
 from rgb.training.losses import LOSSES
+from rgb.training.module import LINEAR_PROBE
 from rgb.training.request import TrainRequest
 from rgb.training.robust_val import KEY as ROBUST_VAL
 from rgb.training.robust_val import RobustValSettings
@@ -120,7 +121,7 @@ def validate_config(config: dict) -> None:
     if not problems and loss is not None and loss.needs_prompt_head:
         if flat.get("head_init") is None and "head_init.name" not in flat:
             problems.append(f"loss={loss.name} trains the image tower under the prompt-built head: add head_init=zeroshot")
-        if flat.get("strategy.name") == "linear_probe":
+        if flat.get("strategy.name") == LINEAR_PROBE:
             problems.append(f"loss={loss.name} keeps the head fixed, so strategy=linear_probe would train nothing: "
                             "use strategy=full_finetune")
     if problems:

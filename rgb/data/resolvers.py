@@ -14,8 +14,8 @@ rgb.commands.resolvers registers them with OmegaConf (the entry points, and test
 from __future__ import annotations
 
 from rgb.core.threat import parse_norm
-from rgb.data.catalog import (MINI, TRANSFER_BUDGETS, WHITE_BOX, WHITE_BOX_BUDGETS, check_dataset, scale_budget,
-                              split_budget)
+from rgb.data.catalog import (MINI, SURROGATES, TRANSFER_BUDGETS, WHITE_BOX, WHITE_BOX_BUDGETS, check_dataset,
+                              scale_budget, split_budget)
 
 
 def image_dim(image_size: int) -> int:
@@ -41,6 +41,12 @@ def white_box_budget(norm: str, image_size: int) -> float:
 def transfer_budget(split: str, image_size: int) -> float:
     """The eps of transfer split `split` (l1_75 ... linf_30) at this image size."""
     return split_budget(split, image_dim(image_size))[1]
+
+
+def card_surrogates() -> list[str]:
+    """The card's transfer surrogates (the catalog's SURROGATES), as the card datasets' configs record them under
+    `surrogates`: a key no code reads, kept because every training run's identity holds it (conf/data/_benchmark.yaml)."""
+    return list(SURROGATES)
 
 
 def catalog_classes(dataset: str) -> int:

@@ -44,7 +44,7 @@ from rgb.evaluation.scores import OTHER_PROTOCOL, black_box_score
 from rgb.endpoints.cache import AnswerCache
 from rgb.endpoints.cost import model_price
 from rgb.models.checks import check_model_fits
-from rgb.models.families import model_name
+from rgb.models.families import family_of_record
 from rgb.models.io import result_versions
 from rgb.runs.store import AttackRunError
 from rgb.runs.store import RunResult, budget_dir, read_run, standard_run
@@ -58,6 +58,17 @@ SCORED_NORMS = tuple(ATTACK_SETTING_NORMS[s].key for s in WHITE_BOX_SETTINGS if 
 
 class EvaluationError(UserError, RuntimeError):
     """Results that must not be scored (another model, dataset, split size or budget; partial without consent)."""
+
+
+def zeroshot_record(meta: dict, run: str | Path, needed_by: str) -> dict:
+    """The `zeroshot` section of a zero-shot run's model.json (its prompt-built head), for the report `needed_by`
+    names (text robustness, the prompt ensembles' comparison); any other model is refused in one line."""
+    family = family_of_record(meta)
+    if family.text_tower and "zeroshot" in meta:
+        return meta["zeroshot"]
+    what = (f"an {family.name} model without a prompt-built head (train it with strategy=zeroshot)"
+            if family.text_tower else f"a {family.name} model")
+    raise EvaluationError(f"{needed_by} needs a zero-shot (openclip) run; {run} is {what}")
 
 
 @dataclass(frozen=True)
@@ -317,7 +328,7 @@ def _evaluate(predictor, meta: dict, weights_path: Path, datamodule: BenchmarkDa
     per_sample[CONTROL_SPLIT] = control["pred"] == control["label"]
     labels = test.labels.numpy()
     record = ScoresRecord(
-        model=ModelIdentity.of(meta, weights_sha256, model_name(meta)), dataset=datamodule.dataset,
+        model=ModelIdentity.of(meta, weights_sha256), dataset=datamodule.dataset,
         source=datamodule.source, n_test=len(test), eps=dict(datamodule.budgets),
         white_box=ProtocolScore(WHITE_BOX, settings),
         common_by_corruption={c: Accuracy.of(per_sample["common"][corruption_of == c], settings["common"].partial)

@@ -38,7 +38,7 @@ from rgb.evaluation.model_eval import (
 from rgb.evaluation.records import PROTOCOLS, SCORES_FILE, RecordError, ScoresRecord, TrainRun
 from rgb.evaluation.request import EvalRequest
 from rgb.evaluation.site import SITE_DIR, SiteEntry, write_site
-from rgb.models import InMemoryModel, export_paths, load_with_meta
+from rgb.models import InMemoryModel, export_paths, family_of_record, load_with_meta
 from rgb.models.io import origin_line
 from rgb.runs.store import attack_dir_read, train_reference
 
@@ -160,7 +160,7 @@ def evaluate(request: EvalRequest, model: InMemoryModel | None = None) -> tuple[
     )
     if (request.dry_run or request.caps.capped) and not api_model:
         raise EvaluationError(f"dry_run, {', '.join(RequestCaps.names())} count API requests; {run} holds "
-                              f"a model of family {meta['family']!r}")
+                              f"a model of family {family_of_record(meta).name!r}")
     request = replace(request, allow_partial=request.allow_partial or request.caps.capped)  # capped: may be partial
     out_dir = request.model.output_dir
     if api_model:

@@ -40,10 +40,10 @@ from rgb.core.values import (
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
-from rgb.evaluation.model_eval import EvaluationError
+from rgb.evaluation.model_eval import EvaluationError, zeroshot_record
 from rgb.evaluation.request import RunOutputs
 from rgb.runs.store import TEXT_ROBUSTNESS_DIR
-from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
+from rgb.models import export_paths, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
 from rgb.brittleness.metrics import DEFAULT_KS, DEFAULT_P, classification_view, query_table, summarize
 from rgb.zeroshot.ensembles import ensemble_head
@@ -65,6 +65,8 @@ from rgb.zeroshot.text import TextFeatureCache
 
 log = logging.getLogger(__name__)
 
+# What needs a zero-shot run, as the refusal of another model says (rgb.evaluation.model_eval.zeroshot_record).
+REPORT = "text robustness"
 QUERY_FILE_FIELDS = ("query", "class_name")  # class_name optional: it enables class_name_only and keeps its words
 POOL_METRICS = {"instability_mean": "mean instability", "brittleness_mean": "mean finite B"}
 
@@ -95,17 +97,6 @@ class TextRobustnessOptions(Ruled):
         if not self.types or not self.seeds:
             raise PerturbationError("text_robustness_options.types and .seeds must not be empty")
         self.check("text_robustness_options.", PerturbationError)
-
-
-def zero_shot_record(meta: dict, run: Path) -> dict:
-    """The `zeroshot` section of a zero-shot run's model.json; any other model is refused in one line."""
-    family = family_of_record(meta)
-    if not family.text_tower:
-        raise EvaluationError(f"text robustness needs a zero-shot (openclip) run; {run} is a {family.name} model")
-    if "zeroshot" not in meta:
-        raise EvaluationError(f"text robustness needs a zero-shot (openclip) run; {run} is an openclip model without "
-                              "a prompt-built head (train it with strategy=zeroshot)")
-    return meta["zeroshot"]
 
 
 def load_queries(path: Path, class_names: list[str]) -> list[Query]:
@@ -292,7 +283,7 @@ def measure_text_robustness(model, meta: dict, weights_path: Path, datamodule, o
                             out_dir: Path) -> TextRobustnessResult:
     """Everything about one zero-shot model's text robustness on one split; writes it under out_dir/text_robustness."""
     run_name = str(meta.get("run_name", Path(weights_path).parent.name))
-    record = zero_shot_record(meta, Path(weights_path).parent)
+    record = zeroshot_record(meta, Path(weights_path).parent, REPORT)
     timings, started = {}, time.perf_counter()
     if meta.get("dataset") not in (None, datamodule.dataset):
         raise EvaluationError(f"{run_name} was made for dataset {meta['dataset']!r}, the data config is "
@@ -402,7 +393,7 @@ class TextRobustnessRequest:
 def _measure_run(target: RunOutputs, datamodule, options: TextRobustnessOptions,
                  wandb_project: str | None) -> TextRobustnessResult:
     model, meta = load_with_meta(target.run)
-    zero_shot_record(meta, target.run)
+    zeroshot_record(meta, target.run, REPORT)
     meta.setdefault("run_name", target.run_name)
     result = measure_text_robustness(model, meta, export_paths(target.run)[0], datamodule, options,
                                      target.output_dir)
@@ -472,4 +463,4 @@ def text_robustness(request: TextRobustnessRequest) -> None:
 
 
 __all__ = ["TextRobustnessOptions", "TextRobustnessRequest", "TextRobustnessResult", "compare_models", "load_queries",
-           "measure_text_robustness", "text_robustness", "zero_shot_record"]
+           "measure_text_robustness", "text_robustness"]

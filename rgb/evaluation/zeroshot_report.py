@@ -31,10 +31,10 @@ from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256
 from rgb.core.classwise import DEFAULT_WORST_K, check_worst_k
 from rgb.core.configs import describe_data_config
 from rgb.evaluation.leaderboard import markdown_table
-from rgb.evaluation.model_eval import EvaluationError
+from rgb.evaluation.model_eval import EvaluationError, zeroshot_record
 from rgb.evaluation.request import RunOutputs
 from rgb.runs.store import ZEROSHOT_REPORT_DIR
-from rgb.models import export_paths, family_of_record, load_with_meta, register_architecture
+from rgb.models import export_paths, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
 from rgb.zeroshot import (
     ENSEMBLES,
@@ -54,6 +54,8 @@ from rgb.zeroshot.head import describe_classes, described_label, enrich_worst_cl
 
 log = logging.getLogger(__name__)
 
+# What needs a zero-shot run, as the refusal of another model says (rgb.evaluation.model_eval.zeroshot_record).
+REPORT = "zeroshot_report=true (comparing the prompt ensembles)"
 EXPORTED = "exported"  # the row of the run's own head, as model.safetensors holds it
 CLASS_NAMES = "clip (class names)"  # the seed's CLIP row: the class name alone (template `{}`)
 DESCRIPTOR = "descriptor"
@@ -87,16 +89,6 @@ class ZeroShotReportOptions:
             check_worst_k(self.worst_k)
         except ValueError as error:
             raise EvaluationError(f"worst_k: {error}") from None
-
-
-def zeroshot_record_of(meta: dict, run: Path) -> dict:
-    """The `zeroshot` section of a zero-shot run's model.json; any other model is refused in one line."""
-    family = family_of_record(meta)
-    what = f"an {family.name} model without a prompt-built head" if family.text_tower else f"a {family.name} model"
-    if not family.text_tower or "zeroshot" not in meta:
-        raise EvaluationError(f"zeroshot_report=true compares the prompt ensembles of a zero-shot run "
-                              f"(strategy=zeroshot); {run} is {what}")
-    return meta["zeroshot"]
 
 
 def _csv(rows: list[dict]) -> bytes:
@@ -169,7 +161,7 @@ def zeroshot_report(model, meta: dict, weights_path: Path, datamodule, options: 
     """Every row of the module docstring for one zero-shot run on its dataset's test split; writes the report files
     under out_dir/zeroshot_report and returns the JSON record."""
     run_name = str(meta.get("run_name", Path(weights_path).parent.name))
-    record = zeroshot_record_of(meta, Path(weights_path).parent)
+    record = zeroshot_record(meta, Path(weights_path).parent, REPORT)
     if meta.get("dataset") not in (None, datamodule.dataset):
         raise EvaluationError(f"{run_name} was made for dataset {meta['dataset']!r}, the data config is "
                               f"{datamodule.dataset!r}")
@@ -307,7 +299,7 @@ class ZeroShotReportRequest:
 def _report_run(target: RunOutputs, options: ZeroShotReportOptions, data: Callable[[], object]) -> dict:
     """One run's report, written where evaluate writes that run's outputs."""
     model, meta = load_with_meta(target.run)
-    zeroshot_record_of(meta, target.run)
+    zeroshot_record(meta, target.run, REPORT)
     meta.setdefault("run_name", target.run_name)
     return zeroshot_report(model, meta, export_paths(target.run)[0], data(), options, target.output_dir)
 
@@ -346,5 +338,5 @@ def zeroshot_reports(request: ZeroShotReportRequest) -> None:
     _report_run(request.entries[0], request.options, request.data)
 
 
-__all__ = ["ZeroShotReportOptions", "ZeroShotReportRequest", "report_markdown", "write_pool", "zeroshot_record_of",
+__all__ = ["ZeroShotReportOptions", "ZeroShotReportRequest", "report_markdown", "write_pool",
            "zeroshot_report", "zeroshot_reports"]

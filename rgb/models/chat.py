@@ -50,7 +50,7 @@ class ChatClassifier:
     """Classifies PNG images by asking a chat-completions endpoint; `inputs = "png"` tells evaluation to hand it
     the split's stored bytes instead of tensors."""
 
-    family = "api"
+    family = "api"  # model.json's `family` (a format: stays "api"); ChatFamily.name reads it here
     inputs = "png"
 
     def __init__(self, settings: EndpointSettings, client: ClientSettings, class_names: Sequence[str], dataset: str,
@@ -240,7 +240,7 @@ class ChatFamily:
     No weights, no head: the record alone rebuilds the model (`weights = False` for rgb.models.load).
     """
 
-    name: str = "api"
+    name: str = ChatClassifier.family  # the models' own word, written into model.json
     weights: bool = False
     text_tower: bool = False
 

@@ -51,7 +51,7 @@ class NormalizedClassifier(nn.Module):
     `recipe` (timm name, num_classes, timm kwargs) rebuilds the architecture for `rgb.models.load`.
     """
 
-    family = "timm"
+    family = "timm"  # model.json's `family`: TimmFamily.name reads it here (its one spelling)
 
     def __init__(self, backbone: nn.Module, mean: tuple[float, ...], std: tuple[float, ...], recipe: dict):
         super().__init__()

@@ -123,7 +123,8 @@ FAMILIES: dict[str, ModelFamily] = {
     for family in (timm_family.FAMILY, openclip.FAMILY, user_factory.FAMILY, user_factory.IN_MEMORY_FAMILY,
                    chat.FAMILY)
 }
-DEFAULT_FAMILY = "timm"
+# The family of a record written before families existed.
+DEFAULT_FAMILY = timm_family.FAMILY.name
 
 
 def family_named(name: str) -> ModelFamily:

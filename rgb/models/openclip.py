@@ -82,7 +82,7 @@ class ImageTowerClassifier(nn.Module):
 class OpenCLIPClassifier(nn.Module):
     """[0,1] images -> logits through an open_clip image tower; `recipe` rebuilds it (see `describe`)."""
 
-    family = "openclip"
+    family = "openclip"  # model.json's `family`: OpenCLIPFamily.name reads it here (its one spelling)
 
     def __init__(self, visual: nn.Module, num_classes: int, recipe: dict):
         super().__init__()
@@ -428,7 +428,7 @@ class OpenCLIPFamily(RecipeModelParts):
     """The `openclip` family: a CLIP image tower with a linear head; its text tower builds heads from prompts.
     """
 
-    name: str = "openclip"
+    name: str = OpenCLIPClassifier.family  # the models' own word, written into model.json
     weights: bool = True
     text_tower: bool = True
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
-
 from rgb.models.factory import NormalizedClassifier, RecipeModelParts, create_model
 
 
@@ -16,7 +14,7 @@ class TimmFamily(RecipeModelParts):
     The family of a record without `family` (written before families existed).
     """
 
-    name: str = "timm"
+    name: str = NormalizedClassifier.family  # the models' own word, written into model.json
     weights: bool = True
     text_tower: bool = False
 

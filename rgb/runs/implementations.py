@@ -14,6 +14,7 @@ from torch import nn
 import rgb
 from rgb.attacks.autoattack import AutoAttack, AutoAttackResult, FooledBy
 from rgb.attacks.common import lp_norm
+from rgb.attacks.registry import REFERENCE_VERSIONS
 from rgb.core.threat import ThreatModel
 from rgb.runs.store import REFERENCE_CASCADE, AttackRunError
 
@@ -109,8 +110,8 @@ class ReferenceImplementation:
             raise AttackRunError("impl=reference runs targets one after another (tail_rows=0)")
         if options.schedule != "batch":
             raise AttackRunError("impl=reference runs its cascade a batch at a time (schedule=batch)")
-        if options.version not in ("standard", "plus", "rand"):
-            raise AttackRunError(f"impl=reference has versions standard, plus, rand; got {options.version!r}")
+        if options.version not in REFERENCE_VERSIONS:
+            raise AttackRunError(f"impl=reference has versions {', '.join(REFERENCE_VERSIONS)}; got {options.version!r}")
         if options.off_protocol():
             raise AttackRunError(f"impl=reference runs the protocol's step and query counts: leave "
                                  f"{', '.join(options.off_protocol())} at the default")

@@ -17,7 +17,7 @@ from rgb.core.threat import Norm, ThreatModel, parse_norm
 from rgb.core.values import AUTO_OR_COUNT
 from rgb.data.catalog import TRANSFER_BUDGETS
 from rgb.runs.implementations import attack_implementation
-from rgb.runs.store import AttackRunError, run_name_for
+from rgb.runs.store import AttackRunError, adversarial_dir, run_name_for
 
 if TYPE_CHECKING:  # for the annotation only: building a data module is the factory's job
     from rgb.data.benchmark_data import BenchmarkData
@@ -153,7 +153,7 @@ class AttackRequest:
             options=options, batch_size=batch_size, device=device, compile=bool(compile),
             channels_last=bool(channels_last), shard_index=index, shard_count=count,
             processes=process_count(devices, device, threads), merge_only=bool(merge_only), export=bool(export),
-            export_dir=Path(str(export_dir)) if export_dir is not None else output_dir / "adversarial",
+            export_dir=Path(str(export_dir if export_dir is not None else adversarial_dir(output_dir))),
             surrogate=surrogate, output_dir=output_dir, progress=bool(progress), impl=str(impl), threads=int(threads),
             max_images=max_images,
         )

@@ -33,7 +33,7 @@ from rgb.data.fingerprint import split_sha256
 from rgb.models import (InMemoryModel, apply_speed_options, export_paths, family_of_record, result_versions,
                         load_with_meta, model_name)
 from rgb.models.checks import check_model_fits
-from rgb.models.io import read_model_record
+from rgb.core.exportfiles import model_record
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.records import batch_record, load_images
 from rgb.runs.pooled import attack_pooled, images_left
@@ -73,9 +73,9 @@ class Target:
         holds, so results are tied to the exact weights attacked."""
         datamodule = request.data()  # the data config alone: its split is read below
         if model is None:
-            _, meta_file = export_paths(request.run)
-            if meta_file.is_file():  # a data config the model was not trained on is one line, before any wait
-                _check_trained_on(request, read_model_record(meta_file), datamodule)
+            record = model_record(request.run)
+            if record is not None:  # a data config the model was not trained on is one line, before any wait
+                _check_trained_on(request, record, datamodule)
             log.info("loading the model of %s ...", request.run)  # a large model: tens of seconds of silence
             try:
                 model, meta = load_with_meta(request.run)
@@ -84,7 +84,7 @@ class Target:
         else:
             model, meta = model.module, model.meta
         if not isinstance(model, torch.nn.Module):  # e.g. family `api`: answers, but no gradients to attack
-            raise AttackRunError(f"{request.run} holds a model of family {meta.get('family')!r}, which cannot be "
+            raise AttackRunError(f"{request.run} holds a model of family {family_of_record(meta).name!r}, which cannot be "
                                  f"white-box attacked: score it with evaluate.py run={request.run} protocol=black_box")
         _check_trained_on(request, meta, datamodule)
         weights, _ = export_paths(request.run)

@@ -16,8 +16,7 @@ import io
 import json
 import os
 import shutil
-import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +28,11 @@ from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import VERSIONS, is_standard
 from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, sha256_alias, stable_id
-from rgb.core.jsonrecord import RecordError, decode, read_json
+from rgb.core.jsonrecord import JsonRecord, RecordError, decode, read_json
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import path_name
-from rgb.models import META_FILE, WEIGHTS_FILE, export_paths
-from rgb.models.io import read_model_record
+from rgb.core.exportfiles import model_record
+from rgb.models import META_FILE, WEIGHTS_FILE
 
 
 class AttackRunError(UserError, RuntimeError):
@@ -69,7 +68,8 @@ def standard_run(version: str, attacks: list[str], precision: str) -> bool:
 
 
 OUTPUT_KINDS = ("train", "models", "attack", "eval", "transfer")
-SWEEPS_DIR = "multirun"  # attack.py's multiruns, under a dataset's attack outputs
+SWEEPS_DIR = "multirun"  # train.py's and attack.py's multiruns, under a dataset's outputs of their kind
+ADVERSARIAL_DIR = "adversarial"  # attack.py export_adversarial=true: the splits it writes, under its output dir
 PARTIAL_DIR = "partial"  # a PARTIAL evaluation's record, beside the complete one
 # evaluate.py's other reports: side folders of an evaluation (and of a leaderboard, for a pool's), shown by the site.
 ZEROSHOT_REPORT_DIR = "zeroshot_report"
@@ -105,23 +105,33 @@ def attack_dir_read(attack_dir: str | Path, max_images: int | None) -> Path:
     return first if first is not None and first.is_dir() else Path(str(attack_dir))
 
 
+def side_dir(parent: str | Path, folder: str) -> str:
+    """`<parent>/<folder>` for one of the folders above, spelled as `parent` is (a config's `./outputs` stays so):
+    what the configs' `${rgb.multirun_dir:...}`, `${rgb.adversarial_dir:...}`, ... resolve to."""
+    return os.path.join(str(parent), folder)
+
+
+def multirun_dir(parent: str | Path) -> str:
+    """Where the multiruns under `parent` (a dataset's train or attack outputs, one model's attack outputs) keep
+    their sweep dirs: `<parent>/multirun`."""
+    return side_dir(parent, SWEEPS_DIR)
+
+
+def adversarial_dir(output_dir: str | Path) -> str:
+    """Where attack.py writes the adversarial splits it exports unless told (`export_dir`): `<output dir>/adversarial`."""
+    return side_dir(output_dir, ADVERSARIAL_DIR)
+
+
 def sweep_dir_for(root: str | Path, dataset: str, label: str) -> Path:
     """attack.py's sweep dir of a `runs=` multirun (its logs, .submitit): `<root>/attack/<dataset>/multirun/<label>`,
     `label` the train sweep's name."""
-    return Path(str(root)) / "attack" / str(dataset) / SWEEPS_DIR / str(label)
+    return Path(multirun_dir(Path(str(root)) / "attack" / str(dataset))) / str(label)
 
 
 def partial_dir(out_dir: str | Path) -> Path:
     """Where a PARTIAL evaluation (max_images) writes its record: `<eval dir>/partial`, so it never replaces the
     complete record nor enters a pool unasked."""
     return Path(str(out_dir)) / PARTIAL_DIR
-
-
-def model_record(path: str | Path) -> dict | None:
-    """The model.json of a train run dir or of an exported weights file (None when absent; one that does not read
-    is an ExportFileError naming it, never taken as absent: the run would be named by its folder)."""
-    _, meta_file = export_paths(path)
-    return read_model_record(meta_file) if meta_file.exists() else None
 
 
 def run_name_for(path: str | Path) -> str:
@@ -207,8 +217,9 @@ def missing_sweep_jobs(pattern: str | Path) -> list[Path]:
 
 
 @dataclass
-class RunSummary:
-    """summary.json of one merged threat-model run (schema 2). `from_json` refuses records missing a field.
+class RunSummary(JsonRecord):
+    """summary.json of one merged threat-model run (schema 2), through JsonRecord's codec (each field checked
+    against its type when read back); `from_json` refuses records of another schema or missing a field.
 
     The attack options (`rgb.attacks.options.AttackOptions`) declared here are written always, at their places of
     schema 2 (`attacks` is the cascade that ran); any other option only when set to another value than its
@@ -274,15 +285,19 @@ class RunSummary:
         return cls(**values, **written, options=others)
 
     def to_json(self) -> dict:
-        record = asdict(self)
+        """JsonRecord's record, the other options after the fields (not under `options`), the auto records only
+        when there is one (other summaries keep their bytes)."""
+        record = super().to_json()
         others = record.pop("options")
-        for name in ("batch_size_auto", "input_format_auto"):  # written only for auto: other summaries keep their bytes
+        for name in ("batch_size_auto", "input_format_auto"):
             if record[name] is None:
                 del record[name]
         return {**record, **others}
 
     @classmethod
     def from_json(cls, record: dict, where: Path | str = SUMMARY_FILE) -> RunSummary:
+        """The summary of `record` (read from `where`): JsonRecord's reader, after the schema's check; the keys that
+        are options of AttackOptions but no field go back under `options`."""
         names = {f.name for f in fields(cls)} - {"options"}
         required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
         missing = sorted(required - set(record))
@@ -290,9 +305,8 @@ class RunSummary:
             raise AttackRunError(f"{where}: not a summary of this rgb version (schema {record.get('schema')}, "
                                  f"missing {missing}); {MERGE_AGAIN}")
         others = {k: v for k, v in record.items() if k in AttackOptions.names() and k not in names}
-        hints = typing.get_type_hints(cls)
         try:
-            return cls(**{k: decode(hints[k], v, k) for k, v in record.items() if k in names}, options=others)
+            return super().from_json({**{k: v for k, v in record.items() if k in names}, "options": others})
         except RecordError as err:
             raise AttackRunError(f"{where}: {err}; {MERGE_AGAIN}") from None
 
@@ -592,5 +606,5 @@ def read_run(directory: Path) -> RunResult | None:
     return RunResult(directory, summary, columns)
 
 
-__all__ = ["MANIFEST", "RESULT_COLUMNS", "RunDirectory", "RunResult", "RunSummary", "model_record", "read_run",
+__all__ = ["MANIFEST", "RESULT_COLUMNS", "RunDirectory", "RunResult", "RunSummary", "read_run",
            "missing_sweep_jobs", "run_name_for", "train_runs"]

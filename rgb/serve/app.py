@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import rgb
 from rgb.data.benchmark import decode_image, to_tensor
 from rgb.endpoints.cost import text_tokens
-from rgb.models import load_with_meta
+from rgb.models import family_of_record, load_with_meta
 from rgb.serve.batch import BatchRoutes, BatchStore
 from rgb.serve.operations import AccessLog, Metrics, Queue, ServerLog, Throughput, misbehave
 from rgb.serve.protocol import (
@@ -173,7 +173,7 @@ def make_server(request: ServeRequest) -> ModelServer:
         raise ServeError("make_server serves a run: pass ServeRequest(run=<train output dir or .safetensors file>)")
     model, meta = load_with_meta(request.run)
     if not isinstance(model, torch.nn.Module):
-        raise ServeError(f"{request.run} holds a model of family {meta.get('family')!r}: rgb-serve serves models it "
+        raise ServeError(f"{request.run} holds a model of family {family_of_record(meta).name!r}: rgb-serve serves models it "
                          f"runs itself")
     size = request.image_size or meta.get("image_size")
     if not size or not meta.get("class_names"):

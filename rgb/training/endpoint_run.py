@@ -22,7 +22,10 @@ from rgb.training.rundir import locked
 
 log = logging.getLogger(__name__)
 
-TASK = "api"
+TASK = "api"  # run.json's task of such a run dir (a format)
+# The strategy of a model behind an endpoint (conf/model_strategy/api_chat.yaml): no fit, model.json only. train.py
+# dispatches it here; a TrainRequest runs the others (rgb.training.request.STRATEGY_NAMES).
+STRATEGY = "api"
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def export_api_run(request: EndpointRunRequest) -> None:
     model = ChatClassifier(settings, client, datamodule.class_names, datamodule.dataset)
     if request.model.get("check_endpoint", True):  # GET /models answers and lists api_model (false: offline)
         model.endpoint.check_served()
-    made = export_meta(datamodule, {}, loss=None, strategy="api", epochs=0, seed=request.seed, weights=None)
+    made = export_meta(datamodule, {}, loss=None, strategy=STRATEGY, epochs=0, seed=request.seed, weights=None)
     run_dir = Path(request.run_dir)
     with locked(run_dir):
         claim_api_run(run_dir, api_identity(made, model))

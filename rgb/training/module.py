@@ -12,7 +12,10 @@ from rgb.models import NormalizedClassifier, apply_speed_options, family_of
 from rgb.training.losses import build_loss
 from rgb.training.optim import SCHEDULERS, build_optimizer, warmup_cosine
 
-STRATEGIES = ("full_finetune", "linear_probe")
+# The fine-tuning strategies (strategy.name): every parameter trains, or the head alone on a frozen backbone.
+FULL_FINETUNE = "full_finetune"
+LINEAR_PROBE = "linear_probe"
+STRATEGIES = (FULL_FINETUNE, LINEAR_PROBE)
 # The clean validation metrics every strategy logs (strategy=zeroshot too), which monitors, sweepers and robust
 # validation's score read.
 VAL_LOSS = "val/loss"
@@ -54,7 +57,7 @@ class RobustFinetuneModule(L.LightningModule):
         # A frozen copy of the starting model, for losses that compare against it (FARE); part of the checkpoint,
         # never of the export (which takes `model.*` only).
         self.reference = self.training_loss.reference_model(model)
-        self.freeze_backbone = strategy == "linear_probe"
+        self.freeze_backbone = strategy == LINEAR_PROBE
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if self.freeze_backbone:
             head = {id(p) for p in self.head.parameters()}

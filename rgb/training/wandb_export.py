@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 
 from rgb.core.files import distinct_name, file_sha256, sha256_alias
 from rgb.models import META_FILE, WEIGHTS_FILE
-from rgb.models.io import read_model_record
+from rgb.core.exportfiles import read_model_record
 
 # What the artifact's metadata keeps of model.json: what the model is, never a path of this machine.
 ARTIFACT_METADATA = ("run_name", "dataset", "num_classes", "image_size", "family", "loss", "strategy", "epochs",

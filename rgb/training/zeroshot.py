@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 
@@ -12,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from rgb.core import resolve_device
-from rgb.models import FAMILIES, META_FILE, WEIGHTS_FILE, export_meta, export_model, load_clip_of, parameter_counts
-from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
+from rgb.core.exportfiles import read_model_record
+from rgb.models import META_FILE, WEIGHTS_FILE, export_meta, export_model, family_of, load_clip_of, parameter_counts
 from rgb.training.config import TrainingConfigError
 from rgb.training.module import VAL_ACC, VAL_LOSS
 from rgb.training.request import ModelSection, TrainRequest
@@ -25,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def check_zeroshot_capable(model: torch.nn.Module) -> None:
-    family = FAMILIES.get(getattr(model, "family", None), FACTORY_FAMILY)  # a plain module: a user factory's
+    family = family_of(model)  # a plain module belongs to none: family_of says how to give it one
     if not family.text_tower:
         raise TrainingConfigError(
             f"a zero-shot head needs a CLIP text tower: model family {family.name!r} has none "
@@ -113,7 +112,7 @@ def train_zeroshot(request: TrainRequest, threads: int, manifest: RunManifest, r
     meta_file = run_dir / META_FILE
     if record["starts"] and meta_file.is_file() and (run_dir / WEIGHTS_FILE).is_file():
         log.info("%s already holds this zero-shot head: %s unchanged", run_dir, META_FILE)
-        return float(json.loads(meta_file.read_text())["monitor_value"])
+        return float(read_model_record(meta_file)["monitor_value"])
     datamodule = request.data.build()
     model = request.model.build()
     device = resolve_device("auto")
