@@ -22,6 +22,10 @@ def _output_dir(root, kind, dataset, name) -> str:
     return str(output_dir_for(root, kind, dataset, name))
 
 
+# The resolvers whose value the machine decides (they import torch): a command's schema resolves them last.
+MACHINE_RESOLVERS = ("rgb.auto_on_cuda",)
+
+
 def _auto_on_cuda(device, fixed):
     """attack.py's default batch size: `auto` where `device` resolves to CUDA (rgb.runs.batch_probe), else `fixed`
     (the data config's eval_batch_size: the CPU's runs, and their identities, keep the size they always had)."""

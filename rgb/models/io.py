@@ -14,18 +14,13 @@ from torch import nn
 
 import rgb
 from rgb.core.errors import UserError
-from rgb.core.exportfiles import META_FILE, WEIGHTS_FILE, export_paths
-from rgb.core.files import CorruptFileError, atomic_output, atomic_write_json, file_sha256
-from rgb.core.jsonrecord import RecordError, check_fields, read_json
+from rgb.core.exportfiles import META_FILE, WEIGHTS_FILE, ExportFileError, export_paths, read_model_record
+from rgb.core.files import atomic_output, atomic_write_json, file_sha256
 from rgb.core.values import ConfigValueError
 from rgb.models.factory import ModelLoadError, ModelSpecError
 from rgb.models.families import DEFAULT_FAMILY, family_of, family_of_record
 from rgb.models.user_factory import FAMILY as FACTORY_FAMILY
 from rgb.models.user_factory import build_from_factory
-
-
-class ExportFileError(CorruptFileError):
-    """An exported model whose model.json or model.safetensors does not read (truncated, overwritten): named."""
 
 
 def library_versions() -> dict[str, str]:
@@ -126,25 +121,6 @@ def export_factory_model(model: nn.Module, out_dir: str | Path, factory: str, kw
                              f"match the model's: give the factory and kwargs that build this model")
     return write_export(model, out_dir, {**(meta or {}), "family": FACTORY_FAMILY.name, "factory": factory,
                                          "kwargs": kwargs})
-
-
-# The keys of a model.json rgb reads as values, and their types (checked when the record is read; the family's
-# own rebuild fields are checked by its rebuild).
-RECORD_TYPES = {"family": str, "num_classes": int, "class_names": list[str], "run_name": str | None,
-                "dataset": str | None, "image_size": int | None, "epochs": int | None,
-                "parameters": dict[str, int] | None, "training": dict | None, "card": dict | None,
-                "sweep": dict | None, "wandb": dict | None}
-
-
-def read_model_record(meta_file: Path) -> dict:
-    """The export record of a model.json, its one reader: anything but a JSON object whose recorded keys have
-    their types (a directory, invalid JSON, a list, `epochs` as a string) is one ExportFileError naming the file."""
-    meta = read_json(meta_file, ExportFileError, "export the model again (train.py writes it)")
-    try:
-        check_fields(meta, RECORD_TYPES)
-    except RecordError as err:
-        raise ExportFileError(f"{meta_file}: {err}; export the model again (train.py writes it)") from None
-    return meta
 
 
 def _required(file: Path) -> Path:
