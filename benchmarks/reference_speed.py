@@ -49,7 +49,7 @@ from rgb.core.machine import available_cpus, keep_freed_memory
 from rgb.core.threat import Norm, parse_norm
 from rgb.data.catalog import WHITE_BOX_BUDGETS, scale_budget
 from rgb.data.mini import digit_images, stratified_splits
-from rgb.runs.implementations import RowCounter
+from rgb.runs.reference import RowCounter
 from rgb.training.losses import build_loss
 
 TRAIN_EPS = 8 / 255  # Linf budget of the inner attack of the PGD-AT model

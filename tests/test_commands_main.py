@@ -499,6 +499,41 @@ def test_config_mistakes_are_said_before_torch_is_imported(argv, tmp_path):
     assert out[-2].startswith(f"{argv[0]}: error: ") and out[-1] == "no torch", out
 
 
+# A bad value per command (and the line's start): the schema's rules come from torch-free modules, so the one line
+# is said before torch loads (benchmarks/startup_time.py --errors times these).
+BAD_VALUES = {
+    "attack": (["norms=[L3]", "steps=-1"], "attack.py: error: invalid value: steps must be an integer >= 1, got -1; "
+                                           "norms must be a non-empty list"),
+    "serve": (["limits.max_queue=-1"], "serve.py: error: invalid value: limits.max_queue must be an integer >= 0, got -1"),
+}
+
+
+@pytest.mark.slow  # a fresh interpreter (pytest's has torch loaded)
+def test_a_bad_value_is_said_in_one_line_before_torch_is_imported(tmp_path):
+    """One interpreter runs each command's entry point on a bad value, for a run that exists (its model.json read
+    by the config's resolvers): one line each, and torch never loaded."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.json").write_text(json.dumps({"family": "timm", "num_classes": 2, "class_names": ["a", "b"],
+                                                "dataset": "digits", "run_name": "r", "image_size": 32}))
+    (run / "model.safetensors").write_bytes(b"")
+    cases = {command: [f"{command}.py", f"run={run}", *given] for command, (given, _) in BAD_VALUES.items()}
+    script = ("import json, sys\nfrom rgb.commands import main\nlines = {}\n"
+              f"for command, argv in {cases!r}.items():\n"
+              "    sys.argv = argv\n"
+              "    try:\n        getattr(main, command + '_main')()\n"
+              "    except SystemExit as done:\n        lines[command] = str(done)\n"
+              "    lines[command + ' torch'] = 'torch' in sys.modules\n"
+              "print(json.dumps(lines))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    lines = json.loads(done.stdout.splitlines()[-1])
+    for command, (_, line) in BAD_VALUES.items():
+        assert lines[command].startswith(line) and "\n" not in lines[command], lines
+        assert lines[f"{command} torch"] is False, command
+
+
 def test_an_import_error_behind_a_config_value_is_an_import_error(monkeypatch):
     """A resolver whose module does not import (a broken install) was reported as a config error on
     hydra.run.dir; it is the ImportError itself."""

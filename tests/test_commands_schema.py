@@ -91,12 +91,15 @@ def test_every_rule_names_a_key_of_the_commands_yaml(command, compose):
 
     from rgb.attacks.options import AttackOptions
     from rgb.core.values import flatten
+    from rgb.endpoints.settings import PREFIX, ClientSettings, EndpointSettings
 
     cfg = compose(command, "data=mini") if command != "serve" else compose(command)
     keys = flatten(OmegaConf.to_container(cfg, resolve=False))
     # in some groups' options only (loss=trades, strategy=zeroshot, model=api_chat, callbacks=robust_val);
     # AttackOptions' rules for all it may be given
-    optional = ("loss.", "prompts.", "model.check_endpoint", "callbacks.robust_val.") if command == "train" else AttackOptions.names() if command == "transfer" else ()
+    endpoint = (*EndpointSettings.keys(PREFIX), *ClientSettings.keys(PREFIX), "model.check_endpoint")
+    optional = ("loss.", "prompts.", *endpoint, "callbacks.robust_val.") if command == "train" else \
+        AttackOptions.names() if command == "transfer" else ()
     dead = [key for key in schema.command_schema(command)
             if not any(k == key or k.startswith(key.removesuffix("*")) for k in keys) and not key.startswith(optional)]
     assert dead == []

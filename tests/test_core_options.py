@@ -54,15 +54,18 @@ def test_a_value_outside_its_rule_is_one_line_naming_its_key():
 def test_every_option_type_is_ruled_and_rules_and_names_are_defined_once():
     from rgb.attacks.options import AttackOptions
     from rgb.endpoints.client import RequestCaps
+    from rgb.endpoints.settings import ClientSettings, EndpointSettings
     from rgb.evaluation.request import EvalRequest
     from rgb.evaluation.text_robustness import TextRobustnessOptions
     from rgb.serve.request import Faults, Limits, ServeRequest
     from rgb.training import request as train
     from rgb.training.robust_val import RobustValSettings
+    from rgb.zeroshot.head import PromptSettings
 
     types = (AttackOptions, RequestCaps, EvalRequest, TextRobustnessOptions, ServeRequest, Limits, Faults,
              RobustValSettings, train.TrainRequest, train.DataSection, train.ModelSection, train.LossSection,
-             train.StrategySection, train.OptimSection, train.TrainerSection, train.LoggingSection)
+             train.StrategySection, train.OptimSection, train.TrainerSection, train.LoggingSection,
+             EndpointSettings, ClientSettings, PromptSettings)
     assert all(issubclass(kind, Ruled) for kind in types)
     defined = [f"{path.relative_to(REPO)}: {line.strip()}" for path in sorted((REPO / "rgb").rglob("*.py"))
                for line in path.read_text().splitlines()
@@ -79,10 +82,14 @@ def test_each_commands_schema_spreads_the_rules_of_the_types_it_builds():
     from rgb.serve.request import ServeRequest
     from rgb.training.request import TrainRequest
     from rgb.training.robust_val import KEY, RobustValSettings
+    from rgb.endpoints.settings import PREFIX, ClientSettings, EndpointSettings
+    from rgb.zeroshot.head import KEY as PROMPTS
+    from rgb.zeroshot.head import PromptSettings
 
     built = {"attack": AttackOptions.rules(), "serve": ServeRequest.rules(),
              "evaluate": {**EvalRequest.rules(), **TextRobustnessOptions.rules("text_robustness_options.")},
-             "train": {**TrainRequest.rules(), **RobustValSettings.rules(KEY)}}
+             "train": {**TrainRequest.rules(), **RobustValSettings.rules(KEY), **PromptSettings.rules(PROMPTS),
+                       **EndpointSettings.rules(PREFIX), **ClientSettings.rules(PREFIX)}}
     for command, rules in built.items():
         schema = command_schema(command)
         assert rules.keys() <= schema.keys(), command
@@ -105,3 +112,25 @@ def test_train_identity_keys_are_declared_on_their_fields_and_unchanged():
         "trainer.num_nodes", "trainer.strategy", "trainer.max_time", "trainer.default_root_dir",
         "trainer.log_every_n_steps", "trainer.enable_progress_bar", "trainer.enable_model_summary",
         "callbacks.progress_bar.*", "callbacks.*.dirpath", "callbacks.robust_val.batch_size"}
+
+
+def test_the_endpoint_and_prompt_settings_declare_their_rules_on_their_fields():
+    """No table of rules keyed by YAML path beside them: the fields hold the rules, a broken value is one line
+    naming its key (a value where a secret may sit named, never shown), and the keys are the YAML's."""
+    import rgb.endpoints.settings as settings
+    from rgb.core.configs import config_dir
+    from rgb.core.templates import PromptError
+    from rgb.zeroshot.head import PromptSettings
+
+    assert not [name for name in dir(settings) if name.endswith("_RULES")]
+    rules = {**settings.EndpointSettings.rules("model."), **settings.ClientSettings.rules("model.")}
+    import yaml
+    assert {key.removeprefix("model.") for key in rules} <= set(yaml.safe_load(
+        (config_dir() / "model" / "api_chat.yaml").read_text()))
+    with pytest.raises(ConfigValueError, match=r"^invalid value: model.header_env must be a mapping of header: "
+                                               r"environment variable name; model.max_retries must be an integer "
+                                               r">= 0, got -1$"):
+        settings.ClientSettings(max_retries=-1, header_env="sk-secret")
+    assert PromptSettings.rules("prompts.").keys() == {"prompts.k", "prompts.tau", "prompts.enrich_worst"}
+    with pytest.raises(PromptError, match=r"^prompts.k must be a fraction in \(0, 1\], got 2$"):
+        PromptSettings(k=2)

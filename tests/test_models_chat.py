@@ -714,7 +714,10 @@ def test_credentials_in_the_url_are_refused_in_one_line_without_showing_them(tmp
     assert where.format(param=param) in lines[0] and mark not in lines[0]
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and mark.encode() in p.read_bytes()]
     assert not list(tmp_path.rglob("model.json"))
-    assert [p for p in tmp_path.rglob("*.log") if "composed config" in p.read_text()]  # the log was written
+    # the log was written (and holds no secret), but for a URL with credentials: its rule is train.py's schema's,
+    # so it is refused before Hydra starts, where nothing at all is written
+    logs = [p for p in tmp_path.rglob("*.log") if "composed config" in p.read_text()]
+    assert bool(logs) == ("user:" not in given), logs
 
 
 def test_credentials_in_a_model_json_url_are_refused_without_showing_them():

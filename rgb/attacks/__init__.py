@@ -4,16 +4,47 @@ Every attack follows the `Attack` protocol and returns an `AttackResult`; `ATTAC
 table and `VERSIONS` the AutoAttack versions built from it (`is_standard` says which one is the benchmark's).
 """
 
-from rgb.attacks.apgd import APGDResult, apgd, apgd_over_targets, apgd_targeted, checkpoint_schedule, l1_eps_stages
-from rgb.attacks.autoattack import AutoAttack, AutoAttackResult, check_threat_model, within_budget
-from rgb.attacks.common import Attack, AttackError, AttackResult, EvalCounter, LiveRows, lp_norm
-from rgb.attacks.fab import FABResult, fab_targeted, fab_untargeted
-from rgb.attacks.options import AttackOptions
-from rgb.attacks.losses import ce_loss, dlr_loss, targeted_dlr_loss
-from rgb.attacks.projections import project_l1_ball_box, project_l2, project_linf
-from rgb.attacks.registry import ATTACKS, VERSIONS, AttackEntry, Step, Version, is_standard
-from rgb.attacks.square import SquareResult, square
-from rgb.core.threat import Norm, parse_norm
+from rgb.core.lazy import lazy_names
+
+# Each name from its module on first use (rgb.core.lazy): the package's option types load without torch.
+__getattr__ = lazy_names(__name__, {
+    "APGDResult": "rgb.attacks.apgd",
+    "apgd": "rgb.attacks.apgd",
+    "apgd_over_targets": "rgb.attacks.apgd",
+    "apgd_targeted": "rgb.attacks.apgd",
+    "checkpoint_schedule": "rgb.attacks.apgd",
+    "l1_eps_stages": "rgb.attacks.apgd",
+    "AutoAttack": "rgb.attacks.autoattack",
+    "AutoAttackResult": "rgb.attacks.autoattack",
+    "check_threat_model": "rgb.attacks.autoattack",
+    "within_budget": "rgb.attacks.autoattack",
+    "Attack": "rgb.attacks.common",
+    "AttackError": "rgb.attacks.common",
+    "AttackResult": "rgb.attacks.common",
+    "EvalCounter": "rgb.attacks.common",
+    "LiveRows": "rgb.attacks.common",
+    "lp_norm": "rgb.attacks.common",
+    "FABResult": "rgb.attacks.fab",
+    "fab_targeted": "rgb.attacks.fab",
+    "fab_untargeted": "rgb.attacks.fab",
+    "AttackOptions": "rgb.attacks.options",
+    "ce_loss": "rgb.attacks.losses",
+    "dlr_loss": "rgb.attacks.losses",
+    "targeted_dlr_loss": "rgb.attacks.losses",
+    "project_l1_ball_box": "rgb.attacks.projections",
+    "project_l2": "rgb.attacks.projections",
+    "project_linf": "rgb.attacks.projections",
+    "ATTACKS": "rgb.attacks.registry",
+    "VERSIONS": "rgb.attacks.registry",
+    "AttackEntry": "rgb.attacks.registry",
+    "Step": "rgb.attacks.registry",
+    "Version": "rgb.attacks.registry",
+    "is_standard": "rgb.attacks.registry",
+    "SquareResult": "rgb.attacks.square",
+    "square": "rgb.attacks.square",
+    "Norm": "rgb.core.threat",
+    "parse_norm": "rgb.core.threat",
+})
 
 __all__ = [
     "ATTACKS",

@@ -10,19 +10,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib import import_module
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from rgb.attacks.apgd import apgd, apgd_targeted
-from rgb.attacks.common import Attack
-from rgb.attacks.fab import fab_targeted, fab_untargeted
-from rgb.attacks.malt import N_CANDIDATES, apgd_malt
-from rgb.attacks.square import square
 from rgb.core.threat import Norm
+
+if TYPE_CHECKING:
+    from rgb.attacks.common import Attack
 
 # The inputs AutoAttack can hand an attack besides (model, x, y, norm, eps, counter).
 CASCADE_INPUTS = frozenset({"clean_logits", "generator", "n_iter", "n_queries", "tail_rows"})
 _GRADIENT_INPUTS = frozenset({"clean_logits", "generator", "n_iter"})
 _TARGETED_INPUTS = _GRADIENT_INPUTS | {"tail_rows"}  # targets of a small tail may run side by side
+
+
+class DeferredAttack:
+    """The attack function `name` of rgb.attacks.`module`, imported at its first call: the table, and the versions
+    built from it, load without torch (attack.py's schema reads AttackOptions' rules, the version names among them,
+    before torch loads)."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.__name__ = module, name
+
+    @property
+    def function(self) -> Attack:
+        return getattr(import_module(f"rgb.attacks.{self.module}"), self.__name__)
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"rgb.attacks.{self.module}.{self.__name__}"
 
 
 def _freeze(record, *names: str) -> None:
@@ -65,6 +84,8 @@ def _apgd_rows(params: Mapping, n_classes: int) -> tuple[int, int]:
 
 def _malt_rows(params: Mapping, n_classes: int) -> tuple[int, int]:
     """APGD-T over the MALT targets: APGD's, after one forward and a gradient per candidate class to rank them."""
+    from rgb.attacks.malt import N_CANDIDATES
+
     forward, backward = _apgd_rows(params, n_classes)
     return forward + 1, backward + min(params.get("n_candidates", N_CANDIDATES), n_classes - 1)
 
@@ -88,15 +109,19 @@ def _square_rows(params: Mapping, n_classes: int) -> tuple[int, int]:
 
 
 _BY_TARGET = ("target", "step")
+_APGD, _APGD_T, _MALT = (DeferredAttack("apgd", "apgd"), DeferredAttack("apgd", "apgd_targeted"),
+                         DeferredAttack("malt", "apgd_malt"))
+_FAB, _FAB_T, _SQUARE = (DeferredAttack("fab", "fab_untargeted"), DeferredAttack("fab", "fab_targeted"),
+                         DeferredAttack("square", "square"))
 ATTACKS: Mapping[str, AttackEntry] = MappingProxyType({
-    "apgd-ce": AttackEntry(apgd, _GRADIENT_INPUTS, _apgd_rows, {"loss": "ce"}),
-    "apgd-dlr": AttackEntry(apgd, _GRADIENT_INPUTS, _apgd_rows, {"loss": "dlr"}, min_classes=3),
-    "apgd-t": AttackEntry(apgd_targeted, _TARGETED_INPUTS, _apgd_rows, min_classes=4, position=_BY_TARGET),
-    "apgd-t-malt": AttackEntry(apgd_malt, _TARGETED_INPUTS, _malt_rows, min_classes=4, position=_BY_TARGET),
-    "fab-t": AttackEntry(fab_targeted, frozenset({"clean_logits", "n_iter", "tail_rows"}), _fab_targeted_rows,
+    "apgd-ce": AttackEntry(_APGD, _GRADIENT_INPUTS, _apgd_rows, {"loss": "ce"}),
+    "apgd-dlr": AttackEntry(_APGD, _GRADIENT_INPUTS, _apgd_rows, {"loss": "dlr"}, min_classes=3),
+    "apgd-t": AttackEntry(_APGD_T, _TARGETED_INPUTS, _apgd_rows, min_classes=4, position=_BY_TARGET),
+    "apgd-t-malt": AttackEntry(_MALT, _TARGETED_INPUTS, _malt_rows, min_classes=4, position=_BY_TARGET),
+    "fab-t": AttackEntry(_FAB_T, frozenset({"clean_logits", "n_iter", "tail_rows"}), _fab_targeted_rows,
                          min_classes=4, position=_BY_TARGET),
-    "fab": AttackEntry(fab_untargeted, _GRADIENT_INPUTS, _fab_rows, position=("restart", "step")),
-    "square": AttackEntry(square, frozenset({"generator", "n_queries"}), _square_rows, black_box=True,
+    "fab": AttackEntry(_FAB, _GRADIENT_INPUTS, _fab_rows, position=("restart", "step")),
+    "square": AttackEntry(_SQUARE, frozenset({"generator", "n_queries"}), _square_rows, black_box=True,
                           position=("query",)),
 })
 

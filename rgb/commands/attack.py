@@ -1,11 +1,13 @@
 """attack.py's config half (and what rgb-transfer's shares with it): the composed config becomes the typed values
 the library takes (`AttackRequest.create`, a data-module factory, budgets), so no module below rgb/commands/ sees a
-DictConfig. Imported inside the commands (it pulls in torch), never by `--help`.
+DictConfig. Plain Python at import, so that its SCHEMA is read before torch loads (the run's modules are imported by
+the functions that run it); imported inside the commands, never by `--help`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -13,10 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.attacks.options import AttackOptions
 from rgb.commands.schema import DATA, MACHINE, RUN, WANDB
 from rgb.core.values import AUTO_OR_COUNT, BOOL, NON_NEGATIVE_INT, NORM, POSITIVE_INT, list_of, one_of, optional
-from rgb.data.benchmark_data import BenchmarkData
+from rgb.runs.errors import AttackRunError
 from rgb.runs.implementations import IMPLEMENTATIONS
-from rgb.runs.request import AttackRequest, Budget, white_box_budgets
-from rgb.runs.store import AttackRunError, RunSummary, first_images_dir, run_name_for
+
+if TYPE_CHECKING:
+    from rgb.data.benchmark_data import BenchmarkData
+    from rgb.runs.request import AttackRequest, Budget
+    from rgb.runs.store import RunSummary
 
 # What an attack run reads of conf/attack.yaml and conf/transfer.yaml (AttackOptions declares its options' rules).
 ATTACK_RUN = {
@@ -37,6 +42,9 @@ def data_factory(data: DictConfig) -> Callable[[], BenchmarkData]:
 def attack_request(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets: tuple[Budget, ...], surrogate: str,
                    threads: int = 1) -> AttackRequest:
     """conf/attack.yaml (or conf/transfer.yaml) mapped onto the attack run's request."""
+    from rgb.runs.request import AttackRequest
+    from rgb.runs.store import first_images_dir
+
     if cfg.get("run") is None or OmegaConf.is_missing(cfg, "run"):
         raise AttackRunError("no model given: pass run=<train output dir or exported .safetensors file>")
     # every option by its name; a config without one keeps its default
@@ -55,7 +63,9 @@ def attack_request(cfg: DictConfig, data: Callable[[], BenchmarkData], budgets: 
 
 def attack_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
     """attack.py: white-box AutoAttack of `cfg.run` at the data config's budgets for `cfg.norms`."""
+    from rgb.runs.request import white_box_budgets
     from rgb.runs.runner import execute
+    from rgb.runs.store import run_name_for
 
     data = data_factory(cfg.data)
     datamodule = data()  # cheap: reads nothing until a split is asked for

@@ -34,6 +34,10 @@ def _side_dir(folder: str):
     return resolve
 
 
+# The resolvers whose value the machine decides (they import torch): a command's schema resolves them last.
+MACHINE_RESOLVERS = ("rgb.auto_on_cuda",)
+
+
 def _auto_on_cuda(device, fixed):
     """attack.py's default batch size: `auto` where `device` resolves to CUDA (rgb.runs.batch_probe), else `fixed`
     (the data config's eval_batch_size: the CPU's runs, and their identities, keep the size they always had)."""

@@ -16,6 +16,7 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
+from rgb.commands.resolvers import MACHINE_RESOLVERS
 from rgb.core.values import (
     BOOL,
     EXISTING_RUN,
@@ -65,12 +66,24 @@ def _values(cfg: DictConfig, rules: dict[str, Rule]) -> dict:
     return flat
 
 
+def _machine_decided(cfg: DictConfig, key: str) -> bool:
+    """Is the key's value a resolver's that asks the machine (rgb.commands.resolvers.MACHINE_RESOLVERS: torch)?"""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    raw = node._get_node(leaf)._value() if isinstance(node, DictConfig) and leaf in node.keys() else None
+    return isinstance(raw, str) and any(f"${{{name}:" in raw for name in MACHINE_RESOLVERS)
+
+
 def check(command: str, cfg: DictConfig) -> None:
-    """ConfigValueError naming every value of the command's config that breaks its rule."""
+    """ConfigValueError naming every value of the command's config that breaks its rule. The values the machine
+    decides are resolved last, so that a mistake elsewhere is named before torch loads."""
     rules = command_schema(command)
-    found = problems(_values(cfg, rules), rules)
-    if found:
-        raise ConfigValueError("invalid value: " + "; ".join(found))
+    last = {key for key in rules if not key.endswith(".*") and _machine_decided(cfg, key)}
+    for keys in ([k for k in rules if k not in last], [k for k in rules if k in last]):
+        part = {key: rules[key] for key in keys}
+        found = problems(_values(cfg, part), part)
+        if found:
+            raise ConfigValueError("invalid value: " + "; ".join(found))
 
 
 # Hydra's refusal of `key=value` for a key the config has not: "Could not override 'key'".

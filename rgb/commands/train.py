@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rgb.commands.train_config import RULES, training_identity, validate_config
 from rgb.core.values import one_of
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
+from rgb.endpoints.settings import PREFIX as ENDPOINT, ClientSettings, EndpointSettings
 from rgb.models.card import model_card
 from rgb.training.endpoint_run import STRATEGY as ENDPOINT_STRATEGY
 from rgb.training.endpoint_run import EndpointRunRequest, export_api_run
@@ -138,8 +139,9 @@ def export_api_config(cfg: DictConfig) -> None:
 # Strategies that only write a record, with no fit and no weights: a model behind an API (rgb.training.endpoint_run).
 RECORD_ONLY = {ENDPOINT_STRATEGY: export_api_config}
 # conf/train.yaml's schema (rgb.commands.schema): the data config's and the training sections' (train_config.RULES),
-# whose strategies this command widens by its record-only ones (model=api_chat).
-SCHEMA = {**RULES, "strategy.name": one_of((*sections.STRATEGY_NAMES, *RECORD_ONLY))}
+# whose strategies this command widens by its record-only ones, and the endpoint's settings (model=api_chat).
+SCHEMA = {**RULES, **EndpointSettings.rules(ENDPOINT), **ClientSettings.rules(ENDPOINT),
+          "strategy.name": one_of((*sections.STRATEGY_NAMES, *RECORD_ONLY))}
 
 
 def train(cfg: DictConfig) -> float | None:

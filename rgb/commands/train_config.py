@@ -18,13 +18,11 @@ from rgb.core.values import (
     BOOL,
     NORM,
     NON_NEGATIVE,
-    NON_NEGATIVE_INT,
     PATH_NAME,
     POSITIVE,
     POSITIVE_INT,
     Rule,
     flatten,
-    number,
     optional,
 )
 from rgb.core.values import problems as check
@@ -34,6 +32,8 @@ from rgb.training.module import LINEAR_PROBE
 from rgb.training.request import TrainRequest
 from rgb.training.robust_val import KEY as ROBUST_VAL
 from rgb.training.robust_val import RobustValSettings
+from rgb.zeroshot.head import KEY as PROMPTS
+from rgb.zeroshot.head import PromptSettings
 
 
 # Keys that may differ between starts of one run: they change where a run runs, writes or logs, or how fast, never
@@ -52,7 +52,6 @@ RESUMABLE_KEYS = (
     "data.pin_memory",
     "data.cache_dir",
     "data.eval_batch_size",
-    "prompts.cache_dir",
     "trainer.accelerator",
     "trainer.devices",
     "trainer.num_nodes",
@@ -66,6 +65,7 @@ RESUMABLE_KEYS = (
     "callbacks.*.dirpath",
     *TrainRequest.keys(identity=False),
     *RobustValSettings.keys(ROBUST_VAL, identity=False),
+    *PromptSettings.keys(PROMPTS, identity=False),
 )
 
 
@@ -96,10 +96,8 @@ RULES: dict[str, Rule] = {
     "trainer.max_epochs": POSITIVE_INT,
     "monitor.mode": (lambda v: v in ("min", "max"), "min or max"),
     "run_name": PATH_NAME,
-    # The prompt ensembles (strategy=zeroshot, head_init=zeroshot): CPE's worst-k fraction, the temperature.
-    "prompts.k": (lambda v: number(v) and 0 < v <= 1, "a fraction in (0, 1]"),
-    "prompts.tau": POSITIVE,
-    "prompts.enrich_worst": NON_NEGATIVE_INT,
+    # The prompt ensembles (strategy=zeroshot, head_init=zeroshot).
+    **PromptSettings.rules(PROMPTS),
 }
 
 

@@ -125,12 +125,12 @@ class Ruled:
         """`key must be <rule>, got <value>` for each ruled value that breaks its rule, by its config key."""
         return problems(self.values(prefix), type(self).rules(prefix))
 
-    def check(self, prefix: str = "", error: type[Exception] = ConfigValueError) -> None:
-        """`error` naming each ruled value that breaks its rule, by its config key, in one line; a section given as
-        its mapping (the YAML's) becomes its type first."""
+    def check(self, prefix: str = "", error: type[Exception] = ConfigValueError, lead: str = "") -> None:
+        """`error` naming each ruled value that breaks its rule, by its config key, in one line (after `lead`); a
+        section given as its mapping (the YAML's) becomes its type first."""
         for f in fields(self):
             if "section" in f.metadata and isinstance(value := getattr(self, f.name), dict):
                 object.__setattr__(self, f.name, f.metadata["section"](**value))
         found = self.problems(prefix)
         if found:
-            raise error("; ".join(found))
+            raise error(lead + "; ".join(found))

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rgb.core.errors import UserError
+from rgb.core.secrets import redact
 from rgb.core.threat import parse_norm
 
 Rule = tuple[Callable[[object], bool], str]
@@ -102,13 +103,26 @@ def optional(rule: Rule) -> Rule:
     return (lambda v: v is None or ok(v), f"null or {what}")
 
 
+class Unshown(tuple):
+    """A rule whose broken value is named, never shown (`unshown`)."""
+
+
+def unshown(rule: Rule) -> Rule:
+    """`rule`, its broken value left out of the line: where a secret typed by mistake would sit (a token given for
+    a variable's name, or for a whole mapping of headers)."""
+    return Unshown(rule)
+
+
 def problems(flat: dict, rules: dict[str, Rule]) -> list[str]:
     """`key must be <rule>, got <value>` for every key of `rules` (a dotted key, or `a.*`: every key under `a`)
-    whose value in `flat` breaks its rule."""
+    whose value in `flat` breaks its rule; the value shown redacted (rgb.core.secrets), and not at all for an
+    `unshown` rule."""
     found = []
-    for pattern, (ok, what) in rules.items():
+    for pattern, rule in rules.items():
+        ok, what = rule
         keys = [k for k in flat if k.startswith(pattern[:-1])] if pattern.endswith(".*") else [pattern]
-        found += [f"{key} must be {what}, got {flat[key]!r}" for key in keys if key in flat and not ok(flat[key])]
+        found += [f"{key} must be {what}" + ("" if isinstance(rule, Unshown) else f", got {redact(flat[key])!r}")
+                  for key in keys if key in flat and not ok(flat[key])]
     return found
 
 

@@ -5,11 +5,13 @@ bad value is one line wherever it comes from (train.py model=api_chat, or the lo
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from rgb.core.secrets import declared_problems, redact, url_credentials_problem, url_query_problem
+from rgb.core.options import Ruled, ruled
+from rgb.core.secrets import declared_problems, url_credentials_problem, url_query_problem
 from rgb.core.values import (
+    BOOL,
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
     POSITIVE,
@@ -17,6 +19,7 @@ from rgb.core.values import (
     ConfigValueError,
     Rule,
     optional,
+    unshown,
 )
 from rgb.endpoints.cost import Price
 
@@ -45,61 +48,40 @@ def _texts(v) -> bool:
 
 # The request fields rgb writes itself (the image and prompt, the model): `model.request` may not set them.
 OWN_FIELDS = frozenset({"model", "messages"})
+# The config section both settings are read from (model=api_chat): their keys are `model.<field>`.
+PREFIX = "model."
+
+# The rules of the model config's values (rgb.core.values), declared on the fields (rgb.core.options) and checked
+# when the settings are made: by train.py model=api_chat (its schema spreads them, before anything runs) and by every
+# load of a model.json, so a bad value is one line wherever it comes from. Where a secret typed by mistake would sit
+# (a token for a variable's name, or for a whole mapping) a bad value is named, never shown (`unshown`).
+BASE_URL: Rule = (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None
+                  and url_credentials_problem(v) is None, "an http(s) URL ending in /v1, without user:password@ "
+                  "(credentials belong in the variable model.api_key_env names, or in model.header_env)")
+REQUEST: Rule = (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
+                 and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}")
+ENV_NAME: Rule = (_text, "the name of an environment variable")
+TEXT_OR_NULL: Rule = (lambda v: v is None or isinstance(v, str), "null or a text")
 
 
-# The rules of the model config's values (rgb.core.values), checked when the settings are made: by train.py
-# model=api_chat and by every load of a model.json, so a bad value is one line wherever it comes from.
-API_RULES: dict[str, Rule] = {
-    "model.base_url": (lambda v: isinstance(v, str) and re.match(r"(?i)^https?://[^/\s]", v) is not None
-                       and url_credentials_problem(v) is None, "an http(s) URL ending in /v1, without user:password@ "
-                       "(credentials belong in the variable model.api_key_env names, or in model.header_env)"),
-    "model.api_model": (_text, "the endpoint's model name (e.g. gpt-4o-mini)"),
-    "model.prompt": (lambda v: v is None or isinstance(v, str), "a text"),
-    "model.system_prompt": (lambda v: v is None or isinstance(v, str), "null or a text"),
-    "model.temperature": optional(NON_NEGATIVE), "model.max_tokens": optional(POSITIVE_INT),
-    "model.request": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v)
-                      and not set(v) & OWN_FIELDS, f"a mapping of request fields other than {sorted(OWN_FIELDS)}"),
-    "model.answer_format": (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)),
-    "model.clarify": (lambda v: isinstance(v, bool), "true or false"),
-    "model.query": (_texts, "a mapping of parameter: text (public values: recorded)"),
-}
-CLIENT_RULES: dict[str, Rule] = {
-    "model.api_key_env": (_text, "the name of an environment variable"),
-    "model.headers": (_texts, "a mapping of header: text (public values: recorded)"),
-    "model.query_env": (_texts, "a mapping of parameter: environment variable name"),
-    "model.header_env": (_texts, "a mapping of header: environment variable name"),
-    "model.retry_max_tokens": optional(POSITIVE_INT),
-    "model.max_concurrency": POSITIVE_INT, "model.requests_per_minute": optional(POSITIVE),
-    "model.tokens_per_minute": optional(POSITIVE), "model.timeout_s": POSITIVE, "model.max_retries": NON_NEGATIVE_INT,
-    "model.backoff_s": NON_NEGATIVE, "model.backoff_max_s": NON_NEGATIVE,
-    "model.batch": (lambda v: isinstance(v, bool), "true or false"), "model.batch_poll_s": POSITIVE,
-    "model.batch_wait_s": POSITIVE,
-    "model.answer_parser": (lambda v: v in ANSWER_PARSERS, " or ".join(ANSWER_PARSERS)),
-}
+def _public(what: str) -> Rule:
+    return unshown((_texts, f"a mapping of {what}: text (public values: recorded)"))
 
 
-# Where a secret typed by mistake would sit (a value for a variable's name, a token for a mapping): a bad value of
-# these is named, never shown.
-_NOT_SHOWN = frozenset({"model.headers", "model.header_env", "model.query", "model.query_env"})
+def _secret(what: str) -> Rule:
+    return unshown((_texts, f"a mapping of {what}: environment variable name"))
 
 
-def _check(settings, rules: dict[str, Rule], *declared: tuple[str, dict | None, dict | None]) -> None:
-    """ConfigValueError naming every value that breaks its rule, and every query parameter or header that may not
-    be sent as declared (rgb.core.secrets: typed values are public, secrets come from the environment)."""
-    values = {f"model.{f.name}": getattr(settings, f.name) for f in fields(settings)}
-    failed = [key for key, (ok, _) in rules.items() if key in values and not ok(values[key])]
-    if failed:  # the values shown are the redacted ones (a URL's query), those that may hold a secret not at all
-        shown = redact(values)
-        raise ConfigValueError("invalid value: " + "; ".join(
-            f"{key} must be {rules[key][1]}" + ("" if key in _NOT_SHOWN else f", got {shown[key]!r}")
-            for key in failed))
+def _declared(*declared: tuple[str, dict | None, dict | None]) -> None:
+    """ConfigValueError naming every query parameter or header that may not be sent as declared (rgb.core.secrets:
+    typed values are public, secrets come from the environment)."""
     refused = [p for kind, public, secret in declared for p in declared_problems(kind, public or {}, secret or {})]
     if refused:
         raise ConfigValueError("; ".join(refused))
 
 
 @dataclass(frozen=True)
-class EndpointSettings:
+class EndpointSettings(Ruled):
     """What identifies the model's answers (model.json `api`): a change of any of these is another model. The
     answer parser is not among them: it maps the cached answer texts, and the version that scored them is
     recorded with the scores (a model.json of an older parser still loads; its answers are re-parsed).
@@ -111,23 +93,24 @@ class EndpointSettings:
     not "text"), so earlier answer caches keep theirs; a model.json without answer_format was made for text
     (`from_record`)."""
 
-    base_url: str
-    api_model: str
-    prompt: str | None = DEFAULT_PROMPT  # None: DEFAULT_PROMPT
-    temperature: float | None = 0.0  # None: not sent (reasoning models refuse it)
-    max_tokens: int | None = 16
+    base_url: str = ruled(rule=BASE_URL)
+    api_model: str = ruled(rule=(_text, "the endpoint's model name (e.g. gpt-4o-mini)"))
+    prompt: str | None = ruled(DEFAULT_PROMPT, (TEXT_OR_NULL[0], "a text"))  # None: DEFAULT_PROMPT
+    temperature: float | None = ruled(0.0, optional(NON_NEGATIVE))  # None: not sent (reasoning models refuse it)
+    max_tokens: int | None = ruled(16, optional(POSITIVE_INT))
     image_encoding: str = IMAGE_ENCODING
-    system_prompt: str | None = None
-    request: dict | None = field(default_factory=dict)
-    answer_format: str = "choice"
+    system_prompt: str | None = ruled(None, TEXT_OR_NULL)
+    request: dict | None = ruled(default_factory=dict, rule=REQUEST)
+    answer_format: str = ruled("choice", (lambda v: v in ANSWER_FORMATS, " or ".join(ANSWER_FORMATS)))
     # an answer that names no class is followed, in the same conversation, by one turn asking for exactly one of the
     # class names (rgb.endpoints.online; CLARIFY_TURN): its own request, counted and priced as one
-    clarify: bool = False
+    clarify: bool = ruled(False, BOOL)
     # public query parameters sent with every request (recorded); a secret one is ClientSettings.query_env
-    query: dict | None = field(default_factory=dict)
+    query: dict | None = ruled(default_factory=dict, rule=_public("parameter"))
 
     def __post_init__(self):
-        _check(self, API_RULES, ("query parameter", self.query, {}))
+        self.check(PREFIX, lead="invalid value: ")
+        _declared(("query parameter", self.query, {}))
         problem = url_query_problem(self.base_url)  # names the parameter, never its value
         both = set(self.query or {}) & {name for name, _ in parse_qsl(urlsplit(self.base_url).query)}
         if problem or both:
@@ -171,36 +154,38 @@ class EndpointSettings:
 
 
 @dataclass(frozen=True)
-class ClientSettings:
+class ClientSettings(Ruled):
     """How politely to ask, and how to read what comes back (model.json `client`): none of it changes an answer, so
     none of it is in the cache key. `answer_parser` reads the (cached) answers: `strict`, the card's, or `lenient`
     (rgb.endpoints.answers.ANSWER_PARSERS), whose numbers are marked as under another protocol wherever shown."""
 
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str = ruled("OPENAI_API_KEY", ENV_NAME)
     # sent with every request: `headers` as typed (public: recorded; a name that says secret is refused), and
     # {name: environment variable} whose values are read when sent, only the names recorded (rgb.core.secrets)
-    headers: dict | None = field(default_factory=dict)
-    header_env: dict | None = field(default_factory=dict)
-    query_env: dict | None = field(default_factory=dict)
-    retry_max_tokens: int | None = None  # an answer cut by the token limit is asked once more with this limit
-    max_concurrency: int = 4
-    requests_per_minute: float | None = None
-    tokens_per_minute: float | None = None
-    timeout_s: float = 60.0
-    max_retries: int = 6
-    backoff_s: float = 1.0
-    backoff_max_s: float = 60.0
+    headers: dict | None = ruled(default_factory=dict, rule=_public("header"))
+    header_env: dict | None = ruled(default_factory=dict, rule=_secret("header"))
+    query_env: dict | None = ruled(default_factory=dict, rule=_secret("parameter"))
+    # an answer cut by the token limit is asked once more with this limit
+    retry_max_tokens: int | None = ruled(None, optional(POSITIVE_INT))
+    max_concurrency: int = ruled(4, POSITIVE_INT)
+    requests_per_minute: float | None = ruled(None, optional(POSITIVE))
+    tokens_per_minute: float | None = ruled(None, optional(POSITIVE))
+    timeout_s: float = ruled(60.0, POSITIVE)
+    max_retries: int = ruled(6, NON_NEGATIVE_INT)
+    backoff_s: float = ruled(1.0, NON_NEGATIVE)
+    backoff_max_s: float = ruled(60.0, NON_NEGATIVE)
     # The Batch API (rgb.endpoints.batch) instead of one request per image: the same requests and the same cache
     # records, so the same answers either way (hence not in the cache key); OpenAI charges half and answers within
     # 24 h. Polled every batch_poll_s; after batch_wait_s a run stops, and the next one resumes the batch.
-    batch: bool = False
-    batch_poll_s: float = 30.0
-    batch_wait_s: float = 26 * 3600.0
+    batch: bool = ruled(False, BOOL)
+    batch_poll_s: float = ruled(30.0, POSITIVE)
+    batch_wait_s: float = ruled(26 * 3600.0, POSITIVE)
     price: dict | None = None  # USD per 1M tokens {input, output, cached_input}; null: conf/prices.yaml, else unknown
-    answer_parser: str = ANSWER_PARSERS[0]
+    answer_parser: str = ruled(ANSWER_PARSERS[0], (lambda v: v in ANSWER_PARSERS, " or ".join(ANSWER_PARSERS)))
 
     def __post_init__(self):
-        _check(self, CLIENT_RULES, ("header", self.headers, self.header_env), ("query parameter", {}, self.query_env))
+        self.check(PREFIX, lead="invalid value: ")
+        _declared(("header", self.headers, self.header_env), ("query parameter", {}, self.query_env))
         for name in ("headers", "header_env", "query_env"):  # null (the config's default): none
             object.__setattr__(self, name, dict(getattr(self, name) or {}))
         Price.of(self.price)

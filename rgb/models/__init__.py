@@ -1,46 +1,50 @@
 """Classifiers that take [0,1] images (normalisation inside), in families (timm, openclip, factory), their export
 and loading. The embedded mini CLIP (rgb.models.embedded_clip) is imported where it is used."""
 
-from rgb.models.factory import (
-    ModelLoadError,
-    NormalizedClassifier,
-    Normalize,
-    WeightsMismatchError,
-    apply_speed_options,
-    check_model_name,
-    create_model,
-)
-from rgb.models.families import FAMILIES, ModelFamily, family_named, family_of, family_of_record, model_name
-from rgb.models.io import (
-    META_FILE,
-    WEIGHTS_FILE,
-    ExportConflictError,
-    ExportFileError,
-    ExportNotFoundError,
-    InMemoryModel,
-    export_factory_model,
-    export_meta,
-    export_model,
-    export_paths,
-    library_versions,
-    load,
-    load_with_meta,
-    parameter_counts,
-    rebuild,
-    rebuild_like,
-    result_versions,
-    write_export,
-)
-from rgb.models.openclip import (
-    LoadedCLIP,
-    OpenCLIPClassifier,
-    OpenCLIPWeightsError,
-    classifier_from_clip,
-    create_openclip_classifier,
-    load_clip,
-    load_clip_of,
-    register_architecture,
-)
+from rgb.core.lazy import lazy_names
+
+# Each name from its module on first use (rgb.core.lazy): the package's option types load without torch.
+__getattr__ = lazy_names(__name__, {
+    "ModelLoadError": "rgb.models.factory",
+    "NormalizedClassifier": "rgb.models.factory",
+    "Normalize": "rgb.models.factory",
+    "WeightsMismatchError": "rgb.models.factory",
+    "apply_speed_options": "rgb.models.factory",
+    "check_model_name": "rgb.models.factory",
+    "create_model": "rgb.models.factory",
+    "FAMILIES": "rgb.models.families",
+    "ModelFamily": "rgb.models.families",
+    "family_named": "rgb.models.families",
+    "family_of": "rgb.models.families",
+    "family_of_record": "rgb.models.families",
+    "model_name": "rgb.models.families",
+    "META_FILE": "rgb.models.io",
+    "WEIGHTS_FILE": "rgb.models.io",
+    "ExportConflictError": "rgb.models.io",
+    "ExportFileError": "rgb.models.io",
+    "ExportNotFoundError": "rgb.models.io",
+    "InMemoryModel": "rgb.models.io",
+    "export_factory_model": "rgb.models.io",
+    "export_meta": "rgb.models.io",
+    "export_model": "rgb.models.io",
+    "export_paths": "rgb.models.io",
+    "library_versions": "rgb.models.io",
+    "load": "rgb.models.io",
+    "load_with_meta": "rgb.models.io",
+    "parameter_counts": "rgb.models.io",
+    "rebuild": "rgb.models.io",
+    "rebuild_like": "rgb.models.io",
+    "result_versions": "rgb.models.io",
+    "write_export": "rgb.models.io",
+    "LoadedCLIP": "rgb.models.openclip",
+    "OpenCLIPClassifier": "rgb.models.openclip",
+    "OpenCLIPWeightsError": "rgb.models.openclip",
+    "classifier_from_clip": "rgb.models.openclip",
+    "create_openclip_classifier": "rgb.models.openclip",
+    "load_clip": "rgb.models.openclip",
+    "load_clip_of": "rgb.models.openclip",
+    "register_architecture": "rgb.models.openclip",
+})
 
 __all__ = [
     "FAMILIES",

@@ -18,25 +18,23 @@ import os
 import shutil
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from rgb.attacks.options import AttackOptions
 from rgb.attacks.registry import VERSIONS, is_standard
-from rgb.core.errors import UserError
 from rgb.core.files import atomic_write_bytes, atomic_write_json, file_sha256, flock, sha256_alias, stable_id
 from rgb.core.jsonrecord import JsonRecord, RecordError, decode, read_json
 from rgb.core.rundir import MANIFEST, IdentityManifest
 from rgb.core.values import path_name
-from rgb.core.exportfiles import model_record
-from rgb.models import META_FILE, WEIGHTS_FILE
+from rgb.core.exportfiles import META_FILE, WEIGHTS_FILE, model_record
+from rgb.runs.errors import AttackRunError
 
-
-class AttackRunError(UserError, RuntimeError):
-    """A one-line problem with an attack run: bad settings, a directory made for another run, missing shards."""
+if TYPE_CHECKING:
+    import torch
 
 
 LOCK_DIR = "locks"  # one flock file per batch (or pooled unit): which process is attacking it
@@ -432,17 +430,23 @@ class RunDirectory:
         self._save(self.shard_dir(index, count) / f"batch-{start:06d}.pt", record)
 
     def _save(self, path: Path, record: dict[str, torch.Tensor]) -> None:
+        import torch  # the run store's names and places load without it (the commands' config checks read them)
+
         path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         torch.save({**record, "identity": torch.tensor(list(self.key), dtype=torch.uint8)}, buffer)
         atomic_write_bytes(path, buffer.getvalue())
 
     def load(self, path: Path, start: int) -> dict[str, torch.Tensor]:
+        import torch
+
         n = min(self.identity["batch_size"], self.identity["n_images"] - start)
         return self._load(path, torch.arange(start, start + n))
 
     def _load(self, path: Path, image_ids: torch.Tensor, mmap: bool = False) -> dict[str, torch.Tensor]:
         """A batch or unit file, checked: written under this identity, for images `image_ids`."""
+        import torch
+
         try:
             record = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except Exception as err:  # truncated or foreign file: name it, never guess

@@ -1,22 +1,40 @@
 """Fine-tuning under the paper's protocol: losses (CE, PGD-AT, TRADES), the LightningModule, the run driver (one
 TrainRequest of typed sections per run: rgb.commands.train builds it from train.py's config)."""
 
-from rgb.training.config import TrainingConfigError, TrainingError
-from rgb.training.losses import LOSSES, PGDAT, TRADES, CrossEntropy, InnerAttack, TrainingLoss, build_loss
-from rgb.training.module import STRATEGIES, RobustFinetuneModule
-from rgb.training.optim import SCHEDULERS, build_optimizer, parameter_groups, warmup_cosine
-from rgb.training.rundir import AtomicCheckpointIO, RunManifest, locked
-from rgb.training.request import (
-    DataSection,
-    LoggingSection,
-    LossSection,
-    ModelSection,
-    OptimSection,
-    StrategySection,
-    TrainerSection,
-    TrainRequest,
-)
-from rgb.training.run import accumulation_steps, resume_path, train
+from rgb.core.lazy import lazy_names
+
+# Each name from its module on first use (rgb.core.lazy): the package's option types load without torch.
+__getattr__ = lazy_names(__name__, {
+    "TrainingConfigError": "rgb.training.config",
+    "TrainingError": "rgb.training.config",
+    "LOSSES": "rgb.training.losses",
+    "PGDAT": "rgb.training.losses",
+    "TRADES": "rgb.training.losses",
+    "CrossEntropy": "rgb.training.losses",
+    "InnerAttack": "rgb.training.losses",
+    "TrainingLoss": "rgb.training.losses",
+    "build_loss": "rgb.training.losses",
+    "STRATEGIES": "rgb.training.module",
+    "RobustFinetuneModule": "rgb.training.module",
+    "SCHEDULERS": "rgb.training.optim",
+    "build_optimizer": "rgb.training.optim",
+    "parameter_groups": "rgb.training.optim",
+    "warmup_cosine": "rgb.training.optim",
+    "AtomicCheckpointIO": "rgb.training.rundir",
+    "RunManifest": "rgb.training.rundir",
+    "locked": "rgb.training.rundir",
+    "DataSection": "rgb.training.request",
+    "LoggingSection": "rgb.training.request",
+    "LossSection": "rgb.training.request",
+    "ModelSection": "rgb.training.request",
+    "OptimSection": "rgb.training.request",
+    "StrategySection": "rgb.training.request",
+    "TrainerSection": "rgb.training.request",
+    "TrainRequest": "rgb.training.request",
+    "accumulation_steps": "rgb.training.run",
+    "resume_path": "rgb.training.run",
+    "train": "rgb.training.run",
+})
 
 __all__ = [
     "LOSSES",

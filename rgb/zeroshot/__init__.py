@@ -5,29 +5,36 @@ rgb.brittleness; the embedded mini CLIP, next to the openclip family, is rgb.mod
 Sits at the models layer: imports rgb.core, rgb.data and rgb.models only. Definitions: the zero-shot spec (docs/specs.md).
 """
 
-from rgb.core.templates import check_templates
-from rgb.zeroshot.ensembles import (
-    ENSEMBLES,
-    EnsembleError,
-    cpe_scores,
-    ensemble_head,
-    ensemble_label,
-    ensemble_weights,
-    matching_margins,
-    mean_head,
-    pseudo_labels,
-)
-from rgb.zeroshot.head import (
-    PromptSettings,
-    ZeroShotHead,
-    build_zeroshot_head,
-    check_class_names,
-    features_of,
-    zeroshot_classifier,
-)
-from rgb.zeroshot.prompts import PromptError, load_descriptions, template_pool
-from rgb.zeroshot.report import average_rows, comparison_table, head_row, row_metrics
-from rgb.zeroshot.text import TextFeatureCache, encode_texts
+from rgb.core.lazy import lazy_names
+
+# Each name from its module on first use (rgb.core.lazy): the package's option types load without torch.
+__getattr__ = lazy_names(__name__, {
+    "check_templates": "rgb.core.templates",
+    "ENSEMBLES": "rgb.zeroshot.ensembles",
+    "EnsembleError": "rgb.zeroshot.ensembles",
+    "cpe_scores": "rgb.zeroshot.ensembles",
+    "ensemble_head": "rgb.zeroshot.ensembles",
+    "ensemble_label": "rgb.zeroshot.ensembles",
+    "ensemble_weights": "rgb.zeroshot.ensembles",
+    "matching_margins": "rgb.zeroshot.ensembles",
+    "mean_head": "rgb.zeroshot.ensembles",
+    "pseudo_labels": "rgb.zeroshot.ensembles",
+    "PromptSettings": "rgb.zeroshot.head",
+    "ZeroShotHead": "rgb.zeroshot.head",
+    "build_zeroshot_head": "rgb.zeroshot.head",
+    "check_class_names": "rgb.zeroshot.head",
+    "features_of": "rgb.zeroshot.head",
+    "zeroshot_classifier": "rgb.zeroshot.head",
+    "PromptError": "rgb.zeroshot.prompts",
+    "load_descriptions": "rgb.zeroshot.prompts",
+    "template_pool": "rgb.zeroshot.prompts",
+    "average_rows": "rgb.zeroshot.report",
+    "comparison_table": "rgb.zeroshot.report",
+    "head_row": "rgb.zeroshot.report",
+    "row_metrics": "rgb.zeroshot.report",
+    "TextFeatureCache": "rgb.zeroshot.text",
+    "encode_texts": "rgb.zeroshot.text",
+})
 
 # The training strategy whose head is built from prompts, no fit (rgb.training.zeroshot): what model.json and a
 # scores record's model identity name as `strategy`, and how the exports tell a zero-shot result.

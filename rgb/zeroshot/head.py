@@ -12,7 +12,9 @@ import torch
 from safetensors import SafetensorError
 
 from rgb.core import file_sha256
+from rgb.core.options import Ruled, ruled
 from rgb.core.templates import PromptError, check_templates, prompt_class_names
+from rgb.core.values import NON_NEGATIVE_INT, POSITIVE, number
 from rgb.data.catalog import DATASET_IDS  # the keys `dataset_templates` may use
 from rgb.models.openclip import LoadedCLIP, OpenCLIPClassifier, classifier_from_clip
 from rgb.zeroshot.ensembles import (
@@ -36,6 +38,8 @@ from rgb.zeroshot.prompts import (
 from rgb.zeroshot.text import TextFeatureCache
 
 NEEDS_IMAGES = ("zpe", "zpe_select", "cpe")
+# The config group PromptSettings is read from: its keys are `prompts.<field>`.
+KEY = "prompts."
 
 
 def load_pretraining_features(path: str | Path) -> tuple[torch.Tensor, str]:
@@ -57,26 +61,33 @@ def load_pretraining_features(path: str | Path) -> tuple[torch.Tensor, str]:
 
 
 @dataclass(frozen=True)
-class PromptSettings:
-    """The `prompts` config group: ensemble and its parameters, the template pool, descriptions."""
+class PromptSettings(Ruled):
+    """The `prompts` config group: ensemble and its parameters, the template pool, descriptions. Its keys are
+    `prompts.<field>` (KEY): the rules on the fields are checked when made and by train.py's schema first."""
 
-    ensemble: str = "cpe"
-    pool: str = "imagenet80"
-    templates: tuple[str, ...] = ()  # the user's extra templates
-    dataset_templates: dict = field(default_factory=dict)  # dataset -> extra templates where they matter
-    single_template: str = "a photo of a {}."
-    k: float = EnsembleParams.k
-    tau: float = EnsembleParams.tau
-    split: str = "validation"  # unlabelled images for zpe / cpe (and the pseudo-Cmm report)
-    descriptions: str | None = None  # JSON class name -> descriptors (Menon & Vondrick enrichment)
-    enrich_worst: int = 10  # K: classes with the lowest pseudo-Cmm that get descriptions / questions
-    cache_dir: str | None = None
-    cmm_units: str = EnsembleParams.cmm_units  # cpe: similarities of Cmm in logit units (s * cosine) or cosine units
+    ensemble: str = ruled("cpe")
+    pool: str = ruled("imagenet80")
+    templates: tuple[str, ...] = ruled(())  # the user's extra templates
+    dataset_templates: dict = ruled(default_factory=dict)  # dataset -> extra templates where they matter
+    single_template: str = ruled("a photo of a {}.")
+    # CPE's worst-k fraction of the classes, and the softmax temperature of the template scores (also ZPE's)
+    k: float = ruled(EnsembleParams.k, (lambda v: number(v) and 0 < v <= 1, "a fraction in (0, 1]"))
+    tau: float = ruled(EnsembleParams.tau, POSITIVE)
+    split: str = ruled("validation")  # unlabelled images for zpe / cpe (and the pseudo-Cmm report)
+    descriptions: str | None = ruled(None)  # JSON class name -> descriptors (Menon & Vondrick enrichment)
+    # K: classes with the lowest pseudo-Cmm that get descriptions / questions
+    enrich_worst: int = ruled(10, NON_NEGATIVE_INT)
+    cache_dir: str | None = ruled(None, identity=False)  # where text features are cached: never which
+    cmm_units: str = ruled(EnsembleParams.cmm_units)  # cpe: similarities of Cmm in logit units (s * cosine) or cosine units
     # zpe_select: keep templates scoring >= median + mad_t * MAD (0.5 ImageNet, 2.0 fine-grained)
-    mad_t: float = EnsembleParams.mad_t
-    zpe_pretraining_features: str | None = None  # zpe_select: image features of unlabelled pretraining-like images
+    mad_t: float = ruled(EnsembleParams.mad_t)
+    # zpe_select: image features of unlabelled pretraining-like images
+    zpe_pretraining_features: str | None = ruled(None)
 
     def __post_init__(self):
+        self.check(KEY, error=PromptError)
+        object.__setattr__(self, "templates", tuple(self.templates or ()))  # null (or a YAML list): a tuple
+        object.__setattr__(self, "dataset_templates", dict(self.dataset_templates or {}))
         if self.ensemble not in ENSEMBLES:
             raise PromptError(f"unknown prompt ensemble {self.ensemble!r}; choose one of {', '.join(ENSEMBLES)}")
         unknown = sorted(set(self.dataset_templates) - set(DATASET_IDS))
@@ -92,15 +103,13 @@ class PromptSettings:
             raise PromptError(f"prompts: {error}") from None
 
     @classmethod
-    def from_config(cls, config: dict) -> PromptSettings:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(config) - known)
+    def from_config(cls, config: dict, prefix: str = "", **built) -> PromptSettings:
+        """The settings of the prompts group `config` by field name (Ruled.from_config); a key no field reads is
+        refused (`+prompts.<typo>=` would otherwise be dropped unread)."""
+        unknown = sorted(set(config) - set(cls.names()))
         if unknown:
-            raise PromptError(f"unknown prompts key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        values = dict(config)
-        values["templates"] = tuple(values.get("templates") or ())
-        values["dataset_templates"] = dict(values.get("dataset_templates") or {})
-        return cls(**values)
+            raise PromptError(f"unknown prompts key(s) {', '.join(unknown)}; known: {', '.join(sorted(cls.names()))}")
+        return super().from_config(config, prefix, **built)
 
     def template_list(self, dataset: str) -> tuple[list[str], int | None]:
         """(the pool + this dataset's extras + the user's, index of `single_template` in it). The single template

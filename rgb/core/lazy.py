@@ -1,0 +1,30 @@
+"""A package's names imported on first use (PEP 562), so that importing one module of a package (an option type that
+a command's schema reads before torch loads) does not import the whole package with it. Plain Python."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from importlib import import_module
+
+
+def lazy_names(package: str, names: dict[str, str]) -> Callable[[str], object]:
+    """The `__getattr__` of `package`: each name of `names` read from its module when first asked for; any other
+    public name is a submodule (`rgb.runs.store` after `import rgb.runs`, as an eager __init__ gave it)."""
+
+    def __getattr__(name: str):
+        if name in names:
+            value = getattr(import_module(names[name]), name)
+        elif not name.startswith("_"):
+            try:
+                value = import_module(f"{package}.{name}")
+            except ModuleNotFoundError as missing:
+                if missing.name != f"{package}.{name}":
+                    raise
+                raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        else:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
