@@ -192,3 +192,35 @@ def test_kth_largest_is_the_sorted_rows_entry_whichever_selection_runs():
     for k in (torch.full((5,), 37), torch.tensor([1, 300, 64, 65, 200])):
         assert torch.equal(kth_largest(values, k), ordered.gather(1, (k - 1)[:, None]))
     assert kth_largest(values[:0], k[:0]).shape == (0, 1)
+
+
+def test_l1_projection_inside_the_ball_is_the_box_clip_without_a_selection(monkeypatch):
+    """Rows whose box-clipped delta already fits the budget need no threshold (issue 54): the projection is then
+    sign(delta) * min(|delta|, room) bit for bit, and neither the head selection nor the bisection runs."""
+    import rgb.attacks.projections as projections
+
+    x, delta, _ = random_case(14, n=6, shape=(3, 32, 32))
+    delta = delta * 3  # many entries leave the box
+    room = torch.minimum(delta.abs(), torch.where(delta > 0, 1 - x, x)).flatten(1)
+    eps = room.sum(dim=1) * 1.01
+    expected = (torch.sign(delta.flatten(1)) * room).view_as(delta)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("no selection or bisection inside the ball")
+
+    monkeypatch.setattr(projections, "largest_first", refuse)
+    monkeypatch.setattr(projections, "_l1_threshold", refuse)
+    assert torch.equal(project_l1_ball_box(x, delta, eps), expected)
+
+
+def test_l1_mass_into_a_scratch_tensor_is_bit_for_bit():
+    """The bisection's masses are written into one scratch tensor (issue 54): the same bits as the plain formula."""
+    from rgb.attacks.projections import _l1_mass
+
+    g = torch.Generator().manual_seed(3)
+    magnitude, room = torch.rand(8, 500, generator=g), torch.rand(8, 500, generator=g)
+    lam = torch.rand(8, 1, generator=g)
+    scratch = torch.empty_like(magnitude)
+    plain = torch.minimum((magnitude - lam).clamp_min(0.0), room).sum(dim=1, keepdim=True)
+    assert torch.equal(_l1_mass(magnitude, room, lam, scratch), plain)
+    assert torch.equal(_l1_mass(magnitude, room, lam), plain)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rgb.attacks.common import largest_first, per_sample
+from rgb.attacks.common import host_reads_are_free, largest_first, per_sample
 
 
 def linf_box(x: torch.Tensor, eps: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,18 +37,22 @@ _L1_BISECTION_STEPS = 32
 _HEAD_SHARE = 1 / 16
 
 
-def _l1_mass(magnitude: torch.Tensor, room: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """sum_i clamp(|delta_i| - lam, 0, room_i): the L1 norm of the projection for threshold lam, (N, 1)."""
-    return torch.minimum((magnitude - lam).clamp_min(0.0), room).sum(dim=1, keepdim=True)
+def _l1_mass(magnitude: torch.Tensor, room: torch.Tensor, lam: torch.Tensor, out: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """sum_i clamp(|delta_i| - lam, 0, room_i): the L1 norm of the projection for threshold lam, (N, 1)
+    (`out`: a scratch tensor shaped like magnitude, so that a loop allocates nothing)."""
+    out = torch.sub(magnitude, lam, out=out).clamp_min_(0.0)
+    return torch.minimum(out, room, out=out).sum(dim=1, keepdim=True)
 
 
 def _l1_threshold(magnitude: torch.Tensor, room: torch.Tensor, eps_col: torch.Tensor, lo: torch.Tensor,
                   hi: torch.Tensor) -> torch.Tensor:
     """The lam in [lo, hi] with _l1_mass(lam) = eps per row, given _l1_mass(lo) >= eps >= _l1_mass(hi)."""
-    mass_lo, mass_hi = _l1_mass(magnitude, room, lo), _l1_mass(magnitude, room, hi)
+    scratch = torch.empty_like(magnitude)  # one buffer for all the steps' masses (same values, no allocation)
+    mass_lo, mass_hi = _l1_mass(magnitude, room, lo, scratch), _l1_mass(magnitude, room, hi, scratch)
     for _ in range(_L1_BISECTION_STEPS):
-        mid = (lo + hi) / 2
-        mass_mid = _l1_mass(magnitude, room, mid)
+        mid = torch.add(lo, hi).div_(2)
+        mass_mid = _l1_mass(magnitude, room, mid, scratch)
         keep_low = mass_mid >= eps_col
         lo, mass_lo = torch.where(keep_low, mid, lo), torch.where(keep_low, mass_mid, mass_lo)
         hi, mass_hi = torch.where(keep_low, hi, mid), torch.where(keep_low, mass_hi, mass_mid)
@@ -68,7 +72,8 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
     Only coordinates with a_i > lam move, and in attacks these are few (tens of 3072 in APGD-L1 and Square-L1):
     on the CPU the bisection runs on the head of each row's order by a_i (up to _HEAD_SHARE of it), grown
     until the mass at its smallest a_i reaches eps, so that the root lies above every coordinate outside the
-    head. Assumes x in [0, 1].
+    head. When no row needs shrinking (on the CPU, where the check is a free host read) nothing is selected or
+    bisected: the answer is the box clip, the same bits. Assumes x in [0, 1].
     """
     if x.shape != delta.shape:
         raise ValueError(f"x and delta must have the same shape, got {tuple(x.shape)} and {tuple(delta.shape)}")
@@ -79,8 +84,8 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
     room = torch.minimum(magnitude, torch.where(delta_flat > 0, 1.0 - x_flat, x_flat)).clamp_min(0.0)
     shrink = room.sum(dim=1, keepdim=True) > eps_col
     zero = torch.zeros_like(eps_col)
-    if magnitude.shape[1] == 0:
-        lam = zero
+    if magnitude.shape[1] == 0 or (host_reads_are_free(magnitude.device) and not bool(shrink.any())):
+        lam = zero  # inside the ball: the box clip alone (what any threshold becomes below)
     elif magnitude.device.type == "cpu" and magnitude.shape[1] * _HEAD_SHARE > 64:
         checked = {}  # the last head checked: its width, its rooms, whether the root lies above it
 
@@ -102,5 +107,5 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
     else:
         lam = _l1_threshold(magnitude, room, eps_col, zero, magnitude.amax(dim=1, keepdim=True))
     lam = torch.where(shrink, lam.clamp_min(0.0), zero)
-    projected = torch.minimum((magnitude - lam).clamp_min(0.0), room)
-    return (torch.sign(delta_flat) * projected).view_as(delta)
+    projected = magnitude.sub_(lam).clamp_min_(0.0)  # magnitude is ours and not needed any more
+    return torch.minimum(projected, room, out=projected).mul_(torch.sign(delta_flat)).view_as(delta)

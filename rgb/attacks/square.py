@@ -293,7 +293,7 @@ class _SquareL1(_SquareLp):
         return c * ((eps - image_norm).clamp_min(0.0) / c + windows_mass)
 
     def to_feasible(self, x, delta, eps):
-        return (x + project_l1_ball_box(x, delta, eps * _L1_SHRINK)).clamp(0.0, 1.0)
+        return project_l1_ball_box(x, delta, eps * _L1_SHRINK).add_(x).clamp_(0.0, 1.0)
 
 
 # The one place a norm name picks Square's behaviour (a class: a run's instance keeps its pattern cache).
