@@ -40,12 +40,13 @@ class OursImplementation:
         except ValueError as err:
             raise AttackRunError(f"{threat.name}: {err}") from err
 
-    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None
+    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None, on_rows=None
             ) -> AutoAttackResult:
-        """`progress(name, *position)` hears the stages and steps, `on_leave(n)` the images that finished."""
+        """`progress(name, *position)` hears the stages and steps, `on_leave(n)` the images that finished,
+        `on_rows(stage, entered, attacked, fooled)` each stage's images (AutoAttack's hooks)."""
         # A fresh instance per batch: no RNG state carries over between batches.
         attack = AutoAttack(model, threat.norm.value, threat.eps, request.options, device=device, progress=progress,
-                            on_leave=on_leave)
+                            on_leave=on_leave, on_rows=on_rows)
         return attack.run(x, y, batch_size=request.batch_size)
 
 
@@ -115,7 +116,7 @@ class ReferenceImplementation:
             raise AttackRunError(f"impl=reference runs the protocol's step and query counts: leave "
                                  f"{', '.join(options.off_protocol())} at the default")
 
-    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None
+    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None, on_rows=None
             ) -> AutoAttackResult:
         from pyautoattack import AutoAttack as ReferenceAutoAttack
 
@@ -125,6 +126,8 @@ class ReferenceImplementation:
         logger.addHandler(log)
         try:
             progress(REFERENCE_CASCADE)
+            if on_rows is not None:  # one stage: the reference's whole cascade
+                on_rows(REFERENCE_CASCADE, len(x), 0, 0)
             options = request.options
             kwargs = {} if options.attacks is None else {"attacks": list(options.attacks)}
             attack = ReferenceAutoAttack(counter, norm=threat.norm.value, eps=threat.eps, version=options.version,
@@ -142,6 +145,8 @@ class ReferenceImplementation:
         robust = y_adv == y
         fooled_by = torch.where(robust, FooledBy.ROBUST, torch.where(clean_correct, 1, FooledBy.CLEAN_WRONG)).long()
         n = len(y)
+        if on_rows is not None:
+            on_rows(REFERENCE_CASCADE, 0, n, int((~robust).sum()))
         if on_leave is not None:  # the reference reports nothing until its whole cascade is done
             on_leave(n)
         norm = lp_norm(x_adv - x, threat.norm)
