@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 
 from helpers import compose_config, head_of_test_split
 from rgb.commands.attack import attack_from_config
@@ -139,3 +140,28 @@ def test_the_stage_lines_are_logged_when_the_norm_is_done(monkeypatch, caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "l1 clean: 10 images in 00:04 (2.5 img/s), 2 misclassified",
         "l1 apgd-ce: 8 images in 01:20 (0.1 img/s), 6 fooled"]
+
+
+def test_autoattack_reports_each_stages_images_as_it_takes_and_finishes_them():
+    """`on_rows`: the clean pass takes every image, each attack the survivors of the ones before it; what a stage
+    attacked sums to what it took, and what it fooled is what its accuracy_after took away."""
+    from rgb import AutoAttack
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10)).eval()
+    x = torch.rand(12, 3, 8, 8)
+    y = model(x).argmax(1)
+    y[:2] = (y[:2] + 1) % 10  # two images misclassified clean
+    calls = []
+    result = AutoAttack(model, "Linf", 1 / 255, seed=0, steps=2, queries=20,
+                        on_rows=lambda *call: calls.append(call)).run(x, y, batch_size=5)
+    stages = ["clean", *result.attacks]
+    assert [call[0] for call in calls if call[1]] == stages  # each stage takes its images once, in order
+    after = [result.accuracy_after[stage] * len(x) for stage in stages]
+    for k, stage in enumerate(stages):
+        entered = sum(call[1] for call in calls if call[0] == stage)
+        attacked = sum(call[2] for call in calls if call[0] == stage)
+        fooled = sum(call[3] for call in calls if call[0] == stage)
+        assert entered == attacked == (len(x) if k == 0 else round(after[k - 1]))
+        assert fooled == entered - round(after[k])
+    assert [call for call in calls if call[0] == "clean"] == [("clean", 12, 0, 0), ("clean", 0, 12, 2)]
