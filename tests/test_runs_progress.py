@@ -165,3 +165,20 @@ def test_autoattack_reports_each_stages_images_as_it_takes_and_finishes_them():
         assert entered == attacked == (len(x) if k == 0 else round(after[k - 1]))
         assert fooled == entered - round(after[k])
     assert [call for call in calls if call[0] == "clean"] == [("clean", 12, 0, 0), ("clean", 0, 12, 2)]
+
+
+def test_the_batch_size_probe_says_what_it_waits_for_before_it_waits(tmp_path, monkeypatch, caplog):
+    """batch_size=auto on a GPU probes doubling batches (seconds to minutes for a large model): a line first; a
+    cached answer needs none."""
+    from rgb.runs import batch_probe
+
+    monkeypatch.setattr(batch_probe, "device_key", lambda device: "cuda:H200:1")
+    heard = []
+    monkeypatch.setattr(batch_probe, "largest_batch", lambda *args: heard.append(caplog.text) or 96)
+    model = torch.nn.Linear(1, 1)
+    with caplog.at_level(logging.INFO, logger="rgb"):
+        batch_probe.auto_batch_size(model, "sha-a", (3, 8, 8), torch.device("meta"), tmp_path / "cache.json")
+        said = len(caplog.records)
+        batch_probe.auto_batch_size(model, "sha-a", (3, 8, 8), torch.device("meta"), tmp_path / "cache.json")
+    assert "batch_size=auto: finding the largest batch an attack step fits on meta ..." in heard[0]
+    assert said == len(caplog.records) == 1
