@@ -127,11 +127,13 @@ class StageBar(tqdm):
     paused_at: float | None = None
 
     def pause(self) -> None:
+        """No worker is in the stage now: its clock stops (drawn as it stands)."""
         if self.paused_at is None:
             self.paused_at = self._time()
             self.refresh()
 
     def resume(self) -> None:
+        """A worker takes images into the stage: its clock goes on from where it stopped."""
         if self.paused_at is not None:
             gap, self.paused_at = self._time() - self.paused_at, None
             self.start_t += gap
