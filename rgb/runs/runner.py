@@ -227,6 +227,7 @@ class Bars:
         """Budget `budget` is done here: its stages' bars go, each leaving one line with its own time and rate."""
         for key in [key for key in self.stage_bars if key[0] == budget]:
             bar = self.stage_bars.pop(key)
+            self.inside.pop(key, None)
             shown = bar.format_dict
             elapsed = shown["elapsed"]
             rate = f"{bar.n / elapsed:.3g} img/s" if elapsed > 0 else "-"
