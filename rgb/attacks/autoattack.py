@@ -172,7 +172,11 @@ class AutoAttack:
     e.g. `("apgd-t", 3, 9, 40, 100)` for target 3 of 9, iteration 40 of 100), so a long batch is never silent.
     `on_leave(n)`, if given, hears how many images just left the cascade: misclassified clean ones after the clean
     pass, fooled ones after each attack's sub-batch, and the robust ones after the last attack (n sums to the
-    batch), so a progress bar moves as images finish instead of once per batch.
+    batch), so a progress bar moves as images finish instead of once per batch. `on_rows(stage, entered, attacked,
+    fooled)`, if given, follows each stage ("clean" for the clean pass, then each attack) on its own: it hears
+    `entered` images come into the stage when it starts on them, then after each of its sub-batches how many it
+    `attacked` and how many of those it `fooled` (misclassified, for "clean"), so a bar per stage can count the
+    images that reach it, never more.
 
     `tail_rows` > 0 runs the targets left of APGD-T and FAB-T side by side once the batch's still-robust points
     times those targets fit in that many rows (spec §6.3 item 8; off by default): on a GPU a tail of a few
@@ -213,6 +217,7 @@ class AutoAttack:
         progress: Callable[..., None] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
         on_leave: Callable[[int], None] | None = None,
+        on_rows: Callable[[str, int, int, int], None] | None = None,
         **option_values,
     ):
         """Set up the cascade; nothing is run until `run` (or the stage API: `clean_pass`, `attack_stage`, `finish`).
@@ -228,6 +233,8 @@ class AutoAttack:
                 *position)` at most every `progress_interval` seconds (see the class docstring).
             progress_interval: Seconds between two step reports to `progress`.
             on_leave: Called as `on_leave(n)` with how many images just left the cascade (see the class docstring).
+            on_rows: Called as `on_rows(stage, entered, attacked, fooled)` as each stage takes and finishes images
+                (see the class docstring).
             **option_values: Fields of `AttackOptions`, replacing those of `options`.
 
         Raises:
@@ -260,6 +267,7 @@ class AutoAttack:
         self.progress = progress
         self.progress_interval = float(progress_interval)
         self.on_leave = on_leave
+        self.on_rows = on_rows
         self.attack_model: nn.Module | None = None  # what the attacks call (the model, or its trace): `_prepare`
         self.capture_reason: str | None = None  # why capture="auto" kept a model eager that a trace would blind
         self.input_format, self.input_format_reason = "contiguous", ""  # what the attacks' inputs were, and why
@@ -362,6 +370,7 @@ class AutoAttack:
         """
         x, y = checked_inputs(x, y)
         caught: list[str] = []
+        self._rows("clean", len(x))
         clean_logits = self._logits(x, batch_size)
         outside = ((y < 0) | (y >= clean_logits.shape[1])).nonzero().flatten()
         if outside.numel():  # a label no logit stands for would count as a clean miss, never as an error
@@ -376,6 +385,7 @@ class AutoAttack:
             caught.append(self.spec.notes[self.norm])
         y_adv = clean_logits.argmax(dim=1)
         clean_correct = y_adv == y
+        self._rows("clean", 0, len(x), int((~clean_correct).sum()))
         self._left(int((~clean_correct).sum()))
         return CascadeState(
             x=x, y=y, clean_logits=clean_logits, params=params, warnings=caught, y_adv=y_adv,
@@ -450,6 +460,7 @@ class AutoAttack:
         if not bool(state.robust[rows].all()):
             raise AttackError(f"{name} was given images that an earlier attack already fooled")
         counter = EvalCounter()
+        self._rows(name, rows.numel())
         for start in range(0, rows.numel(), batch_size):
             part = rows[start : start + batch_size]
             if self.progress is not None:
@@ -466,6 +477,7 @@ class AutoAttack:
             hit = part[fooled]
             state.x_adv[hit], state.y_adv[hit] = candidate[fooled], pred.argmax(dim=1)[fooled]
             state.robust[hit], state.fooled_by[hit] = False, stage
+            self._rows(name, 0, len(part), len(hit))
             self._left(len(hit))
         spent = state.evaluations.setdefault(name, {"forward_rows": 0, "backward_rows": 0})
         spent["forward_rows"] += counter.forward_rows
@@ -516,6 +528,10 @@ class AutoAttack:
         return torch.where(out.fooled.view(-1, 1, 1, 1), out.x_adv.float(), x).cpu()
 
     # -- helpers -----------------------------------------------------------------------------------------
+    def _rows(self, stage: str, entered: int, attacked: int = 0, fooled: int = 0) -> None:
+        if self.on_rows is not None:
+            self.on_rows(stage, entered, attacked, fooled)
+
     def _left(self, n: int) -> None:
         if self.on_leave is not None and n:
             self.on_leave(n)

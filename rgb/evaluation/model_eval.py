@@ -245,7 +245,8 @@ def severity_sweep(model, datamodule: BenchmarkData, request: EvalRequest) -> di
     """Accuracy under each of the 11 corruptions at severities 1-5, generated on the fly from the clean test split."""
     test = datamodule.split("test")
     n = len(test) if request.max_images is None else min(request.max_images, len(test))
-    clean = [np.asarray(decode_image(test.rows[i]["image"], datamodule.image_size)) for i in range(n)]
+    clean = [np.asarray(decode_image(test.rows[i]["image"], datamodule.image_size))  # a wait of its own, shown
+             for i in tqdm(range(n), desc="severity sweep: decoding the test split", unit="img", leave=False)]
     labels = test.labels[:n]
     out: dict[str, dict[int, Accuracy]] = {}
     with tqdm(total=len(CORRUPTIONS) * 5, desc="severity sweep", unit="setting") as bar:

@@ -10,12 +10,15 @@ memory wall worth probing: `auto` is a fixed size there.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from rgb.core.files import atomic_write_json
+
+log = logging.getLogger(__name__)
 
 CPU_BATCH = 64  # what `auto` means on the CPU: larger batches buy nothing there (docs/performance.md)
 CEILING = 4096  # no probe goes beyond this: a larger batch only lengthens the tail of survivors
@@ -67,6 +70,7 @@ def auto_batch_size(model: nn.Module, model_id: str, image_shape: tuple[int, ...
     known = json.loads(cache.read_text()) if cache.is_file() else {}
     if key in known:
         return {"batch_size": int(known[key]), "source": "cache", "device": device_key(device)}
+    log.info("batch_size=auto: finding the largest batch an attack step fits on %s ...", device)  # a long wait
     size = largest_batch(model, image_shape, device)
     atomic_write_json(cache, {**known, key: size})
     return {"batch_size": size, "source": "probe", "device": device_key(device)}

@@ -42,14 +42,15 @@ class OursImplementation:
         except ValueError as err:
             raise AttackRunError(f"{threat.name}: {err}") from err
 
-    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None
+    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None, on_rows=None
             ) -> AutoAttackResult:
-        """`progress(name, *position)` hears the stages and steps, `on_leave(n)` the images that finished."""
+        """`progress(name, *position)` hears the stages and steps, `on_leave(n)` the images that finished,
+        `on_rows(stage, entered, attacked, fooled)` each stage's images (AutoAttack's hooks)."""
         from rgb.attacks.autoattack import AutoAttack
 
         # A fresh instance per batch: no RNG state carries over between batches.
         attack = AutoAttack(model, threat.norm.value, threat.eps, request.options, device=device, progress=progress,
-                            on_leave=on_leave)
+                            on_leave=on_leave, on_rows=on_rows)
         return attack.run(x, y, batch_size=request.batch_size)
 
 
@@ -84,11 +85,11 @@ class ReferenceImplementation:
             raise AttackRunError(f"impl=reference runs the protocol's step and query counts: leave "
                                  f"{', '.join(options.off_protocol())} at the default")
 
-    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None
+    def run(self, model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None, on_rows=None
             ) -> AutoAttackResult:
         from rgb.runs.reference import run_reference
 
-        return run_reference(model, x, y, threat, request, device, progress, on_leave)
+        return run_reference(model, x, y, threat, request, device, progress, on_leave, on_rows)
 
 
 IMPLEMENTATIONS = {impl.name: impl for impl in (OursImplementation(), ReferenceImplementation())}

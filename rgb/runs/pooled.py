@@ -45,7 +45,8 @@ class PooledShard:
         threat = request.budgets[b].threat
         self.attack = AutoAttack(target.model, threat.norm.value, threat.eps, request.options, device=device,
                                  progress=lambda name, *at: bars.stage(b, worker, describe_stage(name, at)),
-                                 on_leave=lambda left: bars.left(b, left))
+                                 on_leave=lambda left: bars.left(b, left),
+                                 on_rows=lambda *counts: bars.rows(b, worker, *counts))
         self.n_stages = len(self.attack.attacks)
         rows = len(self.ids)
         self.folded = -1  # the last stage whose outcomes are in the tables below

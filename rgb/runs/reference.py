@@ -49,9 +49,10 @@ class _Log(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def run_reference(model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None) -> AutoAttackResult:
+def run_reference(model, x, y, threat: ThreatModel, request, device: str, progress, on_leave=None, on_rows=None
+                  ) -> AutoAttackResult:
     """The reference package's cascade on one batch, read back as our result (its verdicts re-checked in fp32 by our
-    own model calls; its rows counted by RowCounter)."""
+    own model calls; its rows counted by RowCounter). `on_rows` hears it as one stage."""
     from pyautoattack import AutoAttack as ReferenceAutoAttack
 
     counter = RowCounter(model)
@@ -60,6 +61,8 @@ def run_reference(model, x, y, threat: ThreatModel, request, device: str, progre
     logger.addHandler(log)
     try:
         progress(REFERENCE_CASCADE)
+        if on_rows is not None:  # one stage: the reference's whole cascade
+            on_rows(REFERENCE_CASCADE, len(x), 0, 0)
         options = request.options
         kwargs = {} if options.attacks is None else {"attacks": list(options.attacks)}
         attack = ReferenceAutoAttack(counter, norm=threat.norm.value, eps=threat.eps, version=options.version,
@@ -77,6 +80,8 @@ def run_reference(model, x, y, threat: ThreatModel, request, device: str, progre
     robust = y_adv == y
     fooled_by = torch.where(robust, FooledBy.ROBUST, torch.where(clean_correct, 1, FooledBy.CLEAN_WRONG)).long()
     n = len(y)
+    if on_rows is not None:
+        on_rows(REFERENCE_CASCADE, 0, n, int((~robust).sum()))
     if on_leave is not None:  # the reference reports nothing until its whole cascade is done
         on_leave(n)
     norm = lp_norm(x_adv - x, threat.norm)
