@@ -26,7 +26,7 @@ from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.datamodule import RGBDataModule
 from rgb.training import request as sections
 from rgb.training.run import train as train_request
-from rgb.zeroshot.head import PromptSettings
+from rgb.zeroshot.settings import PromptSettings
 
 
 def run_names(cfg: DictConfig) -> dict:

@@ -32,8 +32,8 @@ from rgb.training.module import LINEAR_PROBE
 from rgb.training.request import TrainRequest
 from rgb.training.robust_val import KEY as ROBUST_VAL
 from rgb.training.robust_val import RobustValSettings
-from rgb.zeroshot.head import KEY as PROMPTS
-from rgb.zeroshot.head import PromptSettings
+from rgb.zeroshot.settings import KEY as PROMPTS
+from rgb.zeroshot.settings import PromptSettings
 
 
 # Keys that may differ between starts of one run: they change where a run runs, writes or logs, or how fast, never

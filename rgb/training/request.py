@@ -22,7 +22,7 @@ from rgb.training.losses import LOSSES
 from rgb.training.module import STRATEGIES
 from rgb.training.optim import SCHEDULERS
 from rgb.zeroshot import ZEROSHOT  # strategy=zeroshot; the fine-tuning strategies are rgb.training.module.STRATEGIES
-from rgb.zeroshot.head import PromptSettings
+from rgb.zeroshot.settings import PromptSettings
 
 # The strategies a TrainRequest runs: the fine-tuning ones and zeroshot (a head from prompts, no fit).
 STRATEGY_NAMES = (*STRATEGIES, ZEROSHOT)
