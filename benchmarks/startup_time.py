@@ -43,6 +43,7 @@ ERRORS = {
     "evaluate.py max_imagez=3": ["evaluate.py", "run=outputs/train/digits/no-such-run", "max_imagez=3"],
     "rgb-serve limits.max_queuez=1": ["-m", "rgb.serve", "run=outputs/train/digits/no-such-run", "limits.max_queuez=1"],
     "train.py trainer.max_epochs=0": ["train.py", "trainer.max_epochs=0"],
+    "train.py strategy.name=foo": ["train.py", "strategy.name=foo"],
     "attack.py norms=[L3]": ["attack.py", "run={RUN}", "norms=[L3]"],
     "evaluate.py max_images=-1": ["evaluate.py", "run={RUN}", "max_images=-1"],
     "rgb-serve limits.max_queue=-1": ["-m", "rgb.serve", "run={RUN}", "limits.max_queue=-1"],
