@@ -47,6 +47,8 @@ ERRORS = {
     "attack.py norms=[L3]": ["attack.py", "run={RUN}", "norms=[L3]"],
     "evaluate.py max_images=-1": ["evaluate.py", "run={RUN}", "max_images=-1"],
     "rgb-serve limits.max_queue=-1": ["-m", "rgb.serve", "run={RUN}", "limits.max_queue=-1"],
+    "rgb-transfer batch_size=-1": ["-c", "from rgb.commands.main import transfer_main; transfer_main()", "run={RUN}",
+                                   "batch_size=-1"],
     "attack.py (no run=)": ["attack.py", "norms=[linf]"],
     "evaluate.py (no run=)": ["evaluate.py"],
     "rgb-serve (no run=)": ["-m", "rgb.serve"],

@@ -505,6 +505,8 @@ BAD_VALUES = {
     "attack": (["norms=[L3]", "steps=-1"], "attack.py: error: invalid value: steps must be an integer >= 1, got -1; "
                                            "norms must be a non-empty list"),
     "serve": (["limits.max_queue=-1"], "serve.py: error: invalid value: limits.max_queue must be an integer >= 0, got -1"),
+    "transfer": (["batch_size=-1"], "transfer.py: error: invalid value: batch_size must be auto or an integer >= 1, "
+                                    "got -1"),
     "evaluate": (["max_images=-1"], "evaluate.py: error: invalid value: max_images must be null or an integer >= 1, "
                                     "got -1"),
     # train.py takes no run=: its bad values are of its own sections (robust validation's, the strategies')
