@@ -505,6 +505,14 @@ BAD_VALUES = {
     "attack": (["norms=[L3]", "steps=-1"], "attack.py: error: invalid value: steps must be an integer >= 1, got -1; "
                                            "norms must be a non-empty list"),
     "serve": (["limits.max_queue=-1"], "serve.py: error: invalid value: limits.max_queue must be an integer >= 0, got -1"),
+    "transfer": (["batch_size=-1"], "transfer.py: error: invalid value: batch_size must be auto or an integer >= 1, "
+                                    "got -1"),
+    "evaluate": (["max_images=-1"], "evaluate.py: error: invalid value: max_images must be null or an integer >= 1, "
+                                    "got -1"),
+    # train.py takes no run=: its bad values are of its own sections (robust validation's, the strategies')
+    "train": (["callbacks=robust_val", "callbacks.robust_val.n_iter=0", "strategy.name=foo"],
+              "train.py: error: invalid value: strategy.name must be one of full_finetune, linear_probe, zeroshot, api, "
+              "got 'foo'; callbacks.robust_val.n_iter must be an integer >= 1, got 0"),
 }
 
 
@@ -517,7 +525,8 @@ def test_a_bad_value_is_said_in_one_line_before_torch_is_imported(tmp_path):
     (run / "model.json").write_text(json.dumps({"family": "timm", "num_classes": 2, "class_names": ["a", "b"],
                                                 "dataset": "digits", "run_name": "r", "image_size": 32}))
     (run / "model.safetensors").write_bytes(b"")
-    cases = {command: [f"{command}.py", f"run={run}", *given] for command, (given, _) in BAD_VALUES.items()}
+    cases = {command: [f"{command}.py", *([] if command == "train" else [f"run={run}"]), *given]
+             for command, (given, _) in BAD_VALUES.items()}
     script = ("import json, sys\nfrom rgb.commands import main\nlines = {}\n"
               f"for command, argv in {cases!r}.items():\n"
               "    sys.argv = argv\n"

@@ -112,7 +112,7 @@ def test_black_box_next_to_run_is_honoured_as_the_returned_score(run_dir, compos
 
     record = SimpleNamespace(card_score={"white_box": 1.0, "black_box": 7.0}.get, white_box_na=None)
     asked = []
-    monkeypatch.setattr(command, "evaluate", lambda request: asked.append(request) or (record, {}))
+    monkeypatch.setattr("rgb.evaluation.run.evaluate", lambda request: asked.append(request) or (record, {}))
     assert command.run_evaluation(compose("evaluate", f"run={run_dir}", "protocol=black_box")) == 7.0
     assert asked[0].protocol == "black_box"
     assert command.run_evaluation(compose("evaluate", f"run={run_dir}")) == 1.0

@@ -83,7 +83,7 @@ def test_each_commands_schema_spreads_the_rules_of_the_types_it_builds():
     from rgb.training.request import TrainRequest
     from rgb.training.robust_val import KEY, RobustValSettings
     from rgb.endpoints.settings import PREFIX, ClientSettings, EndpointSettings
-    from rgb.zeroshot.head import KEY as PROMPTS
+    from rgb.zeroshot.settings import KEY as PROMPTS
     from rgb.zeroshot.head import PromptSettings
 
     built = {"attack": AttackOptions.rules(), "serve": ServeRequest.rules(),

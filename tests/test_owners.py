@@ -363,7 +363,7 @@ def test_the_check_sees_a_second_owner(tmp_path, check, module, source, expected
 YAML_DEFAULTS = [
     ("attack.yaml", "", "rgb.attacks.options:AttackOptions"),
     ("transfer.yaml", "", "rgb.attacks.options:AttackOptions"),
-    ("prompts/_pool.yaml", "", "rgb.zeroshot.head:PromptSettings"),
+    ("prompts/_pool.yaml", "", "rgb.zeroshot.settings:PromptSettings"),
     ("callbacks/robust_val.yaml", "robust_val", "rgb.training.robust_val:RobustValidation"),
     ("serve.yaml", "", "rgb.serve.request:ServeRequest"),
     ("serve.yaml", "limits", "rgb.serve.request:Limits"),

@@ -67,6 +67,15 @@ def test_losses_follow_the_paper_definitions():
         build_loss("mart")
 
 
+def test_each_loss_name_the_schema_reads_has_its_class():
+    """The loss names train.py's schema accepts (rgb.training.settings, read before torch loads) are the losses that
+    build, in their order."""
+    from rgb.training.losses import LOSSES
+    from rgb.training.settings import LOSS_NAMES
+
+    assert tuple(LOSSES) == LOSS_NAMES
+
+
 @pytest.mark.parametrize("strategy", ["full_finetune", "linear_probe"])
 def test_inner_attack_crafts_in_eval_mode_and_restores_train_mode(strategy):
     module = tiny_module(strategy, loss="trades")

@@ -204,3 +204,12 @@ def test_the_table_takes_fixed_heads_and_any_worst_k_and_averages_over_datasets(
     assert averaged[1]["overall"] == pytest.approx(table[1]["overall"] * (1 + 0.5 + 1) / 3)
     assert averaged[1]["datasets"] == 3 and averaged[1]["worst@5"] is None
     assert averaged[0]["datasets"] == 2 and averaged[0]["overall"] is None  # missing from one: no average
+
+
+def test_each_ensemble_name_the_schemas_read_has_its_function():
+    """The names train.py's and evaluate.py's schemas accept (rgb.zeroshot.settings, read before torch loads) are
+    the ensembles that run, in their order."""
+    from rgb.zeroshot.ensembles import ENSEMBLES
+    from rgb.zeroshot.settings import ENSEMBLE_NAMES
+
+    assert tuple(ENSEMBLES) == ENSEMBLE_NAMES

@@ -27,9 +27,7 @@ import torch
 from tqdm import tqdm
 
 from rgb.brittleness.perturb import Perturbation, perturbation_type
-
-DEFAULT_P = 0.99
-DEFAULT_KS = (10, 50, 100)
+from rgb.brittleness.settings import DEFAULT_KS, DEFAULT_P
 
 
 def _as_batch(ranking: torch.Tensor) -> torch.Tensor:

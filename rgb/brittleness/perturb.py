@@ -32,8 +32,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
 from rgb.core.errors import UserError
 from rgb.core.files import read_jsonl
 from rgb.core.templates import PromptError, check_templates, fill
@@ -161,6 +159,9 @@ def _words(query: Query) -> list[tuple[re.Match, bool]]:
 
 def _keywords(query: Query) -> list[str]:
     """Words that are not stop words, in order; the class name's words are always kept (e.g. 'fire' in 'fire truck')."""
+    # scikit-learn takes ~1.5 s to import: here, not at the top, where evaluate.py's schema (the perturbation types) reads
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
     return [m.group() for m, in_class in _words(query) if in_class or m.group().lower() not in ENGLISH_STOP_WORDS]
 
 

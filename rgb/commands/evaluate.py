@@ -1,6 +1,7 @@
 """evaluate.py's config half: the composed config becomes one request (a model to score, a pool to rank, or one of
 the reports that replace the scores) and rgb.evaluation runs it. A pool builds one request per member, each named
-and placed as run=DIR would be."""
+and placed as run=DIR would be. Plain Python at import, so that its SCHEMA (and its reports') is read before torch
+loads: the modules that score are imported by the functions that run them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import glob
 import importlib
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -18,10 +20,11 @@ from rgb.core.values import BOOL, TEXT, list_of, one_of, optional
 from rgb.data.catalog import BLACK_BOX, WHITE_BOX
 from rgb.endpoints.client import RequestCaps
 from rgb.evaluation.leaderboard import RANK_KEYS
-from rgb.evaluation.model_eval import EvaluationError
 from rgb.evaluation.request import EvalRequest, RunOutputs
-from rgb.evaluation.run import PoolRequest, evaluate, evaluate_pool
 from rgb.runs.store import missing_sweep_jobs, train_runs
+
+if TYPE_CHECKING:
+    from rgb.evaluation.run import PoolRequest
 
 # Flags of evaluate.py that make another report instead of the scores: flag -> (module, function(cfg)).
 REPORTS = {
@@ -75,6 +78,8 @@ def eval_request(cfg: DictConfig) -> EvalRequest:
 def pool_request(cfg: DictConfig) -> PoolRequest:
     """pool=[...]: a train sweep or run dir names its models (one request each), any other entry is a dir of
     scores.json files."""
+    from rgb.evaluation.run import PoolRequest
+
     entries, missing = [], []
     for entry in cfg.pool:
         runs = train_runs(entry)
@@ -90,6 +95,9 @@ def pool_request(cfg: DictConfig) -> PoolRequest:
 def run_evaluation(cfg: DictConfig) -> float | None:
     """Returns the score of the model, for sweepers: the `protocol`'s (black-box also for an API model, which has
     no white-box one); None in pool mode, for a dry run, while incomplete or under another protocol."""
+    from rgb.evaluation.model_eval import EvaluationError
+    from rgb.evaluation.run import evaluate, evaluate_pool
+
     asked = [flag for flag in REPORTS if cfg.get(flag)]
     if len(asked) > 1:
         raise EvaluationError(f"{' and '.join(asked)} are separate reports: set one of them per command")

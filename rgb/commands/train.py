@@ -1,18 +1,17 @@
 """train.py's config half: the composed config becomes one TrainRequest (a model behind an API: one EndpointRunRequest)
 and rgb.training runs it. What only Hydra knows is read here: the objects its `_target_`s name, the run's place in a
-sweep, the `.hydra/` record of the start.
+sweep, the `.hydra/` record of the start. Plain Python at import, so that its SCHEMA is read before torch loads (the
+training modules are imported by the functions that run them).
 """
 
 from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
-import lightning as L
 from hydra.errors import InstantiationException
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from rgb.commands.train_config import RULES, training_identity, validate_config
@@ -20,13 +19,17 @@ from rgb.core.values import one_of
 from rgb.core.files import stable_id as stable_run_id  # W&B id from the run dir: a requeue continues its run
 from rgb.endpoints.settings import PREFIX as ENDPOINT, ClientSettings, EndpointSettings
 from rgb.models.card import model_card
-from rgb.training.endpoint_run import STRATEGY as ENDPOINT_STRATEGY
-from rgb.training.endpoint_run import EndpointRunRequest, export_api_run
 from rgb.training.config import TrainingConfigError, TrainingError
-from rgb.training.datamodule import RGBDataModule
 from rgb.training import request as sections
-from rgb.training.run import train as train_request
-from rgb.zeroshot.head import PromptSettings
+from rgb.training.settings import ENDPOINT_STRATEGY
+from rgb.zeroshot.settings import PromptSettings
+
+if TYPE_CHECKING:
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import Logger
+
+    from rgb.training.endpoint_run import EndpointRunRequest
 
 
 def run_names(cfg: DictConfig) -> dict:
@@ -84,6 +87,10 @@ def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
 def lightning_data(data: DictConfig) -> L.LightningDataModule:
     """The data config as Lightning fits on it: its `_target_` when that is a LightningDataModule (a user's own),
     else an RGBDataModule over the same keys (the configs' rgb.data.BenchmarkData reads no training batches)."""
+    import lightning as L
+
+    from rgb.training.datamodule import RGBDataModule
+
     if issubclass(hydra.utils.get_class(data._target_), L.LightningDataModule):
         return hydra.utils.instantiate(data)
     return hydra.utils.instantiate(data, _target_=f"{RGBDataModule.__module__}.{RGBDataModule.__qualname__}")
@@ -127,12 +134,16 @@ def training_request(cfg: DictConfig) -> sections.TrainRequest:
 
 
 def api_run_request(cfg: DictConfig) -> EndpointRunRequest:
+    from rgb.training.endpoint_run import EndpointRunRequest
+
     return EndpointRunRequest(model=OmegaConf.to_container(cfg.model, resolve=True),
                          data=partial(hydra.utils.instantiate, cfg.data), run_dir=str(cfg.run_dir),
                          names=run_names(cfg), seed=cfg.seed, card=card_of(cfg))
 
 
 def export_api_config(cfg: DictConfig) -> None:
+    from rgb.training.endpoint_run import export_api_run
+
     export_api_run(api_run_request(cfg))
 
 
@@ -148,4 +159,6 @@ def train(cfg: DictConfig) -> float | None:
     """train.py: the run `cfg` describes (rgb.training.train), its monitored metric for sweepers."""
     if cfg.strategy.name in RECORD_ONLY:
         return RECORD_ONLY[cfg.strategy.name](cfg)
+    from rgb.training.run import train as train_request
+
     return train_request(training_request(cfg))

@@ -27,13 +27,11 @@ from rgb.core.values import (
 )
 from rgb.core.values import problems as check
 from rgb.training.config import TrainingConfigError
-from rgb.training.losses import LOSSES
-from rgb.training.module import LINEAR_PROBE
 from rgb.training.request import TrainRequest
-from rgb.training.robust_val import KEY as ROBUST_VAL
-from rgb.training.robust_val import RobustValSettings
-from rgb.zeroshot.head import KEY as PROMPTS
-from rgb.zeroshot.head import PromptSettings
+from rgb.training.settings import KEY as ROBUST_VAL
+from rgb.training.settings import LINEAR_PROBE, RobustValSettings
+from rgb.zeroshot.settings import KEY as PROMPTS
+from rgb.zeroshot.settings import PromptSettings
 
 
 # Keys that may differ between starts of one run: they change where a run runs, writes or logs, or how fast, never
@@ -103,6 +101,8 @@ RULES: dict[str, Rule] = {
 
 def validate_config(config: dict) -> None:
     """Raise TrainingConfigError naming every key of the resolved config that breaks its rule (one line)."""
+    from rgb.training.losses import LOSSES  # imports torch: train.py's schema (RULES) is read before it loads
+
     flat = flatten(config)
     problems = check(flat, RULES)
     batch, effective = flat.get("data.batch_size"), flat.get("effective_batch_size")

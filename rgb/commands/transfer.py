@@ -1,14 +1,18 @@
 """rgb-transfer's config half: the surrogate's attack request at the requested transfer budgets (built as
-attack.py's are), written into the snapshot."""
+attack.py's are), written into the snapshot. Plain Python at import, as attack.py's, so that its SCHEMA is read before
+torch loads."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
 from rgb.commands.attack import ATTACK_RUN, attack_request, data_factory
 from rgb.core.values import TEXT, list_of, optional
-from rgb.runs.request import transfer_budgets
-from rgb.runs.store import RunSummary
+
+if TYPE_CHECKING:
+    from rgb.runs.store import RunSummary
 
 # conf/transfer.yaml's schema (rgb.commands.schema).
 SCHEMA = {**ATTACK_RUN, "splits": optional(list_of(TEXT)), "surrogate": TEXT}
@@ -16,6 +20,7 @@ SCHEMA = {**ATTACK_RUN, "splits": optional(list_of(TEXT)), "surrogate": TEXT}
 
 def transfer_from_config(cfg: DictConfig, threads: int = 1) -> dict[str, RunSummary]:
     """rgb-transfer: the surrogate `cfg.run` attacked at the requested transfer budgets, written into the snapshot."""
+    from rgb.runs.request import transfer_budgets
     from rgb.runs.transfer import make_transfer_splits
 
     data = data_factory(cfg.data)

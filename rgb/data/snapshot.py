@@ -12,7 +12,8 @@ import io
 from collections.abc import Callable
 from pathlib import Path
 
-import datasets
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,9 +27,14 @@ from rgb.data.corruptions import apply_corruption, corruption_of_row
 from rgb.data.errors import DataConfigError
 from rgb.data.layout import DATA_DIR, README, split_file
 
+if TYPE_CHECKING:
+    import datasets
+
 
 def benchmark_features(class_names: list[str]) -> datasets.Features:
     """The card's "Data fields", in its order."""
+    import datasets  # it imports torch: deferred, so that a command's schema (data.protocol) reads before torch
+
     return datasets.Features(
         {
             "image": datasets.Image(),
@@ -88,6 +94,8 @@ def snapshot_shape(root: str | Path, dataset: str) -> tuple[int, int]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: data=custom needs data.source=<snapshot folder> and "
                                 f"data.dataset=<its config>, as written by python -m rgb.data.import_folder")
+    import datasets
+
     features = datasets.Features.from_arrow_schema(pq.read_schema(path))
     first = pq.ParquetFile(path).read_row_group(0, columns=["image"]).column("image")[0].as_py()
     with Image.open(io.BytesIO(first["bytes"])) as image:

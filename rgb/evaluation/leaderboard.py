@@ -26,7 +26,6 @@ from rgb.core.files import DistinctFiles, atomic_write_bytes, atomic_write_json,
 from rgb.core.values import shown_name
 from rgb.data.catalog import BLACK_BOX, WHITE_BOX
 from rgb.evaluation.exports import MODEL_INFO_DIR, plan_exports
-from rgb.evaluation.plots import leaderboard_figure, save
 from rgb.evaluation.records import (
     CLEAN_SETTING,
     COMMON_SETTING,
@@ -407,6 +406,8 @@ def write_leaderboard(pool: Mapping[Path, ScoresRecord], out_dir: Path, protocol
         (out_dir / path).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out_dir / path, info)
     exports.write(out_dir)
+    from rgb.evaluation.plots import save  # matplotlib: not at the top, where evaluate.py's schema (RANK_KEYS) reads
+
     save(board_figure(board), out_dir / LEADERBOARD_PNG)
     return board
 
@@ -415,6 +416,7 @@ def board_figure(board: Leaderboard):
     """leaderboard.png: the dataset cells of leaderboard.md, the same numbers and texts, one row per model, each
     group of the markdown in a panel of its own (a partial or other-protocol sum is never drawn beside a ranked
     one as if comparable), n/a models as n/a."""
+    from rgb.evaluation.plots import leaderboard_figure
 
     def cells(rows: list[LeaderboardRow]) -> dict:
         return {f"{r.rank}. {r.model}" if r.rank else r.model:

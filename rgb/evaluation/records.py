@@ -25,7 +25,6 @@ from rgb.data.catalog import BLACK_BOX, TRANSFER_SPLITS, WHITE_BOX
 from rgb.data.protocol import Protocol
 from rgb.endpoints.answers import CARD_PARSER
 from rgb.endpoints.client import RequestStats
-from rgb.models.families import family_of_record
 from rgb.runs.store import RunSummary, partial_dir
 
 # 3: the protocol each record was made under, the random-noise control, black-box surrogates not asked yet.
@@ -123,6 +122,8 @@ class ModelIdentity(JsonRecord):
     def of(cls, meta: dict, weights_sha256: str) -> ModelIdentity:
         """The identity of the model whose model.json is `meta`: its family and name as rgb.models gives them (a
         record without `family` is timm's, as summary.json has it)."""
+        from rgb.models.families import family_of_record  # imports torch: evaluate.py's schema reads this module first
+
         family = family_of_record(meta)
         return cls(meta.get("run_name"), family.name, family.model_name(meta), meta.get("loss"), meta.get("strategy"),
                    weights_sha256)

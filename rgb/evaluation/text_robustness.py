@@ -33,31 +33,26 @@ from torch.utils.data import DataLoader
 from rgb.core import atomic_write_bytes, atomic_write_json, file_sha256
 from rgb.core.files import read_cached_tensors
 from rgb.core.files import read_jsonl
-from rgb.core.options import Ruled, ruled
-from rgb.core.values import (
-    EXISTING_FILE, FRACTION_OPEN, INT, POSITIVE_INT, TEXT, list_of, one_of, optional, unknown_name,
-)
+from rgb.core.values import unknown_name
 from rgb.data.fingerprint import split_sha256
 from rgb.evaluation import plots
 from rgb.evaluation.leaderboard import markdown_table
 from rgb.evaluation.model_eval import EvaluationError, zeroshot_record
 from rgb.evaluation.request import RunOutputs
+from rgb.evaluation.text_robustness_options import TextRobustnessOptions
 from rgb.runs.store import TEXT_ROBUSTNESS_DIR
 from rgb.models import export_paths, load_with_meta, register_architecture
 from rgb.models.openclip import load_clip_of
-from rgb.brittleness.metrics import DEFAULT_KS, DEFAULT_P, classification_view, query_table, summarize
+from rgb.brittleness.metrics import classification_view, query_table, summarize
 from rgb.zeroshot.ensembles import ensemble_head
 from rgb.zeroshot.head import check_class_names, features_of
 from rgb.brittleness.perturb import (
-    DEFAULT_TYPES,
-    PERTURBATION_TYPES,
     Perturbation,
     PerturbationError,
     Query,
     drop_non_edits,
     generate,
     load_user_edits,
-    perturbation_type,
     template_queries,
 )
 from rgb.zeroshot.prompts import PromptError
@@ -69,34 +64,6 @@ log = logging.getLogger(__name__)
 REPORT = "text robustness"
 QUERY_FILE_FIELDS = ("query", "class_name")  # class_name optional: it enables class_name_only and keeps its words
 POOL_METRICS = {"instability_mean": "mean instability", "brittleness_mean": "mean finite B"}
-
-
-@dataclass(frozen=True)
-class TextRobustnessOptions(Ruled):
-    """The `text_robustness_options` block of conf/evaluate.yaml, each key a field of its name (rgb.commands.
-    text_robustness builds it so, and its schema checks these fields' rules first); types checked against the
-    registry."""
-
-    split: str = ruled(rule=TEXT)
-    queries: Path | None = ruled(rule=optional(EXISTING_FILE), convert=Path)
-    # None: DEFAULT_TYPES
-    types: tuple[str, ...] | None = ruled(rule=optional(list_of(one_of(PERTURBATION_TYPES))), convert=tuple)
-    seeds: tuple[int, ...] = ruled(rule=list_of(INT), convert=tuple)
-    user_edits: Path | None = ruled(rule=optional(EXISTING_FILE), convert=Path)
-    ks: tuple[int, ...] = ruled(DEFAULT_KS, list_of(POSITIVE_INT), convert=tuple)
-    p: float = ruled(DEFAULT_P, FRACTION_OPEN)
-    cache_dir: Path | None = ruled(None, convert=Path)
-    device: str = "cpu"
-    batch_size: int = 256
-
-    def __post_init__(self):
-        if self.types is None:
-            object.__setattr__(self, "types", DEFAULT_TYPES)
-        for name in self.types:
-            perturbation_type(name)  # unknown: one line listing the known ones
-        if not self.types or not self.seeds:
-            raise PerturbationError("text_robustness_options.types and .seeds must not be empty")
-        self.check("text_robustness_options.", PerturbationError)
 
 
 def load_queries(path: Path, class_names: list[str]) -> list[Query]:

@@ -49,7 +49,8 @@ from rgb.zeroshot import (
     load_descriptions,
     row_metrics,
 )
-from rgb.zeroshot.ensembles import CMM_UNITS, cmm_scale, ensemble_label, ensemble_weights
+from rgb.zeroshot.ensembles import cmm_scale, ensemble_label, ensemble_weights
+from rgb.zeroshot.settings import CMM_UNITS
 from rgb.zeroshot.head import describe_classes, described_label, enrich_worst_classes, load_pretraining_features
 
 log = logging.getLogger(__name__)

@@ -19,13 +19,14 @@ from rgb.endpoints.settings import split_config
 from rgb.models.chat import ChatClassifier
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.rundir import locked
+from rgb.training.settings import ENDPOINT_STRATEGY
 
 log = logging.getLogger(__name__)
 
 TASK = "api"  # run.json's task of such a run dir (a format)
 # The strategy of a model behind an endpoint (conf/model_strategy/api_chat.yaml): no fit, model.json only. train.py
 # dispatches it here; a TrainRequest runs the others (rgb.training.request.STRATEGY_NAMES).
-STRATEGY = "api"
+STRATEGY = ENDPOINT_STRATEGY
 
 
 @dataclass(frozen=True)

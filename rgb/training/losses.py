@@ -187,7 +187,8 @@ class FARE(TrainingLoss):
         return loss, None, adv
 
 
-# Loss name -> class; the ones with an `attack` take the inner attack (their `attack_type`) as first argument.
+# Loss name -> class, one per name of LOSS_NAMES (rgb.training.settings, which train.py's schema reads) in its order;
+# the ones with an `attack` take the inner attack (their `attack_type`) as first argument.
 LOSSES: dict[str, type[TrainingLoss]] = {"ce": CrossEntropy, "pgd_at": PGDAT, "trades": TRADES, "tecoa": TeCoA,
                                          "fare": FARE}
 

@@ -10,12 +10,9 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from rgb.models import NormalizedClassifier, apply_speed_options, family_of
 from rgb.training.losses import build_loss
-from rgb.training.optim import SCHEDULERS, build_optimizer, warmup_cosine
+from rgb.training.optim import build_optimizer, warmup_cosine
+from rgb.training.settings import LINEAR_PROBE, SCHEDULERS, STRATEGIES
 
-# The fine-tuning strategies (strategy.name): every parameter trains, or the head alone on a frozen backbone.
-FULL_FINETUNE = "full_finetune"
-LINEAR_PROBE = "linear_probe"
-STRATEGIES = (FULL_FINETUNE, LINEAR_PROBE)
 # The clean validation metrics every strategy logs (strategy=zeroshot too), which monitors, sweepers and robust
 # validation's score read.
 VAL_LOSS = "val/loss"

@@ -9,8 +9,6 @@ import torch
 from rgb.models import NormalizedClassifier, family_of
 from rgb.training.config import TrainingConfigError
 
-# Learning-rate schedules of `optim.scheduler` (None: constant, as in the paper).
-SCHEDULERS = (None, "cosine")
 
 
 def parameter_groups(

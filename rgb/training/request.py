@@ -9,20 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import lightning as L
-import torch
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import Logger
 
 from rgb.core.options import Ruled, ruled, section
 from rgb.core.values import AUTO_OR_COUNT, BOOL, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Rule, integer, number, optional
 from rgb.training.config import TrainingConfigError
-from rgb.training.losses import LOSSES
-from rgb.training.module import STRATEGIES
-from rgb.training.optim import SCHEDULERS
-from rgb.zeroshot import ZEROSHOT  # strategy=zeroshot; the fine-tuning strategies are rgb.training.module.STRATEGIES
-from rgb.zeroshot.head import PromptSettings
+from rgb.training.settings import LOSS_NAMES, SCHEDULERS, STRATEGIES
+from rgb.zeroshot import ZEROSHOT  # strategy=zeroshot; the fine-tuning strategies are rgb.training.settings.STRATEGIES
+from rgb.zeroshot.settings import PromptSettings
+
+if TYPE_CHECKING:  # plain Python at import: train.py's schema reads these sections' rules before torch loads
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import Logger
 
 # The strategies a TrainRequest runs: the fine-tuning ones and zeroshot (a head from prompts, no fit).
 STRATEGY_NAMES = (*STRATEGIES, ZEROSHOT)
@@ -52,7 +53,7 @@ class ModelSection(Ruled):
 class LossSection(Ruled):
     """A loss of rgb.training.losses.LOSSES, its inner attack's settings and its own options (TRADES' beta)."""
 
-    name: str = ruled(rule=(lambda v: v in LOSSES, f"one of {sorted(LOSSES)}"))
+    name: str = ruled(rule=(lambda v: v in LOSS_NAMES, f"one of {sorted(LOSS_NAMES)}"))
     attack: dict | None = None
     options: dict = field(default_factory=dict)
 
@@ -63,7 +64,7 @@ class LossSection(Ruled):
 
 @dataclass(frozen=True)
 class StrategySection(Ruled):
-    name: str = ruled(rule=STRATEGY)  # rgb.training.module.STRATEGIES, or zeroshot (a head from prompts, no fit)
+    name: str = ruled(rule=STRATEGY)  # rgb.training.settings.STRATEGIES, or zeroshot (a head from prompts, no fit)
 
 
 @dataclass(frozen=True)

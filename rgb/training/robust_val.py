@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -23,30 +22,16 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from rgb.attacks.autoattack import AutoAttack
 from rgb.attacks.options import AttackOptions, AttackOptionsError
 from rgb.core import parse_norm
-from rgb.core.options import Ruled, ruled
-from rgb.core.values import POSITIVE_INT, number
 from rgb.training.config import TrainingConfigError, TrainingError
 from rgb.training.module import VAL_ACC
+from rgb.training.settings import KEY, RobustValSettings
 
 log = logging.getLogger(__name__)
 
-KEY = "callbacks.robust_val."  # its settings' keys in train.py's config
 
 PREFIX = "val/robust_acc_"
 SCORE = "val/robust_score"
 SECONDS = "val/robust_seconds"
-
-
-@dataclass(frozen=True)
-class RobustValSettings(Ruled):
-    """The numbers of `callbacks.robust_val` (conf/callbacks/robust_val.yaml), each with its rule: what the callback
-    checks and what train.py's schema checks first. The batch only sets how many images are attacked at once."""
-
-    every_n_epochs: int = ruled(1, POSITIVE_INT)
-    n_images: int = ruled(200, POSITIVE_INT)
-    batch_size: int = ruled(256, POSITIVE_INT, identity=False)
-    n_iter: int = ruled(100, POSITIVE_INT)
-    clean_weight: float = ruled(0.5, (lambda v: number(v) and 0 <= v <= 1, "a number in [0, 1]"))
 
 
 def robust_metric(norm: str) -> str:

@@ -11,7 +11,7 @@ from rgb.core.lazy import lazy_names
 __getattr__ = lazy_names(__name__, {
     "check_templates": "rgb.core.templates",
     "ENSEMBLES": "rgb.zeroshot.ensembles",
-    "EnsembleError": "rgb.zeroshot.ensembles",
+    "EnsembleError": "rgb.zeroshot.settings",
     "cpe_scores": "rgb.zeroshot.ensembles",
     "ensemble_head": "rgb.zeroshot.ensembles",
     "ensemble_label": "rgb.zeroshot.ensembles",
@@ -19,7 +19,7 @@ __getattr__ = lazy_names(__name__, {
     "matching_margins": "rgb.zeroshot.ensembles",
     "mean_head": "rgb.zeroshot.ensembles",
     "pseudo_labels": "rgb.zeroshot.ensembles",
-    "PromptSettings": "rgb.zeroshot.head",
+    "PromptSettings": "rgb.zeroshot.settings",
     "ZeroShotHead": "rgb.zeroshot.head",
     "build_zeroshot_head": "rgb.zeroshot.head",
     "check_class_names": "rgb.zeroshot.head",

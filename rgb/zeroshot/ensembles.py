@@ -26,11 +26,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from rgb.core.errors import UserError
-
-
-class EnsembleError(UserError, ValueError):
-    """Prompt ensemble inputs that cannot give a head (one line)."""
+from rgb.zeroshot.settings import (  # the names and parameters the configs' schemas read without torch
+    EnsembleError,
+    EnsembleParams,
+    cmm_scale,
+    ensemble_params,
+)
 
 
 def _check(image_features: torch.Tensor, text_features: torch.Tensor) -> None:
@@ -58,16 +59,6 @@ def class_means(image_features: torch.Tensor, labels: torch.Tensor, num_classes:
     sums = torch.zeros(num_classes, image_features.shape[1], dtype=image_features.dtype).index_add_(0, labels, image_features)
     counts = torch.bincount(labels, minlength=num_classes).to(image_features.dtype)
     return sums[present] / counts[present, None], present
-
-
-CMM_UNITS = ("logit", "cosine")
-
-
-def cmm_scale(logit_scale: float, units: str) -> float:
-    """The factor of the similarities that Cmm is measured in: s for logit units, 1 for cosine units."""
-    if units not in CMM_UNITS:
-        raise EnsembleError(f"unknown Cmm units {units!r}; choose one of {', '.join(CMM_UNITS)}")
-    return float(logit_scale) if units == "logit" else 1.0
 
 
 def matching_margins(image_features: torch.Tensor, heads: torch.Tensor, labels: torch.Tensor,
@@ -105,20 +96,6 @@ def mad_selection(scores: torch.Tensor, t: float) -> torch.Tensor:
     kept = scores >= threshold
     kept[scores.argmax()] = True
     return kept
-
-
-@dataclass(frozen=True)
-class EnsembleParams:
-    """The parameters of every ensemble, and their defaults (the `prompts` config's, rgb.zeroshot.head.PromptSettings,
-    read them from here)."""
-
-    logit_scale: float = 100.0
-    k: float = 0.1
-    tau: float = 1.0
-    template_index: int | None = 0  # None: the single template is not in the pool
-    cmm_units: str = "logit"
-    mad_t: float = 2.0
-    pretraining_features: torch.Tensor | None = None
 
 
 def _single(F_img, E, p: EnsembleParams):
@@ -199,6 +176,7 @@ def _named(name: str) -> Callable[[EnsembleParams], str]:
     return lambda params: name
 
 
+# One per name of ENSEMBLE_NAMES (rgb.zeroshot.settings, which the schemas read), in its order.
 ENSEMBLES: dict[str, Ensemble] = {
     "single": Ensemble(_single, renormalise=True, label=_named("single")),
     "mean": Ensemble(_mean, renormalise=True, label=_named("mean")),
@@ -212,21 +190,6 @@ def _ensemble(method: str) -> Ensemble:
     if method not in ENSEMBLES:
         raise EnsembleError(f"unknown prompt ensemble {method!r}; choose one of {', '.join(ENSEMBLES)}")
     return ENSEMBLES[method]
-
-
-def ensemble_params(*, logit_scale: float = EnsembleParams.logit_scale, k: float = EnsembleParams.k,
-                    tau: float = EnsembleParams.tau, template_index: int | None = EnsembleParams.template_index,
-                    cmm_units: str = EnsembleParams.cmm_units, mad_t: float = EnsembleParams.mad_t,
-                    pretraining_features: torch.Tensor | None = None) -> EnsembleParams:
-    """The parameters of every ensemble, checked: `k`, `tau`, `cmm_units` are CPE's worst-k fraction, softmax
-    temperature (also ZPE's) and Cmm units; `mad_t` and `pretraining_features` are `zpe_select`'s; `template_index`
-    is `single`'s template."""
-    cmm_scale(logit_scale, cmm_units)
-    if not 0 < float(k) <= 1 or not float(tau) > 0 or not float(mad_t) >= 0:
-        raise EnsembleError(f"ensemble parameters need 0 < k <= 1, tau > 0 and mad_t >= 0; got k={k}, tau={tau}, "
-                            f"mad_t={mad_t}")
-    return EnsembleParams(float(logit_scale), float(k), float(tau), None if template_index is None
-                          else int(template_index), cmm_units, float(mad_t), pretraining_features)
 
 
 def ensemble_label(method: str, **params) -> str:

@@ -12,19 +12,14 @@ import torch
 from safetensors import SafetensorError
 
 from rgb.core import file_sha256
-from rgb.core.options import Ruled, ruled
-from rgb.core.templates import PromptError, check_templates, prompt_class_names
-from rgb.core.values import NON_NEGATIVE_INT, POSITIVE, number
+from rgb.core.templates import PromptError, prompt_class_names
 from rgb.data.catalog import DATASET_IDS  # the keys `dataset_templates` may use
 from rgb.models.openclip import LoadedCLIP, OpenCLIPClassifier, classifier_from_clip
 from rgb.zeroshot.ensembles import (
-    ENSEMBLES,
     EnsembleError,
-    EnsembleParams,
     cmm_scale,
     ensemble_head,
     ensemble_label,
-    ensemble_params,
     ensemble_weights,
     matching_margins,
     pseudo_labels,
@@ -33,13 +28,11 @@ from rgb.zeroshot.prompts import (
     described,
     description_question,
     load_descriptions,
-    template_pool,
 )
+from rgb.zeroshot.settings import PromptSettings
 from rgb.zeroshot.text import TextFeatureCache
 
 NEEDS_IMAGES = ("zpe", "zpe_select", "cpe")
-# The config group PromptSettings is read from: its keys are `prompts.<field>`.
-KEY = "prompts."
 
 
 def load_pretraining_features(path: str | Path) -> tuple[torch.Tensor, str]:
@@ -58,68 +51,6 @@ def load_pretraining_features(path: str | Path) -> tuple[torch.Tensor, str]:
         raise PromptError(f"zpe pretraining features file {path} needs a float tensor 'features' of shape (images "
                           f">= 1, dim); it holds {', '.join(f'{k} {tuple(v.shape)}' for k, v in tensors.items())}")
     return features.float(), file_sha256(path)
-
-
-@dataclass(frozen=True)
-class PromptSettings(Ruled):
-    """The `prompts` config group: ensemble and its parameters, the template pool, descriptions. Its keys are
-    `prompts.<field>` (KEY): the rules on the fields are checked when made and by train.py's schema first."""
-
-    ensemble: str = ruled("cpe")
-    pool: str = ruled("imagenet80")
-    templates: tuple[str, ...] = ruled(())  # the user's extra templates
-    dataset_templates: dict = ruled(default_factory=dict)  # dataset -> extra templates where they matter
-    single_template: str = ruled("a photo of a {}.")
-    # CPE's worst-k fraction of the classes, and the softmax temperature of the template scores (also ZPE's)
-    k: float = ruled(EnsembleParams.k, (lambda v: number(v) and 0 < v <= 1, "a fraction in (0, 1]"))
-    tau: float = ruled(EnsembleParams.tau, POSITIVE)
-    split: str = ruled("validation")  # unlabelled images for zpe / cpe (and the pseudo-Cmm report)
-    descriptions: str | None = ruled(None)  # JSON class name -> descriptors (Menon & Vondrick enrichment)
-    # K: classes with the lowest pseudo-Cmm that get descriptions / questions
-    enrich_worst: int = ruled(10, NON_NEGATIVE_INT)
-    cache_dir: str | None = ruled(None, identity=False)  # where text features are cached: never which
-    cmm_units: str = ruled(EnsembleParams.cmm_units)  # cpe: similarities of Cmm in logit units (s * cosine) or cosine units
-    # zpe_select: keep templates scoring >= median + mad_t * MAD (0.5 ImageNet, 2.0 fine-grained)
-    mad_t: float = ruled(EnsembleParams.mad_t)
-    # zpe_select: image features of unlabelled pretraining-like images
-    zpe_pretraining_features: str | None = ruled(None)
-
-    def __post_init__(self):
-        self.check(KEY, error=PromptError)
-        object.__setattr__(self, "templates", tuple(self.templates or ()))  # null (or a YAML list): a tuple
-        object.__setattr__(self, "dataset_templates", dict(self.dataset_templates or {}))
-        if self.ensemble not in ENSEMBLES:
-            raise PromptError(f"unknown prompt ensemble {self.ensemble!r}; choose one of {', '.join(ENSEMBLES)}")
-        unknown = sorted(set(self.dataset_templates) - set(DATASET_IDS))
-        if unknown:
-            raise PromptError(f"prompts.dataset_templates: unknown dataset id(s) {', '.join(map(repr, unknown))}; "
-                              f"keys are dataset ids: {', '.join(DATASET_IDS)}")
-        if self.zpe_pretraining_features is not None and self.ensemble != "zpe_select":
-            raise PromptError(f"prompts.zpe_pretraining_features is read by the zpe_select ensemble only, not "
-                              f"{self.ensemble}")
-        try:
-            ensemble_params(k=self.k, tau=self.tau, cmm_units=self.cmm_units, mad_t=self.mad_t)
-        except EnsembleError as error:
-            raise PromptError(f"prompts: {error}") from None
-
-    @classmethod
-    def from_config(cls, config: dict, prefix: str = "", **built) -> PromptSettings:
-        """The settings of the prompts group `config` by field name (Ruled.from_config); a key no field reads is
-        refused (`+prompts.<typo>=` would otherwise be dropped unread)."""
-        unknown = sorted(set(config) - set(cls.names()))
-        if unknown:
-            raise PromptError(f"unknown prompts key(s) {', '.join(unknown)}; known: {', '.join(sorted(cls.names()))}")
-        return super().from_config(config, prefix, **built)
-
-    def template_list(self, dataset: str) -> tuple[list[str], int | None]:
-        """(the pool + this dataset's extras + the user's, index of `single_template` in it). The single template
-        is appended for the `single` ensemble only (it alone needs no pool); elsewhere the index is None when the
-        pool lacks it, so a user's pool is weighed as given."""
-        templates = [*template_pool(self.pool), *self.dataset_templates.get(dataset, ()), *self.templates]
-        if self.ensemble == "single" and self.single_template not in templates:
-            templates.append(self.single_template)
-        templates = check_templates(templates)
-        return templates, templates.index(self.single_template) if self.single_template in templates else None
 
 
 @dataclass
