@@ -29,9 +29,10 @@ _NORM_FLOOR = 1e-8
 # With early stopping, finished rows are dropped from the batch every this many iterations (one host sync).
 _COMPACT_EVERY = 10
 # Newton steps of the Linf/L2 projections' level search before any bisection, and the host check of
-# convergence every this many steps (on the CPU only: elsewhere all steps and the bisection run, no host read).
+# convergence every this many steps (on the CPU only, where a read is free and a step is two passes over the rows:
+# elsewhere all steps and the bisection run, no host read).
 _NEWTON_STEPS = 16
-_NEWTON_CHECK_EVERY = 4
+_NEWTON_CHECK_EVERY = 1
 
 
 @dataclass
@@ -102,7 +103,8 @@ def _saturation_level(breaks: torch.Tensor, weights: torch.Tensor, target: torch
         return value, torch.gt(breaks, lam, out=above).mul_(weights).sum(dim=1, keepdim=True)
 
     lam = torch.zeros_like(target)
-    value, slope = value_and_slope(lam)
+    # At lam = 0 every min(lam, break) is 0 (breaks >= 0): the value needs no pass over the row, the slope one.
+    value, slope = torch.zeros_like(target), torch.gt(breaks, 0.0, out=above).mul_(weights).sum(dim=1, keepdim=True)
     settled = torch.zeros_like(feasible)
     check_every = _NEWTON_CHECK_EVERY if common.host_reads_are_free(lam.device) else _NEWTON_STEPS + 1
     for step in range(1, _NEWTON_STEPS + 1):

@@ -114,6 +114,7 @@ class _SquareLinf:
 
     pattern_weights = None  # (power, order) of the L2/L1 proposal pattern
     windows_per_query = 1
+    any_layout = True  # element-wise only: NHWC images give the same bits (L2/L1 sum windows: NCHW order kept)
     smallest_image = 0  # side below which the start cannot be made
 
     @staticmethod
@@ -160,6 +161,7 @@ class _SquareLp:
 
     windows_per_query = 2
     smallest_image = _INIT_GRID
+    any_layout = False
 
     def __init__(self):
         self.patterns = {}  # side -> pattern on the images' device, made once per run
@@ -340,7 +342,7 @@ def square(
         raise ValueError(f"the generator is on {generator.device.type}, the images on {x.device.type}")
     counter = EvalCounter(parent=counter)
     generator = make_generator(generator, x.device)
-    x = x.detach()
+    x = x.detach() if geometry.any_layout else x.detach().contiguous()
 
     x_best = geometry.init(x, eps, generator)
     margin, predicted = _margin(model, x_best, y)
