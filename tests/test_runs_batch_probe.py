@@ -1,5 +1,7 @@
 """batch_size=auto: the probe's doubling search, its cache per model and device, and the CPU's fixed answer."""
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -58,3 +60,26 @@ def test_attack_config_batch_size_is_auto_on_cuda_only(monkeypatch, cuda, expect
     """The CPU's runs keep the data config's batch size (and so their identities); CUDA's default is auto."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     assert compose_config("attack", "run=x").batch_size == expected
+
+
+class CostsPerCall(nn.Module):
+    """A model whose step costs `overhead` CPU seconds per call plus `per_row` per row (it spins on the clock)."""
+
+    def __init__(self, overhead: float, per_row: float):
+        super().__init__()
+        self.overhead, self.per_row, self.linear = overhead, per_row, nn.Linear(12, 5)
+
+    def forward(self, x):
+        until = time.process_time() + self.overhead + self.per_row * len(x)
+        while time.process_time() < until:
+            pass
+        return self.linear(x.flatten(1))
+
+
+def test_saturation_is_the_fewest_rows_within_the_share_of_the_cheapest_per_row():
+    """7 units per call + 1 per row: per row 1.11 at 64 rows (the cheapest), 1.22 at 32 (within 1.15x), 1.44 at 16."""
+    unit = 2e-4
+    found = batch_probe.saturation_rows(CostsPerCall(7 * unit, unit), torch.rand(5, 3, 2, 2), 64)
+    assert found["rows"] == 32 and list(found["seconds_per_row"]) == ["1", "2", "4", "8", "16", "32", "64"]
+    capped = batch_probe.saturation_rows(CostsPerCall(0, 0), torch.rand(5, 3, 2, 2), 24)  # no larger than a batch
+    assert list(capped["seconds_per_row"]) == ["1", "2", "4", "8", "16", "24"] and capped["rows"] <= 24

@@ -201,3 +201,83 @@ def test_a_stage_that_leaves_no_survivors_ends_the_cascade_as_the_batch_schedule
     assert set(tables["pooled"]["fooled_by"]) <= {0, 1}  # clean-wrong or fooled by the first attack: none left after
     several = attack(surrogate, small_bench, tmp_path / "several", "schedule=pooled", wide)["linf"]
     assert several["n_robust"] == 0 and several["n_clean_correct"] == summary["n_clean_correct"]
+
+
+# -- schedule=pooled_by_need (issue 54.3) -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def batch_run(surrogate, small_bench, tmp_path_factory):
+    """The batch schedule's results and exported adversarial images: what pooled_by_need keeps bit for bit."""
+    out = tmp_path_factory.mktemp("batch")
+    summary = attack(surrogate, small_bench, out, "export_adversarial=true")["linf"]
+    return results(out), exported_images(out), summary
+
+
+def exported_images(out: Path) -> pd.DataFrame:
+    return pq.read_table(next(out.glob("adversarial/**/*.parquet"))).to_pandas()
+
+
+def saturating_at(monkeypatch, rows: int) -> None:
+    """The run's measurement of the rows per call at which the model saturates, fixed at `rows` (it is a timing)."""
+    monkeypatch.setattr("rgb.runs.runner.saturation_rows",
+                        lambda model, x, largest: {"rows": rows, "seconds_per_row": {}, "within": 1.15})
+
+
+def survivors_per_batch(table: pd.DataFrame, stage: int) -> list[int]:
+    alive = table["clean_correct"] & ((table["fooled_by"] == -1) | (table["fooled_by"] >= stage))
+    return [int(alive[start : start + BATCH].sum()) for start in range(0, N_IMAGES, BATCH)]
+
+
+def test_pooled_by_need_with_no_batch_below_its_rows_is_the_batch_schedule_bit_for_bit(surrogate, small_bench,
+                                                                                       batch_run, monkeypatch,
+                                                                                       tmp_path):
+    """Saturated at one row, no batch is pooled: every result and exported adversarial image is the batch
+    schedule's; the measurement is recorded once and a rerun keeps it (a timing never splits a run)."""
+    saturating_at(monkeypatch, 1)
+    out = tmp_path / "need"
+    summary = attack(surrogate, small_bench, out, "schedule=pooled_by_need", "export_adversarial=true")["linf"]
+    pd.testing.assert_frame_equal(results(out), batch_run[0])
+    pd.testing.assert_frame_equal(exported_images(out), batch_run[1])
+    assert summary["schedule"] == "pooled_by_need" and "saturation" not in batch_run[2]
+    assert json.loads((out / "linf" / "saturation.json").read_text()) == summary["saturation"]
+    assert summary["saturation"]["rows"] == 1 and summary["saturation"]["device"] == "cpu"
+
+    def measured_again(*args):
+        raise AssertionError("the recorded measurement was not reused")
+
+    monkeypatch.setattr("rgb.runs.runner.saturation_rows", measured_again)
+    assert attack(surrogate, small_bench, out, "schedule=pooled_by_need", "export_adversarial=true")["linf"] == summary
+
+
+def test_pooled_by_need_pools_only_batches_below_its_rows_and_keeps_the_others_bit_for_bit(
+        surrogate, small_bench, batch_run, monkeypatch, tmp_path):
+    """Saturated at the most survivors any batch keeps entering the last attack: that batch is attacked alone at
+    every stage, as the batch schedule attacks it; a batch is pooled at a stage it enters with fewer survivors. Every
+    image of a batch never pooled has the batch schedule's result and adversarial image bit for bit; a shared chunk
+    draws other random starts (per chunk, from the seed), so its images' results are another draw of the same
+    attacks."""
+    rows = max(survivors_per_batch(batch_run[0], 3))
+    assert rows > 0, "no batch keeps a robust image: nothing is attacked alone to the end"
+    saturating_at(monkeypatch, rows)
+    chunks = []
+    original = PooledShard.chunk
+    monkeypatch.setattr(PooledShard, "chunk",
+                        lambda self, stage, unit: chunks.append((stage, self.chunks(stage)[unit].tolist()))
+                        or original(self, stage, unit))
+    out = tmp_path / "need"
+    attack(surrogate, small_bench, out, "schedule=pooled_by_need", "export_adversarial=true")
+    table, images = results(out), exported_images(out)
+    pooled = set()
+    for stage, ids in chunks:
+        entering = survivors_per_batch(table, stage)
+        batches = {i // BATCH for i in ids}
+        if len(batches) > 1 or entering[ids[0] // BATCH] < rows:  # pooled: only batches below the rows
+            assert all(entering[b] < rows for b in batches) and len(ids) <= BATCH
+            pooled |= batches
+        else:  # alone: the batch's every survivor, as the batch schedule attacks it
+            alive = table["clean_correct"] & ((table["fooled_by"] == -1) | (table["fooled_by"] >= stage))
+            assert ids == [i for i in table["image_id"][alive] if i // BATCH in batches]
+    kept = [i for i in range(N_IMAGES) if i // BATCH not in pooled]
+    assert any(i in ids for _, ids in chunks for i in kept)  # some image attacked alone to the end
+    pd.testing.assert_frame_equal(table.iloc[kept], batch_run[0].iloc[kept])
+    pd.testing.assert_frame_equal(images.iloc[kept], batch_run[1].iloc[kept])
+    assert table["clean_correct"].tolist() == batch_run[0]["clean_correct"].tolist()

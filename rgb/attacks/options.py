@@ -25,7 +25,7 @@ from rgb.core.values import BOOL, INT, NON_NEGATIVE_INT, POSITIVE_INT, one_of, o
 PRECISIONS = ("fp32", "tf32", "bf16")
 INPUT_FORMATS = ("auto", "contiguous", "channels_last")
 CAPTURES = ("auto", "eager", "trace")
-SCHEDULES = ("batch", "pooled")
+SCHEDULES = ("batch", "pooled", "pooled_by_need")
 ALWAYS, WHEN_SET = "always", "when set"
 
 
@@ -55,7 +55,8 @@ class AttackOptions(Ruled):
         tail_rows: > 0 runs the targets left of APGD-T and FAB-T side by side once they fit in that many rows.
         input_format: "auto", "contiguous" or "channels_last": the memory format of the attacks' model calls.
         capture: "auto", "eager" or "trace": whether the attacks call a TorchScript trace of the model.
-        schedule: "batch" or "pooled": how an attack run (rgb.runs) orders the cascade over its images.
+        schedule: "batch", "pooled" or "pooled_by_need": how an attack run (rgb.runs) orders the cascade over its
+            images.
         cudnn_benchmark: cudnn picks the fastest convolution algorithm per shape (CUDA only; rounding only).
 
     Raises:
@@ -76,8 +77,10 @@ class AttackOptions(Ruled):
     capture: str = ruled("auto", rule=one_of(CAPTURES))
     # How an attack run (rgb.runs) orders the cascade over its images: "batch" runs the whole cascade on one batch
     # after another; "pooled" runs each stage over the survivors of all of a shard's batches, re-cut into full
-    # batches (rgb.runs.pooled). AutoAttack.run on one tensor is one pool either way. Other chunks draw other
-    # random starts (never a weaker attack), so it is part of a run's identity once set.
+    # batches (rgb.runs.pooled); "pooled_by_need" pools only the batches whose survivors fall below the rows per call
+    # at which the model saturates (measured once per run), the others' images get the batch schedule's results bit
+    # for bit. AutoAttack.run on one tensor is one pool either way. Other chunks draw other random starts (never a
+    # weaker attack), so it is part of a run's identity once set.
     schedule: str = ruled("batch", rule=one_of(SCHEDULES), identity=WHEN_SET)
     # cudnn's benchmark mode (CUDA only) picks the fastest convolution algorithm per shape, by timing: another
     # algorithm rounds differently (float rounding only, spec §6.3 item 6), so neither identity nor protocol.

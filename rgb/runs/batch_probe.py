@@ -1,4 +1,5 @@
-"""`batch_size=auto`: the largest attack batch that fits the device's free memory for a model, measured by a probe.
+"""`batch_size=auto`: the largest attack batch that fits the device's free memory for a model, measured by a probe;
+and `saturation_rows`: the rows per call from which a bigger call no longer makes a row cheaper (schedule=pooled_by_need).
 
 An attack iteration's peak memory is one forward with its graph and one input-gradient backward over the batch.
 The probe runs that step at doubling batch sizes until the device runs out of memory (or a ceiling), and keeps
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -50,6 +52,40 @@ def largest_batch(model: nn.Module, image_shape: tuple[int, ...], device: torch.
                 torch.cuda.empty_cache()
         fits, size = size, size * 2
     return fits
+
+
+SATURATED_WITHIN = 1.15  # a call is saturated once its time per row is within this factor of the best size's
+SATURATION_REPEATS = 3  # timed steps per size (the best kept), after one warm-up step
+
+
+def saturation_rows(model: nn.Module, x: torch.Tensor, largest: int) -> dict:
+    """{"rows", "seconds_per_row", "within"}: the fewest rows (a power of two up to `largest`, and `largest`) whose
+    `probe_step` costs at most SATURATED_WITHIN times the cheapest size's process CPU seconds per row, timed on `x`
+    (the run's first images in the attacks' input format, repeated to each size). Below it a call pays for rows it
+    does not hold: survivors fewer than that are worth pooling across batches."""
+    sizes = sorted({1 << k for k in range(max(largest, 1).bit_length()) if 1 << k <= largest} | {max(largest, 1)})
+    per_row = {}
+    for size in sizes:
+        rows = x[torch.arange(size) % len(x)]
+        best = float("inf")
+        for timed in range(-1, SATURATION_REPEATS):
+            began = _clock(rows.device)
+            probe_step(model, rows)
+            if timed >= 0:
+                best = min(best, _clock(rows.device) - began)
+        per_row[size] = best / size
+    cheapest = min(per_row.values())
+    rows = next(size for size in sizes if per_row[size] <= SATURATED_WITHIN * cheapest)
+    return {"rows": rows, "seconds_per_row": {str(size): per_row[size] for size in sizes}, "within": SATURATED_WITHIN}
+
+
+def _clock(device: torch.device) -> float:
+    """Process CPU seconds on the CPU (other processes' load does not count); wall seconds after the queued work on
+    CUDA (its calls return before they run)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return time.process_time()
 
 
 def device_key(device: torch.device) -> str:

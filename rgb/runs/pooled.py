@@ -9,6 +9,11 @@ saved (a barrier; a process that meets one attacks another budget meanwhile). Ea
 from `seed` afresh per chunk, as per batch, so a result depends on the chunk's images only, never on which process
 ran it, nor when. Once the last stage is done, each batch is finished (the final checks) and saved as an ordinary
 batch file: merging, evaluation and directories of the batch schedule see no difference.
+
+`schedule=pooled_by_need` pools by need: a batch whose survivors entering a stage are at least the rows per call at
+which the model saturates (measured once per run, `saturation.json`) is that stage's chunk alone, as the batch
+schedule attacks it, so its images' results are the batch schedule's bit for bit; only the batches whose survivors
+fall below it share chunks (and, once below, they stay below: survivors only shrink).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class PooledShard:
                                  on_leave=lambda left: bars.left(b, left),
                                  on_rows=lambda *counts: bars.rows(b, worker, *counts))
         self.n_stages = len(self.attack.attacks)
+        # pooled_by_need: a batch with fewer survivors than this is pooled (None: every batch is, schedule=pooled)
+        self.pool_below = run.saturation_record()["rows"] if request.options.schedule == "pooled_by_need" else None
         rows = len(self.ids)
         self.folded = -1  # the last stage whose outcomes are in the tables below
         self.chunk_ids: dict[int, list[torch.Tensor]] = {}
@@ -83,14 +90,19 @@ class PooledShard:
         return self.run.unit_path(self.index, self.count, stage, unit).is_file()
 
     def chunks(self, stage: int) -> list[torch.Tensor]:
-        """Image ids of each chunk of `stage`: the survivors of the stages before it in image order, cut at
-        batch_size (asked once those stages are folded); none once no image survives (`split` of an empty tensor
-        would give one empty chunk)."""
+        """Image ids of each chunk of `stage` (asked once the stages before it are folded): the survivors of those
+        stages in image order, cut at batch_size; by need, first each batch keeping at least `pool_below` survivors
+        alone, then the others' survivors so cut. None once no image survives (`split` of an empty tensor would give
+        one empty chunk)."""
         if stage not in self.chunk_ids:
             if self.folded != stage - 1:
                 raise RuntimeError(f"chunks of stage {stage} asked with stage {self.folded} folded")
-            survivors = self.ids[self.clean_correct & (self.fooled_by == FooledBy.ROBUST)]
-            self.chunk_ids[stage] = list(survivors.split(self.batch_size)) if len(survivors) else []
+            alive = self.clean_correct & (self.fooled_by == FooledBy.ROBUST)
+            parts = [self.ids[self.rows(s)][alive[self.rows(s)]] for s in self.starts]
+            alone = [p for p in parts if self.pool_below is not None and len(p) >= self.pool_below]
+            pooled = [p for p in parts if self.pool_below is None or len(p) < self.pool_below]
+            survivors = torch.cat(pooled) if pooled else torch.empty(0, dtype=torch.long)
+            self.chunk_ids[stage] = alone + (list(survivors.split(self.batch_size)) if len(survivors) else [])
         return self.chunk_ids[stage]
 
     def unit_ids(self, stage: int, unit: int) -> torch.Tensor:

@@ -37,8 +37,8 @@ from rgb.core.exportfiles import model_record
 from rgb.runs.implementations import attack_implementation
 from rgb.runs.records import batch_record, load_images
 from rgb.runs.pooled import attack_pooled, images_left
-from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method
-from rgb.runs.batch_probe import auto_batch_size
+from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method, worker_threads
+from rgb.runs.batch_probe import auto_batch_size, saturation_rows
 from rgb.runs.request import AUTO_BATCH, AttackRequest, Budget
 from rgb.runs.store import (BATCH_SIZE_LOCK, RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir,
                             recorded_batch_size, standard_run)
@@ -366,7 +366,7 @@ def _attack_tasks(rank: int, device: str, request: AttackRequest, tasks, bars, t
 
 
 def _attack_pooled(rank: int, device: str, request: AttackRequest, tasks, bars, target: Target | None) -> None:
-    """A pool worker's job under schedule=pooled: its share of the units (rgb.runs.pooled; the queue is unused)."""
+    """A pool worker's job under schedule=pooled (or pooled_by_need): its share of the units (rgb.runs.pooled; the queue is unused)."""
     target = target if target is not None else Target.open(request, device)
     attack_pooled(target, request, list(run_directories(request, target).values()), device, bars, rank)
 
@@ -411,6 +411,7 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
         versions=result_versions(),
         complete=True, warnings=warnings, batch_size_auto=run.batch_size_record(),
         input_format_auto=run.input_format_record() if options.input_format == "auto" else None,
+        saturation=run.saturation_record() if options.schedule == "pooled_by_need" else None,
     )
     if request.export:
         summary.export = str(export_adversarial_split(
@@ -478,6 +479,38 @@ def resolve_input_format(request: AttackRequest, target: Target) -> AttackReques
     return replace(request, options=replace(request.options, input_format=record["input_format"]))
 
 
+def resolve_saturation(request: AttackRequest, target: Target) -> None:
+    """Under schedule=pooled_by_need, the rows per call at which the model saturates, measured once per run before
+    any unit (rgb.runs.batch_probe.saturation_rows: forward + input gradient on the first batch's rows, in the run's
+    input format, with a worker's threads) and written into every budget's directory (`saturation.json`) under the
+    first budget's lock; a recorded value is kept, so every worker, shard and resume pools the same batches."""
+    if request.options.schedule != "pooled_by_need":
+        return
+    runs = run_directories(request, target)
+    with next(iter(runs.values())).claim_saturation():
+        records = {name: run.saturation_record() for name, run in runs.items()}
+        record = next((record for record in records.values() if record is not None), None)
+        if record is None:
+            x, _, _ = load_images(target.split, range(min(request.batch_size, target.n_images(request))))
+            if request.options.input_format == "channels_last":
+                x = x.contiguous(memory_format=torch.channels_last)
+            threads = torch.get_num_threads()
+            on_cpu = request.device.startswith("cpu")
+            try:
+                if on_cpu:
+                    torch.set_num_threads(worker_threads(request, request.device, request.processes))
+                with on_request_device(request, target) as model:
+                    record = saturation_rows(model, x.float().to(request.device), request.batch_size)
+            finally:
+                torch.set_num_threads(threads)
+            record = {**record, "device": request.device, "input_format": request.options.input_format}
+            log.info("schedule=pooled_by_need: the model saturates at %d rows per call", record["rows"])
+        for name, run in runs.items():
+            if records[name] is None:
+                run.claim()
+                run.write_saturation_record(record)
+
+
 def resolve_batch_size(request: AttackRequest, target: Target, record: bool = True) -> AttackRequest:
     """`request` with batch_size=auto made a number once per run, before any batch: the number the run's
     directories already name (every shard and resume of a run agrees, whatever its machine), else the probe's,
@@ -518,8 +551,8 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
     """Attack this node's shard of every budget (unless merge_only), then merge every budget whose batches are all
     there. Returns the merged summaries by budget name and logs one line per budget. With `request.processes`
     > 1 the batches go to that many workers (at most one per unfinished batch; a GPU each, or on the CPU their
-    share of the threads; forked where single-threaded on the CPU, else spawned); under `schedule=pooled` they share
-    the units of rgb.runs.pooled (a batch's clean pass, a chunk of a stage's survivors) instead of whole batches.
+    share of the threads; forked where single-threaded on the CPU, else spawned); under `schedule=pooled` (or
+    `pooled_by_need`) they share the units of rgb.runs.pooled (a batch's clean pass, a chunk of a stage's survivors) instead of whole batches.
     `model`: an in-memory model whose weights `request.run` holds (rgb.benchmark), attacked in this process, and on
     the CPU also in workers forked with it (a spawned worker could not get it)."""
     pool = (request.processes > 1 and not request.merge_only
@@ -533,6 +566,7 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
         for budget in request.budgets:
             implementation.check(target.model, budget.threat, request)
         request = resolve_input_format(request, target)
+        resolve_saturation(request, target)
     for run in runs.values():
         run.claim(create=not request.merge_only)
     index, count = request.shard_index, request.shard_count
@@ -564,7 +598,7 @@ def execute(request: AttackRequest, model: InMemoryModel | None = None) -> dict[
             report(b)
 
         bars = Bars(request, ordered, index, count, done)
-        pooled = request.options.schedule == "pooled"
+        pooled = request.options.schedule != "batch"  # pooled, or pooled_by_need
         if pooled:  # a resumed pooled run's bars start after the images its saved units let go
             for b, left in enumerate(images_left(target, request, ordered)):
                 bars.resumed(b, left)

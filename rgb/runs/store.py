@@ -45,6 +45,7 @@ COST_ESTIMATE_FILE = "cost_estimate.json"  # attack.py dry_run=true: beside the 
 BATCH_SIZE_FILE = "batch_size.json"  # how batch_size=auto became the number in run.json (rgb.runs.runner)
 BATCH_SIZE_LOCK = ".batch_size.lock"  # in a model's attack dir: one process at a time resolves batch_size=auto
 INPUT_FORMAT_FILE = "input_format.json"  # what input_format=auto decided for the run, and why (rgb.runs.runner)
+SATURATION_FILE = "saturation.json"  # schedule=pooled_by_need: the rows per call measured once for the run
 RESULT_COLUMNS = (
     "image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust", "fooled_by", "perturbation_norm",
     "forward_rows", "backward_rows",
@@ -273,6 +274,9 @@ class RunSummary(JsonRecord):
     # input_format=auto: what the run decided once and every worker and resume used ({"input_format", "reason",
     # "rows", "device"}); absent for a format given
     input_format_auto: dict | None = None
+    # schedule=pooled_by_need: the rows per call at which the model saturates, measured once for the run
+    # (saturation.json: {"rows", "seconds_per_row", "within", "device", "input_format"}); absent for other schedules
+    saturation: dict | None = None
 
     @classmethod
     def recording(cls, options: AttackOptions, **values) -> RunSummary:
@@ -287,7 +291,7 @@ class RunSummary(JsonRecord):
         when there is one (other summaries keep their bytes)."""
         record = super().to_json()
         others = record.pop("options")
-        for name in ("batch_size_auto", "input_format_auto"):
+        for name in ("batch_size_auto", "input_format_auto", "saturation"):
             if record[name] is None:
                 del record[name]
         return {**record, **others}
@@ -426,6 +430,10 @@ class RunDirectory:
         """The lock under which one process at a time decides input_format=auto for a run (a handle to close)."""
         return self._claim("input_format", f"{INPUT_FORMAT_FILE}.tmp.*", wait=True)
 
+    def claim_saturation(self):
+        """The lock under which one process at a time measures schedule=pooled_by_need's rows for a run."""
+        return self._claim("saturation", f"{SATURATION_FILE}.tmp.*", wait=True)
+
     def save(self, index: int, count: int, start: int, record: dict[str, torch.Tensor]) -> None:
         self._save(self.shard_dir(index, count) / f"batch-{start:06d}.pt", record)
 
@@ -546,6 +554,14 @@ class RunDirectory:
         """What input_format=auto decided for this run ({"input_format", "reason", "rows", "device"}; None: not
         decided, or the format was given)."""
         return self._record(INPUT_FORMAT_FILE, "input_format=auto decides again")
+
+    def write_saturation_record(self, record: dict) -> None:
+        atomic_write_json(self.directory / SATURATION_FILE, record)
+
+    def saturation_record(self) -> dict | None:
+        """The rows per call at which the model saturates, measured once for this run under schedule=pooled_by_need
+        ({"rows", "seconds_per_row", "within", "device", "input_format"}; None: not measured)."""
+        return self._record(SATURATION_FILE, "schedule=pooled_by_need measures again")
 
     def _record(self, name: str, then: str) -> dict | None:
         path = self.directory / name
