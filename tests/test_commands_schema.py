@@ -51,7 +51,7 @@ def test_a_run_that_does_not_exist_is_named_before_any_work(tmp_path):
                                                              "of logit, cosine"),
     ("attack", "norms=linf", "norms must be a non-empty list ([a,b,...]), each Linf, L2 or L1 (any case), got 'linf'"),
     ("attack", "norms=[linf,l3]", "norms must be a non-empty list"),
-    ("attack", "schedule=pool", "schedule must be one of batch, pooled, got 'pool'"),
+    ("attack", "schedule=pool", "schedule must be one of batch, pooled, pooled_by_need, got 'pool'"),
     ("attack", "precision=fp16", "precision must be one of fp32, tf32, bf16"),
     ("attack", "impl=theirs", "impl must be one of ours, reference"),
     ("transfer", "splits=linf_8", "splits must be null or a non-empty list"),

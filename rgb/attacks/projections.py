@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from rgb.attacks.common import host_reads_are_free, largest_first, per_sample
+from rgb.attacks import common
+from rgb.attacks.common import largest_first, per_sample
 
 
 def linf_box(x: torch.Tensor, eps: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +85,7 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
     room = torch.minimum(magnitude, torch.where(delta_flat > 0, 1.0 - x_flat, x_flat)).clamp_min(0.0)
     shrink = room.sum(dim=1, keepdim=True) > eps_col
     zero = torch.zeros_like(eps_col)
-    if magnitude.shape[1] == 0 or (host_reads_are_free(magnitude.device) and not bool(shrink.any())):
+    if magnitude.shape[1] == 0 or (common.host_reads_are_free(magnitude.device) and not bool(shrink.any())):
         lam = zero  # inside the ball: the box clip alone (what any threshold becomes below)
     elif magnitude.device.type == "cpu" and magnitude.shape[1] * _HEAD_SHARE > 64:
         checked = {}  # the last head checked: its width, its rooms, whether the root lies above it
