@@ -379,6 +379,30 @@ def test_a_failing_worker_stops_the_parent_at_its_next_report():
         shared.check()
 
 
+def test_a_worker_whose_exit_arrives_after_the_wait_ended_is_not_a_failure():
+    """A worker flushes its last report and exits between the parent's empty wait and its liveness check: the pump
+    reads what is in the pipe before calling the worker stopped (a worker of test_each_norm_is_merged... was)."""
+    import threading
+    from queue import Empty
+    from types import SimpleNamespace
+
+    from rgb.runs import pool
+
+    class LateExit:
+        def __init__(self):
+            self.waits = 0
+
+        def get(self, timeout):
+            self.waits += 1
+            if self.waits == 1:
+                raise Empty  # the wait ended just before the worker's exit reached the pipe
+            return "exit", (1,)
+
+    shared = pool._SharedBars(SimpleNamespace())
+    pool.pump_events(LateExit(), {1: SimpleNamespace(is_alive=lambda: False, exitcode=0)}, shared, threading.Event())
+    assert shared.failure is None
+
+
 @pytest.mark.parametrize(("device", "threads", "method"), [("cpu", 2, "fork"), ("cpu", 4, "spawn"),
                                                           ("cuda", 2, "spawn")])
 def test_single_threaded_cpu_workers_are_forked_with_the_model(device, threads, method):

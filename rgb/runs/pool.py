@@ -112,11 +112,15 @@ def _pump(events, processes: dict, bars: _SharedBars, stopping: threading.Event)
             method, args = events.get(timeout=0.2)
         except Empty:
             stopped = [rank for rank in sorted(running) if not processes[rank].is_alive()]
-            if stopped:
+            if not stopped:
+                continue
+            try:  # its last words may have reached the pipe after the wait above ended (it flushes them, then exits)
+                method, args = events.get(timeout=0.2)
+            except Empty:
                 bars.failure = AttackRunError(f"attack worker {stopped[0]} stopped (exit code "
                                               f"{processes[stopped[0]].exitcode}) before its batches were done; "
                                               f"re-run to continue")
-            continue
+                continue
         if method == "exit":
             running.discard(args[0])
         elif method == "error":
