@@ -227,6 +227,7 @@ def survivors_per_batch(table: pd.DataFrame, stage: int) -> list[int]:
     return [int(alive[start : start + BATCH].sum()) for start in range(0, N_IMAGES, BATCH)]
 
 
+@pytest.mark.slow  # ~60 s: two whole runs
 def test_pooled_by_need_with_no_batch_below_its_rows_is_the_batch_schedule_bit_for_bit(surrogate, small_bench,
                                                                                        batch_run, monkeypatch,
                                                                                        tmp_path):

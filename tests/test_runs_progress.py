@@ -41,7 +41,8 @@ def quiet(surrogate, small_bench, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize(("schedule", "devices"), [("batch", 1), ("pooled", 1), ("batch", 2), ("pooled", 2)])
+@pytest.mark.parametrize(("schedule", "devices"), [  # one case in the fast suite; CI runs all four
+    ("batch", 1), *(pytest.param(*case, marks=pytest.mark.slow) for case in [("pooled", 1), ("batch", 2), ("pooled", 2)])])
 def test_each_stage_has_a_bar_counting_the_images_that_reach_it(surrogate, small_bench, quiet, tmp_path, capsys,
                                                                caplog, schedule, devices):
     """A bar per stage under the norm's bar (`  linf apgd-t: ... 5/5`), made when the stage first takes images,

@@ -218,6 +218,7 @@ def test_model_of_another_dataset_is_refused_before_anything_is_written(surrogat
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # ~80 s: the six attacks of "plus" through attack.py
 def test_plus_version_runs_through_attack_py(surrogate, small_bench, tmp_path):
     out = tmp_path / "plus"
     summary = attack(overrides(surrogate, small_bench, out, "version=plus", "attacks=[apgd-ce,apgd-dlr,fab]"))["linf"]
