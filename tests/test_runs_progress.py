@@ -147,6 +147,23 @@ def test_the_stage_lines_are_logged_when_the_norm_is_done(monkeypatch, caplog):
         "l1 apgd-ce: 8 images in 01:20 (0.1 img/s), 6 fooled"]
 
 
+
+def test_a_stage_no_image_reached_says_so(monkeypatch, caplog):
+    """Every image fooled before apgd-t (the demo's plain model): its line says none was left, not '0 images in
+    00:00 (0 img/s)'."""
+    from rgb.runs.runner import Bars
+
+    budgets = [SimpleNamespace(name="linf", threat=SimpleNamespace(eps=0.1))]
+    bars = Bars(SimpleNamespace(budgets=budgets, batch_size=10, progress=True), [FakeRun(n=10)], 0, 1)
+    with caplog.at_level(logging.INFO, logger="rgb"):
+        bars.rows(0, 0, "apgd-ce", 10)
+        bars.rows(0, 0, "apgd-ce", 0, 10, 10)
+        bars.rows(0, 0, "apgd-t", 0)
+        bars.batch_done(0, 0, 10, 0)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("linf apgd-ce: 10 images in ") and messages[0].endswith(", 10 fooled")
+    assert messages[1:] == ["linf apgd-t: no image left to attack"]
+
 def test_autoattack_reports_each_stages_images_as_it_takes_and_finishes_them():
     """`on_rows`: the clean pass takes every image, each attack the survivors of the ones before it; what a stage
     attacked sums to what it took, and what it fooled is what its accuracy_after took away."""

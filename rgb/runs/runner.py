@@ -228,11 +228,13 @@ class Bars:
         for key in [key for key in self.stage_bars if key[0] == budget]:
             bar = self.stage_bars.pop(key)
             self.inside.pop(key, None)
-            shown = bar.format_dict
-            elapsed = shown["elapsed"]
-            rate = f"{bar.n / elapsed:.3g} img/s" if elapsed > 0 else "-"
-            log.info("%s %s: %d images in %s (%s), %s", self.names[budget], key[1], bar.n,
-                     bar.format_interval(elapsed), rate, self._fooled(key))
+            if bar.n == 0:  # every image had left before this stage: "0 images in 00:00 (0 img/s)" says less
+                log.info("%s %s: no image left to attack", self.names[budget], key[1])
+            else:
+                elapsed = bar.format_dict["elapsed"]
+                rate = f"{bar.n / elapsed:.3g} img/s" if elapsed > 0 else "-"
+                log.info("%s %s: %d images in %s (%s), %s", self.names[budget], key[1], bar.n,
+                         bar.format_interval(elapsed), rate, self._fooled(key))
             bar.close()
 
     def left(self, budget: int, n: int) -> None:
