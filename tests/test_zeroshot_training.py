@@ -62,3 +62,15 @@ def test_head_init_zeroshot_on_a_timm_model_is_one_line(tmp_path, mini_dir, comp
     with raises_one_line(ValueError, match=r"zero-shot head needs a CLIP text tower: model family 'timm'") as err:
         initialise_head(hydra.utils.instantiate(cfg.model), training_request(cfg).model,
                         hydra.utils.instantiate(cfg.data))
+
+
+def test_a_plain_module_is_refused_for_its_missing_text_tower_not_for_its_export():
+    """A user's factory model under strategy=zeroshot: the line says what is missing (a CLIP text tower), not how to
+    export the model."""
+    import torch
+
+    from rgb.training.config import TrainingConfigError
+    from rgb.training.zeroshot import check_zeroshot_capable
+
+    with raises_one_line(TrainingConfigError, match=r"CLIP text tower: Linear \(no model family\) has none"):
+        check_zeroshot_capable(torch.nn.Linear(2, 2))

@@ -24,10 +24,12 @@ log = logging.getLogger(__name__)
 
 
 def check_zeroshot_capable(model: torch.nn.Module) -> None:
-    family = family_of(model)  # a plain module belongs to none: family_of says how to give it one
-    if not family.text_tower:
+    # a plain module (no family: a user's factory model) has no text tower either; how to export it is beside the point
+    family = family_of(model) if getattr(model, "family", None) is not None else None
+    if family is None or not family.text_tower:
+        owner = f"model family {family.name!r}" if family is not None else f"{type(model).__name__} (no model family)"
         raise TrainingConfigError(
-            f"a zero-shot head needs a CLIP text tower: model family {family.name!r} has none "
+            f"a zero-shot head needs a CLIP text tower: {owner} has none "
             "(use an open_clip model, e.g. model=openclip_vit_b16 or model=openclip_mini)"
         )
 
