@@ -513,6 +513,10 @@ BAD_VALUES = {
     "train": (["callbacks=robust_val", "callbacks.robust_val.n_iter=0", "strategy.name=foo"],
               "train.py: error: invalid value: strategy.name must be one of full_finetune, linear_probe, zeroshot, api, "
               "got 'foo'; callbacks.robust_val.n_iter must be an integer >= 1, got 0"),
+    # the prompts group's keys, each on its field's rule (the ensemble's name too, not a check after torch)
+    "train_prompts": (["model=openclip_mini", "strategy=zeroshot", "prompts.ensemble=best", "prompts.mad_t=-2"],
+                      "train.py: error: invalid value: prompts.ensemble must be one of single, mean, zpe, zpe_select, "
+                      "cpe, got 'best'; prompts.mad_t must be a finite number >= 0, got -2"),
 }
 
 
@@ -525,12 +529,12 @@ def test_a_bad_value_is_said_in_one_line_before_torch_is_imported(tmp_path):
     (run / "model.json").write_text(json.dumps({"family": "timm", "num_classes": 2, "class_names": ["a", "b"],
                                                 "dataset": "digits", "run_name": "r", "image_size": 32}))
     (run / "model.safetensors").write_bytes(b"")
-    cases = {command: [f"{command}.py", *([] if command == "train" else [f"run={run}"]), *given]
-             for command, (given, _) in BAD_VALUES.items()}
+    cases = {case: [f"{command}.py", *([] if command == "train" else [f"run={run}"]), *given]
+             for case, (given, _) in BAD_VALUES.items() for command in [case.split("_")[0]]}
     script = ("import json, sys\nfrom rgb.commands import main\nlines = {}\n"
               f"for command, argv in {cases!r}.items():\n"
               "    sys.argv = argv\n"
-              "    try:\n        getattr(main, command + '_main')()\n"
+              "    try:\n        getattr(main, argv[0].removesuffix('.py') + '_main')()\n"
               "    except SystemExit as done:\n        lines[command] = str(done)\n"
               "    lines[command + ' torch'] = 'torch' in sys.modules\n"
               "print(json.dumps(lines))\n")

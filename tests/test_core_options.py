@@ -131,6 +131,7 @@ def test_the_endpoint_and_prompt_settings_declare_their_rules_on_their_fields():
                                                r"environment variable name; model.max_retries must be an integer "
                                                r">= 0, got -1$"):
         settings.ClientSettings(max_retries=-1, header_env="sk-secret")
-    assert PromptSettings.rules("prompts.").keys() == {"prompts.k", "prompts.tau", "prompts.enrich_worst"}
+    assert PromptSettings.rules("prompts.").keys() == {"prompts.ensemble", "prompts.k", "prompts.tau",
+                                                        "prompts.enrich_worst", "prompts.cmm_units", "prompts.mad_t"}
     with pytest.raises(PromptError, match=r"^prompts.k must be a fraction in \(0, 1\], got 2$"):
         PromptSettings(k=2)

@@ -214,8 +214,11 @@ def test_unknown_dataset_template_keys_are_refused_when_the_config_loads():
     with raises_one_line(PromptError,
                          match=r"unknown dataset id\(s\) 'flowers102'; keys are dataset ids: .*flowers-102") as err:
         PromptSettings.from_config(prompts)
-    for key, value, message in (("ensemble", "zpe_best", "unknown prompt ensemble 'zpe_best'"),
-                                ("cmm_units", "radians", "unknown Cmm units 'radians'"),
+    for key, value, message in (("ensemble", "zpe_best", "^prompts.ensemble must be one of single, mean, zpe, "
+                                                         "zpe_select, cpe, got 'zpe_best'$"),
+                                ("cmm_units", "radians", "^prompts.cmm_units must be one of logit, cosine, got "
+                                                         "'radians'$"),
+                                ("mad_t", -1.0, r"^prompts.mad_t must be a finite number >= 0, got -1.0$"),
                                 ("zpe_pretraining_features", "x.safetensors", "read by the zpe_select ensemble only")):
         _, prompts = prompts_config()
         with pytest.raises(PromptError, match=message):

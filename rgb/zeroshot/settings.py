@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rgb.core.errors import UserError
 from rgb.core.options import Ruled, ruled
 from rgb.core.templates import PromptError, check_templates
-from rgb.core.values import NON_NEGATIVE_INT, POSITIVE, number
+from rgb.core.values import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, number, one_of
 from rgb.data.catalog import DATASET_IDS  # the keys `dataset_templates` may use
 from rgb.zeroshot.prompts import template_pool
 
@@ -73,7 +73,7 @@ class PromptSettings(Ruled):
     """The `prompts` config group: ensemble and its parameters, the template pool, descriptions. Its keys are
     `prompts.<field>` (KEY): the rules on the fields are checked when made and by train.py's schema first."""
 
-    ensemble: str = ruled("cpe")
+    ensemble: str = ruled("cpe", one_of(ENSEMBLE_NAMES))
     pool: str = ruled("imagenet80")
     templates: tuple[str, ...] = ruled(())  # the user's extra templates
     dataset_templates: dict = ruled(default_factory=dict)  # dataset -> extra templates where they matter
@@ -86,9 +86,9 @@ class PromptSettings(Ruled):
     # K: classes with the lowest pseudo-Cmm that get descriptions / questions
     enrich_worst: int = ruled(10, NON_NEGATIVE_INT)
     cache_dir: str | None = ruled(None, identity=False)  # where text features are cached: never which
-    cmm_units: str = ruled(EnsembleParams.cmm_units)  # cpe: similarities of Cmm in logit units (s * cosine) or cosine units
+    cmm_units: str = ruled(EnsembleParams.cmm_units, one_of(CMM_UNITS))  # cpe: similarities of Cmm in logit units (s * cosine) or cosine units
     # zpe_select: keep templates scoring >= median + mad_t * MAD (0.5 ImageNet, 2.0 fine-grained)
-    mad_t: float = ruled(EnsembleParams.mad_t)
+    mad_t: float = ruled(EnsembleParams.mad_t, NON_NEGATIVE)
     # zpe_select: image features of unlabelled pretraining-like images
     zpe_pretraining_features: str | None = ruled(None)
 
@@ -96,8 +96,6 @@ class PromptSettings(Ruled):
         self.check(KEY, error=PromptError)
         object.__setattr__(self, "templates", tuple(self.templates or ()))  # null (or a YAML list): a tuple
         object.__setattr__(self, "dataset_templates", dict(self.dataset_templates or {}))
-        if self.ensemble not in ENSEMBLE_NAMES:
-            raise PromptError(f"unknown prompt ensemble {self.ensemble!r}; choose one of {', '.join(ENSEMBLE_NAMES)}")
         unknown = sorted(set(self.dataset_templates) - set(DATASET_IDS))
         if unknown:
             raise PromptError(f"prompts.dataset_templates: unknown dataset id(s) {', '.join(map(repr, unknown))}; "
@@ -105,10 +103,6 @@ class PromptSettings(Ruled):
         if self.zpe_pretraining_features is not None and self.ensemble != "zpe_select":
             raise PromptError(f"prompts.zpe_pretraining_features is read by the zpe_select ensemble only, not "
                               f"{self.ensemble}")
-        try:
-            ensemble_params(k=self.k, tau=self.tau, cmm_units=self.cmm_units, mad_t=self.mad_t)
-        except EnsembleError as error:
-            raise PromptError(f"prompts: {error}") from None
 
     @classmethod
     def from_config(cls, config: dict, prefix: str = "", **built) -> PromptSettings:
