@@ -194,8 +194,15 @@ def test_coinciding_attack_stage_curves_stay_visible():
     lines = fig.axes[0].get_lines()
     assert len({tuple(line.get_xdata()) for line in lines}) == 3  # offset sideways
     assert len({line.get_marker() for line in lines}) == 3 and len({line.get_linestyle() for line in lines}) == 3
-    assert len({t.xyann for t in fig.axes[0].texts}) == 3  # each line's values on their own level
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list(stages)
+    # the values in a table under the axes (a row per norm), never written at the points, where they overlapped
+    assert not fig.axes[0].texts
+    table = fig.axes[0].tables[0]
+    cells = table.get_celld()
+    assert [cells[row, -1].get_text().get_text() for row in (1, 2, 3)] == ["linf", "l2", "l1"]
+    assert [cells[1, col].get_text().get_text() for col in range(5)] == ["0.90", "0.40", "0.30", "0.30", "0.30"]
+    fig.canvas.draw()
+    assert not _boxes_overlap(fig, table, fig.axes[0].xaxis.label)
 
 
 def test_class_accuracy_names_the_classes_and_writes_nothing_on_the_bars():

@@ -129,29 +129,38 @@ def leaderboard_figure(panels: dict[str, dict[str, dict[str, tuple[float | None,
 
 
 def attack_stages_figure(stages_by_norm: dict[str, dict[str, float]], title: str):
-    """Robust accuracy after each AutoAttack stage (clean first), one line per norm, values at the points.
-    Norms often reach the same accuracies: each line has its own marker and dash, a small sideways offset and
-    its values on its own level, so a line under another stays visible."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    """Robust accuracy after each AutoAttack stage (clean first), one line per norm, and the values in a table
+    under the axes (a row per norm in its line's colour, a column per stage): norms often reach the same or nearby
+    accuracies, where values written at the points overlap. Each line has its own marker and dash and a small
+    sideways offset, so a line under another stays visible."""
     order = list(dict.fromkeys(s for stages in stages_by_norm.values() for s in stages))
+    fig, ax = plt.subplots(figsize=(6.5, 4 + 0.22 * len(stages_by_norm)))
     step = 0.08
+    colours = []
     for j, (norm, stages) in enumerate(stages_by_norm.items()):
         shift = (j - (len(stages_by_norm) - 1) / 2) * step
-        xs = [order.index(s) + shift for s in stages]
         style = {"color": plt.get_cmap("tab10")(j % 10), "marker": "os^Dv"[j % 5],
                  "linestyle": ("-", "--", ":", "-.")[j % 4]}
-        ax.plot(xs, list(stages.values()), label=norm, markersize=6, markerfacecolor="none", linewidth=1.4,
-                **style)
-        for x, y in zip(xs, stages.values()):
-            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 6 + 9 * j), ha="center",
-                        fontsize=7, color=style["color"])
+        colours.append(style["color"])
+        ax.plot([order.index(s) + shift for s in stages], list(stages.values()), label=norm, markersize=6,
+                markerfacecolor="none", linewidth=1.4, **style)
     ax.set_xticks(range(len(order)), order)
-    ax.set_ylim(0, 1.1 + 0.06 * len(stages_by_norm))
+    ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy")
     ax.set_xlabel("after attack stage")
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # never over a point
     ax.grid(alpha=0.3)
+    values = [[f"{stages[s]:.2f}" if s in stages else "" for s in order] for stages in stages_by_norm.values()]
+    table = ax.table(cellText=values, rowLabels=list(stages_by_norm), colLabels=order, cellLoc="center",
+                     bbox=[0.0, -0.28 - 0.07 * len(stages_by_norm), 1.0, 0.07 * (len(stages_by_norm) + 1)])
+    table.auto_set_font_size(False)
+    table.set_fontsize(7)
+    for (row, _), cell in table.get_celld().items():
+        cell.set_edgecolor("0.85")
+        if row > 0:
+            cell.get_text().set_color(colours[row - 1])
+    fig.subplots_adjust(bottom=0.2 + 0.06 * len(stages_by_norm), right=0.83)
     return fig
 
 
