@@ -15,15 +15,18 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from helpers import REPO, compose_config, head_of_test_split
 from rgb.attacks import AttackOptions, AutoAttack
-from rgb.commands.attack import attack_from_config
+from rgb.commands.attack import attack_from_config, attack_request, data_factory
 from rgb.data import BenchmarkData
 from rgb.data.mini import DATASET
 from rgb.models import load_with_meta
+from rgb.runs import runner
 from rgb.runs.pooled import PooledShard
 from rgb.runs.records import load_images
+from rgb.runs.request import white_box_budgets
 from rgb.runs.store import MANIFEST, AttackRunError
 
 N_IMAGES, BATCH = 24, 6
@@ -220,6 +223,39 @@ def saturating_at(monkeypatch, rows: int) -> None:
     """The run's measurement of the rows per call at which the model saturates, fixed at `rows` (it is a timing)."""
     monkeypatch.setattr("rgb.runs.runner.saturation_rows",
                         lambda model, x, largest: {"rows": rows, "seconds_per_row": {}, "within": 1.15})
+
+
+@pytest.mark.parametrize("faster", ["channels_last", "contiguous"])
+def test_pooled_by_need_measures_where_the_model_saturates_in_the_format_the_run_attacks_in(
+        surrogate, small_bench, monkeypatch, tmp_path, faster):
+    """input_format=auto is decided first (here timing says `faster`), then the saturation probe times the model on
+    the first batch in that memory format, as the attacks call it, and its record names the format."""
+    from rgb.attacks import model_calls
+
+    monkeypatch.setattr(model_calls, "_TIMED_FROM_ROWS", 1)
+    monkeypatch.setattr(model_calls, "_step_seconds", lambda model, rows: 0.1 if faster == (
+        "channels_last" if isinstance(model, model_calls.ChannelsLastInputs) else "contiguous") else 1.0)
+    probed = []
+
+    def probe(model, x, largest):
+        probed.append("channels_last" if x.is_contiguous(memory_format=torch.channels_last)
+                      and not x.is_contiguous() else "contiguous")
+        return {"rows": 1, "seconds_per_row": {}, "within": 1.15}
+
+    monkeypatch.setattr("rgb.runs.runner.saturation_rows", probe)
+    summary = attack(surrogate, small_bench, tmp_path / "run", "schedule=pooled_by_need", "attacks=[apgd-ce]")["linf"]
+    assert summary["input_format_auto"]["input_format"] == faster == summary["saturation"]["input_format"]
+    assert probed == [faster]
+    # resolve_saturation on its own, with input_format still auto, decides the format before it probes
+    config = compose_config("attack", f"run={surrogate}", f"paths.mini_dir={small_bench}", f"batch_size={BATCH}",
+                            f"output_dir={tmp_path / 'alone'}", "norms=[linf]", "schedule=pooled_by_need")
+    data = data_factory(config.data)
+    request = attack_request(config, data, white_box_budgets(["linf"], data().budgets, {}), surrogate="s")
+    assert request.options.input_format == "auto"
+    runner.resolve_saturation(request, runner.Target.open(request, "cpu"))
+    assert probed == [faster, faster]
+    assert json.loads((tmp_path / "alone" / "linf" / "saturation.json").read_text())["input_format"] == faster
+    assert json.loads((tmp_path / "alone" / "linf" / "input_format.json").read_text())["input_format"] == faster
 
 
 def survivors_per_batch(table: pd.DataFrame, stage: int) -> list[int]:

@@ -576,6 +576,23 @@ def test_input_format_auto_is_decided_once_recorded_and_kept_by_later_shards(sur
     assert {line[1:] for line in logged_formats(log)} == {("channels_last", "channels_last")}
 
 
+def test_input_format_auto_refuses_norms_that_recorded_different_formats(surrogate, small_bench, tmp_path):
+    """The run attacks all its norms in one format: norms whose records disagree are one line before any batch,
+    and no record is written or changed."""
+    out = tmp_path / "mixed"
+    recorded = {"linf": "contiguous", "l2": "channels_last"}
+    for norm, layout in recorded.items():
+        (out / norm).mkdir(parents=True)
+        (out / norm / "input_format.json").write_text(json.dumps({"input_format": layout, "reason": "given"}))
+    with pytest.raises(AttackRunError, match=re.escape(
+            f"input_format=auto: the norms of {out} were started with formats ['channels_last', 'contiguous']; "
+            f"pass input_format=contiguous or channels_last")):
+        attack(overrides(surrogate, small_bench, out, "norms=[linf,l2]", "data.budgets.l2=1.0"))
+    assert {norm: json.loads((out / norm / "input_format.json").read_text())["input_format"]
+            for norm in recorded} == recorded
+    assert not list(out.glob("*/shard-*"))
+
+
 @pytest.mark.slow
 def test_worker_processes_attack_in_the_format_the_parent_recorded(surrogate, small_bench, tmp_path, monkeypatch):
     """Timing says NCHW in attack.py's process and NHWC in any other: the forked worker still attacks in the

@@ -27,7 +27,7 @@ import torch
 from rgb.attacks.autoattack import AutoAttack, CascadeState, FooledBy
 from rgb.attacks.registry import describe_stage
 from rgb.runs.records import batch_record, load_images
-from rgb.runs.store import RunDirectory
+from rgb.runs.store import SATURATION_RECORD, RunDirectory
 
 POLL_SECONDS = 0.2  # how often a process whose next units other processes hold looks again
 FINISH = -1  # the unit kind that finishes a batch once every stage is done (its unit: the batch start)
@@ -54,7 +54,8 @@ class PooledShard:
                                  on_rows=lambda *counts: bars.rows(b, worker, *counts))
         self.n_stages = len(self.attack.attacks)
         # pooled_by_need: a batch with fewer survivors than this is pooled (None: every batch is, schedule=pooled)
-        self.pool_below = run.saturation_record()["rows"] if request.options.schedule == "pooled_by_need" else None
+        by_need = request.options.schedule == "pooled_by_need"
+        self.pool_below = run.read_record(SATURATION_RECORD)["rows"] if by_need else None
         rows = len(self.ids)
         self.folded = -1  # the last stage whose outcomes are in the tables below
         self.chunk_ids: dict[int, list[torch.Tensor]] = {}

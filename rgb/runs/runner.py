@@ -40,8 +40,9 @@ from rgb.runs.pooled import attack_pooled, images_left
 from rgb.runs.pool import attack_in_workers, next_tasks, worker_start_method, worker_threads
 from rgb.runs.batch_probe import auto_batch_size, saturation_rows
 from rgb.runs.request import AUTO_BATCH, AttackRequest, Budget
-from rgb.runs.store import (BATCH_SIZE_LOCK, RESULT_COLUMNS, AttackRunError, RunDirectory, RunSummary, budget_dir,
-                            recorded_batch_size, standard_run)
+from rgb.runs.store import (BATCH_SIZE_LOCK, BATCH_SIZE_RECORD, INPUT_FORMAT_RECORD, RESULT_COLUMNS, SATURATION_RECORD,
+                            AttackRunError, OnceRecord, RunDirectory, RunSummary, budget_dir, recorded_batch_size,
+                            standard_run)
 
 log = logging.getLogger(__name__)
 
@@ -411,9 +412,9 @@ def merge(target: Target, request: AttackRequest, budget: Budget, run: RunDirect
         backward_rows_per_image=float(columns["backward_rows"].double().mean()),
         results_sha256=results_sha256,
         versions=result_versions(),
-        complete=True, warnings=warnings, batch_size_auto=run.batch_size_record(),
-        input_format_auto=run.input_format_record() if options.input_format == "auto" else None,
-        saturation=run.saturation_record() if options.schedule == "pooled_by_need" else None,
+        complete=True, warnings=warnings, batch_size_auto=run.read_record(BATCH_SIZE_RECORD),
+        input_format_auto=run.read_record(INPUT_FORMAT_RECORD) if options.input_format == "auto" else None,
+        saturation=run.read_record(SATURATION_RECORD) if options.schedule == "pooled_by_need" else None,
     )
     if request.export:
         summary.export = str(export_adversarial_split(
@@ -453,64 +454,82 @@ def probe_batch_size(request: AttackRequest, target: Target) -> dict:
                                batch_size_cache())
 
 
-def resolve_input_format(request: AttackRequest, target: Target) -> AttackRequest:
-    """`request` with input_format=auto made a format once per run, before any batch (NHWC and NCHW round
-    differently, so a choice by timing noise must not differ between workers, shards or resumes): the format the
-    run's directories record, else the one `decide_input_format` picks on the first batch's rows, written with its
-    reason into every budget's directory (`input_format.json`, then summary.json) under the first budget's lock."""
-    if request.options.input_format != "auto" or request.impl != "ours":  # other implementations ignore it
-        return request
+def decided_once(request: AttackRequest, target: Target, kind: OnceRecord,
+                 measure: Callable[[torch.nn.Module, torch.Tensor], dict],
+                 check: Callable[[list[dict]], None] = lambda recorded: None) -> dict:
+    """The value `kind` records for the run, decided once per run before any batch so that no worker, shard or
+    resume decides again (a timing must never split a run): the first one the run's budget directories record
+    (`check` sees them all first, and raises where they cannot go together), else `measure(model, x)` on the first
+    batch's rows `x` with the model on the request's device; written into every budget's directory that lacks it,
+    all under the first budget's lock."""
     runs = run_directories(request, target)
-    with next(iter(runs.values())).claim_input_format():
-        records = {name: run.input_format_record() for name, run in runs.items()}
-        formats = {record["input_format"] for record in records.values() if record is not None}
-        if len(formats) > 1:
-            raise AttackRunError(f"input_format=auto: the norms of {request.output_dir} were started with formats "
-                                 f"{sorted(formats)}; pass input_format=contiguous or channels_last")
+    with next(iter(runs.values())).claim_record(kind):
+        records = {name: run.read_record(kind) for name, run in runs.items()}
+        check([record for record in records.values() if record is not None])
         record = next((record for record in records.values() if record is not None), None)
         if record is None:
             x, _, _ = load_images(target.split, range(min(request.batch_size, target.n_images(request))))
             with on_request_device(request, target) as model:
-                layout, why = decide_input_format(model, x, torch.device(request.device))
-            record = {"input_format": layout, "reason": why, "rows": len(x), "device": request.device}
-            log.info("input_format=auto: %s (%s)", layout, why)
+                record = measure(model, x)
         for name, run in runs.items():
             if records[name] is None:
                 run.claim()
-                run.write_input_format_record(record)
+                run.write_record(kind, record)
+    return record
+
+
+def one_per_run(request: AttackRequest, option: str, what: str, values: set, fix: str) -> None:
+    """AttackRunError where the run's norms recorded different `values` of an option decided once per run for all
+    of them (its `what`: e.g. "formats"), naming the `fix` (give the option)."""
+    if len(values) > 1:
+        raise AttackRunError(f"{option}: the norms of {request.output_dir} were started with {what} {sorted(values)}; "
+                             f"pass {fix}")
+
+
+def resolve_input_format(request: AttackRequest, target: Target) -> AttackRequest:
+    """`request` with input_format=auto made a format once per run (`decided_once`; NHWC and NCHW round
+    differently): the one `decide_input_format` picks on the first batch's rows, recorded with its reason in every
+    budget's `input_format.json`, then summary.json."""
+    if request.options.input_format != "auto" or request.impl != "ours":  # other implementations ignore it
+        return request
+
+    def one_format(recorded: list[dict]) -> None:  # the run attacks all its budgets in one format
+        one_per_run(request, "input_format=auto", "formats", {record["input_format"] for record in recorded},
+                    "input_format=contiguous or channels_last")
+
+    def decide(model: torch.nn.Module, x: torch.Tensor) -> dict:
+        layout, why = decide_input_format(model, x, torch.device(request.device))
+        log.info("input_format=auto: %s (%s)", layout, why)
+        return {"input_format": layout, "reason": why, "rows": len(x), "device": request.device}
+
+    record = decided_once(request, target, INPUT_FORMAT_RECORD, decide, one_format)
     return replace(request, options=replace(request.options, input_format=record["input_format"]))
 
 
 def resolve_saturation(request: AttackRequest, target: Target) -> None:
-    """Under schedule=pooled_by_need, the rows per call at which the model saturates, measured once per run before
-    any unit (rgb.runs.batch_probe.saturation_rows: forward + input gradient on the first batch's rows, in the run's
-    input format, with a worker's threads) and written into every budget's directory (`saturation.json`) under the
-    first budget's lock; a recorded value is kept, so every worker, shard and resume pools the same batches."""
+    """Under schedule=pooled_by_need, the rows per call at which the model saturates, measured once per run
+    (`decided_once`, so every worker, shard and resume pools the same batches) by
+    rgb.runs.batch_probe.saturation_rows: forward + input gradient on the first batch's rows, with a worker's
+    threads, in the memory format the run attacks in (input_format=auto is decided first: NHWC and NCHW calls
+    saturate at other rows), recorded in every budget's `saturation.json`."""
     if request.options.schedule != "pooled_by_need":
         return
-    runs = run_directories(request, target)
-    with next(iter(runs.values())).claim_saturation():
-        records = {name: run.saturation_record() for name, run in runs.items()}
-        record = next((record for record in records.values() if record is not None), None)
-        if record is None:
-            x, _, _ = load_images(target.split, range(min(request.batch_size, target.n_images(request))))
-            if request.options.input_format == "channels_last":
-                x = x.contiguous(memory_format=torch.channels_last)
-            threads = torch.get_num_threads()
-            on_cpu = request.device.startswith("cpu")
-            try:
-                if on_cpu:
-                    torch.set_num_threads(worker_threads(request, request.device, request.processes))
-                with on_request_device(request, target) as model:
-                    record = saturation_rows(model, x.float().to(request.device), request.batch_size)
-            finally:
-                torch.set_num_threads(threads)
-            record = {**record, "device": request.device, "input_format": request.options.input_format}
-            log.info("schedule=pooled_by_need: the model saturates at %d rows per call", record["rows"])
-        for name, run in runs.items():
-            if records[name] is None:
-                run.claim()
-                run.write_saturation_record(record)
+    request = resolve_input_format(request, target)  # a no-op where the format is given or already decided
+
+    def measure(model: torch.nn.Module, x: torch.Tensor) -> dict:
+        if request.options.input_format == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        threads = torch.get_num_threads()
+        try:
+            if request.device.startswith("cpu"):
+                torch.set_num_threads(worker_threads(request, request.device, request.processes))
+            record = saturation_rows(model, x.float().to(request.device), request.batch_size)
+        finally:
+            torch.set_num_threads(threads)
+        log.info("schedule=pooled_by_need: the model saturates at %d rows per call", record["rows"])
+        return {**record, "device": request.device, "input_format": request.options.input_format}
+
+    decided_once(request, target, SATURATION_RECORD, measure)
 
 
 def resolve_batch_size(request: AttackRequest, target: Target, record: bool = True) -> AttackRequest:
@@ -523,9 +542,7 @@ def resolve_batch_size(request: AttackRequest, target: Target, record: bool = Tr
 
     def recorded() -> AttackRequest | None:
         sizes = {recorded_batch_size(budget_dir(request.output_dir, b.name)) for b in request.budgets} - {None}
-        if len(sizes) > 1:
-            raise AttackRunError(f"batch_size=auto: the norms of {request.output_dir} were started with batch sizes "
-                                 f"{sorted(sizes)}; pass batch_size=N")
+        one_per_run(request, "batch_size=auto", "batch sizes", sizes, "batch_size=N")
         return replace(request, batch_size=sizes.pop()) if sizes else None
 
     if not record:
@@ -539,7 +556,7 @@ def resolve_batch_size(request: AttackRequest, target: Target, record: bool = Tr
         resolved = replace(request, batch_size=answer["batch_size"])
         for run in run_directories(resolved, target).values():
             run.claim()
-            run.write_batch_size_record(answer)
+            run.write_record(BATCH_SIZE_RECORD, answer)
         log.info("batch_size=auto: %d (%s, %s)", answer["batch_size"], answer["source"], answer["device"])
         return resolved
 

@@ -46,6 +46,25 @@ BATCH_SIZE_FILE = "batch_size.json"  # how batch_size=auto became the number in 
 BATCH_SIZE_LOCK = ".batch_size.lock"  # in a model's attack dir: one process at a time resolves batch_size=auto
 INPUT_FORMAT_FILE = "input_format.json"  # what input_format=auto decided for the run, and why (rgb.runs.runner)
 SATURATION_FILE = "saturation.json"  # schedule=pooled_by_need: the rows per call measured once for the run
+
+
+@dataclass(frozen=True)
+class OnceRecord:
+    """A value decided once per run and recorded in each budget's directory, so that every worker, shard and resume
+    reuses it instead of deciding again (a timing must never split a run; rgb.runs.runner's `decided_once`)."""
+
+    file: str  # its JSON file in a budget's directory; its lock is `locks/<stem>.lock`
+    again: str  # what deleting a file that does not read leads to
+
+
+# {"batch_size", "source", "device"}: how batch_size=auto became the number in run.json (decided under the attack
+# dir's BATCH_SIZE_LOCK, since a budget's directory needs the number first).
+BATCH_SIZE_RECORD = OnceRecord(BATCH_SIZE_FILE, "batch_size=auto probes again")
+# {"input_format", "reason", "rows", "device"}: what input_format=auto decided.
+INPUT_FORMAT_RECORD = OnceRecord(INPUT_FORMAT_FILE, "input_format=auto decides again")
+# {"rows", "seconds_per_row", "within", "device", "input_format"}: where the model saturates (pooled_by_need).
+SATURATION_RECORD = OnceRecord(SATURATION_FILE, "schedule=pooled_by_need measures again")
+
 RESULT_COLUMNS = (
     "image_id", "label", "clean_pred", "adv_pred", "clean_correct", "robust", "fooled_by", "perturbation_norm",
     "forward_rows", "backward_rows",
@@ -426,13 +445,9 @@ class RunDirectory:
                 stale.unlink(missing_ok=True)
         return handle
 
-    def claim_input_format(self):
-        """The lock under which one process at a time decides input_format=auto for a run (a handle to close)."""
-        return self._claim("input_format", f"{INPUT_FORMAT_FILE}.tmp.*", wait=True)
-
-    def claim_saturation(self):
-        """The lock under which one process at a time measures schedule=pooled_by_need's rows for a run."""
-        return self._claim("saturation", f"{SATURATION_FILE}.tmp.*", wait=True)
+    def claim_record(self, kind: OnceRecord):
+        """The lock under which one process at a time decides `kind`'s value for a run (a handle to close)."""
+        return self._claim(Path(kind.file).stem, f"{kind.file}.tmp.*", wait=True)
 
     def save(self, index: int, count: int, start: int, record: dict[str, torch.Tensor]) -> None:
         self._save(self.shard_dir(index, count) / f"batch-{start:06d}.pt", record)
@@ -540,32 +555,13 @@ class RunDirectory:
         atomic_write_bytes(self.directory / RESULTS_FILE, data)
         return hashlib.sha256(data).hexdigest()
 
-    def write_batch_size_record(self, record: dict) -> None:
-        atomic_write_json(self.directory / BATCH_SIZE_FILE, record)
+    def write_record(self, kind: OnceRecord, record: dict) -> None:
+        atomic_write_json(self.directory / kind.file, record)
 
-    def batch_size_record(self) -> dict | None:
-        """How batch_size=auto was resolved for this directory (None: it was given as a number)."""
-        return self._record(BATCH_SIZE_FILE, "batch_size=auto probes again")
-
-    def write_input_format_record(self, record: dict) -> None:
-        atomic_write_json(self.directory / INPUT_FORMAT_FILE, record)
-
-    def input_format_record(self) -> dict | None:
-        """What input_format=auto decided for this run ({"input_format", "reason", "rows", "device"}; None: not
-        decided, or the format was given)."""
-        return self._record(INPUT_FORMAT_FILE, "input_format=auto decides again")
-
-    def write_saturation_record(self, record: dict) -> None:
-        atomic_write_json(self.directory / SATURATION_FILE, record)
-
-    def saturation_record(self) -> dict | None:
-        """The rows per call at which the model saturates, measured once for this run under schedule=pooled_by_need
-        ({"rows", "seconds_per_row", "within", "device", "input_format"}; None: not measured)."""
-        return self._record(SATURATION_FILE, "schedule=pooled_by_need measures again")
-
-    def _record(self, name: str, then: str) -> dict | None:
-        path = self.directory / name
-        return read_json(path, AttackRunError, f"delete {path} ({then})") if path.exists() else None
+    def read_record(self, kind: OnceRecord) -> dict | None:
+        """`kind`'s value for this run (None: not decided yet, or not decided by the run: e.g. the option was given)."""
+        path = self.directory / kind.file
+        return read_json(path, AttackRunError, f"delete {path} ({kind.again})") if path.exists() else None
 
     def write_summary(self, summary: RunSummary) -> None:
         atomic_write_json(self.directory / SUMMARY_FILE, summary.to_json())
