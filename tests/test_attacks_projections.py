@@ -209,7 +209,8 @@ def test_l1_projection_inside_the_ball_is_the_box_clip_without_a_selection(monke
         raise AssertionError("no selection or bisection inside the ball")
 
     monkeypatch.setattr(projections, "largest_first", refuse)
-    monkeypatch.setattr(projections, "_l1_threshold", refuse)
+    monkeypatch.setattr(projections, "_l1_bisection", refuse)
+    monkeypatch.setattr(projections, "_l1_breakpoints", refuse)
     assert torch.equal(project_l1_ball_box(x, delta, eps), expected)
 
 
@@ -224,3 +225,53 @@ def test_l1_mass_into_a_scratch_tensor_is_bit_for_bit():
     plain = torch.minimum((magnitude - lam).clamp_min(0.0), room).sum(dim=1, keepdim=True)
     assert torch.equal(_l1_mass(magnitude, room, lam, scratch), plain)
     assert torch.equal(_l1_mass(magnitude, room, lam), plain)
+
+
+def float64_root(magnitude, room, eps):
+    """The threshold by a 200-step float64 bisection of the mass (spec §8 item 1's brute force), (N, 1)."""
+    magnitude, room, eps = magnitude.double(), room.double(), eps.double().view(-1, 1)
+    lo, hi = torch.zeros_like(eps), magnitude.amax(dim=1, keepdim=True)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        above = torch.minimum((magnitude - mid).clamp_min(0), room).sum(dim=1, keepdim=True) > eps
+        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+    return hi
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_l1_breakpoint_solver_finds_the_float64_root_with_ties_and_saturated_rooms(seed):
+    """The sorted-breakpoint solver (issue 54) against a float64 bisection: rows with many tied magnitudes, rooms
+    of 0 (coordinates at a box face), whole rooms (inside the box) and partial ones, eps anywhere below the row's
+    whole room; within float32 resolution of the largest magnitude."""
+    from rgb.attacks.projections import _l1_breakpoints
+
+    g = torch.Generator().manual_seed(seed)
+    magnitude = torch.rand(40, 64, generator=g).round(decimals=1 + seed % 2)  # ties, some exact zeros
+    kind = torch.randint(0, 3, magnitude.shape, generator=g)
+    room = torch.where(kind == 0, 0.0, torch.where(kind == 1, magnitude, magnitude * torch.rand(40, 64, generator=g)))
+    eps = room.sum(dim=1) * torch.rand(40, generator=g).clamp_min(0.01)
+    lam = _l1_breakpoints(magnitude, room, eps.view(-1, 1))
+    assert lam.dtype == torch.float32 and lam.shape == (40, 1)
+    torch.testing.assert_close(lam.double(), float64_root(magnitude, room, eps), atol=2e-7, rtol=0)
+
+
+def test_l1_projection_on_the_cpu_head_uses_the_breakpoints_and_matches_float64_reference(monkeypatch):
+    """Square-L1's case (few large entries, many of them leaving the box, tied magnitudes): the threshold comes from
+    the sorted head's breakpoints, never a bisection, and the projection matches the float64 brute force."""
+    import rgb.attacks.projections as projections
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the sparse case solves on the head's breakpoints")
+
+    monkeypatch.setattr(projections, "_l1_bisection", refuse)
+    g = torch.Generator().manual_seed(7)
+    x = torch.rand(8, 3, 32, 32, generator=g)
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.3, torch.round(x), x)  # at box faces: rooms of 0
+    delta = 1e-3 * torch.randn(x.shape, generator=g)
+    big = torch.rand(8, 3 * 32 * 32, generator=g).argsort(dim=1)[:, :40]
+    delta.view(8, -1).scatter_(1, big, torch.randint(-4, 5, (8, 40), generator=g) * 0.25)  # ties, out of the box
+    eps = 0.4 * lp_norm((x + delta).clamp(0, 1) - x, "L1")
+    projected = project_l1_ball_box(x, delta, eps)
+    torch.testing.assert_close(projected.double().flatten(1), reference_l1_projection(x, delta, eps), atol=2e-6,
+                               rtol=0)
+    assert torch.all(lp_norm(projected, "L1") <= eps * (1 + 1e-5))
