@@ -157,8 +157,9 @@ def fab_project_l2(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     _check_hyperplane_args(t, w, b)
     w, target = _orient(t, w, b)
     # The coordinates that stay put, zeroed in place (a `where` against a zero tensor gives the same bits, slower).
-    still = torch.ge(w.abs(), _ZERO_WEIGHT).logical_not_()
-    magnitude = w.abs().masked_fill_(still, 0.0)
+    magnitude = w.abs()
+    still = torch.ge(magnitude, _ZERO_WEIGHT).logical_not_()
+    magnitude.masked_fill_(still, 0.0)
     room = _distance_to_face(t, w).masked_fill_(still, 0.0)
     reach = room / magnitude.masked_fill(still, 1.0)
     alpha, feasible = _saturation_level(reach, magnitude.square(), target)
