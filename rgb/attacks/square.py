@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rgb.attacks.common import (AttackResult, EvalCounter, LiveRows, Progress, check_eps, host_reads_are_free,
-                                make_generator)
+from rgb.attacks import common
+from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
 from rgb.attacks.projections import linf_box, project_l1_ball_box
 from rgb.core.threat import Norm, parse_norm
 
@@ -185,7 +185,7 @@ class _SquareLp:
         """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images).
         On the CPU, where a host read is free, only the accepted rows are copied into `best`, in place (on robust
         points few are accepted after the first queries)."""
-        if not host_reads_are_free(best.device):
+        if not common.host_reads_are_free(best.device):
             return torch.where(accept[:, None, None, None], candidate, best)
         rows = accept.nonzero().squeeze(1)
         if rows.numel() == accept.numel():
