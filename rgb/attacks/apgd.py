@@ -323,11 +323,11 @@ def _run(
         wrong = (logits.argmax(dim=1) != s["y"]) & ~s["pre_fooled"]
         active = ~s["fooled"] if early_stop else torch.ones_like(wrong)
         take_adv = wrong & active
-        s["x_adv"] = _rows_where(take_adv, x_new, s["x_adv"])
+        s["x_adv"] = common.rows_where(take_adv, x_new, s["x_adv"])
         s["fooled"] = s["fooled"] | wrong
         improved = (loss > s["loss_best"]) & active
-        s["x_best"] = _rows_where(improved, x_new, s["x_best"])
-        s["grad_best"] = _rows_where(improved, grad, s["grad_best"])
+        s["x_best"] = common.rows_where(improved, x_new, s["x_best"])
+        s["grad_best"] = common.rows_where(improved, grad, s["grad_best"])
         s["loss_best"] = torch.where(improved, loss, s["loss_best"])
 
         steps.adapt(s, i, loss)
@@ -339,18 +339,6 @@ def _run(
                 "loss": loss.clone(), "loss_best": s["loss_best"].clone(), "fooled": s["fooled"].clone(),
             })
     return live.sync()
-
-
-def _rows_where(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """The rows of `new` where `mask` holds, of `old` elsewhere. On the CPU, where a host read is free, a uniform
-    mask (on robust points no row turns adversarial at most steps) returns one of the two as it is, without a
-    pass over the images; nothing updates them in place."""
-    if common.host_reads_are_free(new.device):
-        if not bool(mask.any()):
-            return old
-        if bool(mask.all()):
-            return new
-    return torch.where(as_column(mask, new), new, old)
 
 
 def _restart_from_best(s: dict[str, torch.Tensor], mask: torch.Tensor) -> None:

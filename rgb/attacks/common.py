@@ -80,6 +80,18 @@ def host_reads_are_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def rows_where(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """The rows of `new` where `mask` (N,) holds, of `old` elsewhere. On the CPU, where a host read is free, a
+    uniform mask (on robust points no row turns adversarial at most steps) returns one of the two as it is, without
+    a pass over the images, so the caller must not update either in place afterwards."""
+    if host_reads_are_free(new.device):
+        if not bool(mask.any()):
+            return old
+        if bool(mask.all()):
+            return new
+    return torch.where(as_column(mask, new), new, old)
+
+
 def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Tensor], bool]):
     """The largest entries of each row of `values` (N, D) in decreasing order with their indices, (N, k) each,
     for the smallest k in 64, 256, ... , D at which `enough(top, order)` (a Python bool: a host read) holds.

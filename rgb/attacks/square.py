@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rgb.attacks import common
 from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
 from rgb.attacks.projections import linf_box, project_l1_ball_box
 from rgb.core.threat import Norm, parse_norm
@@ -132,25 +133,28 @@ class _SquareLinf:
         return (x + eps * stripes).clamp(0.0, 1.0)
 
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
-        """The budget's box, computed once (rows leave with their box)."""
+        """The budget's box, computed once (rows leave with their box), and the candidate image: a copy of `best`
+        that differs from it only inside the window being tried (so a query copies the window, not the image)."""
         rows["lower"], rows["upper"] = linf_box(rows["x"], eps)
+        rows["candidate"] = rows["best"].clone()
 
     def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
         """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip to
         the budget's box [lower, upper])."""
-        x_best, window = state["best"], windows[0]
+        x_best, candidate, window = state["best"], state["candidate"], windows[0]
         signs = _signs(uniform[2:]).view(x_best.shape[1], 1, 1)
-        candidate = x_best.clone()
         candidate[window] = (x_best[window] + 2 * eps * signs).clamp_(state["lower"][window], state["upper"][window])
         return candidate
 
     @staticmethod
     def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
                ) -> torch.Tensor:
-        """The accepted rows' window (all that a candidate changed) copied into `best`, in place."""
+        """The accepted rows' window (all that a candidate changed) copied into `best`, in place, and the candidate's
+        window back to `best`'s."""
         window = windows[0]
         best[window] = torch.where(accept[:, None, None, None], candidate[window], best[window])
+        candidate[window] = best[window]
         return best
 
 
@@ -178,8 +182,17 @@ class _SquareLp:
     @staticmethod
     def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
                ) -> torch.Tensor:
-        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images)."""
-        return torch.where(accept[:, None, None, None], candidate, best)
+        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images).
+        On the CPU, where a host read is free, only the accepted rows are copied into `best`, in place (on robust
+        points few are accepted after the first queries)."""
+        if not common.host_reads_are_free(best.device):
+            return torch.where(accept[:, None, None, None], candidate, best)
+        rows = accept.nonzero().squeeze(1)
+        if rows.numel() == accept.numel():
+            return candidate
+        if rows.numel():
+            best[rows] = candidate[rows]
+        return best
 
     def mass(self, values: torch.Tensor) -> torch.Tensor:
         """Per (image, channel) mass over the spatial dims, shape (N, C, 1, 1)."""
