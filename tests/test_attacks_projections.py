@@ -19,27 +19,25 @@ def random_case(seed, n=16, shape=(3, 8, 8), eps_range=(0.05, 20.0)):
     return x, delta, eps
 
 
+def float64_root(magnitude, room, eps):
+    """The threshold by a 200-step float64 bisection of the mass (spec §8 item 1's brute force), (N, 1)."""
+    magnitude, room, eps = magnitude.double(), room.double(), eps.double().view(-1, 1)
+    lo, hi = torch.zeros_like(eps), magnitude.amax(dim=1, keepdim=True)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        above = torch.minimum((magnitude - mid).clamp_min(0), room).sum(dim=1, keepdim=True) > eps
+        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+    return hi
+
+
 def reference_l1_projection(x, delta, eps):
     """Float64 brute force: bisection on lambda (many steps) with the closed form of spec §3.3."""
     x, delta = x.double().flatten(1), delta.double().flatten(1)
     magnitude = delta.abs()
     room = torch.minimum(magnitude, torch.where(delta > 0, 1 - x, x))
-    out = []
-    for row in range(x.shape[0]):
-        a, c, e = magnitude[row], room[row], float(eps[row])
-        lo, hi = 0.0, float(a.max()) if a.numel() else 0.0
-        if float(c.sum()) > e:
-            for _ in range(200):
-                mid = (lo + hi) / 2
-                if float(torch.minimum((a - mid).clamp_min(0), c).sum()) > e:
-                    lo = mid
-                else:
-                    hi = mid
-            lam = hi
-        else:
-            lam = 0.0
-        out.append(torch.sign(delta[row]) * torch.minimum((a - lam).clamp_min(0), c))
-    return torch.stack(out)
+    eps = torch.as_tensor(eps, dtype=torch.float64).expand(x.shape[0]).reshape(-1, 1)
+    lam = torch.where(room.sum(dim=1, keepdim=True) > eps, float64_root(magnitude, room, eps), 0.0)
+    return torch.sign(delta) * torch.minimum((magnitude - lam).clamp_min(0), room)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -227,17 +225,6 @@ def test_l1_mass_into_a_scratch_tensor_is_bit_for_bit():
     assert torch.equal(_l1_mass(magnitude, room, lam), plain)
 
 
-def float64_root(magnitude, room, eps):
-    """The threshold by a 200-step float64 bisection of the mass (spec §8 item 1's brute force), (N, 1)."""
-    magnitude, room, eps = magnitude.double(), room.double(), eps.double().view(-1, 1)
-    lo, hi = torch.zeros_like(eps), magnitude.amax(dim=1, keepdim=True)
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        above = torch.minimum((magnitude - mid).clamp_min(0), room).sum(dim=1, keepdim=True) > eps
-        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
-    return hi
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_l1_breakpoint_solver_finds_the_float64_root_with_ties_and_saturated_rooms(seed):
     """The sorted-breakpoint solver (issue 54) against a float64 bisection: rows with many tied magnitudes, rooms
@@ -253,6 +240,20 @@ def test_l1_breakpoint_solver_finds_the_float64_root_with_ties_and_saturated_roo
     lam = _l1_breakpoints(magnitude, room, eps.view(-1, 1))
     assert lam.dtype == torch.float32 and lam.shape == (40, 1)
     torch.testing.assert_close(lam.double(), float64_root(magnitude, room, eps), atol=2e-7, rtol=0)
+
+
+def test_l1_breakpoint_solver_keeps_rooms_far_below_a_float32_step_of_their_magnitude():
+    """A coordinate 1e-9 from the face it points at, |delta| 0.9: in float32, a_i - c_i rounds back to a_i and the
+    room dropped out of the mass, so the solver returned lam 0 and the projection kept twice the budget (review of
+    issue 54's solver). In float64 the rooms count, and the projection stays inside the ball."""
+    x = torch.full((4, 3, 32, 32), 0.5)
+    delta = torch.zeros_like(x)
+    x.view(4, -1)[:, :100], delta.view(4, -1)[:, :100] = 1e-9, -0.9
+    eps = torch.full((4,), 5e-8)
+    v = project_l1_ball_box(x, delta, eps)
+    assert (v.flatten(1).abs().sum(dim=1) <= eps * (1 + 1e-5)).all()
+    # within float32 resolution of |delta| (a_i - lam is taken in float32: 5e-10 of 0.9 rounds to 0, as it did before)
+    torch.testing.assert_close(v.double().flatten(1), reference_l1_projection(x, delta, eps), atol=1e-7, rtol=0)
 
 
 def test_l1_projection_on_the_cpu_head_uses_the_breakpoints_and_matches_float64_reference(monkeypatch):

@@ -40,7 +40,7 @@ def project_l2(x: torch.Tensor, x_adv: torch.Tensor, eps: float | torch.Tensor) 
 # Halvings of [0, max |delta|] when bisecting for the L1 threshold: 2^-32 is below float32 resolution.
 _L1_BISECTION_STEPS = 32
 # On the CPU, a projection whose moving coordinates do not fit in a head of this share of the row bisects
-# whole rows (a partial selection of more would cost about as much as the sort of the head it saves).
+# whole rows (a partial selection of more would cost about as much as the whole-row bisection it saves).
 _HEAD_SHARE = 1 / 16
 
 
@@ -75,14 +75,15 @@ def _l1_breakpoints(magnitude: torch.Tensor, room: torch.Tensor, eps_col: torch.
     a_i - c_i (below it the coordinate has used its room: slope back up by 1). Sorted from the top, a cumulative sum
     of the slope changes counts the moving coordinates on each segment, a second one of count * width gives the mass
     at every breakpoint, and the segment where it crosses eps gives lam by one linear interpolation: about fifteen
-    tensor operations and no host read. Ties and rooms of 0 make zero-width segments, which add nothing. The masses
-    are summed in float64, so each is its terms' sum to within one float32 rounding of each term. (A stable sort:
-    the faster of torch's two on the CPU at these widths.)
+    tensor operations and no host read. Ties and rooms of 0 make zero-width segments, which add nothing. The
+    breakpoints and masses are in float64: a room far below a float32 step of its a_i would round a_i - c_i back to
+    a_i in float32 and drop that room from the mass (a projection over the budget); in float64 each mass is its
+    terms' sum to about 1e-16 relative. (A stable sort: the faster of torch's two on the CPU at these widths.)
     """
     width = magnitude.shape[1]
-    breakpoints = torch.cat((magnitude, magnitude - room), dim=1)
+    wide = magnitude.double()
+    breakpoints = torch.cat((wide, wide - room.double()), dim=1)
     points, order = breakpoints.sort(dim=1, descending=True, stable=True)
-    points = points.double()
     moving = torch.where(order < width, 1.0, -1.0).to(torch.float64).cumsum_(dim=1)[:, :-1]
     gap = points[:, :-1] - points[:, 1:]
     mass = torch.nn.functional.pad(gap.mul_(moving).cumsum_(dim=1), (1, 0))  # at each breakpoint; 0 at max a
@@ -136,7 +137,8 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
         top, order = largest_first(
             magnitude, lambda top, order: top.shape[1] >= give_up or root_above_head(top, order))
         if root_above_head(top, order):
-            lam = _l1_breakpoints(top, checked["room"], eps_col)
+            # the root lies at or above the head's smallest a_i (checked): the clamp only ever keeps it there
+            lam = _l1_breakpoints(top, checked["room"], eps_col).clamp_min_(top[:, -1:])
         else:  # dense: many coordinates move, bisect whole rows
             lam = _l1_bisection(magnitude, room, eps_col, zero, magnitude.amax(dim=1, keepdim=True))
     else:
