@@ -199,10 +199,33 @@ def test_coinciding_attack_stage_curves_stay_visible():
     assert not fig.axes[0].texts
     table = fig.axes[0].tables[0]
     cells = table.get_celld()
-    assert [cells[row, -1].get_text().get_text() for row in (1, 2, 3)] == ["linf", "l2", "l1"]
-    assert [cells[1, col].get_text().get_text() for col in range(5)] == ["0.90", "0.40", "0.30", "0.30", "0.30"]
+    assert [cells[row, 0].get_text().get_text() for row in (1, 2, 3)] == ["linf", "l2", "l1"]
+    assert [cells[1, col].get_text().get_text() for col in range(1, 6)] == ["0.90", "0.40", "0.30", "0.30", "0.30"]
     fig.canvas.draw()
     assert not _boxes_overlap(fig, table, fig.axes[0].xaxis.label)
+
+
+def test_attack_stages_with_long_labels_keep_their_ticks_and_cells_apart(tmp_path):
+    """A run under another implementation is labelled "linf [impl ...]": its name sits in the table's first column,
+    so the axes keep their width (tick labels apart) and five rows' values stay in their cells once saved."""
+    from rgb.evaluation.plots import save
+
+    stages = {"clean": 0.9, "apgd-ce": 0.4, "apgd-t": 0.3, "fab-t": 0.3, "square": 0.3}
+    names = ["linf", "l2", "l1", "linf [impl autoattack 0.1]", "l2 [impl autoattack 0.1]"]
+    fig = attack_stages_figure({name: dict(stages) for name in names}, "t")
+    ax = fig.axes[0]
+    fig.tight_layout()  # what save() does before writing
+    fig.canvas.draw()
+    ticks = ax.get_xticklabels()
+    assert not any(_boxes_overlap(fig, a, b) for a, b in zip(ticks, ticks[1:]))
+    cells = ax.tables[0].get_celld()
+    renderer = fig.canvas.get_renderer()
+    for row in range(1, 6):
+        for col in range(6):
+            text = cells[row, col].get_text().get_window_extent(renderer)
+            cell = cells[row, col].get_window_extent(renderer)
+            assert cell.x0 - 1 <= text.x0 and text.x1 <= cell.x1 + 1, (row, col)
+    assert save(fig, tmp_path / "attack_stages.png").stat().st_size > 0
 
 
 def test_class_accuracy_names_the_classes_and_writes_nothing_on_the_bars():

@@ -134,7 +134,8 @@ def attack_stages_figure(stages_by_norm: dict[str, dict[str, float]], title: str
     accuracies, where values written at the points overlap. Each line has its own marker and dash and a small
     sideways offset, so a line under another stays visible."""
     order = list(dict.fromkeys(s for stages in stages_by_norm.values() for s in stages))
-    fig, ax = plt.subplots(figsize=(6.5, 4 + 0.22 * len(stages_by_norm)))
+    longest = max(map(len, stages_by_norm), default=0)  # a run under another implementation: "linf [impl ...]"
+    fig, ax = plt.subplots(figsize=(6.5 + 0.12 * max(longest - 6, 0), 4 + 0.22 * len(stages_by_norm)))
     step = 0.08
     colours = []
     for j, (norm, stages) in enumerate(stages_by_norm.items()):
@@ -151,8 +152,12 @@ def attack_stages_figure(stages_by_norm: dict[str, dict[str, float]], title: str
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # never over a point
     ax.grid(alpha=0.3)
-    values = [[f"{stages[s]:.2f}" if s in stages else "" for s in order] for stages in stages_by_norm.values()]
-    table = ax.table(cellText=values, rowLabels=list(stages_by_norm), colLabels=order, cellLoc="center",
+    # the norm's name in the table's first column (inside its box, so a long "[impl ...]" label cannot push the
+    # axes aside), sized to the longest name
+    rows = [[norm, *(f"{stages[s]:.2f}" if s in stages else "" for s in order)] for norm, stages in stages_by_norm.items()]
+    name_share = min(0.5, max(0.1, 0.02 * longest))
+    table = ax.table(cellText=rows, colLabels=["", *order], cellLoc="center",
+                     colWidths=[name_share] + [(1 - name_share) / max(len(order), 1)] * len(order),
                      bbox=[0.0, -0.28 - 0.07 * len(stages_by_norm), 1.0, 0.07 * (len(stages_by_norm) + 1)])
     table.auto_set_font_size(False)
     table.set_fontsize(7)
