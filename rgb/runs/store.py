@@ -53,7 +53,7 @@ class OnceRecord:
     """A value decided once per run and recorded in each budget's directory, so that every worker, shard and resume
     reuses it instead of deciding again (a timing must never split a run; rgb.runs.runner's `decided_once`)."""
 
-    file: str  # its JSON file in a budget's directory; its lock is `locks/<stem>.lock`
+    file: str  # its JSON file in a budget's directory; decided under `locks/<stem>.lock` (batch size: see below)
     again: str  # what deleting a file that does not read leads to
 
 
