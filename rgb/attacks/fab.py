@@ -188,13 +188,18 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     magnitude = w.abs()
     magnitude = torch.where(magnitude >= _ZERO_WEIGHT, magnitude, torch.zeros_like(magnitude))
     w, target = _orient(t, w.repeat(repeats, 1), b)
-    room = torch.where(magnitude.repeat(repeats, 1) > 0, _distance_to_face(t, w), torch.zeros_like(w))
+    # Zero weights stay put: their room zeroed in place (a `where` against zeros gives the same bits, slower).
+    room = _distance_to_face(t, w).masked_fill_(magnitude.repeat(repeats, 1) == 0, 0.0)
+    checked = {}  # the last head checked: its width and (closed gap, head's room, order) over t's rows
 
     def closed_by(top, order):
-        """Gap closed after moving each coordinate of the head of the order, and the head's room."""
-        order = order.repeat(repeats, 1)
-        head_room = room.gather(1, order)
-        return (top.repeat(repeats, 1) * head_room).cumsum(dim=1), head_room, order
+        """Gap closed after moving each coordinate of the head of the order, the head's room, and the order."""
+        if checked.get("width") != top.shape[1]:
+            order = order.repeat(repeats, 1)
+            head_room = room.gather(1, order)
+            checked.update(width=top.shape[1], head=((top.repeat(repeats, 1) * head_room).cumsum(dim=1), head_room,
+                                                     order))
+        return checked["head"]
 
     # The greedy never looks past the coordinate that closes the gap: only that head of the order is needed.
     sorted_magnitude, order = largest_first(
@@ -210,8 +215,8 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     sorted_step = torch.where(position < n_full, sorted_room, torch.zeros_like(sorted_room))
     sorted_step = torch.where(position == n_full, torch.minimum(partial.clamp_min(0.0), sorted_room), sorted_step)
     sorted_step = torch.where(feasible, sorted_step, sorted_room)
-    step = torch.zeros_like(w).scatter(1, order, sorted_step)
-    return -torch.sign(w) * step
+    step = torch.zeros_like(w).scatter_(1, order, sorted_step)
+    return torch.sign(w).neg_().mul_(step)
 
 
 _PROJECTIONS = {"Linf": fab_project_linf, "L2": fab_project_l2, "L1": fab_project_l1}
