@@ -33,10 +33,11 @@ _COMPACT_EVERY = 10
 # elsewhere all steps and the bisection run, no host read).
 _NEWTON_STEPS = 16
 _NEWTON_CHECK_EVERY = 1
-# The head of the order by |w| that FAB-L1's projection selects first (on the CPU): on FAB-T's calls at 3x32x32
-# (a PGD-AT CNN, issue 54) a row's greedy needs 83 coordinates at the median and <= 256 in 99.9% of rows, so a call
-# almost always needs more than 64 and one selection of 256 replaces two (64, then 256).
-_L1_HEAD = 256
+# The head of the order by |w| that FAB-L1's projection selects first (on the CPU): the second of largest_first's
+# heads (64, 256, ...). On FAB-T's calls at 3x32x32 (a PGD-AT CNN, issue 54) a row's greedy needs 83 coordinates at
+# the median and <= 256 in 99.9% of rows, so a call almost always needs more than 64 and one selection of 256
+# replaces two (64, then 256).
+_L1_HEAD = 4 * 64
 
 
 @dataclass
