@@ -162,8 +162,23 @@ def test_point_on_the_hyperplane_does_not_move(norm):
 
 
 def test_projection_rejects_mismatched_shapes():
-    with pytest.raises(ValueError, match="expected t, w"):
+    with pytest.raises(ValueError, match="expected t of shape"):
         fab_project_l2(torch.rand(2, 3), torch.rand(2, 4), torch.rand(2))
+    with pytest.raises(ValueError, match="M dividing N"):  # w's rows must tile t's
+        fab_project_l1(torch.rand(6, 3), torch.rand(4, 3), torch.rand(6))
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_projection_with_w_repeated_down_t_is_the_projection_with_w_tiled(norm):
+    """FAB projects its iterate and its start onto one hyperplane: w given once for both halves gives the same
+    bits as w tiled (the L1 greedy selects its order once per row of w), ties in |w| and zero weights included."""
+    t, w, b = hyperplane_cases(11, n=12, dim=300)
+    w = w[:6].clone()
+    w[:, :40] = w[:, :1]  # tied magnitudes
+    w[:, 40:50] = 0.0  # coordinates that stay put
+    t[:, :20] = torch.where(torch.arange(12)[:, None] % 2 == 0, 0.0, 1.0)  # on the faces
+    expected = PROJECTIONS[norm](t, w.repeat(2, 1), b)
+    assert torch.equal(PROJECTIONS[norm](t, w, b).view(torch.int32), expected.view(torch.int32))  # signed zeros too
 
 
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])

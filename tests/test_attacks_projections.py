@@ -164,6 +164,8 @@ def test_largest_first_grows_the_head_until_it_is_enough():
     assert widths == [64, 256] and top.shape == (3, 256)
     assert torch.equal(top, values.sort(dim=1, descending=True).values[:, :256])
     assert largest_first(values, lambda top, order: False)[0].shape == (3, 1000)  # never more than the row
+    widths.clear()
+    assert largest_first(values, enough, first=256)[0].shape == (3, 256) and widths == [256]  # a caller's first head
 
 
 @pytest.mark.parametrize("moving", [5, 100, 2000])

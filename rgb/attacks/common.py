@@ -92,9 +92,10 @@ def rows_where(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torc
     return torch.where(as_column(mask, new), new, old)
 
 
-def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Tensor], bool]):
+def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Tensor], bool], first: int = 64):
     """The largest entries of each row of `values` (N, D) in decreasing order with their indices, (N, k) each,
-    for the smallest k in 64, 256, ... , D at which `enough(top, order)` (a Python bool: a host read) holds.
+    for the smallest k in first, 4 * first, ... , D at which `enough(top, order)` (a Python bool: a host read)
+    holds (`first`: the head a caller usually needs, so that most calls select once).
 
     A loop that needs only the head of each row's order stops early: on the CPU a partial selection of the top
     k is several times cheaper than sorting the whole row, and host reads cost nothing there. On other devices
@@ -103,7 +104,7 @@ def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Te
     width = values.shape[1]
     if not host_reads_are_free(values.device):
         return values.sort(dim=1, descending=True)
-    k = min(width, 64)
+    k = min(width, first)
     while True:
         top, order = values.topk(k, dim=1)
         if k == width or enough(top, order):
