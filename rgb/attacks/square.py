@@ -182,17 +182,9 @@ class _SquareLp:
     @staticmethod
     def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
                ) -> torch.Tensor:
-        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images).
-        On the CPU, where a host read is free, only the accepted rows are copied into `best`, in place (on robust
-        points few are accepted after the first queries)."""
-        if not common.host_reads_are_free(best.device):
-            return torch.where(accept[:, None, None, None], candidate, best)
-        rows = accept.nonzero().squeeze(1)
-        if rows.numel() == accept.numel():
-            return candidate
-        if rows.numel():
-            best[rows] = candidate[rows]
-        return best
+        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images; on
+        robust points most queries accept no row, and `rows_where` then returns `best` without a pass)."""
+        return common.rows_where(accept, candidate, best)
 
     def mass(self, values: torch.Tensor) -> torch.Tensor:
         """Per (image, channel) mass over the spatial dims, shape (N, C, 1, 1)."""
