@@ -278,3 +278,28 @@ def test_l1_projection_on_the_cpu_head_uses_the_breakpoints_and_matches_float64_
     torch.testing.assert_close(projected.double().flatten(1), reference_l1_projection(x, delta, eps), atol=2e-6,
                                rtol=0)
     assert torch.all(lp_norm(projected, "L1") <= eps * (1 + 1e-5))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_l1_projection_on_a_support_equals_the_whole_row_projection(seed):
+    """Square-L1's projection over the pixels it knows can be nonzero (issue 54): with the support given as indices
+    padded with D (unordered, padding anywhere, rows of different counts, pixels at box faces, tied magnitudes), the
+    same bits as `project_l1_ball_box` on the whole rows, which scans them for the head instead."""
+    from rgb.attacks.projections import project_l1_on_support
+
+    g = torch.Generator().manual_seed(seed)
+    n, d = 7, 3 * 32 * 32  # rows whose head the whole-row projection solves on breakpoints too
+    x = torch.rand(n, 3, 32, 32, generator=g)
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.2, torch.round(x), x)
+    delta = torch.zeros_like(x)
+    counts = torch.randint(0, 100, (n,), generator=g)
+    support = torch.full((n, 110), d)
+    for row, count in enumerate(counts.tolist()):
+        pixels = torch.randperm(d, generator=g)[:count]
+        delta.view(n, -1)[row, pixels] = torch.randint(-6, 7, (count,), generator=g) * 0.05  # ties, zeros
+        support[row, torch.randperm(110, generator=g)[:count]] = pixels
+    eps = torch.rand(n, generator=g) * lp_norm(delta, "L1")
+    eps[0] = lp_norm(delta, "L1")[0] * 2  # inside the ball
+    assert torch.equal(project_l1_on_support(x, delta, eps, support), project_l1_ball_box(x, delta, eps))
+    with pytest.raises(ValueError, match="support"):
+        project_l1_on_support(x, delta, eps, support[:2])

@@ -168,3 +168,32 @@ def test_square_rejects_bad_arguments():
         square(model, x, y, norm="L2", eps=0.1, p_init=0.0)
     with pytest.raises(ValueError, match="batch size"):
         square(model, x, y[:1], norm="L2", eps=0.1)
+
+
+def test_l1_on_the_cpu_projects_over_the_support_with_the_whole_rows_results(toy, monkeypatch):
+    """Square-L1 on the CPU projects each candidate over best's support and the rewritten window (issue 54), and
+    finds best's support again after every accepted query: the same images, flags and queries as whole-row
+    projections solving on the head, over a run that accepts and rejects, drops fooled rows and starts with windows too large for it."""
+    import importlib
+
+    square_module = importlib.import_module("rgb.attacks.square")
+    from rgb.attacks import projections
+
+    model, x, y = toy
+    calls = []
+
+    def counted(*args):
+        calls.append(args[3].shape[1])
+        return projections.project_l1_on_support(*args)
+
+    monkeypatch.setattr(square_module, "project_l1_on_support", counted)
+    monkeypatch.setattr(square_module, "_SUPPORT_MOST", 100)  # 3x8x8 images: the first windows exceed it
+    # whole rows of 192 pixels solve on the head's breakpoints too (as rows of 3x32x32 do; by default they bisect)
+    monkeypatch.setattr(projections, "_HEAD_SHARE", 1.0)
+    on_support = square(model, x, y, norm="L1", eps=10.0, n_queries=300, generator=5)
+    assert 0 < len(calls) < 300 and max(calls) <= 100
+    monkeypatch.setattr(square_module, "_SUPPORT_MOST", 0)
+    whole_rows = square(model, x, y, norm="L1", eps=10.0, n_queries=300, generator=5)
+    assert 0 < on_support.fooled.sum() < len(y)
+    for field in ("x_adv", "fooled", "n_queries_used"):
+        assert torch.equal(getattr(on_support, field), getattr(whole_rows, field))

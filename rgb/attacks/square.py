@@ -17,7 +17,7 @@ from torch import nn
 
 from rgb.attacks import common
 from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
-from rgb.attacks.projections import linf_box, project_l1_ball_box
+from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_on_support
 from rgb.core.threat import Norm, parse_norm
 
 # Iteration indices after which p halves (resc_schedule = False: the raw iteration index is used).
@@ -26,6 +26,9 @@ _P_HALVING_AFTER = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
 _INIT_GRID = 5
 # Square-L1 projects onto a slightly smaller ball so that float rounding cannot exceed eps.
 _L1_SHRINK = 1 - 1e-6
+# Square-L1 on the CPU projects over best's support and the rewritten window while they are at most this many pixels
+# per row (past it a whole-row projection, which costs about as much; issue 54).
+_SUPPORT_MOST = 512
 # With early stopping, fooled rows leave the batch (and the loop may end) every this many iterations.
 _COMPACT_EVERY = 10
 
@@ -236,6 +239,11 @@ class _SquareLp:
                 eps: float) -> torch.Tensor:
         """Spec §5 L2/L1 step: new pattern plus the old window content on W1 with the mass of W1 and W2, W2
         zeroed."""
+        return self.to_feasible(state["x"], self.direction(state, uniform, windows, side, eps), eps)
+
+    def direction(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int, eps: float
+                  ) -> torch.Tensor:
+        """The step's perturbation before it is made feasible: best's, with the windows rewritten."""
         x = state["x"]
         c = x.shape[1]
         signs = _signs(uniform[5:].view(-1, c))[state.positions]
@@ -255,7 +263,7 @@ class _SquareLp:
         target = self.window_norm(eps, image_norm, windows_mass, c)
         delta[second] = 0.0
         delta[first] = proposal / (self.channel_norms(proposal) + 1e-12) * target
-        return self.to_feasible(x, delta, eps)
+        return delta
 
 
 class _SquareL2(_SquareLp):
@@ -299,8 +307,62 @@ class _SquareL1(_SquareLp):
     def window_norm(self, eps, image_norm, windows_mass, c):
         return c * ((eps - image_norm).clamp_min(0.0) / c + windows_mass)
 
+    def __init__(self):
+        super().__init__()
+        self.support_known = False  # whether the state's "support" is that of best's current perturbation
+        self.pixels = None  # flat pixel indices in the images' shape, for windows to slice
+
     def to_feasible(self, x, delta, eps):
         return project_l1_ball_box(x, delta, eps * _L1_SHRINK).add_(x).clamp_(0.0, 1.0)
+
+    def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
+        """Best's support is found when first needed (`propose`)."""
+        rows["support"] = torch.empty(rows["x"].shape[0], 0, dtype=torch.long, device=rows["x"].device)
+        self.support_known = False
+
+    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+                eps: float) -> torch.Tensor:
+        """The L2/L1 step, projected on the CPU over the pixels the candidate can have nonzero: best's support
+        (tens of pixels: each projection zeroes all below its threshold) and the first window, whose content is
+        new (the second window's is now 0, so its pixels project to 0). Whole rows where these are too many."""
+        x = state["x"]
+        if not common.host_reads_are_free(x.device):
+            return super().propose(state, uniform, windows, side, eps)
+        if not self.support_known:
+            state["support"] = _nonzero_columns((state["best"] - x).flatten(1))
+            self.support_known = True
+        if self.pixels is None:
+            self.pixels = torch.arange(x[0].numel(), device=x.device).view(x.shape[1:])
+        rewritten = self.pixels[windows[0]].reshape(-1)
+        support = state["support"]
+        if support.shape[1] + rewritten.numel() > _SUPPORT_MOST:
+            return super().propose(state, uniform, windows, side, eps)
+        delta = self.direction(state, uniform, windows, side, eps)
+        in_window = torch.zeros(x[0].numel() + 1, dtype=torch.bool, device=x.device)
+        in_window[rewritten] = True  # best's pixels there are replaced by the window's, listed once
+        support = torch.cat((support.masked_fill(in_window[support], x[0].numel()),
+                             rewritten.expand(len(support), -1)), dim=1)
+        return project_l1_on_support(x, delta, eps * _L1_SHRINK, support).add_(x).clamp_(0.0, 1.0)
+
+    def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
+               ) -> torch.Tensor:
+        """As Square-L2's; best's support is found again once a row changed."""
+        if not common.host_reads_are_free(best.device) or bool(accept.any()):
+            self.support_known = False
+        return super().accept(best, candidate, accept, windows)
+
+
+def _nonzero_columns(values: torch.Tensor) -> torch.Tensor:
+    """The columns of each row of `values` (N, D) that hold a nonzero, ascending, (N, K) for the largest count K,
+    padded with D."""
+    nonzero = values.bool()
+    counts = nonzero.sum(dim=1)
+    rows, columns = nonzero.nonzero().unbind(dim=1)
+    width = int(counts.max()) if len(counts) else 0
+    starts = counts.cumsum(dim=0).sub_(counts)
+    found = torch.full((values.shape[0], width), values.shape[1], dtype=torch.long, device=values.device)
+    found[rows, torch.arange(len(rows), device=values.device) - starts[rows]] = columns
+    return found
 
 
 # The one place a norm name picks Square's behaviour (a class: a run's instance keeps its pattern cache).
