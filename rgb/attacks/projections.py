@@ -158,6 +158,13 @@ def _l1_step(magnitude: torch.Tensor, room: torch.Tensor, sign: torch.Tensor, la
     return torch.minimum(projected, room, out=projected).mul_(sign)
 
 
+def solved_on_the_head(pixels: int, moving: int) -> bool:
+    """Whether `project_l1_ball_box` on the CPU solves rows of `pixels` pixels, at most `moving` of them nonzero, on
+    its head's breakpoints, as `project_l1_on_support` does (then the two give the same bits): a row's head (up to
+    _HEAD_SHARE of it) then holds every nonzero."""
+    return pixels * _HEAD_SHARE > max(64, moving)
+
+
 def project_l1_on_support(x: torch.Tensor, delta: torch.Tensor, eps: float | torch.Tensor, support: torch.Tensor
                           ) -> torch.Tensor:
     """`project_l1_ball_box(x, delta, eps)` for a delta that is 0 outside `support` (N, K): per row, distinct indices

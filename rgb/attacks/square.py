@@ -17,7 +17,7 @@ from torch import nn
 
 from rgb.attacks import common
 from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
-from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_on_support
+from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_on_support, solved_on_the_head
 from rgb.core.threat import Norm, parse_norm
 
 # Iteration indices after which p halves (resc_schedule = False: the raw iteration index is used).
@@ -27,7 +27,8 @@ _INIT_GRID = 5
 # Square-L1 projects onto a slightly smaller ball so that float rounding cannot exceed eps.
 _L1_SHRINK = 1 - 1e-6
 # Square-L1 on the CPU projects over best's support and the rewritten window while they are at most this many pixels
-# per row (past it a whole-row projection, which costs about as much; issue 54).
+# per row, and whole rows would solve on their head too (so the bits are those of whole rows); past it the first
+# queries' large windows make the two cost about the same (issue 54).
 _SUPPORT_MOST = 512
 # With early stopping, fooled rows leave the batch (and the loop may end) every this many iterations.
 _COMPACT_EVERY = 10
@@ -324,7 +325,8 @@ class _SquareL1(_SquareLp):
                 eps: float) -> torch.Tensor:
         """The L2/L1 step, projected on the CPU over the pixels the candidate can have nonzero: best's support
         (tens of pixels: each projection zeroes all below its threshold) and the first window, whose content is
-        new (the second window's is now 0, so its pixels project to 0). Whole rows where these are too many."""
+        new (the second window's is now 0, so its pixels project to 0). Whole rows where these are too many, or
+        where whole rows would not solve on their head (`solved_on_the_head`: the same bits either way)."""
         x = state["x"]
         if not common.host_reads_are_free(x.device):
             return super().propose(state, uniform, windows, side, eps)
@@ -335,7 +337,8 @@ class _SquareL1(_SquareLp):
             self.pixels = torch.arange(x[0].numel(), device=x.device).view(x.shape[1:])
         rewritten = self.pixels[windows[0]].reshape(-1)
         support = state["support"]
-        if support.shape[1] + rewritten.numel() > _SUPPORT_MOST:
+        width = support.shape[1] + rewritten.numel()
+        if width > _SUPPORT_MOST or not solved_on_the_head(x[0].numel(), width):
             return super().propose(state, uniform, windows, side, eps)
         delta = self.direction(state, uniform, windows, side, eps)
         in_window = torch.zeros(x[0].numel() + 1, dtype=torch.bool, device=x.device)
