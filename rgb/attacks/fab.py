@@ -48,17 +48,28 @@ class FABResult(AttackResult):
     norms: torch.Tensor
 
 
+def _down_rows(rows: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
+    """`rows` (N, D) viewed as (N / M, M, D) to broadcast against `per_row` (M, D), which repeats down it: an
+    element-wise op on the view gives the bits of the same op against `per_row` repeated, without the copy."""
+    return rows.view(-1 if per_row.shape[0] else 1, *per_row.shape)
+
+
 def _orient(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flip (w, b) so that the step must decrease <w, .>: returns (w, c) with c = <w, t> - b >= 0."""
-    c = (w * t).sum(dim=1) - b
+    """Flip (w, b) so that the step must decrease <w, .>: returns (w, c) with c = <w, t> - b >= 0, w (M, D) repeated
+    down t's N rows (the returned w has N rows). Each product is written once, to a contiguous (N, D) tensor, and
+    summed as such: the same bits as repeating w first."""
+    t = t.contiguous()
+    c = torch.mul(_down_rows(t, w), w).view_as(t).sum(dim=1) - b
     sign = torch.where(c < 0, -1.0, 1.0).to(w.dtype)
-    return w * sign[:, None], c * sign
+    return torch.mul(w, _down_rows(sign[:, None], w[:, :1])).view_as(t), c * sign
 
 
 def _distance_to_face(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Distance from t to the box face that decreases <w, .>: t_i if w_i > 0, else 1 - t_i. (A lerp with 0/1
-    weights, exact at both ends: an element-wise `where` on a mask without pattern is slower on the CPU.)"""
-    return torch.lerp(1.0 - t, t, torch.gt(w, 0, out=torch.empty_like(t)))
+    weights, exact at both ends: an element-wise `where` on a mask without pattern is slower on the CPU; written
+    over 1 - t, one image-sized tensor fewer.)"""
+    away = 1.0 - t
+    return torch.lerp(away, t, torch.gt(w, 0, out=torch.empty_like(t)), out=away)
 
 
 # Integer types with the bit width of each float type: non-negative floats order like their bit patterns.
@@ -93,21 +104,28 @@ def _saturation_level(breaks: torch.Tensor, weights: torch.Tensor, target: torch
     reads that every few steps, elsewhere it never reads: settled rows keep their level, so the result is the
     same). Rows still short of it after _NEWTON_STEPS are finished by bisecting the floats between
     their Newton point and max(breaks) down to adjacent floats, where g is linear. Returns (lam, feasible),
-    where feasible is False when even lam = max(breaks) cannot reach the target.
+    where feasible is False when even lam = max(breaks) cannot reach the target. `weights` (M, D) may hold fewer
+    rows than `breaks` (N, D), repeated down them (`_down_rows`).
     """
     target = target[:, None]
-    top = (weights * breaks).sum(dim=1, keepdim=True)
-    feasible = top >= target
-    goal = torch.minimum(target, top)  # infeasible rows settle at max(breaks); callers override them
-
     scratch = torch.empty_like(breaks)
 
+    def weighted_sum(terms):
+        """sum_i weights_i * terms_i per row, `terms` (N, D) overwritten."""
+        _down_rows(terms, weights).mul_(weights)
+        return terms.sum(dim=1, keepdim=True)
+
     def value_at(lam):
-        return torch.minimum(breaks, lam, out=scratch).mul_(weights).sum(dim=1, keepdim=True)
+        return weighted_sum(torch.minimum(breaks, lam, out=scratch))
 
     def slope_at(lam):
         # The breaks above lam as a 0/1 float mask written in place (a `where` on it is 5x slower on the CPU).
-        return torch.gt(breaks, lam, out=scratch).mul_(weights).sum(dim=1, keepdim=True)
+        return weighted_sum(torch.gt(breaks, lam, out=scratch))
+
+    torch.mul(_down_rows(breaks, weights), weights, out=_down_rows(scratch, weights))
+    top = scratch.sum(dim=1, keepdim=True)
+    feasible = top >= target
+    goal = torch.minimum(target, top)  # infeasible rows settle at max(breaks); callers override them
 
     lam = torch.zeros_like(target)
     # At lam = 0 every min(lam, break) is 0 (breaks >= 0): the value needs no pass over the row, the slope one.
@@ -127,7 +145,7 @@ def _saturation_level(breaks: torch.Tensor, weights: torch.Tensor, target: torch
     hi = breaks.amax(dim=1, keepdim=True) if breaks.shape[1] else lam
     lo, hi, value_lo, value_hi = _bisect_floats(
         lam, torch.maximum(hi, lam), value, top,
-        lambda point: torch.minimum(breaks, point).mul_(weights).sum(dim=1, keepdim=True), goal)
+        lambda point: weighted_sum(torch.minimum(breaks, point)), goal)
     rise = value_hi - value_lo
     bisected = torch.where(rise > 0, lo + (goal - value_lo) * (hi - lo) / rise.clamp_min(torch.finfo(rise.dtype).tiny),
                            lo).clamp(min=lo, max=hi)
@@ -150,10 +168,11 @@ def fab_project_linf(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch
     d_i = -sign(w_i) * min(lam, p_i) with p_i the distance to the face that decreases <w, .>. (w may hold fewer
     rows than t, repeated down it: `_check_hyperplane_args`.)
     """
-    w = w.repeat(_check_hyperplane_args(t, w, b), 1)
+    _check_hyperplane_args(t, w, b)
+    magnitude = w.abs()  # before orienting: the same for every repeat of a row
     w, target = _orient(t, w, b)
     room = _distance_to_face(t, w)
-    lam, feasible = _saturation_level(room, w.abs(), target)
+    lam, feasible = _saturation_level(room, magnitude, target)
     lam = torch.where(feasible[:, None], lam, torch.full_like(lam, float("inf")))
     return torch.sign(w).neg_().mul_(torch.minimum(lam, room, out=room))
 
@@ -164,17 +183,21 @@ def fab_project_l2(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     d_i = -w_i * min(alpha, r_i) with r_i = p_i / |w_i| the alpha at which coordinate i reaches its face;
     coordinates with |w_i| < 1e-8 stay put. (w may hold fewer rows than t, repeated down it.)
     """
-    w = w.repeat(_check_hyperplane_args(t, w, b), 1)
-    w, target = _orient(t, w, b)
-    # The coordinates that stay put, zeroed in place (a `where` against a zero tensor gives the same bits, slower).
+    _check_hyperplane_args(t, w, b)
+    # Per row of w (before orienting, the same for its repeats): the coordinates that stay put, zeroed in place (a
+    # `where` against a zero tensor gives the same bits, slower).
     magnitude = w.abs()
     still = torch.ge(magnitude, _ZERO_WEIGHT).logical_not_()
     magnitude.masked_fill_(still, 0.0)
-    room = _distance_to_face(t, w).masked_fill_(still, 0.0)
-    reach = room / magnitude.masked_fill(still, 1.0)
+    w, target = _orient(t, w, b)
+    room = _distance_to_face(t, w)
+    _down_rows(room, still).masked_fill_(still, 0.0)
+    reach = (_down_rows(room, magnitude) / magnitude.masked_fill(still, 1.0)).view_as(room)
     alpha, feasible = _saturation_level(reach, magnitude.square(), target)
-    step = common.rows_where(feasible, torch.minimum(alpha * magnitude, room), room)
-    return torch.sign(w).neg_().mul_(step.masked_fill_(still, 0.0))
+    closest = torch.mul(_down_rows(alpha, magnitude[:, :1]), magnitude).view_as(room)
+    step = common.rows_where(feasible, torch.minimum(closest, room, out=closest), room)
+    _down_rows(step, still).masked_fill_(still, 0.0)
+    return torch.sign(w).neg_().mul_(step)
 
 
 def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -186,11 +209,14 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     shared by its repeats (FAB's iterate and start: half the selection, which is most of this projection's time).
     """
     repeats = _check_hyperplane_args(t, w, b)
+    # Zero weights stay put: their magnitude and room zeroed in place (a `where` against zeros gives the same bits,
+    # slower); per row of w, shared by its repeats.
     magnitude = w.abs()
-    magnitude = torch.where(magnitude >= _ZERO_WEIGHT, magnitude, torch.zeros_like(magnitude))
-    w, target = _orient(t, w.repeat(repeats, 1), b)
-    # Zero weights stay put: their room zeroed in place (a `where` against zeros gives the same bits, slower).
-    room = _distance_to_face(t, w).masked_fill_(magnitude.repeat(repeats, 1) == 0, 0.0)
+    still = torch.ge(magnitude, _ZERO_WEIGHT).logical_not_()
+    magnitude.masked_fill_(still, 0.0)
+    w, target = _orient(t, w, b)
+    room = _distance_to_face(t, w)
+    _down_rows(room, still).masked_fill_(still, 0.0)
     checked = {}  # the last head checked: its width and (closed gap, head's room, order) over t's rows
 
     def closed_by(top, order):
@@ -216,8 +242,10 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     sorted_step = torch.where(position < n_full, sorted_room, torch.zeros_like(sorted_room))
     sorted_step = torch.where(position == n_full, torch.minimum(partial.clamp_min(0.0), sorted_room), sorted_step)
     sorted_step = torch.where(feasible, sorted_step, sorted_room)
-    step = torch.zeros_like(w).scatter_(1, order, sorted_step)
-    return torch.sign(w).neg_().mul_(step)
+    # -sign(w) * step, with step 0 off the head: there -sign(w) * 0 = sign(w) * -0 (exactly, signed zeros too).
+    sign = torch.sign(w)
+    sorted_step = torch.mul(sign.gather(1, order), sorted_step).neg_()
+    return sign.mul_(-0.0).scatter_(1, order, sorted_step)
 
 
 _PROJECTIONS = {"Linf": fab_project_linf, "L2": fab_project_l2, "L1": fab_project_l1}
