@@ -173,7 +173,8 @@ def test_square_rejects_bad_arguments():
 def test_l1_on_the_cpu_projects_over_the_support_with_the_whole_rows_results(toy, monkeypatch):
     """Square-L1 on the CPU projects each candidate over best's support and the rewritten window (issue 54), and
     finds best's support again after every accepted query: the same images, flags and queries as whole-row
-    projections solving on the head, over a run that accepts and rejects, drops fooled rows and starts with windows too large for it."""
+    projections solving on the head, over a run that accepts and rejects, drops fooled rows and starts with windows
+    too large for it."""
     import importlib
 
     square_module = importlib.import_module("rgb.attacks.square")
