@@ -176,7 +176,10 @@ class _L1Ball(_Ball):
         # The entry at sorted position (1 - q) * n_features, ascending: the k-th largest.
         position = ((1 - s["q"]) * n_features).long().clamp(0, n_features - 1)
         threshold = kth_largest(magnitude, n_features - position)
-        direction = (torch.sign(grad.flatten(1)) * (magnitude >= threshold)).view_as(x)
+        # The selected coordinates as a 0/1 float mask: on the CPU a comparison writing floats costs a quarter of
+        # one writing bools, and sign * 1.0 / sign * 0.0 are the bits of sign * True / sign * False.
+        selected = torch.ge(magnitude, threshold, out=torch.empty_like(magnitude))
+        direction = torch.sign(grad.flatten(1)).mul_(selected).view_as(x)
         return direction / (as_column(direction.flatten(1).abs().sum(dim=1), x) + 1e-10)
 
     def steps(self, n_iter, first_step, momentum, rho):
@@ -245,7 +248,7 @@ class _SparseSteps(_Steps):
         x, eps = s["x"], s["eps"]
         n_features = x[0].numel()
         if sparse_from_init:
-            s["sparsity_old"] = (s["x_k"] != x).flatten(1).sum(dim=1).to(x.dtype)
+            s["sparsity_old"] = _changed_pixels(s["x_k"], x)
             s["q"] = s["sparsity_old"] / (1.5 * n_features)
         else:
             s["sparsity_old"], s["q"] = torch.full_like(eps, n_features), torch.full_like(eps, 0.2)
@@ -257,13 +260,20 @@ class _SparseSteps(_Steps):
         if i not in self.checks:
             return
         x, eps = s["x"], s["eps"]
-        sparsity = (s["x_best"] != x).flatten(1).sum(dim=1).to(x.dtype)
+        sparsity = _changed_pixels(s["x_best"], x)
         reset = sparsity < 0.95 * s["sparsity_old"]
         s["q"] = sparsity / (1.5 * x[0].numel())
         s["step"] = torch.where(reset, self.first_step * eps, s["step"] / 1.5).clamp(
             min=self.first_step * eps / 10, max=self.first_step * eps)
         s["sparsity_old"] = sparsity
         _restart_from_best(s, reset)
+
+
+def _changed_pixels(x_adv: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """How many pixels of each row of x_adv differ from x, in x's dtype (N,): counted from a 0/1 float mask, a
+    quarter of a bool mask's cost on the CPU (a sum of integers below 2^24, exact in any order)."""
+    x_adv, x = x_adv.flatten(1), x.flatten(1)
+    return torch.ne(x_adv, x, out=torch.empty_like(x)).sum(dim=1)
 
 
 # The one place a norm name picks APGD's behaviour.
@@ -342,10 +352,10 @@ def _run(
 
 
 def _restart_from_best(s: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
-    """Move flagged rows back to their best iterate and its gradient."""
-    column = as_column(mask, s["x"])
-    s["x_k"] = torch.where(column, s["x_best"], s["x_k"])
-    s["grad"] = torch.where(column, s["grad_best"], s["grad"])
+    """Move flagged rows back to their best iterate and its gradient (no pass where no row or every row is
+    flagged, on the CPU: L1 checks every iteration of its short stages, and rarely restarts)."""
+    s["x_k"] = common.rows_where(mask, s["x_best"], s["x_k"])
+    s["grad"] = common.rows_where(mask, s["grad_best"], s["grad"])
 
 
 def apgd(
