@@ -27,8 +27,10 @@ def project_l2(x: torch.Tensor, x_adv: torch.Tensor, eps: float | torch.Tensor) 
     eps = per_sample(eps, x)
     delta = x_adv - x
     norm = delta.flatten(1).norm(p=2, dim=1).view_as(eps)
-    delta = torch.where(norm > eps, delta * (eps / norm.clamp_min(1e-12)), delta)
-    return (x + delta).clamp(0.0, 1.0)
+    # Rows inside the ball scale by 1 (delta * 1 is delta): the bits of a `where` between the scaled and the plain
+    # delta, without that pass over the images (on the CPU it costs several arithmetic passes).
+    scale = torch.where(norm > eps, eps / norm.clamp_min(1e-12), 1.0)
+    return delta.mul_(scale).add_(x).clamp_(0.0, 1.0)
 
 
 # Two exact solvers of the L1 threshold, each where it was measured faster (issue 54, one CPU thread, 63 rows of
