@@ -305,3 +305,46 @@ def test_l1_projection_on_a_support_equals_the_whole_row_projection(seed):
     assert torch.equal(project_l1_on_support(x, delta, eps, support), project_l1_ball_box(x, delta, eps))
     with pytest.raises(ValueError, match="support"):
         project_l1_on_support(x, delta, eps, support[:2])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_l1_projection_of_rows_within_the_first_head_equals_the_whole_row_solve(seed, monkeypatch):
+    """APGD-L1's steps change tens of pixels (issue 54): rows whose nonzeros all fit in the CPU's first head are
+    projected on that head alone, bit for bit what the whole rows give (0 to 64 nonzeros and past them, ties, signed
+    zeros, pixels at box faces, rows inside the ball and far outside it)."""
+    import rgb.attacks.projections as projections
+
+    g = torch.Generator().manual_seed(seed)
+    n, d = 9, 3 * 32 * 32
+    x = torch.rand(n, 3, 32, 32, generator=g)
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.2, torch.round(x), x)
+    x[2] = 0.5  # far from the box faces: row 2's rooms are its magnitudes
+    delta = torch.zeros_like(x)
+    delta.view(n, -1)[:, :5] = -0.0
+    counts = torch.randint(0, 65, (n,), generator=g)
+    counts[:3] = torch.tensor([0, 64, projections._FIRST_HEAD + (seed % 2)])  # the last is past the head on odd seeds
+    for row, count in enumerate(counts.tolist()):
+        pixels = torch.randperm(d, generator=g)[:count]
+        values = torch.randint(-6, 7, (count,), generator=g) * 0.05  # ties, zeros
+        delta.view(n, -1)[row, pixels] = values.abs() + 0.05 if row == 2 else values  # row 2: all nonzero
+    eps = torch.rand(n, generator=g) * lp_norm(delta, "L1")
+    eps[3], eps[4] = lp_norm(delta, "L1")[3] * 2, 1e-6  # inside the ball; a tiny budget
+    first_head, ran = projections._project_on_first_head, []
+
+    def spy(*args):
+        ran.append(first_head(*args) is not None)
+        return first_head(*args)
+
+    def both(expect_the_head):
+        ran.clear()
+        monkeypatch.setattr(projections, "_project_on_first_head", spy)
+        on_the_head = project_l1_ball_box(x, delta, eps)
+        assert ran == [expect_the_head]
+        monkeypatch.setattr(projections, "_project_on_first_head", lambda *args: None)
+        whole_rows = project_l1_ball_box(x, delta, eps)
+        assert torch.equal(on_the_head, whole_rows)
+        assert torch.equal(torch.signbit(on_the_head), torch.signbit(whole_rows))
+
+    both(expect_the_head=seed % 2 == 0)
+    eps[2] = 0.99 * lp_norm(delta, "L1")[2]  # row 2's root below its smallest magnitude: the whole rows' head grows
+    both(expect_the_head=False)

@@ -44,6 +44,8 @@ _L1_BISECTION_STEPS = 32
 # On the CPU, a projection whose moving coordinates do not fit in a head of this share of the row bisects
 # whole rows (a partial selection of more would cost about as much as the whole-row bisection it saves).
 _HEAD_SHARE = 1 / 16
+# The head of each row's order by |delta| that the CPU selects first (then 4x wider, as far as _HEAD_SHARE).
+_FIRST_HEAD = 64
 
 
 def _l1_mass(magnitude: torch.Tensor, room: torch.Tensor, lam: torch.Tensor, out: torch.Tensor | None = None
@@ -109,19 +111,24 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
     inside it. Either differs from the exact root by float rounding only (spec §3.3: any exact root finder; the
     breakpoints round differently from the bisection, so results move in their last bits against the bisection's:
     the agreement allowance of spec §6.3 / §8 item 10). When no row needs shrinking (on the CPU, where the check is
-    a free host read) nothing is selected or solved: the answer is the box clip. Assumes x in [0, 1].
+    a free host read) nothing is selected or solved: the answer is the box clip. Rows whose nonzeros all fit in the
+    CPU's first head are projected on that head alone (`_project_on_first_head`, the same bits). Assumes x in [0, 1].
     """
     if x.shape != delta.shape:
         raise ValueError(f"x and delta must have the same shape, got {tuple(x.shape)} and {tuple(delta.shape)}")
     n = x.shape[0]
     eps_col = per_sample(eps, x).view(n, 1)
     x_flat, delta_flat = x.flatten(1), delta.flatten(1)
+    if x.device.type == "cpu" and n and x_flat.shape[1] * _HEAD_SHARE > _FIRST_HEAD:
+        projected = _project_on_first_head(x_flat, delta_flat, eps_col)
+        if projected is not None:
+            return projected.view_as(delta)
     magnitude, sign, room = _l1_terms(x_flat, delta_flat)
     shrink = room.sum(dim=1, keepdim=True) > eps_col
     zero = torch.zeros_like(eps_col)
     if magnitude.shape[1] == 0 or (common.host_reads_are_free(magnitude.device) and not bool(shrink.any())):
         lam = zero  # inside the ball: the box clip alone (what any threshold becomes below)
-    elif magnitude.device.type == "cpu" and magnitude.shape[1] * _HEAD_SHARE > 64:
+    elif magnitude.device.type == "cpu" and magnitude.shape[1] * _HEAD_SHARE > _FIRST_HEAD:
         checked = {}  # the last head checked: its width, its rooms, whether the root lies above it
 
         def root_above_head(top, order):
@@ -134,7 +141,7 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
 
         give_up = magnitude.shape[1] * _HEAD_SHARE
         top, order = largest_first(
-            magnitude, lambda top, order: top.shape[1] >= give_up or root_above_head(top, order))
+            magnitude, lambda top, order: top.shape[1] >= give_up or root_above_head(top, order), first=_FIRST_HEAD)
         if root_above_head(top, order):
             # the root lies at or above the head's smallest a_i (checked): the clamp only ever keeps it there
             lam = _l1_breakpoints(top, checked["room"], eps_col).clamp_min_(top[:, -1:])
@@ -143,6 +150,26 @@ def project_l1_ball_box(x: torch.Tensor, delta: torch.Tensor, eps: float | torch
     else:
         lam = _l1_bisection(magnitude, room, eps_col, zero, magnitude.amax(dim=1, keepdim=True))
     return _l1_step(magnitude, room, sign, torch.where(shrink, lam.clamp_min(0.0), zero)).view_as(delta)
+
+
+def _project_on_first_head(x: torch.Tensor, delta: torch.Tensor, eps_col: torch.Tensor) -> torch.Tensor | None:
+    """`project_l1_ball_box` of rows (N, D) on the CPU where every row's nonzeros fit in the first head it selects
+    (APGD-L1's steps: tens of 3072 pixels), else None. The same selection, checks and solve, with the terms of the
+    head's coordinates only: every other coordinate has |delta| = 0, so its room and its answer are +0, and
+    scattering the head's rooms into zeros gives the whole rows' rooms (the same sums). None also where the whole
+    rows' solve would widen the head (the root below it), so the bits are always those of the whole rows."""
+    if float(torch.ne(delta, 0.0, out=torch.empty_like(delta)).sum(dim=1).max()) > _FIRST_HEAD:
+        return None
+    top, order = delta.abs().topk(_FIRST_HEAD, dim=1)
+    magnitude, sign, room = _l1_terms(x.gather(1, order), delta.gather(1, order))
+    rows = torch.zeros_like(delta).scatter_(1, order, room)
+    shrink = rows.sum(dim=1, keepdim=True) > eps_col
+    lam = torch.zeros_like(eps_col)
+    if bool(shrink.any()):
+        if not bool(((_l1_mass(top, room, top[:, -1:]) >= eps_col) | ~shrink).all()):
+            return None
+        lam = torch.where(shrink, _l1_breakpoints(top, room, eps_col).clamp_min_(top[:, -1:]).clamp_min(0.0), lam)
+    return rows.zero_().scatter_(1, order, _l1_step(magnitude, room, sign, lam))
 
 
 def _l1_terms(x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -164,7 +191,7 @@ def solved_on_the_head(pixels: int, moving: int) -> bool:
     """Whether `project_l1_ball_box` on the CPU solves rows of `pixels` pixels, at most `moving` of them nonzero, on
     its head's breakpoints, as `project_l1_on_support` does (then the two give the same bits): a row's head (up to
     _HEAD_SHARE of it) then holds every nonzero."""
-    return pixels * _HEAD_SHARE > max(64, moving)
+    return pixels * _HEAD_SHARE > max(_FIRST_HEAD, moving)
 
 
 def project_l1_on_support(x: torch.Tensor, delta: torch.Tensor, eps: float | torch.Tensor, support: torch.Tensor
