@@ -200,6 +200,21 @@ def test_distance_to_face_is_the_choice_between_t_and_one_minus_t_bit_for_bit(dt
     assert torch.equal(as_bits(fab_module._distance_to_face(t, w)), as_bits(expected))
 
 
+@pytest.mark.parametrize("norm", ["L2", "L1"])
+def test_projections_skip_the_still_mask_only_where_it_has_nothing_to_mask(norm, monkeypatch):
+    """On the CPU a call whose weights all reach 1e-8 skips the passes that zero the coordinates staying put: the
+    same bits as masking them; a call with a zero, tiny or NaN weight masks."""
+    fab_module = importlib.import_module("rgb.attacks.fab")
+    t, w, b = hyperplane_cases(12, n=8, dim=200)
+    for weak in (0.0, 1e-9, float("nan")):
+        assert fab_module._still(w.abs().index_fill(1, torch.tensor([3]), weak)) is not None
+    w = torch.where(w.abs() < 1e-3, torch.full_like(w, 1e-3), w)
+    assert fab_module._still(w.abs()) is None
+    skipped = PROJECTIONS[norm](t, w, b)
+    monkeypatch.setattr(fab_module, "_still", lambda magnitude: torch.ge(magnitude, 1e-8).logical_not_())
+    assert torch.equal(as_bits(PROJECTIONS[norm](t, w, b)), as_bits(skipped))
+
+
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
 def test_fab_breaks_an_undefended_model_within_budget(toy, norm):
     model, x, y = toy
