@@ -192,7 +192,7 @@ def fab_project_linf(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch
     room = _distance_to_face(t, w)
     lam, feasible = _saturation_level(room, magnitude, target)
     lam = torch.where(feasible[:, None], lam, torch.full_like(lam, float("inf")))
-    return torch.sign(w).neg_().mul_(torch.minimum(lam, room, out=room))
+    return w.sign_().neg_().mul_(torch.minimum(lam, room, out=room))  # w: _orient's own tensor
 
 
 def fab_project_l2(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -214,7 +214,7 @@ def fab_project_l2(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     alpha, feasible = _saturation_level(reach, magnitude.square(), target)
     closest = torch.mul(_down_rows(alpha, magnitude[:, :1]), magnitude).view_as(room)
     step = _zero_still(common.rows_where(feasible, torch.minimum(closest, room, out=closest), room), still)
-    return torch.sign(w).neg_().mul_(step)
+    return w.sign_().neg_().mul_(step)
 
 
 def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -259,7 +259,7 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     sorted_step = torch.where(position == n_full, torch.minimum(partial.clamp_min(0.0), sorted_room), sorted_step)
     sorted_step = torch.where(feasible, sorted_step, sorted_room)
     # -sign(w) * step, with step 0 off the head: there -sign(w) * 0 = sign(w) * -0 (exactly, signed zeros too).
-    sign = torch.sign(w)
+    sign = w.sign_()
     sorted_step = torch.mul(sign.gather(1, order), sorted_step).neg_()
     return sign.mul_(-0.0).scatter_(1, order, sorted_step)
 
