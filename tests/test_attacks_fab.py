@@ -181,6 +181,40 @@ def test_projection_with_w_repeated_down_t_is_the_projection_with_w_tiled(norm):
     assert torch.equal(PROJECTIONS[norm](t, w, b).view(torch.int32), expected.view(torch.int32))  # signed zeros too
 
 
+def as_bits(values):
+    return values.view(torch.int64 if values.dtype == torch.float64 else torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_distance_to_face_is_the_choice_between_t_and_one_minus_t_bit_for_bit(dtype):
+    """The projections' room, written as |m - t| with a 0/1 float m: the bits of choosing t or 1 - t by the sign
+    of w (what a lerp by the mask gave), on the box's faces and for zero, signed-zero, tiny and infinite w."""
+    fab_module = importlib.import_module("rgb.attacks.fab")
+    g = torch.Generator().manual_seed(0)
+    t = torch.rand(7, 301, generator=g, dtype=dtype)
+    t[:, :60] = t[:, :60].round()
+    w = torch.randn(7, 301, generator=g, dtype=dtype)
+    w[:, 40:50], w[:, 50:60], w[:, 60:70] = 0.0, -0.0, w[:, 60:70] * torch.finfo(dtype).tiny
+    w[:, 70], w[:, 71] = float("inf"), -float("inf")
+    expected = torch.where(w > 0, t, 1 - t)
+    assert torch.equal(as_bits(fab_module._distance_to_face(t, w)), as_bits(expected))
+
+
+@pytest.mark.parametrize("norm", ["L2", "L1"])
+def test_projections_skip_the_still_mask_only_where_it_has_nothing_to_mask(norm, monkeypatch):
+    """On the CPU a call whose weights all reach 1e-8 skips the passes that zero the coordinates staying put: the
+    same bits as masking them; a call with a zero, tiny or NaN weight masks."""
+    fab_module = importlib.import_module("rgb.attacks.fab")
+    t, w, b = hyperplane_cases(12, n=8, dim=200)
+    for weak in (0.0, 1e-9, float("nan")):
+        assert fab_module._still(w.abs().index_fill(1, torch.tensor([3]), weak)) is not None
+    w = torch.where(w.abs() < 1e-3, torch.full_like(w, 1e-3), w)
+    assert fab_module._still(w.abs()) is None
+    skipped = PROJECTIONS[norm](t, w, b)
+    monkeypatch.setattr(fab_module, "_still", lambda magnitude: torch.ge(magnitude, 1e-8).logical_not_())
+    assert torch.equal(as_bits(PROJECTIONS[norm](t, w, b)), as_bits(skipped))
+
+
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
 def test_fab_breaks_an_undefended_model_within_budget(toy, norm):
     model, x, y = toy

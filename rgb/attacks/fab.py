@@ -65,11 +65,12 @@ def _orient(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Te
 
 
 def _distance_to_face(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Distance from t to the box face that decreases <w, .>: t_i if w_i > 0, else 1 - t_i. (A lerp with 0/1
-    weights, exact at both ends: an element-wise `where` on a mask without pattern is slower on the CPU; written
-    over 1 - t, one image-sized tensor fewer.)"""
-    away = 1.0 - t
-    return torch.lerp(away, t, torch.gt(w, 0, out=torch.empty_like(t)), out=away)
+    """Distance from t in [0,1] to the box face that decreases <w, .>: t_i if w_i > 0, else 1 - t_i, written as
+    |m_i - t_i| with m_i = [w_i <= 0] a 0/1 float (exact on the box: 0 - t = -t, 1 - t >= 0; a t_i of -0.0 gives
+    +0.0). A lerp or `where` by a mask without pattern costs 1.5-5x these three passes on the CPU. (At a NaN w_i the
+    distance is t_i, not 1 - t_i: no projection reads it there.)"""
+    room = torch.le(w, 0, out=torch.empty_like(t))
+    return torch.sub(room, t, out=room).abs_()
 
 
 # Integer types with the bit width of each float type: non-negative floats order like their bit patterns.
@@ -162,6 +163,23 @@ def _check_hyperplane_args(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) ->
     return t.shape[0] // w.shape[0] if w.shape[0] else 1
 
 
+def _still(magnitude: torch.Tensor) -> torch.Tensor | None:
+    """The coordinates that stay put in the L2 and L1 projections (|w_i| < 1e-8, NaN too) as a bool mask per row of
+    w, or None on the CPU when there is none (one min read on the host: most of FAB's calls have none, and the
+    mask's passes cost ~10% of a call)."""
+    if (common.host_reads_are_free(magnitude.device) and magnitude.numel()
+            and bool(magnitude.amin() >= _ZERO_WEIGHT)):
+        return None
+    return torch.ge(magnitude, _ZERO_WEIGHT).logical_not_()
+
+
+def _zero_still(values: torch.Tensor, still: torch.Tensor | None) -> torch.Tensor:
+    """`values` (N, D) set to +0 in place at the still coordinates (`still` repeated down its rows)."""
+    if still is not None:
+        _down_rows(values, still).masked_fill_(still, 0.0)
+    return values
+
+
 def fab_project_linf(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Minimal-Linf d with <w, t + d> = b and t + d in [0,1]^D, per row; the face vertex if unreachable.
 
@@ -174,7 +192,7 @@ def fab_project_linf(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch
     room = _distance_to_face(t, w)
     lam, feasible = _saturation_level(room, magnitude, target)
     lam = torch.where(feasible[:, None], lam, torch.full_like(lam, float("inf")))
-    return torch.sign(w).neg_().mul_(torch.minimum(lam, room, out=room))
+    return w.sign_().neg_().mul_(torch.minimum(lam, room, out=room))  # w: _orient's own tensor
 
 
 def fab_project_l2(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -187,17 +205,16 @@ def fab_project_l2(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     # Per row of w (before orienting, the same for its repeats): the coordinates that stay put, zeroed in place (a
     # `where` against a zero tensor gives the same bits, slower).
     magnitude = w.abs()
-    still = torch.ge(magnitude, _ZERO_WEIGHT).logical_not_()
-    magnitude.masked_fill_(still, 0.0)
+    still = _still(magnitude)
+    _zero_still(magnitude, still)
     w, target = _orient(t, w, b)
-    room = _distance_to_face(t, w)
-    _down_rows(room, still).masked_fill_(still, 0.0)
-    reach = (_down_rows(room, magnitude) / magnitude.masked_fill(still, 1.0)).view_as(room)
+    room = _zero_still(_distance_to_face(t, w), still)
+    divisor = magnitude if still is None else magnitude.masked_fill(still, 1.0)
+    reach = (_down_rows(room, magnitude) / divisor).view_as(room)
     alpha, feasible = _saturation_level(reach, magnitude.square(), target)
     closest = torch.mul(_down_rows(alpha, magnitude[:, :1]), magnitude).view_as(room)
-    step = common.rows_where(feasible, torch.minimum(closest, room, out=closest), room)
-    _down_rows(step, still).masked_fill_(still, 0.0)
-    return torch.sign(w).neg_().mul_(step)
+    step = _zero_still(common.rows_where(feasible, torch.minimum(closest, room, out=closest), room), still)
+    return w.sign_().neg_().mul_(step)
 
 
 def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -212,11 +229,10 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     # Zero weights stay put: their magnitude and room zeroed in place (a `where` against zeros gives the same bits,
     # slower); per row of w, shared by its repeats.
     magnitude = w.abs()
-    still = torch.ge(magnitude, _ZERO_WEIGHT).logical_not_()
-    magnitude.masked_fill_(still, 0.0)
+    still = _still(magnitude)
+    _zero_still(magnitude, still)
     w, target = _orient(t, w, b)
-    room = _distance_to_face(t, w)
-    _down_rows(room, still).masked_fill_(still, 0.0)
+    room = _zero_still(_distance_to_face(t, w), still)
     checked = {}  # the last head checked: its width and (closed gap, head's room, order) over t's rows
 
     def closed_by(top, order):
@@ -243,7 +259,7 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     sorted_step = torch.where(position == n_full, torch.minimum(partial.clamp_min(0.0), sorted_room), sorted_step)
     sorted_step = torch.where(feasible, sorted_step, sorted_room)
     # -sign(w) * step, with step 0 off the head: there -sign(w) * 0 = sign(w) * -0 (exactly, signed zeros too).
-    sign = torch.sign(w)
+    sign = w.sign_()
     sorted_step = torch.mul(sign.gather(1, order), sorted_step).neg_()
     return sign.mul_(-0.0).scatter_(1, order, sorted_step)
 
