@@ -17,7 +17,7 @@ from torch import nn
 
 from rgb.attacks import common
 from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
-from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_on_support, solved_on_the_head
+from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_values, solved_on_the_head
 from rgb.core.threat import Norm, parse_norm
 
 # Iteration indices after which p halves (resc_schedule = False: the raw iteration index is used).
@@ -245,26 +245,33 @@ class _SquareLp:
     def direction(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int, eps: float
                   ) -> torch.Tensor:
         """The step's perturbation before it is made feasible: best's, with the windows rewritten."""
-        x = state["x"]
-        c = x.shape[1]
+        delta = state["best"] - state["x"]
+        first, second = windows
+        content = self.rewrite(state, uniform, windows, side, eps, lambda window: delta[window],
+                               self.image_norms(delta))
+        delta[second] = 0.0
+        delta[first] = content
+        return delta
+
+    def rewrite(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int, eps: float,
+                part, image_norm: torch.Tensor) -> torch.Tensor:
+        """The first window's new perturbation: a pattern plus its old content, with the mass of both windows and a
+        share of the unused budget (`part(window)`: best's perturbation there; `image_norm`: its whole norm)."""
+        c = state["x"].shape[1]
         signs = _signs(uniform[5:].view(-1, c))[state.positions]
         if side not in self.patterns:
-            self.patterns[side] = square_pattern(side, self.norm).to(x)
+            self.patterns[side] = square_pattern(side, self.norm).to(state["x"])
         pattern = torch.where(uniform[4] < 0.5, self.patterns[side].T, self.patterns[side])  # random orientation
         first, second = windows
-        delta = state["best"] - x
-        in_first = delta[first]
+        in_first = part(first)
         first_mass = self.mass(in_first)
         overlap = _overlap(first, second)
-        windows_mass = first_mass + self.mass(delta[second])
+        windows_mass = first_mass + self.mass(part(second))
         if overlap is not None:  # the union's mass: the overlap counts once
-            windows_mass = (windows_mass - self.mass(delta[overlap])).clamp_min_(0.0)
-        image_norm = self.image_norms(delta)
+            windows_mass = (windows_mass - self.mass(part(overlap))).clamp_min_(0.0)
         proposal = pattern * signs[:, :, None, None] + in_first / (self.norm_of_mass(first_mass) + 1e-12)
         target = self.window_norm(eps, image_norm, windows_mass, c)
-        delta[second] = 0.0
-        delta[first] = proposal / (self.channel_norms(proposal) + 1e-12) * target
-        return delta
+        return proposal / (self.channel_norms(proposal) + 1e-12) * target
 
 
 class _SquareL2(_SquareLp):
@@ -310,42 +317,76 @@ class _SquareL1(_SquareLp):
 
     def __init__(self):
         super().__init__()
-        self.support_known = False  # whether the state's "support" is that of best's current perturbation
-        self.pixels = None  # flat pixel indices in the images' shape, for windows to slice
+        self.support_known = False  # whether the state's support entries are those of best's current perturbation
+        self.plane = None  # per flat pixel index (and the padding D), its position in the image plane (padding: h*w)
+        self.marks = None  # per position in the plane (and the padding's), whether the query's windows cover it
 
     def to_feasible(self, x, delta, eps):
         return project_l1_ball_box(x, delta, eps * _L1_SHRINK).add_(x).clamp_(0.0, 1.0)
 
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
-        """Best's support is found when first needed (`propose`)."""
-        rows["support"] = torch.empty(rows["x"].shape[0], 0, dtype=torch.long, device=rows["x"].device)
+        """Best's support is found when first needed (`propose`); `start` is what a projection that leaves a pixel
+        0 makes of it (0 + x, clipped: x's bits for x in [0, 1] with no -0)."""
+        x = rows["x"]
+        rows["support"] = torch.empty(x.shape[0], 0, dtype=torch.long, device=x.device)
+        rows["start"] = torch.zeros_like(x).add_(x).clamp_(0.0, 1.0)
         self.support_known = False
+
+    def find_support(self, state: LiveRows) -> None:
+        """Best's support (its columns padded with D, `_nonzero_columns`) and what a query reads there: x, best's
+        perturbation, their positions in the image plane, and best's whole L1 norm; kept until a row changes."""
+        x = state["x"]
+        n, _, h, w = x.shape
+        if self.plane is None:
+            positions = torch.arange(x[0].numel(), device=x.device) % (h * w)
+            self.plane = torch.cat((positions, positions.new_full((1,), h * w)))
+            self.marks = torch.zeros(h * w + 1, dtype=torch.bool, device=x.device)
+            self.marks[-1] = True  # padding is never one of best's columns
+        delta = state["best"] - x
+        padding = x.new_zeros(n, 1)
+        support = _nonzero_columns(delta.view(n, -1))
+        state["support"] = support
+        state["support_x"] = torch.cat((x.view(n, -1), padding), dim=1).gather(1, support)
+        state["support_delta"] = torch.cat((delta.view(n, -1), padding), dim=1).gather(1, support)
+        state["support_plane"] = self.plane[support]
+        state["image_norm"] = self.image_norms(delta)
+        self.support_known = True
 
     def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
         """The L2/L1 step, projected on the CPU over the pixels the candidate can have nonzero: best's support
-        (tens of pixels: each projection zeroes all below its threshold) and the first window, whose content is
-        new (the second window's is now 0, so its pixels project to 0). Whole rows where these are too many, or
-        where whole rows would not solve on their head (`solved_on_the_head`: the same bits either way)."""
+        (tens of pixels: each projection zeroes all below its threshold) outside both windows, and the first window,
+        whose content is new (the second window's is now 0, so its pixels project to 0, as padding does). Whole rows
+        where these are too many, or where whole rows would not solve on their head (`solved_on_the_head`: the same
+        bits either way). The candidate is `start` with the projected pixels written in: no whole-image pass but one
+        copy (the bits of `project_l1_on_support`'s image plus x, clipped; tests pin it)."""
         x = state["x"]
         if not common.host_reads_are_free(x.device):
             return super().propose(state, uniform, windows, side, eps)
         if not self.support_known:
-            state["support"] = _nonzero_columns((state["best"] - x).flatten(1))
-            self.support_known = True
-        if self.pixels is None:
-            self.pixels = torch.arange(x[0].numel(), device=x.device).view(x.shape[1:])
-        rewritten = self.pixels[windows[0]].reshape(-1)
-        support = state["support"]
-        width = support.shape[1] + rewritten.numel()
+            self.find_support(state)
+        n, c, _, w = x.shape
+        kept = state["support"].shape[1]
+        width = kept + c * side * side
         if width > _SUPPORT_MOST or not solved_on_the_head(x[0].numel(), width):
             return super().propose(state, uniform, windows, side, eps)
-        delta = self.direction(state, uniform, windows, side, eps)
-        in_window = torch.zeros(x[0].numel() + 1, dtype=torch.bool, device=x.device)
-        in_window[rewritten] = True  # best's pixels there are replaced by the window's, listed once
-        support = torch.cat((support.masked_fill(in_window[support], x[0].numel()),
-                             rewritten.expand(len(support), -1)), dim=1)
-        return project_l1_on_support(x, delta, eps * _L1_SHRINK, support).add_(x).clamp_(0.0, 1.0)
+        best, first = state["best"], windows[0]
+        content = self.rewrite(state, uniform, windows, side, eps, lambda window: best[window] - x[window],
+                               state["image_norm"])
+        grid = self.marks[:-1].view(x.shape[2:])
+        for window in windows:
+            grid[window[1:]] = True
+        replaced = self.marks[state["support_plane"]]  # padding, or rewritten by the step
+        for window in windows:
+            grid[window[1:]] = False
+        x_values = torch.cat((state["support_x"].masked_fill(replaced, 0.0), x[first].reshape(n, -1)), dim=1)
+        delta_values = torch.cat((state["support_delta"].masked_fill(replaced, 0.0), content.reshape(n, -1)), dim=1)
+        values = project_l1_values(x_values, delta_values, eps * _L1_SHRINK).add_(x_values).clamp_(0.0, 1.0)
+        candidate = state["start"].clone()
+        corner = first[1].start * w + first[2].start  # replaced columns write there: the window then overwrites it
+        candidate.view(n, -1).scatter_(1, state["support"].masked_fill(replaced, corner), values[:, :kept])
+        candidate[first] = values[:, kept:].view_as(content)
+        return candidate
 
     def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
                ) -> torch.Tensor:
