@@ -226,14 +226,14 @@ def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit
     top, left = min(centre[1], h - side), min(centre[2], w - side)
     windows = [(..., slice(top, top + side), slice(left, left + side)),
                (..., slice(top + 2, top + 2 + side), slice(left + 1, left + 1 + side))]
-    uniform = torch.rand(5 + n * c, generator=g)
     geometry = square_module._SquareL1()
+    draw = geometry.draws(torch.rand(1, 5 + n * c, generator=g), n, c, eps)[0]
     rows = {"x": x, "best": best}
     geometry.prepare(rows, eps)
     state = LiveRows(rows, outputs=("best",))
-    candidate = geometry.propose(state, uniform, windows, side, eps)
+    candidate = geometry.propose(state, draw, windows, side, eps)
 
-    delta = geometry.direction(state, uniform, windows, side, eps)
+    delta = geometry.direction(state, draw, windows, side, eps)
     rewritten = torch.arange(d).view(c, h, w)[windows[0]].reshape(-1)
     in_window = torch.zeros(d + 1, dtype=torch.bool)
     in_window[rewritten] = True

@@ -130,6 +130,11 @@ class _SquareLinf:
     def uniforms_per_query(n: int, c: int) -> int:
         return 2 + c
 
+    @staticmethod
+    def draws(uniforms: torch.Tensor, n: int, c: int, eps: float) -> torch.Tensor:
+        """Per query, the window's step 2 * eps * sign per channel, for all queries in one pass."""
+        return (2 * eps * _signs(uniforms[:, 2:])).view(len(uniforms), c, 1, 1)
+
     def init(self, x: torch.Tensor, eps: float, generator) -> torch.Tensor:
         """x + eps * sign(image, channel, column), clipped."""
         n, c, h, w = x.shape
@@ -142,22 +147,22 @@ class _SquareLinf:
         rows["lower"], rows["upper"] = linf_box(rows["x"], eps)
         rows["candidate"] = rows["best"].clone()
 
-    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+    def propose(self, state: LiveRows, step: torch.Tensor, windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
         """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip to
         the budget's box [lower, upper])."""
         x_best, candidate, window = state["best"], state["candidate"], windows[0]
-        signs = _signs(uniform[2:]).view(x_best.shape[1], 1, 1)
-        candidate[window] = (x_best[window] + 2 * eps * signs).clamp_(state["lower"][window], state["upper"][window])
+        candidate[window] = (x_best[window] + step).clamp_(state["lower"][window], state["upper"][window])
         return candidate
 
     @staticmethod
     def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
                ) -> torch.Tensor:
-        """The accepted rows' window (all that a candidate changed) copied into `best`, in place, and the candidate's
-        window back to `best`'s."""
+        """The accepted rows' window (all that a candidate changed) copied into `best`, in place (on the CPU only when
+        a row was accepted: most queries on robust points accept none), and the candidate's window back to `best`'s."""
         window = windows[0]
-        best[window] = torch.where(accept[:, None, None, None], candidate[window], best[window])
+        if not common.host_reads_are_free(best.device) or bool(accept.any()):
+            best[window] = torch.where(accept[:, None, None, None], candidate[window], best[window])
         candidate[window] = best[window]
         return best
 
@@ -172,7 +177,8 @@ class _SquareLp:
     any_layout = False
 
     def __init__(self):
-        self.patterns = {}  # side -> pattern on the images' device, made once per run
+        self.patterns = {}  # side -> the pattern on the images' device as drawn and transposed, made once per run
+        self.best_known = False  # whether the state's entries about best (`know_best`) are up to date
 
     @staticmethod
     def window_side(side: int) -> int:
@@ -182,13 +188,6 @@ class _SquareLp:
     @staticmethod
     def uniforms_per_query(n: int, c: int) -> int:
         return 5 + n * c
-
-    @staticmethod
-    def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
-               ) -> torch.Tensor:
-        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images; on
-        robust points most queries accept no row, and `rows_where` then returns `best` without a pass)."""
-        return common.rows_where(accept, candidate, best)
 
     def mass(self, values: torch.Tensor) -> torch.Tensor:
         """Per (image, channel) mass over the spatial dims, shape (N, C, 1, 1)."""
@@ -214,8 +213,31 @@ class _SquareLp:
         """Per (image, channel) norm over the spatial dims, shape (N, C, 1, 1)."""
         return self.norm_of_mass(self.mass(values))
 
+    @staticmethod
+    def draws(uniforms: torch.Tensor, n: int, c: int, eps: float) -> list[tuple[bool, torch.Tensor]]:
+        """Per query, whether the pattern is transposed (all read on the host at once) and its sign per image and
+        channel (for all queries in one pass)."""
+        return list(zip((uniforms[:, 4] < 0.5).tolist(), _signs(uniforms[:, 5:]).view(len(uniforms), n, c)))
+
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
-        """Nothing to precompute."""
+        """Best is looked at when first needed (`know_best`)."""
+        self.best_known = False
+
+    def know_best(self, state: LiveRows) -> None:
+        """Best's perturbation and its whole norm, kept until a row changes (on robust points most queries change
+        none)."""
+        state["delta"] = state["best"] - state["x"]
+        state["image_norm"] = self.image_norms(state["delta"])
+        self.best_known = True
+
+    def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
+               ) -> torch.Tensor:
+        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images; on
+        robust points most queries accept no row, and `rows_where` then returns `best` without a pass); what is known
+        about best is found again once a row changed."""
+        if not common.host_reads_are_free(best.device) or bool(accept.any()):
+            self.best_known = False
+        return common.rows_where(accept, candidate, best)
 
     def init(self, x: torch.Tensor, eps: float, generator) -> torch.Tensor:
         """Blocks of side min(h,w)//5 tiled from offset (h - 5*side)//2 (5x5 of them at 224x224; the reference's
@@ -236,41 +258,48 @@ class _SquareLp:
         delta[:, :, top:top + rows, left:left + cols] = grid[:, :, :rows, :cols]
         return self.to_feasible(x, delta, eps)
 
-    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+    def propose(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
         """Spec §5 L2/L1 step: new pattern plus the old window content on W1 with the mass of W1 and W2, W2
         zeroed."""
-        return self.to_feasible(state["x"], self.direction(state, uniform, windows, side, eps), eps)
+        return self.to_feasible(state["x"], self.direction(state, draw, windows, side, eps), eps)
 
-    def direction(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int, eps: float
-                  ) -> torch.Tensor:
+    def direction(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int,
+                  eps: float) -> torch.Tensor:
         """The step's perturbation before it is made feasible: best's, with the windows rewritten."""
-        delta = state["best"] - state["x"]
+        if not self.best_known:
+            self.know_best(state)
         first, second = windows
-        content = self.rewrite(state, uniform, windows, side, eps, lambda window: delta[window],
-                               self.image_norms(delta))
+        content = self.rewrite(state, draw, windows, side, eps)
+        delta = state["delta"].clone()
         delta[second] = 0.0
         delta[first] = content
         return delta
 
-    def rewrite(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int, eps: float,
-                part, image_norm: torch.Tensor) -> torch.Tensor:
-        """The first window's new perturbation: a pattern plus its old content, with the mass of both windows and a
-        share of the unused budget (`part(window)`: best's perturbation there; `image_norm`: its whole norm)."""
+    def rewrite(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int, eps: float
+                ) -> torch.Tensor:
+        """The first window's new perturbation: a pattern plus best's old content there, with the mass of both
+        windows and a share of the budget best leaves unused (state's `delta` and `image_norm`, `know_best`)."""
         c = state["x"].shape[1]
-        signs = _signs(uniform[5:].view(-1, c))[state.positions]
+        transposed, signs = draw
+        if len(state) < len(signs):
+            signs = signs[state.positions]
         if side not in self.patterns:
-            self.patterns[side] = square_pattern(side, self.norm).to(state["x"])
-        pattern = torch.where(uniform[4] < 0.5, self.patterns[side].T, self.patterns[side])  # random orientation
+            pattern = square_pattern(side, self.norm).to(state["x"])
+            # made as torch.where made them per query before (issue 54): the same values in the same layout
+            self.patterns[side] = [torch.where(torch.tensor(flag, device=pattern.device), pattern.T, pattern)
+                                   for flag in (False, True)]
+        pattern = self.patterns[side][transposed]  # random orientation
         first, second = windows
-        in_first = part(first)
+        delta = state["delta"]
+        in_first = delta[first]
         first_mass = self.mass(in_first)
         overlap = _overlap(first, second)
-        windows_mass = first_mass + self.mass(part(second))
+        windows_mass = first_mass + self.mass(delta[second])
         if overlap is not None:  # the union's mass: the overlap counts once
-            windows_mass = (windows_mass - self.mass(part(overlap))).clamp_min_(0.0)
+            windows_mass = (windows_mass - self.mass(delta[overlap])).clamp_min_(0.0)
         proposal = pattern * signs[:, :, None, None] + in_first / (self.norm_of_mass(first_mass) + 1e-12)
-        target = self.window_norm(eps, image_norm, windows_mass, c)
+        target = self.window_norm(eps, state["image_norm"], windows_mass, c)
         return proposal / (self.channel_norms(proposal) + 1e-12) * target
 
 
@@ -317,7 +346,6 @@ class _SquareL1(_SquareLp):
 
     def __init__(self):
         super().__init__()
-        self.support_known = False  # whether the state's support entries are those of best's current perturbation
         self.plane = None  # per flat pixel index (and the padding D), its position in the image plane (padding: h*w)
         self.marks = None  # per position in the plane (and the padding's), whether the query's windows cover it
 
@@ -325,34 +353,32 @@ class _SquareL1(_SquareLp):
         return project_l1_ball_box(x, delta, eps * _L1_SHRINK).add_(x).clamp_(0.0, 1.0)
 
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
-        """Best's support is found when first needed (`propose`); `start` is what a projection that leaves a pixel
-        0 makes of it (0 + x, clipped: x's bits for x in [0, 1] with no -0)."""
-        x = rows["x"]
-        rows["support"] = torch.empty(x.shape[0], 0, dtype=torch.long, device=x.device)
-        rows["start"] = torch.zeros_like(x).add_(x).clamp_(0.0, 1.0)
-        self.support_known = False
+        """`start`: what a projection that leaves a pixel 0 makes of it (0 + x, clipped: x's bits for x in [0, 1]
+        with no -0)."""
+        rows["start"] = torch.zeros_like(rows["x"]).add_(rows["x"]).clamp_(0.0, 1.0)
+        super().prepare(rows, eps)
 
-    def find_support(self, state: LiveRows) -> None:
-        """Best's support (its columns padded with D, `_nonzero_columns`) and what a query reads there: x, best's
-        perturbation, their positions in the image plane, and best's whole L1 norm; kept until a row changes."""
-        x = state["x"]
+    def know_best(self, state: LiveRows) -> None:
+        """On the CPU also best's support (its columns padded with D, `_nonzero_columns`) and what a query reads there:
+        x, best's perturbation and their positions in the image plane."""
+        super().know_best(state)
+        x, delta = state["x"], state["delta"]
+        if not common.host_reads_are_free(x.device):
+            return  # no support path there (finding the support reads on the host)
         n, _, h, w = x.shape
         if self.plane is None:
             positions = torch.arange(x[0].numel(), device=x.device) % (h * w)
             self.plane = torch.cat((positions, positions.new_full((1,), h * w)))
             self.marks = torch.zeros(h * w + 1, dtype=torch.bool, device=x.device)
             self.marks[-1] = True  # padding is never one of best's columns
-        delta = state["best"] - x
         padding = x.new_zeros(n, 1)
         support = _nonzero_columns(delta.view(n, -1))
         state["support"] = support
         state["support_x"] = torch.cat((x.view(n, -1), padding), dim=1).gather(1, support)
         state["support_delta"] = torch.cat((delta.view(n, -1), padding), dim=1).gather(1, support)
         state["support_plane"] = self.plane[support]
-        state["image_norm"] = self.image_norms(delta)
-        self.support_known = True
 
-    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+    def propose(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
         """The L2/L1 step, projected on the CPU over the pixels the candidate can have nonzero: best's support
         (tens of pixels: each projection zeroes all below its threshold) outside both windows, and the first window,
@@ -362,17 +388,16 @@ class _SquareL1(_SquareLp):
         copy (the bits of `project_l1_on_support`'s image plus x, clipped; tests pin it)."""
         x = state["x"]
         if not common.host_reads_are_free(x.device):
-            return super().propose(state, uniform, windows, side, eps)
-        if not self.support_known:
-            self.find_support(state)
+            return super().propose(state, draw, windows, side, eps)
+        if not self.best_known:
+            self.know_best(state)
         n, c, _, w = x.shape
         kept = state["support"].shape[1]
         width = kept + c * side * side
         if width > _SUPPORT_MOST or not solved_on_the_head(x[0].numel(), width):
-            return super().propose(state, uniform, windows, side, eps)
-        best, first = state["best"], windows[0]
-        content = self.rewrite(state, uniform, windows, side, eps, lambda window: best[window] - x[window],
-                               state["image_norm"])
+            return super().propose(state, draw, windows, side, eps)
+        first = windows[0]
+        content = self.rewrite(state, draw, windows, side, eps)
         grid = self.marks[:-1].view(x.shape[2:])
         for window in windows:
             grid[window[1:]] = True
@@ -387,13 +412,6 @@ class _SquareL1(_SquareLp):
         candidate.view(n, -1).scatter_(1, state["support"].masked_fill(replaced, corner), values[:, :kept])
         candidate[first] = values[:, kept:].view_as(content)
         return candidate
-
-    def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
-               ) -> torch.Tensor:
-        """As Square-L2's; best's support is found again once a row changed."""
-        if not common.host_reads_are_free(best.device) or bool(accept.any()):
-            self.support_known = False
-        return super().accept(best, candidate, accept, windows)
 
 
 def _nonzero_columns(values: torch.Tensor) -> torch.Tensor:
@@ -468,19 +486,20 @@ def square(
     sides = [square_window(square_p(iteration, p_init), h, w, norm) for iteration in range(n_queries)]
     uniforms = torch.rand(n_queries, geometry.uniforms_per_query(n, c), generator=generator, device=x.device)
     windows = _windows(uniforms, sides, h, w, geometry.windows_per_query)
+    draws = geometry.draws(uniforms, n, c, eps)
     for iteration in range(n_queries):
         if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["margin"] > 0) == 0:
             break
 
-        candidate = geometry.propose(state, uniforms[iteration], windows[iteration], sides[iteration], eps)
+        candidate = geometry.propose(state, draws[iteration], windows[iteration], sides[iteration], eps)
 
         candidate_margin, candidate_predicted = _margin(model, candidate, state["y"])
         counter.forward(len(state))
         attacking = state["margin"] > 0
         accept = attacking & ((candidate_margin < state["margin"]) | (candidate_margin <= 0))
         state["best"] = geometry.accept(state["best"], candidate, accept, windows[iteration])
-        state["margin"] = torch.where(accept, candidate_margin, state["margin"])
-        state["predicted"] = torch.where(accept, candidate_predicted, state["predicted"])
+        state["margin"] = common.rows_where(accept, candidate_margin, state["margin"])
+        state["predicted"] = common.rows_where(accept, candidate_predicted, state["predicted"])
         state["queries"] = state["queries"] + attacking
         if progress is not None:
             progress(iteration + 1, n_queries)
