@@ -322,4 +322,3 @@ def test_l1_projection_on_a_support_equals_the_whole_row_projection(seed):
     assert torch.equal(project_l1_on_support(x, delta, eps, support), project_l1_ball_box(x, delta, eps))
     with pytest.raises(ValueError, match="support"):
         project_l1_on_support(x, delta, eps, support[:2])
-
