@@ -141,6 +141,23 @@ def test_eval_counter():
         counter.per_image(0)
 
 
+def test_live_rows_write_dropped_rows_when_they_leave_and_the_rest_at_sync():
+    """`LiveRows.keep` writes only the rows it drops into the results (issue 54: a check that drops nothing, most of
+    Square's every-10-queries checks, copies nothing); `sync` brings every row up to date."""
+    from rgb.attacks.common import LiveRows
+
+    rows = LiveRows({"value": torch.arange(6.0)}, outputs=("value",))
+    rows["value"] = rows["value"] + 10
+    assert rows.keep(torch.ones(6, dtype=torch.bool)) == 6
+    assert torch.equal(rows.results["value"], torch.arange(6.0))  # nothing dropped: nothing written yet
+    assert rows.keep(torch.tensor([True, False, True, True, False, True])) == 4
+    assert torch.equal(rows.results["value"], torch.tensor([0.0, 11, 2, 3, 14, 5]))
+    rows["value"] = rows["value"] + 100
+    assert rows.keep(torch.tensor([False, True, True, False])) == 2
+    assert torch.equal(rows.positions, torch.tensor([2, 3]))
+    assert torch.equal(rows.sync()["value"], torch.tensor([110.0, 11, 112, 113, 14, 115]))
+
+
 @pytest.mark.parametrize("largest", [1, 63, 64, 65, 300, 1000, 3000])
 def test_kth_largest_matches_a_full_sort(largest):
     g = torch.Generator().manual_seed(largest)

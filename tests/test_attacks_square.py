@@ -184,10 +184,10 @@ def test_l1_on_the_cpu_projects_over_the_support_with_the_whole_rows_results(toy
     calls = []
 
     def counted(*args):
-        calls.append(args[3].shape[1])
-        return projections.project_l1_on_support(*args)
+        calls.append(args[0].shape[1])
+        return projections.project_l1_values(*args)
 
-    monkeypatch.setattr(square_module, "project_l1_on_support", counted)
+    monkeypatch.setattr(square_module, "project_l1_values", counted)
     monkeypatch.setattr(square_module, "_SUPPORT_MOST", 100)  # 3x8x8 images: the first windows exceed it
     # whole rows of 192 pixels solve on the head's breakpoints too (as rows of 3x32x32 do; by default they bisect)
     monkeypatch.setattr(projections, "_HEAD_SHARE", 1.0)
@@ -198,3 +198,48 @@ def test_l1_on_the_cpu_projects_over_the_support_with_the_whole_rows_results(toy
     assert 0 < on_support.fooled.sum() < len(y)
     for field in ("x_adv", "fooled", "n_queries_used"):
         assert torch.equal(getattr(on_support, field), getattr(whole_rows, field))
+
+
+@pytest.mark.parametrize("seed, eps", [(0, 0.5), (1, 3.0), (2, 12.0), (3, 400.0)])
+def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit(seed, eps):
+    """Square-L1's CPU candidate (issue 54) is `start` with the projected values of best's cached support and the
+    first window written in: the bits of the whole image projected over that support (`project_l1_on_support`)
+    plus x, clipped, with padding, tied magnitudes, pixels at box faces, x = -0, and windows that cover best's
+    support and each other."""
+    import importlib
+
+    square_module = importlib.import_module("rgb.attacks.square")
+    from rgb.attacks.common import LiveRows
+    from rgb.attacks.projections import project_l1_on_support
+
+    g = torch.Generator().manual_seed(seed)
+    n, c, h, w, side = 6, 3, 32, 32, 5  # 3x32x32: under 192 pixels the support is projected on its own
+    d = c * h * w
+    x = torch.randint(0, 65, (n, c, h, w), generator=g) / 64  # a grid: exact ties, both box faces
+    x = torch.where((x == 0) & (torch.rand(x.shape, generator=g) < 0.5), -0.0, x)
+    best = x.clone()
+    for row in range(n):
+        pixels = torch.randperm(d, generator=g)[:int(torch.randint(0, 90, (), generator=g))]
+        best.view(n, -1)[row, pixels] += torch.randint(-8, 9, (len(pixels),), generator=g) / 16
+    best.clamp_(0.0, 1.0)
+    centre = torch.nonzero(best[0] != x[0])[0].tolist() if bool((best[0] != x[0]).any()) else [0, 10, 10]
+    top, left = min(centre[1], h - side), min(centre[2], w - side)
+    windows = [(..., slice(top, top + side), slice(left, left + side)),
+               (..., slice(top + 2, top + 2 + side), slice(left + 1, left + 1 + side))]
+    geometry = square_module._SquareL1()
+    draw = geometry.draws(torch.rand(1, 5 + n * c, generator=g), n, c, eps)[0]
+    rows = {"x": x, "best": best}
+    geometry.prepare(rows, eps)
+    state = LiveRows(rows, outputs=("best",))
+    candidate = geometry.propose(state, draw, windows, side, eps)
+
+    delta = geometry.direction(state, draw, windows, side, eps)
+    rewritten = torch.arange(d).view(c, h, w)[windows[0]].reshape(-1)
+    in_window = torch.zeros(d + 1, dtype=torch.bool)
+    in_window[rewritten] = True
+    support = square_module._nonzero_columns((best - x).flatten(1))
+    assert support.shape[1] + len(rewritten) < d // 16  # the support path, not whole rows
+    support = torch.cat((support.masked_fill(in_window[support], d), rewritten.expand(n, -1)), dim=1)
+    expected = project_l1_on_support(x, delta, eps * square_module._L1_SHRINK, support).add_(x).clamp_(0.0, 1.0)
+    assert torch.equal(candidate.view(torch.int32), expected.view(torch.int32))
+    assert not torch.equal(candidate, state["start"])

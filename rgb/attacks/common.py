@@ -242,10 +242,14 @@ class LiveRows:
         return self.results
 
     def keep(self, mask: torch.Tensor) -> int:
-        """Sync, then keep only the live rows where `mask` holds (one host sync); returns how many remain."""
-        self.sync()
+        """Keep only the live rows where `mask` holds (one host sync), the dropped rows' outputs written into
+        `results` first (the kept rows' wait for `sync`: a check that drops nothing copies nothing); returns how many
+        remain."""
         kept = mask.nonzero().squeeze(1)
         if kept.numel() < self.positions.numel():
+            dropped = mask.logical_not().nonzero().squeeze(1)
+            for name, full in self.results.items():
+                full[self.positions[dropped]] = self.state[name][dropped]
             self.state = {name: value[kept] for name, value in self.state.items()}
             self.positions = self.positions[kept]
         return kept.numel()

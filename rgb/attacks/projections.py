@@ -200,7 +200,7 @@ def project_l1_on_support(x: torch.Tensor, delta: torch.Tensor, eps: float | tor
     into the flattened image, padded with D (the number of pixels of an image), which names no pixel.
 
     The caller vouches for the support (Square-L1 knows it: its best iterate's few nonzero pixels and the window it
-    rewrites), so nothing scans whole rows for the moving coordinates: the root is solved on the support's K
+    rewrites; it gathers them itself for `project_l1_values`), so nothing scans whole rows for the moving coordinates: the root is solved on the support's K
     coordinates (`_l1_breakpoints`; every coordinate outside is 0 and never moves) and the answer is scattered back,
     0 elsewhere. The same values as `project_l1_ball_box` wherever the two solve the same head; the sums whether a
     row needs shrinking add the same terms in another order (last bits, the agreement allowance of spec §6.3).
@@ -209,16 +209,25 @@ def project_l1_on_support(x: torch.Tensor, delta: torch.Tensor, eps: float | tor
         raise ValueError(f"need x and delta of one shape and a support (N, K), got {tuple(x.shape)}, "
                          f"{tuple(delta.shape)} and {tuple(support.shape)}")
     n = x.shape[0]
-    eps_col = per_sample(eps, x).view(n, 1)
     padding = x.new_zeros(n, 1)
-    magnitude, sign, room = _l1_terms(torch.cat((x.flatten(1), padding), dim=1).gather(1, support),
-                                      torch.cat((delta.flatten(1), padding), dim=1).gather(1, support))
+    values = project_l1_values(torch.cat((x.flatten(1), padding), dim=1).gather(1, support),
+                               torch.cat((delta.flatten(1), padding), dim=1).gather(1, support), eps)
+    projected = delta.new_zeros(n, padding.shape[1] + delta[0].numel())
+    projected.scatter_(1, support, values)
+    return projected[:, :-1].reshape(delta.shape)
+
+
+def project_l1_values(x: torch.Tensor, delta: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
+    """`project_l1_on_support` on its gathered values (N, K): the projected delta there, for a caller that gathers
+    and places them itself (Square-L1 reads its windows and best's support as slices and cached columns: no
+    whole-image pass). Padding entries (x = delta = 0) weigh nothing and come out 0."""
+    n = x.shape[0]
+    eps_col = per_sample(eps, x).view(n, 1)
+    magnitude, sign, room = _l1_terms(x, delta)
     shrink = room.sum(dim=1, keepdim=True) > eps_col
     zero = torch.zeros_like(eps_col)
-    if support.shape[1] == 0 or (common.host_reads_are_free(x.device) and not bool(shrink.any())):
+    if x.shape[1] == 0 or (common.host_reads_are_free(x.device) and not bool(shrink.any())):
         lam = zero
     else:
         lam = torch.where(shrink, _l1_breakpoints(magnitude, room, eps_col).clamp_min_(0.0), zero)
-    projected = delta.new_zeros(n, padding.shape[1] + delta[0].numel())
-    projected.scatter_(1, support, _l1_step(magnitude, room, sign, lam))
-    return projected[:, :-1].reshape(delta.shape)
+    return _l1_step(magnitude, room, sign, lam)

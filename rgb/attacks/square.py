@@ -17,7 +17,7 @@ from torch import nn
 
 from rgb.attacks import common
 from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
-from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_on_support, solved_on_the_head
+from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_values, solved_on_the_head
 from rgb.core.threat import Norm, parse_norm
 
 # Iteration indices after which p halves (resc_schedule = False: the raw iteration index is used).
@@ -130,6 +130,11 @@ class _SquareLinf:
     def uniforms_per_query(n: int, c: int) -> int:
         return 2 + c
 
+    @staticmethod
+    def draws(uniforms: torch.Tensor, n: int, c: int, eps: float) -> torch.Tensor:
+        """Per query, the window's step 2 * eps * sign per channel, for all queries in one pass."""
+        return (2 * eps * _signs(uniforms[:, 2:])).view(len(uniforms), c, 1, 1)
+
     def init(self, x: torch.Tensor, eps: float, generator) -> torch.Tensor:
         """x + eps * sign(image, channel, column), clipped."""
         n, c, h, w = x.shape
@@ -142,22 +147,22 @@ class _SquareLinf:
         rows["lower"], rows["upper"] = linf_box(rows["x"], eps)
         rows["candidate"] = rows["best"].clone()
 
-    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+    def propose(self, state: LiveRows, step: torch.Tensor, windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
         """x_best with the window set to x -/+ eps by one sign per channel shared by the batch (after the clip to
         the budget's box [lower, upper])."""
         x_best, candidate, window = state["best"], state["candidate"], windows[0]
-        signs = _signs(uniform[2:]).view(x_best.shape[1], 1, 1)
-        candidate[window] = (x_best[window] + 2 * eps * signs).clamp_(state["lower"][window], state["upper"][window])
+        candidate[window] = (x_best[window] + step).clamp_(state["lower"][window], state["upper"][window])
         return candidate
 
     @staticmethod
     def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
                ) -> torch.Tensor:
-        """The accepted rows' window (all that a candidate changed) copied into `best`, in place, and the candidate's
-        window back to `best`'s."""
+        """The accepted rows' window (all that a candidate changed) copied into `best`, in place (on the CPU only when
+        a row was accepted: most queries on robust points accept none), and the candidate's window back to `best`'s."""
         window = windows[0]
-        best[window] = torch.where(accept[:, None, None, None], candidate[window], best[window])
+        if not common.host_reads_are_free(best.device) or bool(accept.any()):
+            best[window] = torch.where(accept[:, None, None, None], candidate[window], best[window])
         candidate[window] = best[window]
         return best
 
@@ -172,7 +177,8 @@ class _SquareLp:
     any_layout = False
 
     def __init__(self):
-        self.patterns = {}  # side -> pattern on the images' device, made once per run
+        self.patterns = {}  # side -> the pattern on the images' device as drawn and transposed, made once per run
+        self.best_known = False  # whether the state's entries about best (`know_best`) are up to date
 
     @staticmethod
     def window_side(side: int) -> int:
@@ -182,13 +188,6 @@ class _SquareLp:
     @staticmethod
     def uniforms_per_query(n: int, c: int) -> int:
         return 5 + n * c
-
-    @staticmethod
-    def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
-               ) -> torch.Tensor:
-        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images; on
-        robust points most queries accept no row, and `rows_where` then returns `best` without a pass)."""
-        return common.rows_where(accept, candidate, best)
 
     def mass(self, values: torch.Tensor) -> torch.Tensor:
         """Per (image, channel) mass over the spatial dims, shape (N, C, 1, 1)."""
@@ -214,8 +213,31 @@ class _SquareLp:
         """Per (image, channel) norm over the spatial dims, shape (N, C, 1, 1)."""
         return self.norm_of_mass(self.mass(values))
 
+    @staticmethod
+    def draws(uniforms: torch.Tensor, n: int, c: int, eps: float) -> list[tuple[bool, torch.Tensor]]:
+        """Per query, whether the pattern is transposed (all read on the host at once) and its sign per image and
+        channel (for all queries in one pass)."""
+        return list(zip((uniforms[:, 4] < 0.5).tolist(), _signs(uniforms[:, 5:]).view(len(uniforms), n, c)))
+
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
-        """Nothing to precompute."""
+        """Best is looked at when first needed (`know_best`)."""
+        self.best_known = False
+
+    def know_best(self, state: LiveRows) -> None:
+        """Best's perturbation and its whole norm, kept until a row changes (on robust points most queries change
+        none)."""
+        state["delta"] = state["best"] - state["x"]
+        state["image_norm"] = self.image_norms(state["delta"])
+        self.best_known = True
+
+    def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
+               ) -> torch.Tensor:
+        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images; on
+        robust points most queries accept no row, and `rows_where` then returns `best` without a pass); what is known
+        about best is found again once a row changed."""
+        if not common.host_reads_are_free(best.device) or bool(accept.any()):
+            self.best_known = False
+        return common.rows_where(accept, candidate, best)
 
     def init(self, x: torch.Tensor, eps: float, generator) -> torch.Tensor:
         """Blocks of side min(h,w)//5 tiled from offset (h - 5*side)//2 (5x5 of them at 224x224; the reference's
@@ -236,35 +258,49 @@ class _SquareLp:
         delta[:, :, top:top + rows, left:left + cols] = grid[:, :, :rows, :cols]
         return self.to_feasible(x, delta, eps)
 
-    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+    def propose(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
         """Spec §5 L2/L1 step: new pattern plus the old window content on W1 with the mass of W1 and W2, W2
         zeroed."""
-        return self.to_feasible(state["x"], self.direction(state, uniform, windows, side, eps), eps)
+        return self.to_feasible(state["x"], self.direction(state, draw, windows, side, eps), eps)
 
-    def direction(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int, eps: float
-                  ) -> torch.Tensor:
+    def direction(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int,
+                  eps: float) -> torch.Tensor:
         """The step's perturbation before it is made feasible: best's, with the windows rewritten."""
-        x = state["x"]
-        c = x.shape[1]
-        signs = _signs(uniform[5:].view(-1, c))[state.positions]
-        if side not in self.patterns:
-            self.patterns[side] = square_pattern(side, self.norm).to(x)
-        pattern = torch.where(uniform[4] < 0.5, self.patterns[side].T, self.patterns[side])  # random orientation
+        if not self.best_known:
+            self.know_best(state)
         first, second = windows
-        delta = state["best"] - x
+        content = self.rewrite(state, draw, windows, side, eps)
+        delta = state["delta"].clone()
+        delta[second] = 0.0
+        delta[first] = content
+        return delta
+
+    def rewrite(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int, eps: float
+                ) -> torch.Tensor:
+        """The first window's new perturbation: a pattern plus best's old content there, with the mass of both
+        windows and a share of the budget best leaves unused (state's `delta` and `image_norm`, `know_best`)."""
+        c = state["x"].shape[1]
+        transposed, signs = draw
+        if len(state) < len(signs):
+            signs = signs[state.positions]
+        if side not in self.patterns:
+            pattern = square_pattern(side, self.norm).to(state["x"])
+            # made as torch.where made them per query before (issue 54): the same values in the same layout
+            self.patterns[side] = [torch.where(torch.tensor(flag, device=pattern.device), pattern.T, pattern)
+                                   for flag in (False, True)]
+        pattern = self.patterns[side][transposed]  # random orientation
+        first, second = windows
+        delta = state["delta"]
         in_first = delta[first]
         first_mass = self.mass(in_first)
         overlap = _overlap(first, second)
         windows_mass = first_mass + self.mass(delta[second])
         if overlap is not None:  # the union's mass: the overlap counts once
             windows_mass = (windows_mass - self.mass(delta[overlap])).clamp_min_(0.0)
-        image_norm = self.image_norms(delta)
         proposal = pattern * signs[:, :, None, None] + in_first / (self.norm_of_mass(first_mass) + 1e-12)
-        target = self.window_norm(eps, image_norm, windows_mass, c)
-        delta[second] = 0.0
-        delta[first] = proposal / (self.channel_norms(proposal) + 1e-12) * target
-        return delta
+        target = self.window_norm(eps, state["image_norm"], windows_mass, c)
+        return proposal / (self.channel_norms(proposal) + 1e-12) * target
 
 
 class _SquareL2(_SquareLp):
@@ -310,49 +346,72 @@ class _SquareL1(_SquareLp):
 
     def __init__(self):
         super().__init__()
-        self.support_known = False  # whether the state's "support" is that of best's current perturbation
-        self.pixels = None  # flat pixel indices in the images' shape, for windows to slice
+        self.plane = None  # per flat pixel index (and the padding D), its position in the image plane (padding: h*w)
+        self.marks = None  # per position in the plane (and the padding's), whether the query's windows cover it
 
     def to_feasible(self, x, delta, eps):
         return project_l1_ball_box(x, delta, eps * _L1_SHRINK).add_(x).clamp_(0.0, 1.0)
 
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
-        """Best's support is found when first needed (`propose`)."""
-        rows["support"] = torch.empty(rows["x"].shape[0], 0, dtype=torch.long, device=rows["x"].device)
-        self.support_known = False
+        """`start`: what a projection that leaves a pixel 0 makes of it (0 + x, clipped: x's bits for x in [0, 1]
+        with no -0)."""
+        rows["start"] = torch.zeros_like(rows["x"]).add_(rows["x"]).clamp_(0.0, 1.0)
+        super().prepare(rows, eps)
 
-    def propose(self, state: LiveRows, uniform: torch.Tensor, windows: list[tuple], side: int,
+    def know_best(self, state: LiveRows) -> None:
+        """On the CPU also best's support (its columns padded with D, `_nonzero_columns`) and what a query reads there:
+        x, best's perturbation and their positions in the image plane."""
+        super().know_best(state)
+        x, delta = state["x"], state["delta"]
+        if not common.host_reads_are_free(x.device):
+            return  # no support path there (finding the support reads on the host)
+        n, _, h, w = x.shape
+        if self.plane is None:
+            positions = torch.arange(x[0].numel(), device=x.device) % (h * w)
+            self.plane = torch.cat((positions, positions.new_full((1,), h * w)))
+            self.marks = torch.zeros(h * w + 1, dtype=torch.bool, device=x.device)
+            self.marks[-1] = True  # padding is never one of best's columns
+        padding = x.new_zeros(n, 1)
+        support = _nonzero_columns(delta.view(n, -1))
+        state["support"] = support
+        state["support_x"] = torch.cat((x.view(n, -1), padding), dim=1).gather(1, support)
+        state["support_delta"] = torch.cat((delta.view(n, -1), padding), dim=1).gather(1, support)
+        state["support_plane"] = self.plane[support]
+
+    def propose(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
         """The L2/L1 step, projected on the CPU over the pixels the candidate can have nonzero: best's support
-        (tens of pixels: each projection zeroes all below its threshold) and the first window, whose content is
-        new (the second window's is now 0, so its pixels project to 0). Whole rows where these are too many, or
-        where whole rows would not solve on their head (`solved_on_the_head`: the same bits either way)."""
+        (tens of pixels: each projection zeroes all below its threshold) outside both windows, and the first window,
+        whose content is new (the second window's is now 0, so its pixels project to 0, as padding does). Whole rows
+        where these are too many, or where whole rows would not solve on their head (`solved_on_the_head`: the same
+        bits either way). The candidate is `start` with the projected pixels written in: no whole-image pass but one
+        copy (the bits of `project_l1_on_support`'s image plus x, clipped; tests pin it)."""
         x = state["x"]
         if not common.host_reads_are_free(x.device):
-            return super().propose(state, uniform, windows, side, eps)
-        if not self.support_known:
-            state["support"] = _nonzero_columns((state["best"] - x).flatten(1))
-            self.support_known = True
-        if self.pixels is None:
-            self.pixels = torch.arange(x[0].numel(), device=x.device).view(x.shape[1:])
-        rewritten = self.pixels[windows[0]].reshape(-1)
-        support = state["support"]
-        width = support.shape[1] + rewritten.numel()
+            return super().propose(state, draw, windows, side, eps)
+        if not self.best_known:
+            self.know_best(state)
+        n, c, _, w = x.shape
+        kept = state["support"].shape[1]
+        width = kept + c * side * side
         if width > _SUPPORT_MOST or not solved_on_the_head(x[0].numel(), width):
-            return super().propose(state, uniform, windows, side, eps)
-        delta = self.direction(state, uniform, windows, side, eps)
-        in_window = torch.zeros(x[0].numel() + 1, dtype=torch.bool, device=x.device)
-        in_window[rewritten] = True  # best's pixels there are replaced by the window's, listed once
-        support = torch.cat((support.masked_fill(in_window[support], x[0].numel()),
-                             rewritten.expand(len(support), -1)), dim=1)
-        return project_l1_on_support(x, delta, eps * _L1_SHRINK, support).add_(x).clamp_(0.0, 1.0)
-
-    def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
-               ) -> torch.Tensor:
-        """As Square-L2's; best's support is found again once a row changed."""
-        if not common.host_reads_are_free(best.device) or bool(accept.any()):
-            self.support_known = False
-        return super().accept(best, candidate, accept, windows)
+            return super().propose(state, draw, windows, side, eps)
+        first = windows[0]
+        content = self.rewrite(state, draw, windows, side, eps)
+        grid = self.marks[:-1].view(x.shape[2:])
+        for window in windows:
+            grid[window[1:]] = True
+        replaced = self.marks[state["support_plane"]]  # padding, or rewritten by the step
+        for window in windows:
+            grid[window[1:]] = False
+        x_values = torch.cat((state["support_x"].masked_fill(replaced, 0.0), x[first].reshape(n, -1)), dim=1)
+        delta_values = torch.cat((state["support_delta"].masked_fill(replaced, 0.0), content.reshape(n, -1)), dim=1)
+        values = project_l1_values(x_values, delta_values, eps * _L1_SHRINK).add_(x_values).clamp_(0.0, 1.0)
+        candidate = state["start"].clone()
+        corner = first[1].start * w + first[2].start  # replaced columns write there: the window then overwrites it
+        candidate.view(n, -1).scatter_(1, state["support"].masked_fill(replaced, corner), values[:, :kept])
+        candidate[first] = values[:, kept:].view_as(content)
+        return candidate
 
 
 def _nonzero_columns(values: torch.Tensor) -> torch.Tensor:
@@ -427,19 +486,20 @@ def square(
     sides = [square_window(square_p(iteration, p_init), h, w, norm) for iteration in range(n_queries)]
     uniforms = torch.rand(n_queries, geometry.uniforms_per_query(n, c), generator=generator, device=x.device)
     windows = _windows(uniforms, sides, h, w, geometry.windows_per_query)
+    draws = geometry.draws(uniforms, n, c, eps)
     for iteration in range(n_queries):
         if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["margin"] > 0) == 0:
             break
 
-        candidate = geometry.propose(state, uniforms[iteration], windows[iteration], sides[iteration], eps)
+        candidate = geometry.propose(state, draws[iteration], windows[iteration], sides[iteration], eps)
 
         candidate_margin, candidate_predicted = _margin(model, candidate, state["y"])
         counter.forward(len(state))
         attacking = state["margin"] > 0
         accept = attacking & ((candidate_margin < state["margin"]) | (candidate_margin <= 0))
         state["best"] = geometry.accept(state["best"], candidate, accept, windows[iteration])
-        state["margin"] = torch.where(accept, candidate_margin, state["margin"])
-        state["predicted"] = torch.where(accept, candidate_predicted, state["predicted"])
+        state["margin"] = common.rows_where(accept, candidate_margin, state["margin"])
+        state["predicted"] = common.rows_where(accept, candidate_predicted, state["predicted"])
         state["queries"] = state["queries"] + attacking
         if progress is not None:
             progress(iteration + 1, n_queries)
