@@ -298,11 +298,12 @@ def test_l1_projection_on_the_cpu_head_uses_the_breakpoints_and_matches_float64_
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_l1_projection_on_a_support_equals_the_whole_row_projection(seed):
-    """Square-L1's projection over the pixels it knows can be nonzero (issue 54): with the support given as indices
-    padded with D (unordered, padding anywhere, rows of different counts, pixels at box faces, tied magnitudes), the
-    same bits as `project_l1_ball_box` on the whole rows, which scans them for the head instead."""
-    from rgb.attacks.projections import project_l1_on_support, solved_on_the_head
+def test_l1_projection_of_known_pixels_equals_the_whole_row_projection(seed):
+    """Square-L1's projection of the pixels it knows can be nonzero (issue 54): their values gathered by indices
+    padded with D (unordered, padding anywhere, rows of different counts, pixels at box faces, tied magnitudes),
+    projected and scattered back, are the bits of `project_l1_ball_box` on the whole rows, which scans them for the
+    head instead."""
+    from rgb.attacks.projections import project_l1_values, solved_on_the_head
 
     g = torch.Generator().manual_seed(seed)
     n, d = 7, 3 * 32 * 32  # rows whose head the whole-row projection solves on breakpoints too
@@ -319,9 +320,11 @@ def test_l1_projection_on_a_support_equals_the_whole_row_projection(seed):
     eps[0] = lp_norm(delta, "L1")[0] * 2  # inside the ball
     assert solved_on_the_head(d, support.shape[1])  # where Square-L1 takes the support (else whole rows bisect)
     assert not solved_on_the_head(d, d // 16) and not solved_on_the_head(3 * 8 * 8, 10)
-    assert torch.equal(project_l1_on_support(x, delta, eps, support), project_l1_ball_box(x, delta, eps))
-    with pytest.raises(ValueError, match="support"):
-        project_l1_on_support(x, delta, eps, support[:2])
+    padding = torch.zeros(n, 1)
+    values = project_l1_values(torch.cat((x.flatten(1), padding), dim=1).gather(1, support),
+                               torch.cat((delta.flatten(1), padding), dim=1).gather(1, support), eps)
+    projected = torch.zeros(n, d + 1).scatter_(1, support, values)[:, :-1].reshape(x.shape)
+    assert torch.equal(projected, project_l1_ball_box(x, delta, eps))
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -46,7 +46,7 @@ INTERNAL = {
     "rgb/attacks/losses.py::dlr_loss": _ATTACK_ARGS,
     "rgb/attacks/losses.py::targeted_dlr_loss": _ATTACK_ARGS,
     "rgb/attacks/malt.py::malt_targets": _ATTACK_ARGS,
-    **{f"rgb/attacks/projections.py::{f}": _ATTACK_ARGS for f in ("project_l1_ball_box", "project_l1_on_support")},
+    "rgb/attacks/projections.py::project_l1_ball_box": _ATTACK_ARGS,
     "rgb/attacks/registry.py::AttackEntry.__post_init__": "the attack table's own entries (rgb's code, not input)",
     "rgb/attacks/registry.py::Step.__post_init__": "the attack table's own entries (rgb's code, not input)",
     **{f"rgb/brittleness/metrics.py::{f}": _METRIC_ARGS

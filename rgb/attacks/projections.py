@@ -189,38 +189,19 @@ def _l1_step(magnitude: torch.Tensor, room: torch.Tensor, sign: torch.Tensor, la
 
 def solved_on_the_head(pixels: int, moving: int) -> bool:
     """Whether `project_l1_ball_box` on the CPU solves rows of `pixels` pixels, at most `moving` of them nonzero, on
-    its head's breakpoints, as `project_l1_on_support` does (then the two give the same bits): a row's head (up to
+    its head's breakpoints, as `project_l1_values` does (then the two give the same bits): a row's head (up to
     _HEAD_SHARE of it) then holds every nonzero."""
     return pixels * _HEAD_SHARE > max(_FIRST_HEAD, moving)
 
 
-def project_l1_on_support(x: torch.Tensor, delta: torch.Tensor, eps: float | torch.Tensor, support: torch.Tensor
-                          ) -> torch.Tensor:
-    """`project_l1_ball_box(x, delta, eps)` for a delta that is 0 outside `support` (N, K): per row, distinct indices
-    into the flattened image, padded with D (the number of pixels of an image), which names no pixel.
-
-    The caller vouches for the support (Square-L1 knows it: its best iterate's few nonzero pixels and the window it
-    rewrites; it gathers them itself for `project_l1_values`), so nothing scans whole rows for the moving coordinates: the root is solved on the support's K
-    coordinates (`_l1_breakpoints`; every coordinate outside is 0 and never moves) and the answer is scattered back,
-    0 elsewhere. The same values as `project_l1_ball_box` wherever the two solve the same head; the sums whether a
-    row needs shrinking add the same terms in another order (last bits, the agreement allowance of spec §6.3).
-    """
-    if x.shape != delta.shape or support.dim() != 2 or support.shape[0] != x.shape[0]:
-        raise ValueError(f"need x and delta of one shape and a support (N, K), got {tuple(x.shape)}, "
-                         f"{tuple(delta.shape)} and {tuple(support.shape)}")
-    n = x.shape[0]
-    padding = x.new_zeros(n, 1)
-    values = project_l1_values(torch.cat((x.flatten(1), padding), dim=1).gather(1, support),
-                               torch.cat((delta.flatten(1), padding), dim=1).gather(1, support), eps)
-    projected = delta.new_zeros(n, padding.shape[1] + delta[0].numel())
-    projected.scatter_(1, support, values)
-    return projected[:, :-1].reshape(delta.shape)
-
-
 def project_l1_values(x: torch.Tensor, delta: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
-    """`project_l1_on_support` on its gathered values (N, K): the projected delta there, for a caller that gathers
-    and places them itself (Square-L1 reads its windows and best's support as slices and cached columns: no
-    whole-image pass). Padding entries (x = delta = 0) weigh nothing and come out 0."""
+    """`project_l1_ball_box` for a delta that is 0 outside K known pixels per row, given their values x and delta
+    (N, K): the projected delta there. The caller vouches for the pixels (Square-L1 knows them: its best iterate's
+    few nonzero pixels and the window it rewrites, read as cached columns and slices, no whole-image pass), so
+    nothing scans whole rows: the root is solved on their breakpoints (`_l1_breakpoints`; every other pixel is 0 and
+    never moves). Padding entries (x = delta = 0) weigh nothing and come out 0. The same values as
+    `project_l1_ball_box` wherever that solves the same head (`solved_on_the_head`); the sum deciding whether a row
+    needs shrinking adds the same terms in another order (last bits, the agreement allowance of spec §6.3)."""
     n = x.shape[0]
     eps_col = per_sample(eps, x).view(n, 1)
     magnitude, sign, room = _l1_terms(x, delta)

@@ -385,7 +385,7 @@ class _SquareL1(_SquareLp):
         whose content is new (the second window's is now 0, so its pixels project to 0, as padding does). Whole rows
         where these are too many, or where whole rows would not solve on their head (`solved_on_the_head`: the same
         bits either way). The candidate is `start` with the projected pixels written in: no whole-image pass but one
-        copy (the bits of `project_l1_on_support`'s image plus x, clipped; tests pin it)."""
+        copy (the bits of the whole rows' projection plus x, clipped, where they solve the same head; tests pin it)."""
         x = state["x"]
         if not common.host_reads_are_free(x.device):
             return super().propose(state, draw, windows, side, eps)
