@@ -156,12 +156,12 @@ class _SquareLinf:
         return candidate
 
     @staticmethod
-    def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
-               ) -> torch.Tensor:
-        """The accepted rows' window (all that a candidate changed) copied into `best`, in place (on the CPU only when
-        a row was accepted: most queries on robust points accept none), and the candidate's window back to `best`'s."""
+    def accept(best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple],
+               changed: bool) -> torch.Tensor:
+        """The accepted rows' window (all that a candidate changed) copied into `best`, in place (only when a row may
+        have been accepted, `changed`), and the candidate's window back to `best`'s."""
         window = windows[0]
-        if not common.host_reads_are_free(best.device) or bool(accept.any()):
+        if changed:
             best[window] = torch.where(accept[:, None, None, None], candidate[window], best[window])
         candidate[window] = best[window]
         return best
@@ -230,13 +230,14 @@ class _SquareLp:
         state["image_norm"] = self.image_norms(state["delta"])
         self.best_known = True
 
-    def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple]
-               ) -> torch.Tensor:
-        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images; on
-        robust points most queries accept no row, and `rows_where` then returns `best` without a pass); what is known
-        about best is found again once a row changed."""
-        if not common.host_reads_are_free(best.device) or bool(accept.any()):
-            self.best_known = False
+    def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple],
+               changed: bool) -> torch.Tensor:
+        """The accepted rows of `candidate`, the others of `best` (a rescale or projection changed whole images);
+        `best` as it is when no row may have been accepted (`changed`). What is known about best is found again once
+        a row may have changed."""
+        if not changed:
+            return best
+        self.best_known = False
         return common.rows_where(accept, candidate, best)
 
     def init(self, x: torch.Tensor, eps: float, generator) -> torch.Tensor:
@@ -497,9 +498,13 @@ def square(
         counter.forward(len(state))
         attacking = state["margin"] > 0
         accept = attacking & ((candidate_margin < state["margin"]) | (candidate_margin <= 0))
-        state["best"] = geometry.accept(state["best"], candidate, accept, windows[iteration])
-        state["margin"] = common.rows_where(accept, candidate_margin, state["margin"])
-        state["predicted"] = common.rows_where(accept, candidate_predicted, state["predicted"])
+        # On the CPU one host read says whether any row was accepted (on robust points most queries accept none:
+        # then best, its margin and its prediction stay as they are); elsewhere every update runs, with no read.
+        changed = not common.host_reads_are_free(x.device) or bool(accept.any())
+        state["best"] = geometry.accept(state["best"], candidate, accept, windows[iteration], changed)
+        if changed:
+            state["margin"] = torch.where(accept, candidate_margin, state["margin"])
+            state["predicted"] = torch.where(accept, candidate_predicted, state["predicted"])
         state["queries"] = state["queries"] + attacking
         if progress is not None:
             progress(iteration + 1, n_queries)
