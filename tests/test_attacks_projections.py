@@ -368,3 +368,19 @@ def test_l1_projection_of_rows_within_the_first_head_equals_the_whole_row_solve(
     both(expect_the_head=seed % 2 == 0)
     eps[2] = 0.99 * lp_norm(delta, "L1")[2]  # row 2's root below its smallest magnitude: the whole rows' head grows
     both(expect_the_head=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_distance_to_face_is_the_choice_between_x_and_one_minus_x_bit_for_bit(dtype):
+    """The distance to the face a move reaches (FAB's projections and the L1 projection's rooms, issue 54) is |up - x|:
+    the bits of choosing 1 - x or x, at the faces too, and +0.0 for an x of -0.0."""
+    from rgb.attacks.projections import distance_to_face
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(6, 500, generator=g, dtype=dtype)
+    x[:, :40] = torch.tensor([0.0, 1.0, -0.0, 0.5], dtype=dtype).repeat(10)
+    up = (torch.rand(x.shape, generator=g) < 0.5).to(dtype)
+    expected = torch.where(up.bool(), 1.0 - x, x).abs()  # abs: the chosen x of -0.0 comes out +0.0
+    got = distance_to_face(x, up.clone())
+    assert torch.equal(got.view(torch.int64 if dtype == torch.float64 else torch.int32),
+                       expected.view(torch.int64 if dtype == torch.float64 else torch.int32))

@@ -172,13 +172,19 @@ def _project_on_first_head(x: torch.Tensor, delta: torch.Tensor, eps_col: torch.
     return rows.zero_().scatter_(1, order, _l1_step(magnitude, room, sign, lam))
 
 
+def distance_to_face(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Per coordinate, the distance from x in [0, 1] to the box face a move reaches: 1 - x where `up` (0/1 floats
+    shaped like x, overwritten) is 1, else x. Written as |up - x|, exact on the box (1 - x >= 0, |0 - x| = x; an x of
+    -0.0 gives +0.0): on the CPU three cheap passes, where a lerp or a `where` by the mask costs 1.5-5x (issue 54)."""
+    return torch.sub(up, x, out=up).abs_()
+
+
 def _l1_terms(x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(a, sign, c) of `project_l1_ball_box` for x and delta of one shape: |delta|, its sign, and the room
     min(a, distance from x to the box face delta points at)."""
     magnitude, sign = delta.abs(), torch.sign(delta)
-    # The distance to the box face delta points at: a lerp by weights of exactly 0 and 1 is exact (the same bits as
-    # torch.where, signed zeros included) and on the CPU ~4x cheaper (0.10 vs 0.37 ms at 32 x 3072, issue 54).
-    return magnitude, sign, torch.minimum(magnitude, torch.lerp(x, 1.0 - x, sign.clamp_min(0.0))).clamp_min_(0.0)
+    face = distance_to_face(x, torch.gt(delta, 0, out=torch.empty_like(x)))
+    return magnitude, sign, torch.minimum(magnitude, face, out=face).clamp_min_(0.0)
 
 
 def _l1_step(magnitude: torch.Tensor, room: torch.Tensor, sign: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
