@@ -79,14 +79,21 @@ def square_pattern(side: int, norm: str) -> torch.Tensor:
     return unit(torch.cat([top, -bottom]))
 
 
-def _margin(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z_y - max_{j != y} z_j, argmax z) for a batch; forward only."""
+def _query(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, z_y - max_{j != y} z_j) for a batch, labels y as a column (N, 1); forward only. The logits are
+    inference tensors; what is computed from them here is not (so the loop keeps no clone of either)."""
     with torch.inference_mode():
         logits = model(x)
-        true_logit = logits.gather(1, y[:, None]).squeeze(1)
-        best_other = logits.scatter(1, y[:, None], float("-inf")).amax(dim=1)
-        margin, predicted = true_logit - best_other, logits.argmax(dim=1)
-    return margin.clone(), predicted.clone()
+    true_logit = logits.gather(1, y).squeeze(1)
+    return logits, true_logit - logits.scatter(1, y, float("-inf")).amax(dim=1)
+
+
+def _bar(margin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attacking, bar): the rows still robust (margin > 0), and the margin a candidate must get strictly below to
+    be kept: the margin where attacking, else -inf. A candidate margin m is then kept iff m < bar, which is spec §5's
+    rule (attacking and (m < margin or m <= 0): m <= 0 < margin implies m < margin), in one comparison per query."""
+    attacking = margin > 0
+    return attacking, torch.where(attacking, margin, float("-inf"))
 
 
 def _windows(uniforms: torch.Tensor, sides: list[int], h: int, w: int, count: int) -> list[list[tuple]]:
@@ -475,10 +482,13 @@ def square(
     x = x.detach() if geometry.any_layout else x.detach().contiguous()
 
     x_best = geometry.init(x, eps, generator)
-    margin, predicted = _margin(model, x_best, y)
+    labels = y.view(-1, 1)
+    logits, margin = _query(model, x_best, labels)
     counter.forward(n)
+    attacking, bar = _bar(margin)
     queries = torch.ones(n, dtype=torch.long, device=x.device)
-    rows = {"x": x, "y": y, "best": x_best, "margin": margin, "predicted": predicted, "queries": queries}
+    rows = {"x": x, "y": labels, "best": x_best, "predicted": logits.argmax(dim=1), "queries": queries,
+            "margin": margin, "attacking": attacking, "bar": bar}
     geometry.prepare(rows, eps)
     state = LiveRows(rows, outputs=("best", "predicted", "queries"))
     # Every query's random numbers are drawn before the loop: a whole draw gives the numbers of one draw per
@@ -488,24 +498,25 @@ def square(
     uniforms = torch.rand(n_queries, geometry.uniforms_per_query(n, c), generator=generator, device=x.device)
     windows = _windows(uniforms, sides, h, w, geometry.windows_per_query)
     draws = geometry.draws(uniforms, n, c, eps)
+    reads_are_free = common.host_reads_are_free(x.device)
     for iteration in range(n_queries):
-        if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["margin"] > 0) == 0:
+        if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["attacking"]) == 0:
             break
 
         candidate = geometry.propose(state, draws[iteration], windows[iteration], sides[iteration], eps)
 
-        candidate_margin, candidate_predicted = _margin(model, candidate, state["y"])
+        logits, candidate_margin = _query(model, candidate, state["y"])
         counter.forward(len(state))
-        attacking = state["margin"] > 0
-        accept = attacking & ((candidate_margin < state["margin"]) | (candidate_margin <= 0))
+        accept = candidate_margin < state["bar"]
         # On the CPU one host read says whether any row was accepted (on robust points most queries accept none:
         # then best, its margin and its prediction stay as they are); elsewhere every update runs, with no read.
-        changed = not common.host_reads_are_free(x.device) or bool(accept.any())
+        changed = not reads_are_free or bool(accept.any())
         state["best"] = geometry.accept(state["best"], candidate, accept, windows[iteration], changed)
+        state["queries"] = state["queries"] + state["attacking"]
         if changed:
             state["margin"] = torch.where(accept, candidate_margin, state["margin"])
-            state["predicted"] = torch.where(accept, candidate_predicted, state["predicted"])
-        state["queries"] = state["queries"] + attacking
+            state["predicted"] = torch.where(accept, logits.argmax(dim=1), state["predicted"])
+            state["attacking"], state["bar"] = _bar(state["margin"])
         if progress is not None:
             progress(iteration + 1, n_queries)
     full = state.sync()
