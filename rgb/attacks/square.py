@@ -207,9 +207,12 @@ class _SquareLp:
         """Per-image norm, shape (N, 1, 1, 1)."""
         raise NotImplementedError
 
-    def window_norm(self, eps: float, image_norm: torch.Tensor, windows_mass: torch.Tensor, c: int) -> torch.Tensor:
-        """The per-channel norm the new window content is scaled to: the windows' mass plus a share of the budget
-        the image leaves unused."""
+    def unused_share(self, eps: float, image_norm: torch.Tensor, c: int) -> torch.Tensor:
+        """Each channel's share of the budget an image of norm `image_norm` leaves unused (in units of mass)."""
+        raise NotImplementedError
+
+    def window_norm(self, share: torch.Tensor, windows_mass: torch.Tensor) -> torch.Tensor:
+        """The per-channel norm the new window content is scaled to: the windows' mass plus the unused share."""
         raise NotImplementedError
 
     def to_feasible(self, x: torch.Tensor, delta: torch.Tensor, eps: float) -> torch.Tensor:
@@ -223,18 +226,18 @@ class _SquareLp:
     @staticmethod
     def draws(uniforms: torch.Tensor, n: int, c: int, eps: float) -> list[tuple[bool, torch.Tensor]]:
         """Per query, whether the pattern is transposed (all read on the host at once) and its sign per image and
-        channel (for all queries in one pass)."""
-        return list(zip((uniforms[:, 4] < 0.5).tolist(), _signs(uniforms[:, 5:]).view(len(uniforms), n, c)))
+        channel, shaped (N, C, 1, 1) to scale the pattern (for all queries in one pass)."""
+        return list(zip((uniforms[:, 4] < 0.5).tolist(), _signs(uniforms[:, 5:]).view(len(uniforms), n, c, 1, 1)))
 
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
         """Best is looked at when first needed (`know_best`)."""
         self.best_known = False
 
-    def know_best(self, state: LiveRows) -> None:
-        """Best's perturbation and its whole norm, kept until a row changes (on robust points most queries change
-        none)."""
+    def know_best(self, state: LiveRows, eps: float) -> None:
+        """Best's perturbation and each channel's share of the budget it leaves unused, kept until a row changes (on
+        robust points most queries change none)."""
         state["delta"] = state["best"] - state["x"]
-        state["image_norm"] = self.image_norms(state["delta"])
+        state["share"] = self.unused_share(eps, self.image_norms(state["delta"]), state["x"].shape[1])
         self.best_known = True
 
     def accept(self, best: torch.Tensor, candidate: torch.Tensor, accept: torch.Tensor, windows: list[tuple],
@@ -276,7 +279,7 @@ class _SquareLp:
                   eps: float) -> torch.Tensor:
         """The step's perturbation before it is made feasible: best's, with the windows rewritten."""
         if not self.best_known:
-            self.know_best(state)
+            self.know_best(state, eps)
         first, second = windows
         content = self.rewrite(state, draw, windows, side, eps)
         delta = state["delta"].clone()
@@ -287,8 +290,7 @@ class _SquareLp:
     def rewrite(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int, eps: float
                 ) -> torch.Tensor:
         """The first window's new perturbation: a pattern plus best's old content there, with the mass of both
-        windows and a share of the budget best leaves unused (state's `delta` and `image_norm`, `know_best`)."""
-        c = state["x"].shape[1]
+        windows and a share of the budget best leaves unused (state's `delta` and `share`, `know_best`)."""
         transposed, signs = draw
         if len(state) < len(signs):
             signs = signs[state.positions]
@@ -306,8 +308,8 @@ class _SquareLp:
         windows_mass = first_mass + self.mass(delta[second])
         if overlap is not None:  # the union's mass: the overlap counts once
             windows_mass = (windows_mass - self.mass(delta[overlap])).clamp_min_(0.0)
-        proposal = pattern * signs[:, :, None, None] + in_first / (self.norm_of_mass(first_mass) + 1e-12)
-        target = self.window_norm(eps, state["image_norm"], windows_mass, c)
+        proposal = pattern * signs + in_first / (self.norm_of_mass(first_mass) + 1e-12)
+        target = self.window_norm(state["share"], windows_mass)
         return proposal / (self.channel_norms(proposal) + 1e-12) * target
 
 
@@ -326,8 +328,11 @@ class _SquareL2(_SquareLp):
     def image_norms(self, values):
         return self.channel_norms(values).square().sum(dim=1, keepdim=True).sqrt()
 
-    def window_norm(self, eps, image_norm, windows_mass, c):
-        return ((eps**2 - image_norm.square()).clamp_min(0.0) / c + windows_mass).sqrt()
+    def unused_share(self, eps, image_norm, c):
+        return (eps**2 - image_norm.square()).clamp_min(0.0) / c
+
+    def window_norm(self, share, windows_mass):
+        return (share + windows_mass).sqrt()
 
     def to_feasible(self, x, delta, eps):
         return torch.addcmul(x, delta, eps / (self.image_norms(delta) + 1e-12)).clamp_(0.0, 1.0)
@@ -349,36 +354,44 @@ class _SquareL1(_SquareLp):
     def image_norms(self, values):
         return self.channel_norms(values).sum(dim=1, keepdim=True)
 
-    def window_norm(self, eps, image_norm, windows_mass, c):
-        return c * ((eps - image_norm).clamp_min(0.0) / c + windows_mass)
+    def unused_share(self, eps, image_norm, c):
+        return (eps - image_norm).clamp_min(0.0) / c
+
+    def window_norm(self, share, windows_mass):
+        return windows_mass.shape[1] * (share + windows_mass)
 
     def __init__(self):
         super().__init__()
         self.plane = None  # per flat pixel index (and the padding D), its position in the image plane (padding: h*w)
-        self.marks = None  # per position in the plane (and the padding's), whether the query's windows cover it
+        self.marks = None  # per position in the plane (and the padding's), the last query whose windows covered it
+        self.query = 0  # the stamp of the query being proposed (padding's mark is above every stamp)
+        self.on_support = False  # whether candidates are projected over best's support (on the CPU)
 
     def to_feasible(self, x, delta, eps):
         return project_l1_ball_box(x, delta, eps * _L1_SHRINK).add_(x).clamp_(0.0, 1.0)
 
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
         """`start`: what a projection that leaves a pixel 0 makes of it (0 + x, clipped: x's bits for x in [0, 1]
-        with no -0)."""
-        rows["start"] = torch.zeros_like(rows["x"]).add_(rows["x"]).clamp_(0.0, 1.0)
+        with no -0); `radius`: the ball's per row."""
+        x = rows["x"]
+        rows["start"] = torch.zeros_like(x).add_(x).clamp_(0.0, 1.0)
+        rows["radius"] = torch.full((len(x),), eps * _L1_SHRINK, dtype=x.dtype, device=x.device)
+        self.on_support = common.host_reads_are_free(x.device)
         super().prepare(rows, eps)
 
-    def know_best(self, state: LiveRows) -> None:
+    def know_best(self, state: LiveRows, eps: float) -> None:
         """On the CPU also best's support (its columns padded with D, `_nonzero_columns`) and what a query reads there:
         x, best's perturbation and their positions in the image plane."""
-        super().know_best(state)
+        super().know_best(state, eps)
         x, delta = state["x"], state["delta"]
-        if not common.host_reads_are_free(x.device):
+        if not self.on_support:
             return  # no support path there (finding the support reads on the host)
         n, _, h, w = x.shape
         if self.plane is None:
             positions = torch.arange(x[0].numel(), device=x.device) % (h * w)
             self.plane = torch.cat((positions, positions.new_full((1,), h * w)))
-            self.marks = torch.zeros(h * w + 1, dtype=torch.bool, device=x.device)
-            self.marks[-1] = True  # padding is never one of best's columns
+            self.marks = torch.zeros(h * w + 1, dtype=torch.long, device=x.device)
+            self.marks[-1] = torch.iinfo(torch.long).max  # padding counts as covered by every query's windows
         padding = x.new_zeros(n, 1)
         support = _nonzero_columns(delta.view(n, -1))
         state["support"] = support
@@ -394,27 +407,27 @@ class _SquareL1(_SquareLp):
         where these are too many, or where whole rows would not solve on their head (`solved_on_the_head`: the same
         bits either way). The candidate is `start` with the projected pixels written in: no whole-image pass but one
         copy (the bits of the whole rows' projection plus x, clipped, where they solve the same head; tests pin it)."""
-        x = state["x"]
-        if not common.host_reads_are_free(x.device):
+        if not self.on_support:
             return super().propose(state, draw, windows, side, eps)
         if not self.best_known:
-            self.know_best(state)
-        n, c, _, w = x.shape
+            self.know_best(state, eps)
+        x = state["x"]
+        n, c, h, w = x.shape
         kept = state["support"].shape[1]
         width = kept + c * side * side
-        if width > _SUPPORT_MOST or not solved_on_the_head(x[0].numel(), width):
+        if width > _SUPPORT_MOST or not solved_on_the_head(c * h * w, width):
             return super().propose(state, draw, windows, side, eps)
         first = windows[0]
         content = self.rewrite(state, draw, windows, side, eps)
-        grid = self.marks[:-1].view(x.shape[2:])
+        self.query += 1
+        grid = self.marks[:-1].view(h, w)
         for window in windows:
-            grid[window[1:]] = True
-        replaced = self.marks[state["support_plane"]]  # padding, or rewritten by the step
-        for window in windows:
-            grid[window[1:]] = False
-        x_values = torch.cat((state["support_x"].masked_fill(replaced, 0.0), x[first].reshape(n, -1)), dim=1)
+            grid[window[1:]] = self.query
+        replaced = self.marks[state["support_plane"]] >= self.query  # padding, or rewritten by the step
+        # a replaced pixel's delta is 0 (its x then leaves its terms 0 too; its value is written over, see below)
+        x_values = torch.cat((state["support_x"], x[first].reshape(n, -1)), dim=1)
         delta_values = torch.cat((state["support_delta"].masked_fill(replaced, 0.0), content.reshape(n, -1)), dim=1)
-        values = project_l1_values(x_values, delta_values, eps * _L1_SHRINK).add_(x_values).clamp_(0.0, 1.0)
+        values = project_l1_values(x_values, delta_values, state["radius"]).add_(x_values).clamp_(0.0, 1.0)
         candidate = state["start"].clone()
         corner = first[1].start * w + first[2].start  # replaced columns write there: the window then overwrites it
         candidate.view(n, -1).scatter_(1, state["support"].masked_fill(replaced, corner), values[:, :kept])
