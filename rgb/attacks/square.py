@@ -423,7 +423,7 @@ class _SquareL1(_SquareLp):
         grid = self.marks[:-1].view(h, w)
         for window in windows:
             grid[window[1:]] = self.query
-        replaced = self.marks[state["support_plane"]] >= self.query  # padding, or rewritten by the step
+        replaced = self.marks.take(state["support_plane"]) >= self.query  # padding, or rewritten by the step
         # a replaced pixel's delta is 0 (its x then leaves its terms 0 too; its value is written over, see below)
         x_values = torch.cat((state["support_x"], x[first].reshape(n, -1)), dim=1)
         delta_values = torch.cat((state["support_delta"].masked_fill(replaced, 0.0), content.reshape(n, -1)), dim=1)
