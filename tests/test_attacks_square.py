@@ -239,3 +239,17 @@ def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit
     expected = project_l1_ball_box(x, delta, eps * square_module._L1_SHRINK).add_(x).clamp_(0.0, 1.0)
     assert torch.equal(candidate.view(torch.int32), expected.view(torch.int32))
     assert not torch.equal(candidate, state["start"])
+
+
+def test_a_candidate_is_kept_below_the_bar_exactly_when_spec_rule_keeps_it():
+    """Square's loop keeps a candidate margin m iff m < bar (issue 54: one comparison per query, the bar made when a
+    margin changes), which is spec §5's rule `attacking and (m < margin or m <= 0)` for every pair of values,
+    signed zeros, infinities and NaN included; `attacking` is the still-robust rows (margin > 0)."""
+    import importlib
+
+    square_module = importlib.import_module("rgb.attacks.square")
+    values = torch.tensor([float("-inf"), -1.0, -0.0, 0.0, 1e-30, 0.5, 1.0, float("inf"), float("nan")])
+    margin, candidate = (grid.flatten() for grid in torch.meshgrid(values, values, indexing="ij"))
+    attacking, bar = square_module._bar(margin)
+    assert torch.equal(attacking, margin > 0)
+    assert torch.equal(candidate < bar, attacking & ((candidate < margin) | (candidate <= 0)))

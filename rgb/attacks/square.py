@@ -372,7 +372,7 @@ class _SquareL1(_SquareLp):
 
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
         """`start`: what a projection that leaves a pixel 0 makes of it (0 + x, clipped: x's bits for x in [0, 1]
-        with no -0); `radius`: the ball's per row."""
+        with no -0); `radius`: the ball's radius per row."""
         x = rows["x"]
         rows["start"] = torch.zeros_like(x).add_(x).clamp_(0.0, 1.0)
         rows["radius"] = torch.full((len(x),), eps * _L1_SHRINK, dtype=x.dtype, device=x.device)
