@@ -231,31 +231,30 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     _zero_still(magnitude, still)
     w, target = _orient(t, w, b)
     room = _zero_still(_distance_to_face(t, w), still)
-    checked = {}  # the last head checked: its width and (closed gap, head's room, order) over t's rows
+    checked = {}  # the last head's width and its greedy over t's rows
 
-    def closed_by(top, order):
-        """Gap closed after moving each coordinate of the head of the order, the head's room, and the order."""
+    def greedy(top, order):
+        """Over t's rows: the head's magnitudes, columns and room, the gap closed after moving each of its
+        coordinates fully, and how many of them move fully (the head's width where it cannot close the gap)."""
         if checked.get("width") != top.shape[1]:
-            order = order.repeat(repeats, 1)
+            top, order = top.repeat(repeats, 1), order.repeat(repeats, 1)
             head_room = room.gather(1, order)
-            checked.update(width=top.shape[1], head=((top.repeat(repeats, 1) * head_room).cumsum(dim=1), head_room,
-                                                     order))
+            closed = (top * head_room).cumsum(dim=1)
+            checked.update(width=top.shape[1], head=(top, order, head_room, closed,
+                                                     (closed < target[:, None]).sum(dim=1, keepdim=True)))
         return checked["head"]
 
     # The greedy never looks past the coordinate that closes the gap: only that head of the order is needed.
-    sorted_magnitude, order = largest_first(
-        magnitude, lambda top, order: bool((closed_by(top, order)[0][:, -1] >= target).all()), first=_L1_HEAD)
-    closed, sorted_room, order = closed_by(sorted_magnitude, order)
-    sorted_magnitude = sorted_magnitude.repeat(repeats, 1)
-    n_full = (closed < target[:, None]).sum(dim=1, keepdim=True)
-    feasible = n_full < order.shape[1]  # a head shorter than the row always closes the gap
-    closed_before = torch.cat([torch.zeros_like(closed[:, :1]), closed], dim=1).gather(1, n_full)
+    head = largest_first(magnitude, lambda top, order: bool((greedy(top, order)[4] < top.shape[1]).all()),
+                         first=_L1_HEAD)
+    sorted_magnitude, order, sorted_room, closed, n_full = greedy(*head)
+    # Where the whole row cannot close the gap, every coordinate moves fully (n_full is the row's width): the face.
+    closed_before = nn.functional.pad(closed, (1, 0)).gather(1, n_full)
     partial_index = n_full.clamp_max(order.shape[1] - 1)
     partial = (target[:, None] - closed_before) / sorted_magnitude.gather(1, partial_index).clamp_min(_ZERO_WEIGHT)
     position = torch.arange(order.shape[1], device=w.device)[None, :]
-    sorted_step = torch.where(position < n_full, sorted_room, torch.zeros_like(sorted_room))
+    sorted_step = sorted_room.masked_fill(position >= n_full, 0.0)
     sorted_step = torch.where(position == n_full, torch.minimum(partial.clamp_min(0.0), sorted_room), sorted_step)
-    sorted_step = torch.where(feasible, sorted_step, sorted_room)
     # -sign(w) * step, with step 0 off the head: there -sign(w) * 0 = sign(w) * -0 (exactly, signed zeros too).
     sign = w.sign_()
     sorted_step = torch.mul(sign.gather(1, order), sorted_step).neg_()
