@@ -224,13 +224,13 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     shared by its repeats (FAB's iterate and start: half the selection, which is most of this projection's time).
     """
     repeats = _check_hyperplane_args(t, w, b)
-    # Zero weights stay put: their magnitude and room zeroed in place (a `where` against zeros gives the same bits,
-    # slower); per row of w, shared by its repeats.
+    # Zero weights stay put: their magnitude zeroed in place (a `where` against zeros gives the same bits, slower),
+    # per row of w, shared by its repeats; so is their room, which the greedy reads on the head only (the room of
+    # every coordinate would cost three passes over t's rows that the head, ~1/10 of a row, does not need).
     magnitude = w.abs()
     still = _still(magnitude)
     _zero_still(magnitude, still)
     w, target = _orient(t, w, b)
-    room = _zero_still(_distance_to_face(t, w), still)
     checked = {}  # the last head's width and its greedy over t's rows
 
     def greedy(top, order):
@@ -238,7 +238,9 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
         coordinates fully, and how many of them move fully (the head's width where it cannot close the gap)."""
         if checked.get("width") != top.shape[1]:
             top, order = top.repeat(repeats, 1), order.repeat(repeats, 1)
-            head_room = room.gather(1, order)
+            head_room = _distance_to_face(t.gather(1, order), w.gather(1, order))
+            if still is not None:
+                head_room.masked_fill_(top == 0, 0.0)  # the still coordinates' magnitude is 0, others' >= 1e-8
             closed = (top * head_room).cumsum(dim=1)
             checked.update(width=top.shape[1], head=(top, order, head_room, closed,
                                                      (closed < target[:, None]).sum(dim=1, keepdim=True)))
