@@ -422,6 +422,41 @@ def test_l1_projection_with_long_greedy_heads_matches_the_full_sort(share):
     torch.testing.assert_close(d.double(), expected, rtol=0, atol=1e-4)
 
 
+def test_l1_projection_off_its_head_is_minus_sign_of_the_flipped_w_times_zero_bit_for_bit():
+    """Off the greedy's head FAB-L1's step is -sign(w') * 0 with w' = w flipped towards the hyperplane, written from
+    w's rows: -0 where w' > 0, +0 where w' < 0 and -0 at zero weights of either sign, for both flips of a row."""
+    t, w, _ = hyperplane_cases(4, n=8, dim=600)
+    w = w[:4]
+    w[:, 500:510], w[:, 510:520] = 0.0, -0.0
+    w[:, 520:530] *= 1e-9  # below the weight floor, not zero
+    tiled = w.repeat(2, 1)
+    b = (tiled * t).sum(dim=1) + torch.tensor([1.0, -1.0]).repeat_interleave(4) * 0.05  # rows 0-3 and 4-7 flip apart
+    d = fab_project_l1(t, w, b)
+    flip = torch.where((tiled * t).sum(dim=1) < b, -1.0, 1.0)[:, None]
+    zero = d == 0
+    assert zero[:, 500:520].all() and zero.sum() > 0.8 * d.numel()
+    assert torch.equal(as_bits(d[zero]), as_bits((torch.sign(tiled * flip) * -0.0)[zero]))
+
+
+def test_l1_projection_whose_head_reaches_zero_weights_leaves_them_put():
+    """The greedy reads the room of its head only. Rows whose gap needs every nonzero weight (unreachable ones, and
+    ones closed by the last nonzero weights) take zero weights into the head: those stay put, tied magnitudes and
+    points on the faces included, and the rest is the float64 greedy's step (the face vertex where unreachable)."""
+    t, w, _ = hyperplane_cases(3, n=6, dim=500)
+    w[:, 100:] = 0.0  # 400 zero weights: a head of 256 or more holds some
+    w[:, :30] = w[:, :1]  # tied magnitudes
+    t[:, 30:60] = t[:, 30:60].round()  # on the faces
+    reachable = (w.abs() * torch.where(w > 0, 1 - t, t)).sum(dim=1)
+    b = (w * t).sum(dim=1) + torch.tensor([2.0, 1.5, 1.0, 0.999, 0.99, 0.9]) * reachable
+    for rows in (w, w[:3]):  # w once per row, and given once for two halves of t (FAB's iterate and start)
+        tiled = rows.repeat(len(t) // len(rows), 1)
+        d = fab_project_l1(t, rows, b)
+        assert torch.equal(d[:, 100:], torch.zeros_like(d[:, 100:]))
+        expected = greedy_l1_by_full_sort(t, tiled, b)
+        torch.testing.assert_close(d.double(), expected, rtol=0, atol=1e-4)
+        torch.testing.assert_close(lp_norm(d, "L1").double(), lp_norm(expected, "L1"), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
 def test_fab_targets_side_by_side_give_the_same_flags(toy, norm):
     """FAB-T is deterministic and a point falls iff one of its targets succeeds: running the targets left side
