@@ -7,6 +7,7 @@ from torch import nn
 from helpers import assert_attack_invariants
 
 from rgb.attacks import EvalCounter, lp_norm, project_l1_ball_box
+from rgb.attacks.common import AttackInputError
 from rgb.attacks.square import square, square_p, square_pattern, square_window
 
 NORM_TOLERANCE = {
@@ -166,8 +167,11 @@ def test_square_rejects_bad_arguments():
         square(model, x[..., :4, :4], y, norm="L1", eps=0.1)
     with pytest.raises(ValueError, match="p_init"):
         square(model, x, y, norm="L2", eps=0.1, p_init=0.0)
-    with pytest.raises(ValueError, match="batch size"):
+    with pytest.raises(AttackInputError, match=r"labels y of shape \(N,\) for 2 images, got \(1,\)"):
         square(model, x, y[:1], norm="L2", eps=0.1)
+    for labels in (y[:, None], y[:1, None]):  # a column of labels would broadcast against the predictions
+        with pytest.raises(AttackInputError, match="labels y of shape"):
+            square(model, x[:len(labels)], labels, norm="L1", eps=0.1)
 
 
 def test_l1_on_the_cpu_projects_over_the_support_with_the_whole_rows_results(toy, monkeypatch):

@@ -255,7 +255,7 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
         return checked["head"]
 
     # The greedy never looks past the coordinate that closes the gap: only that head of the order is needed.
-    head = largest_first(magnitude, lambda top, order: bool((greedy(top, order)[-1] < top.shape[1]).all()),
+    head = largest_first(magnitude, lambda top, order: bool((greedy(top, order)[4][:, -1] >= target).all()),
                          first=_L1_HEAD)
     sorted_magnitude, order, sorted_w, sorted_room, closed, n_full = greedy(*head)
     # Where the whole row cannot close the gap, every coordinate moves fully (n_full is the row's width): the face.
@@ -271,7 +271,7 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     step = torch.mul(sign, _down_rows(flip.mul(-0.0), sign[:, :1])).view_as(t)
     if still is not None:
         _down_rows(step, sign).masked_fill_(sign == 0, -0.0)
-    return step.scatter_(1, order, torch.mul(sorted_w.sign_(), sorted_step).neg_())
+    return step.scatter_(1, order, torch.mul(sorted_w.sign(), sorted_step).neg_())
 
 
 _PROJECTIONS = {"Linf": fab_project_linf, "L2": fab_project_l2, "L1": fab_project_l1}

@@ -77,7 +77,7 @@ def _l1_breakpoints(magnitude: torch.Tensor, room: torch.Tensor, eps_col: torch.
 
     The mass is piecewise linear in lam with breakpoints a_i (below it coordinate i moves: slope -1 more) and
     a_i - c_i (below it the coordinate has used its room: slope back up by 1). Sorted from the top, a cumulative sum
-    of the slope changes counts the moving coordinates on each segment, a second one of count * width gives the mass
+    of the slope changes counts the moving coordinates on each segment (negated), a second one of count * width gives the mass
     at every breakpoint, and the segment where it crosses eps gives lam by one linear interpolation: about twenty
     tensor operations and no host read. Ties and rooms of 0 make zero-width segments, which add nothing. The
     breakpoints and masses are in float64: a room far below a float32 step of its a_i would round a_i - c_i back to
@@ -88,12 +88,12 @@ def _l1_breakpoints(magnitude: torch.Tensor, room: torch.Tensor, eps_col: torch.
     wide = magnitude.double()
     points, order = torch.cat((wide, wide - room.double()), dim=1).sort(dim=1, descending=True, stable=True)
     # minus the moving count on each segment (integers; negated as torch.diff is minus each segment's width)
-    still = torch.where(order < width, -1, 1).cumsum_(dim=1)
-    mass = torch.nn.functional.pad(torch.diff(points, dim=1).mul_(still[:, :-1]).cumsum_(dim=1), (1, 0))  # 0 at max a
-    eps_wide = eps_col.double()
+    minus_moving = torch.where(order < width, -1, 1).cumsum_(dim=1)
+    mass = torch.nn.functional.pad(torch.diff(points, dim=1).mul_(minus_moving[:, :-1]).cumsum_(dim=1), (1, 0))
+    eps_wide = eps_col.double().contiguous()  # (a float64 eps column may be a stride-0 view: searchsorted warns)
     crossing = torch.searchsorted(mass, eps_wide)  # how many masses are below eps (they never decrease)
     segment = crossing.sub(1).clamp_(0, 2 * width - 2)  # S crosses eps on this segment
-    lam = points.gather(1, segment) + (eps_wide - mass.gather(1, segment)) / still.gather(1, segment).clamp_max_(-1)
+    lam = points.gather(1, segment) + (eps_wide - mass.gather(1, segment)) / minus_moving.gather(1, segment).clamp_max_(-1)
     return torch.where(crossing < 2 * width, lam, points[:, -1:]).to(magnitude.dtype)
 
 
@@ -207,7 +207,7 @@ def project_l1_values(x: torch.Tensor, delta: torch.Tensor, eps: float | torch.T
     (N, K): the projected delta there. The caller vouches for the pixels (Square-L1 knows them: its best iterate's
     few nonzero pixels and the window it rewrites, read as cached columns and slices, no whole-image pass), so
     nothing scans whole rows: the root is solved on their breakpoints (`_l1_breakpoints`; every other pixel is 0 and
-    never moves). Padding entries (x = delta = 0) weigh nothing and come out 0. The same values as
+    never moves). Entries with delta = 0 (padding, any x in [0, 1]) weigh nothing and come out 0. The same values as
     `project_l1_ball_box` wherever that solves the same head (`solved_on_the_head`); the sum deciding whether a row
     needs shrinking adds the same terms in another order (last bits, the agreement allowance of spec §6.3)."""
     n = x.shape[0]

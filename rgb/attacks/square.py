@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from rgb.attacks import common
-from rgb.attacks.common import AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
+from rgb.attacks.common import AttackInputError, AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
 from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_values, solved_on_the_head
 from rgb.core.threat import Norm, parse_norm
 
@@ -212,7 +212,8 @@ class _SquareLp:
         raise NotImplementedError
 
     def window_norm(self, share: torch.Tensor, windows_mass: torch.Tensor) -> torch.Tensor:
-        """The per-channel norm the new window content is scaled to: the windows' mass plus the unused share."""
+        """The per-channel norm the new window content is scaled to: the windows' mass (N, C, 1, 1) plus the unused
+        share."""
         raise NotImplementedError
 
     def to_feasible(self, x: torch.Tensor, delta: torch.Tensor, eps: float) -> torch.Tensor:
@@ -375,8 +376,9 @@ class _SquareL1(_SquareLp):
         with no -0); `radius`: the ball's radius per row."""
         x = rows["x"]
         rows["start"] = torch.zeros_like(x).add_(x).clamp_(0.0, 1.0)
-        rows["radius"] = torch.full((len(x),), eps * _L1_SHRINK, dtype=x.dtype, device=x.device)
         self.on_support = common.host_reads_are_free(x.device)
+        if self.on_support:
+            rows["radius"] = torch.full((len(x),), eps * _L1_SHRINK, dtype=x.dtype, device=x.device)
         super().prepare(rows, eps)
 
     def know_best(self, state: LiveRows, eps: float) -> None:
@@ -386,9 +388,9 @@ class _SquareL1(_SquareLp):
         x, delta = state["x"], state["delta"]
         if not self.on_support:
             return  # no support path there (finding the support reads on the host)
-        n, _, h, w = x.shape
+        n, c, h, w = x.shape
         if self.plane is None:
-            positions = torch.arange(x[0].numel(), device=x.device) % (h * w)
+            positions = torch.arange(c * h * w, device=x.device) % (h * w)
             self.plane = torch.cat((positions, positions.new_full((1,), h * w)))
             self.marks = torch.zeros(h * w + 1, dtype=torch.long, device=x.device)
             self.marks[-1] = torch.iinfo(torch.long).max  # padding counts as covered by every query's windows
@@ -481,8 +483,8 @@ def square(
     check_eps(eps)
     if x.dim() != 4:
         raise ValueError(f"square expects images of shape (N, C, H, W), got {tuple(x.shape)}")
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
+    if y.dim() != 1 or x.shape[0] != y.shape[0]:
+        raise AttackInputError(f"square expects labels y of shape (N,) for {x.shape[0]} images, got {tuple(y.shape)}")
     if n_queries < 0 or not 0 < p_init <= 1:
         raise ValueError(f"need n_queries >= 0 and 0 < p_init <= 1, got {n_queries} and {p_init}")
     n, c, h, w = x.shape
