@@ -103,6 +103,33 @@ def test_best_loss_monotone_and_fooled_sticky(trained_mlp, test_batch, norm):
             assert torch.all(after["loss_best"] >= after["loss"])
 
 
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_best_rows_updated_in_place_give_the_bits_of_a_where(trained_mlp, test_batch, norm, monkeypatch):
+    """x_best/grad_best take improved rows in place (`rows_into`): the same bits as fresh `where`s, restarts and
+    momentum included (x_prev must not change with x_best's updates), on a single row too (all rows at once)."""
+    x, y = test_batch
+    kwargs = dict(norm=norm, eps=MIXED_EPS[norm], eps_schedule=SCHEDULE[norm], n_iter=30, n_restarts=2)
+
+    def runs():
+        return [apgd(trained_mlp, x[rows], y[rows], generator=0, **kwargs) for rows in (slice(None),
+                                                                                                 slice(0, 1))]
+    in_place = runs()
+    monkeypatch.setattr(apgd_module.common, "rows_into",
+                        lambda mask, new, old: torch.where(mask.view(-1, *[1] * (new.dim() - 1)), new, old))
+    for fresh, ours in zip(runs(), in_place):
+        for name in ("x_adv", "x_best", "loss_best", "fooled"):
+            assert torch.equal(getattr(fresh, name), getattr(ours, name)), name
+
+
+def test_rows_into_writes_the_flagged_rows_into_old():
+    new, old = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
+    for mask in ([True, False, True], [False] * 3, [True] * 3):
+        mask = torch.tensor(mask)
+        expected = torch.where(mask[:, None], new, old)
+        answer = apgd_module.common.rows_into(mask, new, old)
+        assert answer is old and torch.equal(answer, expected)
+
+
 def test_early_stop_keeps_the_same_flags_with_fewer_evaluations(trained_mlp, test_batch):
     x, y = test_batch
     full = apgd(trained_mlp, x, y, norm="Linf", eps=MIXED_EPS["Linf"], n_iter=30, early_stop=False, generator=3)
