@@ -121,6 +121,25 @@ def test_best_rows_updated_in_place_give_the_bits_of_a_where(trained_mlp, test_b
             assert torch.equal(getattr(fresh, name), getattr(ours, name)), name
 
 
+def test_l1_ascent_reads_the_gradient_in_its_memory_order():
+    """An NHWC gradient (a channels_last model call's) gives the L1 ascent of its NCHW copy bit for bit, in the
+    gradient's own layout (issue 54: no copy per step), ties at the threshold and zero gradients included."""
+    g = torch.Generator().manual_seed(0)
+    grad = (torch.randn(4, 3, 8, 8, generator=g) * 4).round() / 4  # ties
+    grad[1] = 0.0
+    state = {"x": torch.rand(4, 3, 8, 8, generator=g), "q": torch.tensor([0.05, 0.2, 0.01, 1.0])}
+    ball = apgd_module._BALLS[apgd_module.parse_norm("L1")]
+    nchw = ball.ascent(dict(state, grad=grad))
+    nhwc = ball.ascent(dict(state, grad=grad.contiguous(memory_format=torch.channels_last)))
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and nchw.is_contiguous()
+    assert torch.equal(nhwc, nchw) and torch.equal(torch.signbit(nhwc), torch.signbit(nchw))
+    magnitude = grad.flatten(1).abs()
+    k = 192 - ((1 - state["q"]) * 192).long().clamp(0, 191)
+    threshold = magnitude.sort(dim=1, descending=True)[0].gather(1, (k - 1)[:, None])
+    selected = (magnitude >= threshold) & (magnitude > 0)  # ties at the threshold are all selected
+    assert torch.equal(nchw.flatten(1) != 0, selected) and selected[0].sum() > k[0]
+
+
 def test_rows_into_writes_the_flagged_rows_into_old():
     new, old = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
     for mask in ([True, False, True], [False] * 3, [True] * 3):

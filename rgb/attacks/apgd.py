@@ -170,17 +170,23 @@ class _L1Ball(_Ball):
         return x + project_l1_ball_box(x, x_new - x, eps)
 
     def ascent(self, s):
-        x, grad = s["x"], s["grad"]
-        n_features = x[0].numel()
-        magnitude = grad.abs().flatten(1)
+        grad = s["grad"]
+        n_features = grad[0].numel()
+        # The gradient's rows read in its memory order (NHWC from a channels_last model call: no copy): the
+        # threshold is a value, the selection elementwise and the count of selected signs exact in any order.
+        order = [0] + sorted(range(1, grad.dim()), key=grad.stride, reverse=True)
+        laid_out = grad.permute(order)
+        rows = laid_out.reshape(grad.shape[0], n_features)
+        magnitude = rows.abs()
         # The entry at sorted position (1 - q) * n_features, ascending: the k-th largest.
         position = ((1 - s["q"]) * n_features).long().clamp(0, n_features - 1)
         threshold = kth_largest(magnitude, n_features - position)
         # The selected coordinates as a 0/1 float mask: on the CPU a comparison writing floats costs a quarter of
         # one writing bools, and sign * 1.0 / sign * 0.0 are the bits of sign * True / sign * False.
         selected = torch.ge(magnitude, threshold, out=torch.empty_like(magnitude))
-        direction = torch.sign(grad.flatten(1)).mul_(selected).view_as(x)
-        return direction / (as_column(direction.flatten(1).abs().sum(dim=1), x) + 1e-10)
+        direction = torch.sign(rows).mul_(selected)
+        direction = direction.div_(direction.abs().sum(dim=1, keepdim=True).add_(1e-10))
+        return direction.view(laid_out.shape).permute([order.index(d) for d in range(grad.dim())])
 
     def steps(self, n_iter, first_step, momentum, rho):
         return _SparseSteps(self, n_iter, first_step)
