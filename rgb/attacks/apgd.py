@@ -339,11 +339,11 @@ def _run(
         wrong = (logits.argmax(dim=1) != s["y"]) & ~s["pre_fooled"]
         active = ~s["fooled"] if early_stop else torch.ones_like(wrong)
         take_adv = wrong & active
-        s["x_adv"] = common.rows_where(take_adv, x_new, s["x_adv"])
+        s["x_adv"] = common.rows_into(take_adv, x_new, s["x_adv"])
         s["fooled"] = s["fooled"] | wrong
         improved = (loss > s["loss_best"]) & active
-        # x_best and grad_best are the run's own (cloned at the start, copied by LiveRows, never handed out): updated
-        # in place, and `_restart_from_best` copies rather than shares them.
+        # x_adv, x_best and grad_best are the run's own (made at the start, copied by LiveRows, never handed out):
+        # updated in place, they never share memory with x_k or grad (see `_restart_from_best`).
         s["x_best"] = common.rows_into(improved, x_new, s["x_best"])
         s["grad_best"] = common.rows_into(improved, grad, s["grad_best"])
         s["loss_best"] = torch.where(improved, loss, s["loss_best"])
@@ -361,12 +361,12 @@ def _run(
 
 def _restart_from_best(s: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
     """Move flagged rows back to their best iterate and its gradient (no pass where no row or every row is
-    flagged, on the CPU: L1 checks every iteration of its short stages, and rarely restarts). x_k never shares
-    x_best's memory (the next step's x_prev would change with x_best's in-place updates); grad may (it is replaced
-    before grad_best next changes)."""
-    x_k = common.rows_where(mask, s["x_best"], s["x_k"])
-    s["x_k"] = x_k.clone() if x_k is s["x_best"] else x_k
-    s["grad"] = common.rows_where(mask, s["grad_best"], s["grad"])
+    flagged, on the CPU: L1 checks every iteration of its short stages, and rarely restarts), in place: x_k and grad
+    are then this iteration's model input and gradient, which no other state tensor shares (the best rows and x_adv
+    are copied out of them), and x_k never comes to share x_best's memory (the next step's x_prev would change with
+    x_best's in-place updates)."""
+    s["x_k"] = common.rows_into(mask, s["x_best"], s["x_k"])
+    s["grad"] = common.rows_into(mask, s["grad_best"], s["grad"])
 
 
 def apgd(

@@ -189,7 +189,8 @@ def _project_on_first_head(x: torch.Tensor, delta: torch.Tensor, eps_col: torch.
             if not root_above(top, room, smallest, eps_col):
                 return None
         lam = torch.where(shrink, _l1_breakpoints(top, room, eps_col).clamp_min_(smallest).clamp_min(0.0), lam)
-    return rows.zero_().scatter_(1, order, _l1_step(magnitude, room, sign, lam))
+    # the head covers every nonzero room of `rows`, so writing the answer over it leaves zeros elsewhere
+    return rows.scatter_(1, order, _l1_step(magnitude, room, sign, lam))
 
 
 def distance_to_face(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
