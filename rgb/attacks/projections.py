@@ -163,9 +163,8 @@ def _project_on_first_head(x: torch.Tensor, delta: torch.Tensor, eps_col: torch.
     head's rooms into zeros gives the whole rows' rooms (the same sums). The head is first only the rows' k largest
     |delta|, k the most nonzeros of a row (a selection of under 48 of 3072 costs about half one of 64): the
     breakpoints' root is that of the _FIRST_HEAD head (the zeros it adds lie below the root), but the check that the
-    root lies above the head sums its terms in another order, so it must pass by _SUM_ORDER_SLACK; where it does not,
-    the _FIRST_HEAD head is selected and checked as the whole rows' solve checks it (the same selection, the same
-    sums). None where the whole rows' solve would widen the head (the root below it): the bits are always those of
+    root lies above the head sums its terms in another order, so it must pass by _SUM_ORDER_SLACK; rows where it does
+    not are checked as the whole rows' solve checks them (`_root_above_first_head`). None where the whole rows' solve would widen the head (the root below it): the bits are always those of
     the whole rows."""
     width = int(torch.ne(delta, 0.0, out=torch.empty_like(delta)).sum(dim=1).max())
     if width > _FIRST_HEAD:
@@ -177,20 +176,27 @@ def _project_on_first_head(x: torch.Tensor, delta: torch.Tensor, eps_col: torch.
     shrink = rows.sum(dim=1, keepdim=True) > eps_col
     lam = torch.zeros_like(eps_col)
     if bool(shrink.any()):
-
-        def root_above(top, room, smallest, bound):
-            return bool(((_l1_mass(top, room, smallest) >= bound) | ~shrink).all())
-
         smallest = top[:, -1:] if width == _FIRST_HEAD else lam  # the _FIRST_HEAD head's smallest |delta|
-        if not root_above(top, room, smallest, eps_col * (1 + _SUM_ORDER_SLACK)):
-            top, order = abs_delta.topk(_FIRST_HEAD, dim=1)
-            magnitude, sign, room = _l1_terms(x.gather(1, order), delta.gather(1, order))
-            smallest = top[:, -1:]
-            if not root_above(top, room, smallest, eps_col):
-                return None
+        unsure = (_l1_mass(top, room, smallest) < eps_col * (1 + _SUM_ORDER_SLACK)) & shrink
+        if bool(unsure.any()) and not _root_above_first_head(x, delta, abs_delta, eps_col, unsure.view(-1)):
+            return None
         lam = torch.where(shrink, _l1_breakpoints(top, room, eps_col).clamp_min_(smallest).clamp_min(0.0), lam)
     # the head covers every nonzero room of `rows`, so writing the answer over it leaves zeros elsewhere
     return rows.scatter_(1, order, _l1_step(magnitude, room, sign, lam))
+
+
+def _root_above_first_head(x: torch.Tensor, delta: torch.Tensor, magnitude: torch.Tensor, eps_col: torch.Tensor,
+                           flagged: torch.Tensor) -> bool:
+    """The whole rows' check that the root lies above the _FIRST_HEAD head, for the `flagged` rows (N,) only, bit
+    for bit: each row's selection is its own, and its sum is taken as a row of an (N, _FIRST_HEAD) tensor, as there
+    (other rows' terms 0). A few rows cost a fraction of the whole call's selection."""
+    rows = flagged.nonzero().squeeze(1)
+    top, order = magnitude[rows].topk(_FIRST_HEAD, dim=1)
+    _, _, room = _l1_terms(x[rows].gather(1, order), delta[rows].gather(1, order))
+    shape = (x.shape[0], _FIRST_HEAD)
+    mass = _l1_mass(top.new_zeros(shape).index_copy_(0, rows, top), room.new_zeros(shape).index_copy_(0, rows, room),
+                    top.new_zeros(shape[0], 1).index_copy_(0, rows, top[:, -1:]))
+    return bool((mass[rows] >= eps_col[rows]).all())
 
 
 def distance_to_face(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
