@@ -361,12 +361,13 @@ def _run(
 
 def _restart_from_best(s: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
     """Move flagged rows back to their best iterate and its gradient (no pass where no row or every row is
-    flagged, on the CPU: L1 checks every iteration of its short stages, and rarely restarts), in place: x_k and grad
-    are then this iteration's model input and gradient, which no other state tensor shares (the best rows and x_adv
-    are copied out of them), and x_k never comes to share x_best's memory (the next step's x_prev would change with
-    x_best's in-place updates)."""
+    flagged, on the CPU: L1 checks every iteration of its short stages, and rarely restarts). x_k is then this
+    iteration's model input, which no other state tensor shares (the best rows and x_adv are copied out of it):
+    written in place, it never comes to share x_best's memory (the next step's x_prev would change with x_best's
+    in-place updates). grad may be autograd's expanded view (not writable) and may share grad_best's memory: it is
+    replaced before grad_best next changes."""
     s["x_k"] = common.rows_into(mask, s["x_best"], s["x_k"])
-    s["grad"] = common.rows_into(mask, s["grad_best"], s["grad"])
+    s["grad"] = common.rows_where(mask, s["grad_best"], s["grad"])
 
 
 def apgd(
