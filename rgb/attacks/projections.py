@@ -164,8 +164,8 @@ def _project_on_first_head(x: torch.Tensor, delta: torch.Tensor, eps_col: torch.
     |delta|, k the most nonzeros of a row (a selection of under 48 of 3072 costs about half one of 64): the
     breakpoints' root is that of the _FIRST_HEAD head (the zeros it adds lie below the root), but the check that the
     root lies above the head sums its terms in another order, so it must pass by _SUM_ORDER_SLACK; rows where it does
-    not are checked as the whole rows' solve checks them (`_root_above_first_head`). None where the whole rows' solve would widen the head (the root below it): the bits are always those of
-    the whole rows."""
+    not are checked as the whole rows' solve checks them (`_root_above_first_head`). None where the whole rows'
+    solve would widen the head (the root below it): the bits are always those of the whole rows."""
     width = int(torch.ne(delta, 0.0, out=torch.empty_like(delta)).sum(dim=1).max())
     if width > _FIRST_HEAD:
         return None
