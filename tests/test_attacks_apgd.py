@@ -103,6 +103,52 @@ def test_best_loss_monotone_and_fooled_sticky(trained_mlp, test_batch, norm):
             assert torch.all(after["loss_best"] >= after["loss"])
 
 
+@pytest.mark.parametrize("norm", ["Linf", "L2", "L1"])
+def test_best_rows_updated_in_place_give_the_bits_of_a_where(trained_mlp, test_batch, norm, monkeypatch):
+    """x_best/grad_best take improved rows in place (`rows_into`): the same bits as fresh `where`s, restarts and
+    momentum included (x_prev must not change with x_best's updates), on a single row too (all rows at once)."""
+    x, y = test_batch
+    kwargs = dict(norm=norm, eps=MIXED_EPS[norm], eps_schedule=SCHEDULE[norm], n_iter=30, n_restarts=2)
+
+    def runs():
+        return [apgd(trained_mlp, x[rows], y[rows], generator=0, **kwargs) for rows in (slice(None),
+                                                                                                 slice(0, 1))]
+    in_place = runs()
+    monkeypatch.setattr(apgd_module.common, "rows_into",
+                        lambda mask, new, old: torch.where(mask.view(-1, *[1] * (new.dim() - 1)), new, old))
+    for fresh, ours in zip(runs(), in_place):
+        for name in ("x_adv", "x_best", "loss_best", "fooled"):
+            assert torch.equal(getattr(fresh, name), getattr(ours, name)), name
+
+
+def test_l1_ascent_reads_the_gradient_in_its_memory_order():
+    """An NHWC gradient (a channels_last model call's) gives the L1 ascent of its NCHW copy bit for bit, in the
+    gradient's own layout (issue 54: no copy per step), ties at the threshold and zero gradients included."""
+    g = torch.Generator().manual_seed(0)
+    grad = (torch.randn(4, 3, 8, 8, generator=g) * 4).round() / 4  # ties
+    grad[1] = 0.0
+    state = {"x": torch.rand(4, 3, 8, 8, generator=g), "q": torch.tensor([0.05, 0.2, 0.01, 1.0])}
+    ball = apgd_module._BALLS[apgd_module.parse_norm("L1")]
+    nchw = ball.ascent(dict(state, grad=grad))
+    nhwc = ball.ascent(dict(state, grad=grad.contiguous(memory_format=torch.channels_last)))
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and nchw.is_contiguous()
+    assert torch.equal(nhwc, nchw) and torch.equal(torch.signbit(nhwc), torch.signbit(nchw))
+    magnitude = grad.flatten(1).abs()
+    k = 192 - ((1 - state["q"]) * 192).long().clamp(0, 191)
+    threshold = magnitude.sort(dim=1, descending=True)[0].gather(1, (k - 1)[:, None])
+    selected = (magnitude >= threshold) & (magnitude > 0)  # ties at the threshold are all selected
+    assert torch.equal(nchw.flatten(1) != 0, selected) and selected[0].sum() > k[0]
+
+
+def test_rows_into_writes_the_flagged_rows_into_old():
+    new, old = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
+    for mask in ([True, False, True], [False] * 3, [True] * 3):
+        mask = torch.tensor(mask)
+        expected = torch.where(mask[:, None], new, old)
+        answer = apgd_module.common.rows_into(mask, new, old)
+        assert answer is old and torch.equal(answer, expected)
+
+
 def test_early_stop_keeps_the_same_flags_with_fewer_evaluations(trained_mlp, test_batch):
     x, y = test_batch
     full = apgd(trained_mlp, x, y, norm="Linf", eps=MIXED_EPS["Linf"], n_iter=30, early_stop=False, generator=3)

@@ -370,6 +370,45 @@ def test_l1_projection_of_rows_within_the_first_head_equals_the_whole_row_solve(
     both(expect_the_head=False)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_l1_projection_on_a_head_narrower_than_the_first_equals_the_whole_row_solve(seed, monkeypatch):
+    """Rows of at most k < 64 nonzeros are solved on a head of k (issue 54: a cheaper selection), bit for bit what
+    the whole rows give; a row whose rooms sum to its budget within float rounding leaves the narrow head's check
+    unsure, and the 64-wide head decides as the whole rows' solve does."""
+    import rgb.attacks.projections as projections
+
+    g = torch.Generator().manual_seed(seed)
+    n, d = 8, 3 * 32 * 32
+    x = torch.rand(n, 3, 32, 32, generator=g)
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.2, torch.round(x), x)
+    delta = torch.zeros_like(x)
+    delta.view(n, -1)[:, :5] = -0.0
+    for row, count in enumerate(torch.randint(1, 40, (n,), generator=g).tolist()):
+        pixels = torch.randperm(d, generator=g)[:count]
+        delta.view(n, -1)[row, pixels] = torch.randint(-6, 7, (count,), generator=g) * 0.05  # ties, zeros
+    room = torch.minimum(delta.abs(), torch.where(delta > 0, 1 - x, x)).flatten(1).sum(dim=1)
+    eps = torch.rand(n, generator=g) * room
+    widths = []
+    topk = torch.Tensor.topk
+
+    def spy(values, k, *args, **kwargs):
+        widths.append(k)
+        return topk(values, k, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "topk", spy)
+    for unsure in (False, True):
+        if unsure:
+            eps[0] = room[0] * (1 - 2 ** -23)  # inside the slack of the narrow head's check
+        widths.clear()
+        on_the_head = project_l1_ball_box(x, delta, eps)
+        assert widths[0] < 64 and (64 in widths) == unsure
+        with monkeypatch.context() as whole:
+            whole.setattr(projections, "_project_on_first_head", lambda *args: None)
+            whole_rows = project_l1_ball_box(x, delta, eps)
+        assert torch.equal(on_the_head, whole_rows)
+        assert torch.equal(torch.signbit(on_the_head), torch.signbit(whole_rows))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_distance_to_face_is_the_choice_between_x_and_one_minus_x_bit_for_bit(dtype):
     """The distance to the face a move reaches (FAB's projections and the L1 projection's rooms, issue 54) is |up - x|:

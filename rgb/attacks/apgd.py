@@ -170,17 +170,23 @@ class _L1Ball(_Ball):
         return x + project_l1_ball_box(x, x_new - x, eps)
 
     def ascent(self, s):
-        x, grad = s["x"], s["grad"]
-        n_features = x[0].numel()
-        magnitude = grad.abs().flatten(1)
+        grad = s["grad"]
+        n_features = grad[0].numel()
+        # The gradient's rows read in its memory order (NHWC from a channels_last model call: no copy): the
+        # threshold is a value, the selection elementwise and the count of selected signs exact in any order.
+        order = [0] + sorted(range(1, grad.dim()), key=grad.stride, reverse=True)
+        laid_out = grad.permute(order)
+        rows = laid_out.reshape(grad.shape[0], n_features)
+        magnitude = rows.abs()
         # The entry at sorted position (1 - q) * n_features, ascending: the k-th largest.
         position = ((1 - s["q"]) * n_features).long().clamp(0, n_features - 1)
         threshold = kth_largest(magnitude, n_features - position)
         # The selected coordinates as a 0/1 float mask: on the CPU a comparison writing floats costs a quarter of
         # one writing bools, and sign * 1.0 / sign * 0.0 are the bits of sign * True / sign * False.
         selected = torch.ge(magnitude, threshold, out=torch.empty_like(magnitude))
-        direction = torch.sign(grad.flatten(1)).mul_(selected).view_as(x)
-        return direction / (as_column(direction.flatten(1).abs().sum(dim=1), x) + 1e-10)
+        direction = torch.sign(rows).mul_(selected)
+        direction = direction.div_(direction.abs().sum(dim=1, keepdim=True).add_(1e-10))
+        return direction.view(laid_out.shape).permute([order.index(d) for d in range(grad.dim())])
 
     def steps(self, n_iter, first_step, momentum, rho):
         return _SparseSteps(self, n_iter, first_step)
@@ -333,11 +339,13 @@ def _run(
         wrong = (logits.argmax(dim=1) != s["y"]) & ~s["pre_fooled"]
         active = ~s["fooled"] if early_stop else torch.ones_like(wrong)
         take_adv = wrong & active
-        s["x_adv"] = common.rows_where(take_adv, x_new, s["x_adv"])
+        s["x_adv"] = common.rows_into(take_adv, x_new, s["x_adv"])
         s["fooled"] = s["fooled"] | wrong
         improved = (loss > s["loss_best"]) & active
-        s["x_best"] = common.rows_where(improved, x_new, s["x_best"])
-        s["grad_best"] = common.rows_where(improved, grad, s["grad_best"])
+        # x_adv, x_best and grad_best are the run's own (made at the start, copied by LiveRows, never handed out):
+        # updated in place, they never share memory with x_k or grad (see `_restart_from_best`).
+        s["x_best"] = common.rows_into(improved, x_new, s["x_best"])
+        s["grad_best"] = common.rows_into(improved, grad, s["grad_best"])
         s["loss_best"] = torch.where(improved, loss, s["loss_best"])
 
         steps.adapt(s, i, loss)
@@ -353,8 +361,12 @@ def _run(
 
 def _restart_from_best(s: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
     """Move flagged rows back to their best iterate and its gradient (no pass where no row or every row is
-    flagged, on the CPU: L1 checks every iteration of its short stages, and rarely restarts)."""
-    s["x_k"] = common.rows_where(mask, s["x_best"], s["x_k"])
+    flagged, on the CPU: L1 checks every iteration of its short stages, and rarely restarts). x_k is then this
+    iteration's model input, which no other state tensor shares (the best rows and x_adv are copied out of it):
+    written in place, it never comes to share x_best's memory (the next step's x_prev would change with x_best's
+    in-place updates). grad may be autograd's expanded view (not writable) and may share grad_best's memory: it is
+    replaced before grad_best next changes."""
+    s["x_k"] = common.rows_into(mask, s["x_best"], s["x_k"])
     s["grad"] = common.rows_where(mask, s["grad_best"], s["grad"])
 
 

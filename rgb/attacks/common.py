@@ -92,6 +92,20 @@ def rows_where(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torc
     return torch.where(as_column(mask, new), new, old)
 
 
+def rows_into(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """`rows_where(mask, new, old)`, written into `old` on the CPU: only the flagged rows are copied (a `where` passes
+    over every image; a loop keeping a best iterate replaces a few rows per step). `old` must share memory with no
+    tensor that is read later, and the answer is always `old` there, never `new`. Elsewhere a `where` (no host read)."""
+    if not host_reads_are_free(new.device):
+        return torch.where(as_column(mask, new), new, old)
+    rows = mask.nonzero().squeeze(1)
+    if rows.numel() == mask.numel():
+        return old.copy_(new)
+    if rows.numel():
+        old[rows] = new[rows]
+    return old
+
+
 def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Tensor], bool], first: int = 64):
     """The largest entries of each row of `values` (N, D) in decreasing order with their indices, (N, k) each,
     for the smallest k in first, 4 * first, ... , D at which `enough(top, order)` (a Python bool: a host read)
