@@ -80,11 +80,11 @@ def _l1_breakpoints(magnitude: torch.Tensor, room: torch.Tensor, eps_col: torch.
 
     The mass is piecewise linear in lam with breakpoints a_i (below it coordinate i moves: slope -1 more) and
     a_i - c_i (below it the coordinate has used its room: slope back up by 1). Sorted from the top, a cumulative sum
-    of the slope changes counts the moving coordinates on each segment (negated), a second one of count * width gives the mass
-    at every breakpoint, and the segment where it crosses eps gives lam by one linear interpolation: about twenty
-    tensor operations and no host read. Ties and rooms of 0 make zero-width segments, which add nothing. The
-    breakpoints and masses are in float64: a room far below a float32 step of its a_i would round a_i - c_i back to
-    a_i in float32 and drop that room from the mass (a projection over the budget); in float64 each mass is its
+    of the slope changes counts the moving coordinates on each segment (negated), a second one of count * width
+    gives the mass at every breakpoint, and the segment where it crosses eps gives lam by one linear interpolation:
+    about twenty tensor operations and no host read. Ties and rooms of 0 make zero-width segments, which add nothing.
+    The breakpoints and masses are in float64: a room far below a float32 step of its a_i would round a_i - c_i back
+    to a_i in float32 and drop that room from the mass (a projection over the budget); in float64 each mass is its
     terms' sum to about 1e-16 relative. (A stable sort: the faster of torch's two on the CPU at these widths.)
     """
     width = magnitude.shape[1]
@@ -96,7 +96,8 @@ def _l1_breakpoints(magnitude: torch.Tensor, room: torch.Tensor, eps_col: torch.
     eps_wide = eps_col.double().contiguous()  # (a float64 eps column may be a stride-0 view: searchsorted warns)
     crossing = torch.searchsorted(mass, eps_wide)  # how many masses are below eps (they never decrease)
     segment = crossing.sub(1).clamp_(0, 2 * width - 2)  # S crosses eps on this segment
-    lam = points.gather(1, segment) + (eps_wide - mass.gather(1, segment)) / minus_moving.gather(1, segment).clamp_max_(-1)
+    slope = minus_moving.gather(1, segment).clamp_max_(-1)
+    lam = points.gather(1, segment) + (eps_wide - mass.gather(1, segment)) / slope
     return torch.where(crossing < 2 * width, lam, points[:, -1:]).to(magnitude.dtype)
 
 

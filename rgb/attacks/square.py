@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from rgb.attacks import common
-from rgb.attacks.common import AttackInputError, AttackResult, EvalCounter, LiveRows, Progress, check_eps, make_generator
+from rgb.attacks.common import (AttackInputError, AttackResult, EvalCounter, LiveRows, Progress, check_eps,
+                                make_generator)
 from rgb.attacks.projections import linf_box, project_l1_ball_box, project_l1_values, solved_on_the_head
 from rgb.core.threat import Norm, parse_norm
 
