@@ -206,7 +206,7 @@ def test_l1_on_the_cpu_projects_over_the_support_with_the_whole_rows_results(toy
 
 @pytest.mark.parametrize("seed, eps", [(0, 0.5), (1, 3.0), (2, 12.0), (3, 400.0)])
 def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit(seed, eps):
-    """Square-L1's CPU candidate (issue 54) is `start` with the projected values of best's cached support and the
+    """Square-L1's CPU candidate (issue 54; `proposals`, not the whole rows' `propose`) is `start` with the projected values of best's cached support and the
     first window written in: the bits of the whole image's projection (on its head, as the support is small) plus x,
     clipped, with padding, tied magnitudes, pixels at box faces, x = -0, and windows that cover best's
     support and each other."""
@@ -234,7 +234,7 @@ def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit
     rows = {"x": x, "best": best}
     geometry.prepare(rows, eps)
     state = LiveRows(rows, outputs=("best",))
-    candidate = geometry.propose(state, draw, windows, side, eps)
+    candidate = next(geometry.proposals(state, range(1), [draw], [windows], [side], eps))
 
     delta = geometry.direction(state, draw, windows, side, eps)
     rewritten = torch.arange(d).view(c, h, w)[windows[0]].reshape(-1)
@@ -243,6 +243,51 @@ def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit
     expected = project_l1_ball_box(x, delta, eps * square_module._L1_SHRINK).add_(x).clamp_(0.0, 1.0)
     assert torch.equal(candidate.view(torch.int32), expected.view(torch.int32))
     assert not torch.equal(candidate, state["start"])
+
+
+@pytest.mark.parametrize("norm", ["L2", "L1"])
+def test_queries_proposed_together_get_the_bits_each_gets_alone(norm):
+    """Square-L2/L1 rewrite the windows of a run of queries of one side in one pass, and Square-L1 on the CPU
+    projects them in one pass (issue 54): each query's window content and candidate are bit for bit those of the
+    query proposed alone, with both pattern orientations, overlapping windows and rows that have left the batch."""
+    import importlib
+
+    square_module = importlib.import_module("rgb.attacks.square")
+    from rgb.attacks.common import LiveRows
+
+    g = torch.Generator().manual_seed(7)
+    n, c, h, w, count = 7, 3, 32, 32, 12
+    eps = {"L2": 1.0, "L1": 12.0}[norm]
+    x = torch.rand(n, c, h, w, generator=g)
+    geometry = square_module._SQUARE_NORMS[square_module.parse_norm(norm)]()
+    best = geometry.init(x, eps, g)
+    if norm == "L1":  # a best of tens of pixels, as Square-L1's bests are once the windows are small
+        sparse = torch.rand(n, c, h, w, generator=g) < 0.01
+        best = torch.where(sparse, (x + torch.randn(n, c, h, w, generator=g) / 4).clamp(0.0, 1.0), x)
+    rows = {"x": x, "best": best}
+    geometry.prepare(rows, eps)
+    state = LiveRows(rows, outputs=("best",))
+    state.keep(torch.arange(n) != 2)  # a row has left: the draws are still shaped for the whole batch
+    uniforms = torch.rand(count, geometry.uniforms_per_query(n, c), generator=g)
+    for side in (3, 5, 13):
+        windows = square_module._windows(uniforms, [side] * count, h, w, 2)
+        top, left = (min(corner.start, h - side - 1) for corner in windows[0][0][1:])
+        windows[0] = [(..., slice(top, top + side), slice(left, left + side)),  # windows that overlap
+                      (..., slice(top + 1, top + 1 + side), slice(left + 1, left + 1 + side))]
+        draws = geometry.draws(uniforms, n, c, eps)
+        assert len({flag for flag, _ in draws}) == 2
+        geometry.know_best(state, eps)
+        together = geometry.rewrites(state, draws, windows, side)
+        for query in range(count):
+            alone = geometry.rewrites(state, draws[query:query + 1], windows[query:query + 1], side)[0]
+            assert torch.equal(together[query], alone)
+        if norm == "L1" and side < 13:  # the CPU's support path: all candidates from one projection
+            assert square_module.solved_on_the_head(c * h * w, state["support"].shape[1] + c * side * side)
+            together = [candidate.clone() for candidate in geometry.proposals(state, range(count), draws, windows,
+                                                                              [side] * count, eps)]
+            for query in range(count):
+                alone = next(geometry.proposals(state, range(query, query + 1), draws, windows, [side] * count, eps))
+                assert torch.equal(together[query].view(torch.int32), alone.view(torch.int32))
 
 
 def test_a_candidate_is_kept_below_the_bar_exactly_when_spec_rule_keeps_it():

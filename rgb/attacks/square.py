@@ -10,6 +10,7 @@ have already dropped out.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -116,12 +117,42 @@ def _overlap(first: tuple, second: tuple) -> tuple | None:
     return (..., rows, cols) if rows.start < rows.stop and cols.start < cols.stop else None
 
 
+def _window_planes(windows: list[list[tuple]], side: int, w: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions in the image plane (row * w + column) of the first and the second window of K queries of one
+    side, each (K, side, side)."""
+    corners = torch.tensor([[window[1].start, window[2].start] for query in windows for window in query[:2]],
+                           device=device).view(len(windows), 2, 2, 1)
+    steps = torch.arange(side, device=device)
+    planes = (corners[:, :, 0] + steps).mul_(w).unsqueeze(-1) + (corners[:, :, 1] + steps).unsqueeze(-2)
+    return planes[:, 0], planes[:, 1]
+
+
+def _windows_of(plane: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+    """The values of images laid out as (N, C, h * w) at the positions `planes` (K, side, side): (K, N, C, side,
+    side), a view of one contiguous copy."""
+    n, c, _ = plane.shape
+    count, rows, cols = planes.shape
+    return plane.index_select(2, planes.flatten()).view(n, c, count, rows, cols).permute(2, 0, 1, 3, 4)
+
+
 def _signs(uniform: torch.Tensor) -> torch.Tensor:
     """Random +-1 from uniforms in [0, 1)."""
     return torch.where(uniform < 0.5, -1.0, 1.0)
 
 
-class _SquareLinf:
+class _Geometry:
+    """What Square's loop asks of a norm: a run of queries' candidates (`proposals`) from a per-query `propose`."""
+
+    def proposals(self, state: LiveRows, queries: range, draws, windows: list[list[tuple]], sides: list[int],
+                  eps: float) -> Iterator[torch.Tensor]:
+        """The candidates of `queries`, one at a time, each proposed when it is taken (from best as it then is; the
+        loop stops taking them once a row may have changed)."""
+        for query in queries:
+            yield self.propose(state, draws[query], windows[query], sides[query], eps)
+
+
+class _SquareLinf(_Geometry):
     """Square-Linf: vertical stripes to start; per query one window set to x -/+ eps with a sign per channel
     (uniforms: the window's corner, then the channel signs)."""
 
@@ -175,7 +206,7 @@ class _SquareLinf:
         return best
 
 
-class _SquareLp:
+class _SquareLp(_Geometry):
     """Square-L2/L1: a tiled pattern start; per query a new pattern in one window, the old content of both
     (uniforms: two windows' corners, the pattern's orientation, then a sign per image and channel). A subclass
     says how its norm measures and rescales (`mass`: additive over disjoint pixel sets)."""
@@ -185,7 +216,7 @@ class _SquareLp:
     any_layout = False
 
     def __init__(self):
-        self.patterns = {}  # side -> the pattern on the images' device as drawn and transposed, made once per run
+        self.patterns = {}  # side -> the patterns of `transposed_patterns`, made once per run
         self.best_known = False  # whether the state's entries about best (`know_best`) are up to date
 
     @staticmethod
@@ -283,36 +314,46 @@ class _SquareLp:
         if not self.best_known:
             self.know_best(state, eps)
         first, second = windows
-        content = self.rewrite(state, draw, windows, side, eps)
+        content = self.rewrites(state, [draw], [windows], side)[0]
         delta = state["delta"].clone()
         delta[second] = 0.0
         delta[first] = content
         return delta
 
-    def rewrite(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int, eps: float
-                ) -> torch.Tensor:
-        """The first window's new perturbation: a pattern plus best's old content there, with the mass of both
-        windows and a share of the budget best leaves unused (state's `delta` and `share`, `know_best`)."""
-        transposed, signs = draw
-        if len(state) < len(signs):
-            signs = signs[state.positions]
-        if side not in self.patterns:
-            pattern = square_pattern(side, self.norm).to(state["x"])
-            # made as torch.where made them per query before (issue 54): the same values in the same layout
-            self.patterns[side] = [torch.where(torch.tensor(flag, device=pattern.device), pattern.T, pattern)
-                                   for flag in (False, True)]
-        pattern = self.patterns[side][transposed]  # random orientation
-        first, second = windows
-        delta = state["delta"]
-        in_first = delta[first]
-        first_mass = self.mass(in_first)
-        overlap = _overlap(first, second)
-        windows_mass = first_mass + self.mass(delta[second])
-        if overlap is not None:  # the union's mass: the overlap counts once
-            windows_mass = (windows_mass - self.mass(delta[overlap])).clamp_min_(0.0)
-        proposal = pattern * signs + in_first / (self.norm_of_mass(first_mass) + 1e-12)
+    def rewrites(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
+                 side: int) -> torch.Tensor:
+        """The first window's new perturbation for each of K queries of one side, all from best (K, N, C, side,
+        side): a pattern plus best's old content there, with the mass of both windows and a share of the budget best
+        leaves unused (state's `delta` and `share`, `know_best`). Each query gets the bits it got alone: masses are
+        summed over the windows in their row order (a contiguous copy of a window sums as its slice does), the
+        proposal's norm in the window's column order (as the oriented pattern's memory order had it before, issue
+        54): so the proposal is made in the window's transposed frame and transposed back."""
+        x, delta = state["x"], state["delta"]
+        n, c, h, w = x.shape
+        signs = torch.stack([signs for _, signs in draws])
+        if n < signs.shape[1]:
+            signs = signs[:, state.positions]
+        patterns = self.transposed_patterns(side, x)[[int(transposed) for transposed, _ in draws]]
+        first_planes, second_planes = _window_planes(windows, side, w, x.device)
+        plane = delta.view(n, c, h * w)
+        first_mass = self.mass(_windows_of(plane, first_planes))
+        windows_mass = first_mass + self.mass(_windows_of(plane, second_planes))
+        for query, (first, second) in enumerate(windows):
+            overlap = _overlap(first, second)
+            if overlap is not None:  # the union's mass: the overlap counts once
+                windows_mass[query].sub_(self.mass(delta[overlap])).clamp_min_(0.0)
+        in_first = _windows_of(plane, first_planes.transpose(1, 2))
+        proposal = patterns[:, None, None] * signs + in_first / (self.norm_of_mass(first_mass) + 1e-12)
         target = self.window_norm(state["share"], windows_mass)
-        return proposal / (self.channel_norms(proposal) + 1e-12) * target
+        return (proposal / (self.channel_norms(proposal) + 1e-12) * target).transpose(-2, -1)
+
+    def transposed_patterns(self, side: int, like: torch.Tensor) -> torch.Tensor:
+        """The pattern of `side` in a window's transposed frame, as drawn (index 0) and transposed (index 1),
+        (2, side, side) on `like`'s device and dtype, made once per run."""
+        if side not in self.patterns:
+            pattern = square_pattern(side, self.norm).to(like)
+            self.patterns[side] = torch.stack((pattern.T, pattern))
+        return self.patterns[side]
 
 
 class _SquareL2(_SquareLp):
@@ -360,13 +401,11 @@ class _SquareL1(_SquareLp):
         return (eps - image_norm).clamp_min(0.0) / c
 
     def window_norm(self, share, windows_mass):
-        return windows_mass.shape[1] * (share + windows_mass)
+        return windows_mass.shape[-3] * (share + windows_mass)
 
     def __init__(self):
         super().__init__()
         self.plane = None  # per flat pixel index (and the padding D), its position in the image plane (padding: h*w)
-        self.marks = None  # per position in the plane (and the padding's), the last query whose windows covered it
-        self.query = 0  # the stamp of the query being proposed (padding's mark is above every stamp)
         self.on_support = False  # whether candidates are projected over best's support (on the CPU)
 
     def to_feasible(self, x, delta, eps):
@@ -393,8 +432,6 @@ class _SquareL1(_SquareLp):
         if self.plane is None:
             positions = torch.arange(c * h * w, device=x.device) % (h * w)
             self.plane = torch.cat((positions, positions.new_full((1,), h * w)))
-            self.marks = torch.zeros(h * w + 1, dtype=torch.long, device=x.device)
-            self.marks[-1] = torch.iinfo(torch.long).max  # padding counts as covered by every query's windows
         padding = x.new_zeros(n, 1)
         support = _nonzero_columns(delta.view(n, -1))
         state["support"] = support
@@ -402,40 +439,65 @@ class _SquareL1(_SquareLp):
         state["support_delta"] = torch.cat((delta.view(n, -1), padding), dim=1).gather(1, support)
         state["support_plane"] = self.plane[support]
 
-    def propose(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int,
-                eps: float) -> torch.Tensor:
-        """The L2/L1 step, projected on the CPU over the pixels the candidate can have nonzero: best's support
-        (tens of pixels: each projection zeroes all below its threshold) outside both windows, and the first window,
-        whose content is new (the second window's is now 0, so its pixels project to 0, as padding does). Whole rows
-        where these are too many, or where whole rows would not solve on their head (`solved_on_the_head`: the same
-        bits either way). The candidate is `start` with the projected pixels written in: no whole-image pass but one
-        copy (the bits of the whole rows' projection plus x, clipped, where they solve the same head; tests pin it)."""
+    def proposals(self, state: LiveRows, queries: range, draws, windows: list[list[tuple]], sides: list[int],
+                  eps: float) -> Iterator[torch.Tensor]:
+        """The candidates of `queries` (the caller stops taking them once a row may have changed). On the CPU, runs
+        of queries of one side are projected together over the pixels each candidate can have nonzero
+        (`_on_support`); whole rows, one query at a time, where these are too many, or where whole rows would not
+        solve on their head (`solved_on_the_head`: the same bits either way)."""
         if not self.on_support:
-            return super().propose(state, draw, windows, side, eps)
-        if not self.best_known:
-            self.know_best(state, eps)
+            yield from super().proposals(state, queries, draws, windows, sides, eps)
+            return
         x = state["x"]
         n, c, h, w = x.shape
-        kept = state["support"].shape[1]
-        width = kept + c * side * side
-        if width > _SUPPORT_MOST or not solved_on_the_head(c * h * w, width):
-            return super().propose(state, draw, windows, side, eps)
-        first = windows[0]
-        content = self.rewrite(state, draw, windows, side, eps)
-        self.query += 1
-        grid = self.marks[:-1].view(h, w)
-        for window in windows:
-            grid[window[1:]] = self.query
-        replaced = self.marks.take(state["support_plane"]) >= self.query  # padding, or rewritten by the step
+        query = queries.start
+        while query < queries.stop:
+            if not self.best_known:
+                self.know_best(state, eps)
+            side = sides[query]
+            width = state["support"].shape[1] + c * side * side
+            if width > _SUPPORT_MOST or not solved_on_the_head(c * h * w, width):
+                yield super().propose(state, draws[query], windows[query], side, eps)
+                query += 1
+                continue
+            end = query + 1
+            while end < queries.stop and sides[end] == side:
+                end += 1
+            yield from self._on_support(state, draws[query:end], windows[query:end], side, eps)
+            query = end
+
+    def _on_support(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
+                    side: int, eps: float) -> Iterator[torch.Tensor]:
+        """The L2/L1 step of K queries of one side from best, projected together on the CPU over the pixels each
+        candidate can have nonzero: best's support (tens of pixels: each projection zeroes all below its threshold)
+        outside both windows, and the first window, whose content is new (the second window's is now 0, so its pixels
+        project to 0, as padding does). One projection of K x N rows (each row's bits are its own) instead of K. A
+        candidate is `start` with its projected pixels written in, made when it is taken: no whole-image pass but one
+        copy (the bits of the whole rows' projection plus x, clipped, where they solve the same head; tests pin
+        it)."""
+        x = state["x"]
+        n, c, h, w = x.shape
+        count, kept = len(windows), state["support"].shape[1]
+        content = self.rewrites(state, draws, windows, side)
+        first_planes, second_planes = _window_planes(windows, side, w, x.device)
+        covered = torch.zeros(count, h * w + 1, dtype=torch.bool, device=x.device)
+        covered[:, -1] = True  # padding counts as covered by every query's windows
+        covered.scatter_(1, first_planes.view(count, -1), True).scatter_(1, second_planes.view(count, -1), True)
+        replaced = covered[:, state["support_plane"]]  # (K, N, kept): padding, or rewritten by the step
         # a replaced pixel's delta is 0 (its x then leaves its terms 0 too; its value is written over, see below)
-        x_values = torch.cat((state["support_x"], x[first].reshape(n, -1)), dim=1)
-        delta_values = torch.cat((state["support_delta"].masked_fill(replaced, 0.0), content.reshape(n, -1)), dim=1)
-        values = project_l1_values(x_values, delta_values, state["radius"]).add_(x_values).clamp_(0.0, 1.0)
-        candidate = state["start"].clone()
-        corner = first[1].start * w + first[2].start  # replaced columns write there: the window then overwrites it
-        candidate.view(n, -1).scatter_(1, state["support"].masked_fill(replaced, corner), values[:, :kept])
-        candidate[first] = values[:, kept:].view_as(content)
-        return candidate
+        in_first = _windows_of(x.view(n, c, h * w), first_planes).reshape(count, n, -1)
+        x_values = torch.cat((state["support_x"].expand(count, n, kept), in_first), dim=2).view(count * n, -1)
+        delta_values = torch.cat((state["support_delta"].expand(count, n, kept).masked_fill(replaced, 0.0),
+                                  content.reshape(count, n, -1)), dim=2).view(count * n, -1)
+        values = project_l1_values(x_values, delta_values, state["radius"].repeat(count))
+        values = values.add_(x_values).clamp_(0.0, 1.0).view(count, n, -1)
+        # replaced columns write at the first window's corner: the window then overwrites it
+        columns = torch.where(replaced, first_planes[:, :1, :1], state["support"])
+        for query, (first, _) in enumerate(windows):
+            candidate = state["start"].clone()
+            candidate.view(n, -1).scatter_(1, columns[query], values[query, :, :kept])
+            candidate[first] = values[query, :, kept:].view(n, c, side, side)
+            yield candidate
 
 
 def _nonzero_columns(values: torch.Tensor) -> torch.Tensor:
@@ -515,26 +577,33 @@ def square(
     windows = _windows(uniforms, sides, h, w, geometry.windows_per_query)
     draws = geometry.draws(uniforms, n, c, eps)
     reads_are_free = common.host_reads_are_free(x.device)
-    for iteration in range(n_queries):
+    iteration = 0
+    while iteration < n_queries:
         if early_stop and iteration % _COMPACT_EVERY == 0 and state.keep(state["attacking"]) == 0:
             break
-
-        candidate = geometry.propose(state, draws[iteration], windows[iteration], sides[iteration], eps)
-
-        logits, candidate_margin = _query(model, candidate, state["y"])
-        counter.forward(len(state))
-        accept = candidate_margin < state["bar"]
-        # On the CPU one host read says whether any row was accepted (on robust points most queries accept none:
-        # then best, its margin and its prediction stay as they are); elsewhere every update runs, with no read.
-        changed = not reads_are_free or bool(accept.any())
-        state["best"] = geometry.accept(state["best"], candidate, accept, windows[iteration], changed)
-        state["queries"] = state["queries"] + state["attacking"]
-        if changed:
-            state["margin"] = torch.where(accept, candidate_margin, state["margin"])
-            state["predicted"] = torch.where(accept, logits.argmax(dim=1), state["predicted"])
-            state["attacking"], state["bar"] = _bar(state["margin"])
-        if progress is not None:
-            progress(iteration + 1, n_queries)
+        # The queries up to the next point where rows may leave are proposed as one run (Square-L1 on the CPU
+        # projects them together); the run ends early once a row may have been accepted (the rest are from an old
+        # best, unused).
+        queries = range(iteration, min(n_queries, iteration - iteration % _COMPACT_EVERY + _COMPACT_EVERY))
+        for candidate in geometry.proposals(state, queries, draws, windows, sides, eps):
+            logits, candidate_margin = _query(model, candidate, state["y"])
+            counter.forward(len(state))
+            accept = candidate_margin < state["bar"]
+            # On the CPU one host read says whether any row was accepted (on robust points most queries accept
+            # none: then best, its margin and its prediction stay as they are); elsewhere every update runs, with
+            # no read.
+            changed = not reads_are_free or bool(accept.any())
+            state["best"] = geometry.accept(state["best"], candidate, accept, windows[iteration], changed)
+            state["queries"] = state["queries"] + state["attacking"]
+            if changed:
+                state["margin"] = torch.where(accept, candidate_margin, state["margin"])
+                state["predicted"] = torch.where(accept, logits.argmax(dim=1), state["predicted"])
+                state["attacking"], state["bar"] = _bar(state["margin"])
+            iteration += 1
+            if progress is not None:
+                progress(iteration, n_queries)
+            if changed:
+                break
     full = state.sync()
 
     fooled = full["predicted"] != y
