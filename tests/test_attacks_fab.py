@@ -477,3 +477,33 @@ def test_fab_targets_side_by_side_give_the_same_flags(toy, norm):
                      counter=counter)
         spent.append((counter.forward_rows, counter.backward_rows))
     assert spent[0] == spent[1]
+
+
+def test_l1_projection_widens_its_head_only_for_the_rows_that_need_it_bit_for_bit(monkeypatch):
+    """On the CPU the head of the greedy's order grows (256, then 1024 coordinates) only for the rows of w whose gap
+    it does not close, or whose magnitudes tie before the coordinate that closes it (issue 54): every other row has
+    one order up to there, so the step is the one of the wider selection for all rows, bit for bit."""
+    t, w, _ = hyperplane_cases(11, n=8, dim=3000)
+    w = w[:4]  # given once for two halves of t (FAB's iterate and start)
+    w[1, w[1].abs().argsort(descending=True)[1:4]] = w[1].abs().max()  # ties at the top of row 1's order
+    tiled = w.repeat(2, 1)
+    reachable = (tiled.abs() * torch.where(tiled > 0, 1 - t, t)).sum(dim=1)
+    share = torch.tensor([0.4, 0.01, 0.01, 0.02]).repeat(2)  # row 0 needs hundreds of coordinates, the others few
+    b = (tiled * t).sum(dim=1) + share * reachable
+    selections = []
+    topk = torch.Tensor.topk
+
+    def spy(values, k, *args, **kwargs):
+        selections.append((values.shape[0], k))
+        return topk(values, k, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "topk", spy)
+    d = fab_project_l1(t, w, b)
+    assert selections == [(4, 256), (2, 1024)]  # rows 0 (long gap) and 1 (tied) take the wider selection
+    fab = importlib.import_module("rgb.attacks.fab")
+    monkeypatch.setattr(fab, "_L1_HEAD", 1024)  # every row's head from the selection of 1024
+    assert torch.equal(as_bits(d), as_bits(fab_project_l1(t, w, b)))
+    expected = greedy_l1_by_full_sort(t, tiled, b)  # tied magnitudes may move in another order there: rows 1, 5
+    untied = torch.tensor([0, 2, 3, 4, 6, 7])
+    torch.testing.assert_close(d[untied].double(), expected[untied], rtol=0, atol=1e-4)
+    torch.testing.assert_close(lp_norm(d, "L1").double(), lp_norm(expected, "L1"), rtol=1e-5, atol=1e-6)

@@ -211,6 +211,26 @@ def test_kth_largest_is_the_sorted_rows_entry_whichever_selection_runs():
     assert kth_largest(values[:0], k[:0]).shape == (0, 1)
 
 
+def test_kth_largest_of_a_few_looks_at_the_blocks_with_the_largest_maxima_only(monkeypatch):
+    """APGD-L1's top-q threshold wants the 3rd to 21st largest of 3072 (issue 54): on the CPU the selections run over
+    the entries of the blocks with the largest maxima, never a whole row, and give the sorted row's entry bit for bit:
+    top entries crowded into one block, maxima tied across blocks, ties at the k-th, one k or several."""
+    g = torch.Generator().manual_seed(3)
+    values = torch.rand(6, 3072, generator=g).round(decimals=3)  # many ties
+    values[0, 5::192][:12] = 2.0 + torch.arange(12.0)  # row 0's top 12 in one block (entries 5, 197, 389, ...)
+    values[1, ::97] = 1.5  # equal maxima across blocks
+    values[2, :40] = 1.25  # the k-th largest tied with many
+    ordered = values.sort(dim=1, descending=True)[0]
+    widths = []
+    for name in ("topk", "kthvalue"):
+        select = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda v, *a, select=select, **kw: widths.append(v.shape[1])
+                            or select(v, *a, **kw))
+    for k in (torch.tensor([12, 3, 21, 7, 1, 48]), torch.full((6,), 13), torch.tensor([1, 2, 40, 4, 5, 6])):
+        assert torch.equal(kth_largest(values, k), ordered.gather(1, (k - 1)[:, None]))
+    assert widths and max(widths) < values.shape[1]
+
+
 def test_l1_projection_inside_the_ball_is_the_box_clip_without_a_selection(monkeypatch):
     """Rows whose box-clipped delta already fits the budget need no threshold (issue 54): the projection is then
     sign(delta) * min(|delta|, room) bit for bit, and neither the head selection nor the bisection runs."""
