@@ -33,6 +33,9 @@ LINF_TOLERANCE = 1e-7
 MASKING_MARGIN = 0.002
 # Seconds between two step reports to the `progress` callback (the start of each attack is always reported).
 PROGRESS_INTERVAL = 0.5
+# Norms whose attacks keep their state NHWC under input_format="channels_last" (checked bit for bit against NHWC
+# copies per call; L1's projections are not checked yet, so its attacks copy per call as before).
+_NHWC_STATE_NORMS = (Norm.LINF, Norm.L2)
 
 
 class FooledBy:
@@ -519,11 +522,11 @@ class AutoAttack:
     def _attack(self, name, x, y, clean_logits, counter, params) -> torch.Tensor:
         """One attack on one batch of still-robust points; returns candidates on the CPU (clean where it failed)."""
         x, y, clean_logits = x.to(self.device), y.to(self.device), clean_logits.to(self.device)
-        entry = ATTACKS[name]
-        if self.input_format == "channels_last" and self.norm in entry.nhwc_state:
+        if self.input_format == "channels_last" and self.norm in _NHWC_STATE_NORMS:
             # The attack's state is derived from x element by element, so it stays NHWC: the model's inputs need
             # no copy per call, its input gradients none back (a flattening attack reads rows in NCHW order still).
             x = x.contiguous(memory_format=torch.channels_last)
+        entry = ATTACKS[name]
         available = {"clean_logits": clean_logits, **self.options.cascade_inputs(name)}
         inputs = {key: value for key, value in available.items() if key in entry.inputs}
         with self._attack_numerics():

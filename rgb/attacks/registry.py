@@ -57,9 +57,7 @@ class AttackEntry:
     gradient masking (AutoAttack warns); `position`: the names of the levels of its progress positions, outermost
     first (`rgb.attacks.common.Progress`), so a stage reads `apgd-t target 3/9 step 59/100`; `worst_rows(params,
     n_classes)`: the (forward, backward) rows it spends on an image it never fools, from its parameters (the cost
-    model of docs/performance.md; `AutoAttack.worst_case_rows`); `nhwc_state`: the norms at which, under
-    input_format="channels_last", it is given NHWC images and keeps its state NHWC (checked bit for bit against NHWC
-    copies per call: tests/test_attacks_nhwc_state.py; at L1 only Square's are, the others copy per call)."""
+    model of docs/performance.md; `AutoAttack.worst_case_rows`)."""
 
     attack: Attack
     inputs: frozenset[str]
@@ -68,7 +66,6 @@ class AttackEntry:
     min_classes: int = 2
     black_box: bool = False
     position: tuple[str, ...] = ("step",)
-    nhwc_state: frozenset[Norm] = frozenset({Norm.LINF, Norm.L2})
 
     def __post_init__(self):
         _freeze(self, "params")
@@ -125,7 +122,7 @@ ATTACKS: Mapping[str, AttackEntry] = MappingProxyType({
                          min_classes=4, position=_BY_TARGET),
     "fab": AttackEntry(_FAB, _GRADIENT_INPUTS, _fab_rows, position=("restart", "step")),
     "square": AttackEntry(_SQUARE, frozenset({"generator", "n_queries"}), _square_rows, black_box=True,
-                          position=("query",), nhwc_state=frozenset(Norm)),
+                          position=("query",)),
 })
 
 

@@ -216,7 +216,6 @@ class _SquareLp(_Geometry):
     any_layout = False
 
     def __init__(self):
-        self.layout = torch.contiguous_format  # the memory format of candidates: the images' as given (`square`)
         self.patterns = {}  # side -> the patterns of `transposed_patterns`, made once per run
         self.best_known = False  # whether the state's entries about best (`know_best`) are up to date
 
@@ -268,9 +267,9 @@ class _SquareLp(_Geometry):
         self.best_known = False
 
     def know_best(self, state: LiveRows, eps: float) -> None:
-        """Best's perturbation (NCHW, as x: every sum runs in that order) and each channel's share of the budget it
-        leaves unused, kept until a row changes (on robust points most queries change none)."""
-        state["delta"] = (state["best"] - state["x"]).contiguous()
+        """Best's perturbation and each channel's share of the budget it leaves unused, kept until a row changes (on
+        robust points most queries change none)."""
+        state["delta"] = state["best"] - state["x"]
         state["share"] = self.unused_share(eps, self.image_norms(state["delta"]), state["x"].shape[1])
         self.best_known = True
 
@@ -302,27 +301,6 @@ class _SquareLp(_Geometry):
         delta = torch.zeros_like(x)
         delta[:, :, top:top + rows, left:left + cols] = grid[:, :, :rows, :cols]
         return self.to_feasible(x, delta, eps)
-
-    def proposals(self, state: LiveRows, queries: range, draws, windows: list[list[tuple]], sides: list[int],
-                  eps: float) -> Iterator[torch.Tensor]:
-        """The candidates of `queries`, run by run: a run is the queries of one side, all made from best as it is at
-        its start (`together`; the loop stops taking them once a row may have changed)."""
-        query = queries.start
-        while query < queries.stop:
-            end = query + 1
-            while end < queries.stop and sides[end] == sides[query]:
-                end += 1
-            if not self.best_known:
-                self.know_best(state, eps)
-            yield from self.together(state, draws[query:end], windows[query:end], sides[query], eps)
-            query = end
-
-    def together(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
-                 side: int, eps: float) -> Iterator[torch.Tensor]:
-        """The candidates of a run of queries of one side, from best as it is: one query at a time (on whole images,
-        the K x N rows of a run together measured slower: they leave the cache, issue 54)."""
-        for draw, query_windows in zip(draws, windows):
-            yield self.propose(state, draw, query_windows, side, eps)
 
     def propose(self, state: LiveRows, draw: tuple[bool, torch.Tensor], windows: list[tuple], side: int,
                 eps: float) -> torch.Tensor:
@@ -400,8 +378,7 @@ class _SquareL2(_SquareLp):
         return (share + windows_mass).sqrt()
 
     def to_feasible(self, x, delta, eps):
-        scale = eps / (self.image_norms(delta) + 1e-12)
-        return torch.addcmul(x, delta, scale, out=torch.empty_like(x, memory_format=self.layout)).clamp_(0.0, 1.0)
+        return torch.addcmul(x, delta, eps / (self.image_norms(delta) + 1e-12)).clamp_(0.0, 1.0)
 
 
 class _SquareL1(_SquareLp):
@@ -429,18 +406,16 @@ class _SquareL1(_SquareLp):
     def __init__(self):
         super().__init__()
         self.plane = None  # per flat pixel index (and the padding D), its position in the image plane (padding: h*w)
-        self.in_memory = None  # per flat pixel index (NCHW order), its index in a candidate's memory (its layout)
         self.on_support = False  # whether candidates are projected over best's support (on the CPU)
 
     def to_feasible(self, x, delta, eps):
-        projected = project_l1_ball_box(x, delta, eps * _L1_SHRINK)
-        return torch.add(projected, x, out=torch.empty_like(x, memory_format=self.layout)).clamp_(0.0, 1.0)
+        return project_l1_ball_box(x, delta, eps * _L1_SHRINK).add_(x).clamp_(0.0, 1.0)
 
     def prepare(self, rows: dict[str, torch.Tensor], eps: float) -> None:
         """`start`: what a projection that leaves a pixel 0 makes of it (0 + x, clipped: x's bits for x in [0, 1]
         with no -0); `radius`: the ball's radius per row."""
         x = rows["x"]
-        rows["start"] = torch.zeros_like(x, memory_format=self.layout).add_(x).clamp_(0.0, 1.0)
+        rows["start"] = torch.zeros_like(x).add_(x).clamp_(0.0, 1.0)
         self.on_support = common.host_reads_are_free(x.device)
         if self.on_support:
             rows["radius"] = torch.full((len(x),), eps * _L1_SHRINK, dtype=x.dtype, device=x.device)
@@ -457,9 +432,6 @@ class _SquareL1(_SquareLp):
         if self.plane is None:
             positions = torch.arange(c * h * w, device=x.device) % (h * w)
             self.plane = torch.cat((positions, positions.new_full((1,), h * w)))
-            self.in_memory = torch.arange(c * h * w, device=x.device)
-            if self.layout == torch.channels_last:
-                self.in_memory = self.in_memory.view(c, h, w).permute(1, 2, 0).flatten().argsort()
         padding = x.new_zeros(n, 1)
         support = _nonzero_columns(delta.view(n, -1))
         state["support"] = support
@@ -467,17 +439,32 @@ class _SquareL1(_SquareLp):
         state["support_delta"] = torch.cat((delta.view(n, -1), padding), dim=1).gather(1, support)
         state["support_plane"] = self.plane[support]
 
-    def together(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
-                 side: int, eps: float) -> Iterator[torch.Tensor]:
-        """On the CPU, the run is projected together over the pixels each candidate can have nonzero (`_on_support`);
-        whole rows, one query at a time, where these are too many, or where whole rows would not solve on their head
-        (`solved_on_the_head`: the same bits either way), and on other devices."""
-        c, h, w = state["x"].shape[1:]
-        width = state["support"].shape[1] + c * side * side if self.on_support else None
-        if width is None or width > _SUPPORT_MOST or not solved_on_the_head(c * h * w, width):
-            yield from super().together(state, draws, windows, side, eps)
-        else:
-            yield from self._on_support(state, draws, windows, side, eps)
+    def proposals(self, state: LiveRows, queries: range, draws, windows: list[list[tuple]], sides: list[int],
+                  eps: float) -> Iterator[torch.Tensor]:
+        """The candidates of `queries` (the caller stops taking them once a row may have changed). On the CPU, runs
+        of queries of one side are projected together over the pixels each candidate can have nonzero
+        (`_on_support`); whole rows, one query at a time, where these are too many, or where whole rows would not
+        solve on their head (`solved_on_the_head`: the same bits either way)."""
+        if not self.on_support:
+            yield from super().proposals(state, queries, draws, windows, sides, eps)
+            return
+        x = state["x"]
+        n, c, h, w = x.shape
+        query = queries.start
+        while query < queries.stop:
+            if not self.best_known:
+                self.know_best(state, eps)
+            side = sides[query]
+            width = state["support"].shape[1] + c * side * side
+            if width > _SUPPORT_MOST or not solved_on_the_head(c * h * w, width):
+                yield super().propose(state, draws[query], windows[query], side, eps)
+                query += 1
+                continue
+            end = query + 1
+            while end < queries.stop and sides[end] == side:
+                end += 1
+            yield from self._on_support(state, draws[query:end], windows[query:end], side, eps)
+            query = end
 
     def _on_support(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
                     side: int, eps: float) -> Iterator[torch.Tensor]:
@@ -505,21 +492,14 @@ class _SquareL1(_SquareLp):
         values = project_l1_values(x_values, delta_values, state["radius"].repeat(count))
         values = values.add_(x_values).clamp_(0.0, 1.0).view(count, n, -1)
         # replaced columns write at the first window's corner: the window then overwrites it
-        columns = self.in_memory[torch.where(replaced, first_planes[:, :1, :1], state["support"])]
+        columns = torch.where(replaced, first_planes[:, :1, :1], state["support"])
         in_support, in_window = values[:, :, :kept].unbind(0), values[:, :, kept:].view(count, n, c, side, side)
         for (first, _), at, kept_values, window_values in zip(windows, columns.unbind(0), in_support,
                                                              in_window.unbind(0)):
             candidate = state["start"].clone()
-            _memory_rows(candidate).scatter_(1, at, kept_values)
+            candidate.view(n, -1).scatter_(1, at, kept_values)
             candidate[first] = window_values
             yield candidate
-
-
-def _memory_rows(images: torch.Tensor) -> torch.Tensor:
-    """(N, C*H*W) view of NCHW- or NHWC-contiguous images, each row in memory order."""
-    if images.is_contiguous():
-        return images.view(len(images), -1)
-    return images.permute(0, 2, 3, 1).view(len(images), -1)
 
 
 def _nonzero_columns(values: torch.Tensor) -> torch.Tensor:
@@ -579,11 +559,7 @@ def square(
         raise ValueError(f"the generator is on {generator.device.type}, the images on {x.device.type}")
     counter = EvalCounter(parent=counter)
     generator = make_generator(generator, x.device)
-    if not geometry.any_layout:  # the sums run over NCHW images; candidates are laid out as the images given
-        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-            geometry.layout = torch.channels_last
-        x = x.contiguous()
-    x = x.detach()
+    x = x.detach() if geometry.any_layout else x.detach().contiguous()
 
     x_best = geometry.init(x, eps, generator)
     labels = y.view(-1, 1)
