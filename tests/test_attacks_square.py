@@ -247,7 +247,8 @@ def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit
 
 @pytest.mark.parametrize("norm", ["L2", "L1"])
 def test_queries_proposed_together_get_the_bits_each_gets_alone(norm):
-    """Square-L2/L1 rewrite the windows of a run of queries of one side in one pass, and Square-L1 on the CPU
+    """Square-L2/L1 rewrite the windows of a run of queries of one side in one pass (`rewrites` against one query's
+    `rewrite`, whose windows are slices), and Square-L1 on the CPU
     projects them in one pass (issue 54): each query's window content and candidate are bit for bit those of the
     query proposed alone, with both pattern orientations, overlapping windows and rows that have left the batch."""
     import importlib
@@ -279,7 +280,7 @@ def test_queries_proposed_together_get_the_bits_each_gets_alone(norm):
         geometry.know_best(state, eps)
         together = geometry.rewrites(state, draws, windows, side)
         for query in range(count):
-            alone = geometry.rewrites(state, draws[query:query + 1], windows[query:query + 1], side)[0]
+            alone = geometry.rewrite(state, draws[query], windows[query], side)
             assert torch.equal(together[query], alone)
         if norm == "L1" and side < 13:  # the CPU's support path: all candidates from one projection
             assert square_module.solved_on_the_head(c * h * w, state["support"].shape[1] + c * side * side)
