@@ -206,10 +206,10 @@ def test_l1_on_the_cpu_projects_over_the_support_with_the_whole_rows_results(toy
 
 @pytest.mark.parametrize("seed, eps", [(0, 0.5), (1, 3.0), (2, 12.0), (3, 400.0)])
 def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit(seed, eps):
-    """Square-L1's CPU candidate (issue 54; `proposals`, not the whole rows' `propose`) is `start` with the projected values of best's cached support and the
-    first window written in: the bits of the whole image's projection (on its head, as the support is small) plus x,
-    clipped, with padding, tied magnitudes, pixels at box faces, x = -0, and windows that cover best's
-    support and each other."""
+    """Square-L1's CPU candidate (issue 54; `proposals`, not the whole rows' `propose`) is `start` with the projected
+    values of best's cached support and the first window written in: the bits of the whole image's projection (on its
+    head, as the support is small) plus x, clipped, with padding, tied magnitudes, pixels at box faces, x = -0, and
+    windows that cover best's support and each other."""
     import importlib
 
     square_module = importlib.import_module("rgb.attacks.square")
@@ -245,10 +245,32 @@ def test_l1_candidate_from_the_cached_support_is_the_projected_image_bit_for_bit
     assert not torch.equal(candidate, state["start"])
 
 
+def _rewrite_before_issue_54(geometry, state, draw, windows, side):
+    """Square-L2/L1's window rewrite as written before issue 54's runs (96b0989): the oriented pattern made by
+    `torch.where` (column-major in memory whichever way it is oriented), the windows as slices."""
+    import importlib
+
+    square_module = importlib.import_module("rgb.attacks.square")
+    transposed, signs = draw
+    signs = signs[state.positions] if len(state) < len(signs) else signs
+    made = square_module.square_pattern(side, geometry.norm).to(state["x"])
+    pattern = torch.where(torch.tensor(transposed), made.T, made)
+    first, second = windows
+    delta = state["delta"]
+    first_mass = geometry.mass(delta[first])
+    windows_mass = first_mass + geometry.mass(delta[second])
+    overlap = square_module._overlap(first, second)
+    if overlap is not None:
+        windows_mass = (windows_mass - geometry.mass(delta[overlap])).clamp_min_(0.0)
+    proposal = pattern * signs + delta[first] / (geometry.norm_of_mass(first_mass) + 1e-12)
+    target = geometry.window_norm(state["share"], windows_mass)
+    return proposal / (geometry.channel_norms(proposal) + 1e-12) * target
+
+
 @pytest.mark.parametrize("norm", ["L2", "L1"])
 def test_queries_proposed_together_get_the_bits_each_gets_alone(norm):
-    """Square-L2/L1 rewrite the windows of a run of queries of one side in one pass (`rewrites` against one query's
-    `rewrite`, whose windows are slices), and Square-L1 on the CPU
+    """Square-L2/L1 rewrite one query's windows with the bits they had before issue 54 (`rewrite`), Square-L1 those of
+    a run of queries of one side in one pass with the bits of each alone (`rewrites`), and Square-L1 on the CPU
     projects them in one pass (issue 54): each query's window content and candidate are bit for bit those of the
     query proposed alone, with both pattern orientations, overlapping windows and rows that have left the batch."""
     import importlib
@@ -278,10 +300,13 @@ def test_queries_proposed_together_get_the_bits_each_gets_alone(norm):
         draws = geometry.draws(uniforms, n, c, eps)
         assert len({flag for flag, _ in draws}) == 2
         geometry.know_best(state, eps)
-        together = geometry.rewrites(state, draws, windows, side)
-        for query in range(count):
-            alone = geometry.rewrite(state, draws[query], windows[query], side)
-            assert torch.equal(together[query], alone)
+        for query in range(count):  # one query against the formula as the reference's order has it (96b0989)
+            assert torch.equal(geometry.rewrite(state, draws[query], windows[query], side),
+                               _rewrite_before_issue_54(geometry, state, draws[query], windows[query], side))
+        if norm == "L1":
+            together = geometry.rewrites(state, draws, windows, side)
+            for query in range(count):
+                assert torch.equal(together[query], geometry.rewrite(state, draws[query], windows[query], side))
         if norm == "L1" and side < 13:  # the CPU's support path: all candidates from one projection
             assert square_module.solved_on_the_head(c * h * w, state["support"].shape[1] + c * side * side)
             together = [candidate.clone() for candidate in geometry.proposals(state, range(count), draws, windows,

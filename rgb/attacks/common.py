@@ -128,7 +128,7 @@ def largest_first(values: torch.Tensor, enough: Callable[[torch.Tensor, torch.Te
 
 # Entries per block of kth_largest on the CPU: the blocks' maxima cost about one pass, and the selection then looks
 # at this many entries per wanted rank instead of the whole row (APGD-L1 wants 3-21 of 3072 at 3x32x32; 8 and 32
-# were slower on its calls).
+# were slower on its calls). Rows whose width it does not divide (3x299x299) take the whole-row selection.
 _KTH_BLOCK = 16
 
 

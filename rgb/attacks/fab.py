@@ -241,6 +241,8 @@ def _l1_cpu_head(magnitude, greedy, target):
         position = torch.arange(k - 1, device=top.device)[None, :]
         repeats = closed.shape[0] // top.shape[0]
         tied = (torch.eq(top[:, 1:], top[:, :-1]).repeat(repeats, 1) & (position <= n_full)).any(dim=1)
+        # a kept row closes before its head's last column (n_full < k - 1), so that column's padding copies lie
+        # past n_full, where the greedy gives step 0
         wider = (~closes | tied | (n_full[:, 0] >= k - 1)).view(repeats, -1).any(dim=0).nonzero().squeeze(1)
         k, kept = min(width, 4 * k), k
         top = nn.functional.pad(top, (0, k - kept))
@@ -286,6 +288,7 @@ def fab_project_l1(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     else:
         head = largest_first(magnitude, lambda top, order: bool((greedy(top, order)[4][:, -1] >= target).all()),
                              first=_L1_HEAD)
+    # (the greedy of the head found last: `checked` is keyed by the width, and every widening changes it)
     sorted_magnitude, order, sorted_w, sorted_room, closed, n_full = greedy(*head)
     # Where the whole row cannot close the gap, every coordinate moves fully (n_full is the row's width): the face.
     closed_before = nn.functional.pad(closed, (1, 0)).gather(1, n_full)

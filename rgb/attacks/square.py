@@ -10,7 +10,7 @@ have already dropped out.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -120,7 +120,7 @@ def _overlap(first: tuple, second: tuple) -> tuple | None:
 def _window_planes(windows: list[list[tuple]], side: int, w: int, device: torch.device
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The positions in the image plane (row * w + column) of the first and the second window of K queries of one
-    side, each (K, side, side)."""
+    side, each (K, side, side) (made from host lists: for the CPU's runs of queries)."""
     corners = torch.tensor([[window[1].start, window[2].start] for query in windows for window in query[:2]],
                            device=device).view(len(windows), 2, 2, 1)
     steps = torch.arange(side, device=device)
@@ -144,10 +144,10 @@ def _signs(uniform: torch.Tensor) -> torch.Tensor:
 class _Geometry:
     """What Square's loop asks of a norm: a run of queries' candidates (`proposals`) from a per-query `propose`."""
 
-    def proposals(self, state: LiveRows, queries: range, draws, windows: list[list[tuple]], sides: list[int],
-                  eps: float) -> Iterator[torch.Tensor]:
-        """The candidates of `queries`, one at a time, each proposed when it is taken (from best as it then is; the
-        loop stops taking them once a row may have changed)."""
+    def proposals(self, state: LiveRows, queries: range, draws: Sequence, windows: list[list[tuple]],
+                  sides: list[int], eps: float) -> Iterator[torch.Tensor]:
+        """The candidates of `queries` (`draws`: the norm's per-query draws, from its `draws`), one at a time, each
+        proposed when it is taken (from best as it then is; the loop stops taking them once a row may have changed)."""
         for query in queries:
             yield self.propose(state, draws[query], windows[query], sides[query], eps)
 
@@ -229,7 +229,7 @@ class _SquareLp(_Geometry):
         return 5 + n * c
 
     def mass(self, values: torch.Tensor) -> torch.Tensor:
-        """Per (image, channel) mass over the spatial dims, shape (N, C, 1, 1)."""
+        """Per (image, channel) mass over the spatial dims (the last two), shape (..., C, 1, 1)."""
         raise NotImplementedError
 
     def norm_of_mass(self, mass: torch.Tensor) -> torch.Tensor:
@@ -244,7 +244,7 @@ class _SquareLp(_Geometry):
         raise NotImplementedError
 
     def window_norm(self, share: torch.Tensor, windows_mass: torch.Tensor) -> torch.Tensor:
-        """The per-channel norm the new window content is scaled to: the windows' mass (N, C, 1, 1) plus the unused
+        """The per-channel norm the new window content is scaled to: the windows' mass (..., C, 1, 1) plus the unused
         share."""
         raise NotImplementedError
 
@@ -253,8 +253,12 @@ class _SquareLp(_Geometry):
         raise NotImplementedError
 
     def channel_norms(self, values: torch.Tensor) -> torch.Tensor:
-        """Per (image, channel) norm over the spatial dims, shape (N, C, 1, 1)."""
+        """Per (image, channel) norm over the spatial dims (the last two), shape (..., C, 1, 1)."""
         return self.norm_of_mass(self.mass(values))
+
+    def scaled(self, proposal: torch.Tensor, share: torch.Tensor, windows_mass: torch.Tensor) -> torch.Tensor:
+        """A window's proposal (..., C, side, side) scaled per channel to `window_norm`."""
+        return proposal / (self.channel_norms(proposal) + 1e-12) * self.window_norm(share, windows_mass)
 
     @staticmethod
     def draws(uniforms: torch.Tensor, n: int, c: int, eps: float) -> list[tuple[bool, torch.Tensor]]:
@@ -326,7 +330,7 @@ class _SquareLp(_Geometry):
         content there, with the mass of both windows and a share of the budget best leaves unused (state's `delta`
         and `share`, `know_best`). The oriented pattern is column-major in memory (a transposed view of
         `transposed_patterns`), so the proposal's norm sums in the window's column order. Windows as slices: for one
-        query on whole images the index tensors of `rewrites` cost ~0.1 ms more (issue 54)."""
+        query on whole images the index tensors of Square-L1's `rewrites` cost ~0.1 ms more (issue 54)."""
         transposed, signs = draw
         if len(state) < len(signs):
             signs = signs[state.positions]
@@ -339,34 +343,8 @@ class _SquareLp(_Geometry):
         windows_mass = first_mass + self.mass(delta[second])
         if overlap is not None:  # the union's mass: the overlap counts once
             windows_mass = (windows_mass - self.mass(delta[overlap])).clamp_min_(0.0)
-        proposal = pattern * signs + in_first / (self.norm_of_mass(first_mass) + 1e-12)
-        target = self.window_norm(state["share"], windows_mass)
-        return proposal / (self.channel_norms(proposal) + 1e-12) * target
-
-    def rewrites(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
-                 side: int) -> torch.Tensor:
-        """`rewrite` for each of K queries of one side, all from best, in one pass (K, N, C, side, side), each with
-        the bits of `rewrite`: masses are summed over the windows in their row order (a contiguous copy of a window
-        sums as its slice does), the proposal's norm in the window's column order, so the proposal is made in the
-        window's transposed frame and transposed back."""
-        x, delta = state["x"], state["delta"]
-        n, c, h, w = x.shape
-        signs = torch.stack([signs for _, signs in draws])
-        if n < signs.shape[1]:
-            signs = signs[:, state.positions]
-        patterns = self.transposed_patterns(side, x)[[int(transposed) for transposed, _ in draws]]
-        first_planes, second_planes = _window_planes(windows, side, w, x.device)
-        plane = delta.view(n, c, h * w)
-        first_mass = self.mass(_windows_of(plane, first_planes))
-        windows_mass = first_mass + self.mass(_windows_of(plane, second_planes))
-        in_first = _windows_of(plane, first_planes.transpose(1, 2))
-        for query, (first, second) in enumerate(windows):
-            overlap = _overlap(first, second)
-            if overlap is not None:  # the union's mass: the overlap counts once
-                windows_mass[query].sub_(self.mass(delta[overlap])).clamp_min_(0.0)
-        proposal = patterns[:, None, None] * signs + in_first / (self.norm_of_mass(first_mass) + 1e-12)
-        target = self.window_norm(state["share"], windows_mass)
-        return (proposal / (self.channel_norms(proposal) + 1e-12) * target).transpose(-2, -1)
+        return self.scaled(pattern * signs + in_first / (self.norm_of_mass(first_mass) + 1e-12), state["share"],
+                           windows_mass)
 
     def transposed_patterns(self, side: int, like: torch.Tensor) -> torch.Tensor:
         """The pattern of `side` in a window's transposed frame, as drawn (index 0) and transposed (index 1),
@@ -460,8 +438,8 @@ class _SquareL1(_SquareLp):
         state["support_delta"] = torch.cat((delta.view(n, -1), padding), dim=1).gather(1, support)
         state["support_plane"] = self.plane[support]
 
-    def proposals(self, state: LiveRows, queries: range, draws, windows: list[list[tuple]], sides: list[int],
-                  eps: float) -> Iterator[torch.Tensor]:
+    def proposals(self, state: LiveRows, queries: range, draws: Sequence, windows: list[list[tuple]],
+                  sides: list[int], eps: float) -> Iterator[torch.Tensor]:
         """The candidates of `queries` (the caller stops taking them once a row may have changed). On the CPU, runs
         of queries of one side are projected together over the pixels each candidate can have nonzero
         (`_on_support`); whole rows, one query at a time, where these are too many, or where whole rows would not
@@ -486,6 +464,31 @@ class _SquareL1(_SquareLp):
                 end += 1
             yield from self._on_support(state, draws[query:end], windows[query:end], side, eps)
             query = end
+
+    def rewrites(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
+                 side: int) -> torch.Tensor:
+        """`rewrite` for each of K queries of one side, all from best, in one pass (K, N, C, side, side), each with
+        the bits of `rewrite`: masses are summed over the windows in their row order (a contiguous copy of a window
+        sums as its slice does), the proposal's norm in the window's column order, so the proposal is made in the
+        window's transposed frame and transposed back. CPU only (the support path): its index tensors are made from
+        host lists, a copy that would wait for a GPU."""
+        x, delta = state["x"], state["delta"]
+        n, c, h, w = x.shape
+        signs = torch.stack([signs for _, signs in draws])
+        if n < signs.shape[1]:
+            signs = signs[:, state.positions]
+        patterns = self.transposed_patterns(side, x)[[int(transposed) for transposed, _ in draws]]
+        first_planes, second_planes = _window_planes(windows, side, w, x.device)
+        plane = delta.view(n, c, h * w)
+        first_mass = self.mass(_windows_of(plane, first_planes))
+        windows_mass = first_mass + self.mass(_windows_of(plane, second_planes))
+        in_first = _windows_of(plane, first_planes.transpose(1, 2))
+        for query, (first, second) in enumerate(windows):
+            overlap = _overlap(first, second)
+            if overlap is not None:  # the union's mass: the overlap counts once
+                windows_mass[query].sub_(self.mass(delta[overlap])).clamp_min_(0.0)
+        proposal = patterns[:, None, None] * signs + in_first / (self.norm_of_mass(first_mass) + 1e-12)
+        return self.scaled(proposal, state["share"], windows_mass).transpose(-2, -1)
 
     def _on_support(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
                     side: int, eps: float) -> Iterator[torch.Tensor]:
