@@ -304,7 +304,8 @@ def test_queries_proposed_together_get_the_bits_each_gets_alone(norm):
             assert torch.equal(geometry.rewrite(state, draws[query], windows[query], side),
                                _rewrite_before_issue_54(geometry, state, draws[query], windows[query], side))
         if norm == "L1":
-            together = geometry.rewrites(state, draws, windows, side)
+            together = geometry.rewrites(state, draws, windows, side,
+                                         square_module._window_planes(windows, side, w, x.device))
             for query in range(count):
                 assert torch.equal(together[query], geometry.rewrite(state, draws[query], windows[query], side))
         if norm == "L1" and side < 13:  # the CPU's support path: all candidates from one projection

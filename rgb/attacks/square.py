@@ -466,19 +466,19 @@ class _SquareL1(_SquareLp):
             query = end
 
     def rewrites(self, state: LiveRows, draws: list[tuple[bool, torch.Tensor]], windows: list[list[tuple]],
-                 side: int) -> torch.Tensor:
-        """`rewrite` for each of K queries of one side, all from best, in one pass (K, N, C, side, side), each with
-        the bits of `rewrite`: masses are summed over the windows in their row order (a contiguous copy of a window
-        sums as its slice does), the proposal's norm in the window's column order, so the proposal is made in the
-        window's transposed frame and transposed back. CPU only (the support path): its index tensors are made from
-        host lists, a copy that would wait for a GPU."""
+                 side: int, planes: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """`rewrite` for each of K queries of one side (their windows' `_window_planes`: `planes`), all from best, in
+        one pass (K, N, C, side, side), each with the bits of `rewrite`: masses are summed over the windows in their
+        row order (a contiguous copy of a window sums as its slice does), the proposal's norm in the window's column
+        order, so the proposal is made in the window's transposed frame and transposed back. CPU only (the support
+        path): the planes are made from host lists, a copy that would wait for a GPU."""
         x, delta = state["x"], state["delta"]
         n, c, h, w = x.shape
         signs = torch.stack([signs for _, signs in draws])
         if n < signs.shape[1]:
             signs = signs[:, state.positions]
         patterns = self.transposed_patterns(side, x)[[int(transposed) for transposed, _ in draws]]
-        first_planes, second_planes = _window_planes(windows, side, w, x.device)
+        first_planes, second_planes = planes
         plane = delta.view(n, c, h * w)
         first_mass = self.mass(_windows_of(plane, first_planes))
         windows_mass = first_mass + self.mass(_windows_of(plane, second_planes))
@@ -502,8 +502,8 @@ class _SquareL1(_SquareLp):
         x = state["x"]
         n, c, h, w = x.shape
         count, kept = len(windows), state["support"].shape[1]
-        content = self.rewrites(state, draws, windows, side)
         first_planes, second_planes = _window_planes(windows, side, w, x.device)
+        content = self.rewrites(state, draws, windows, side, (first_planes, second_planes))
         covered = torch.zeros(count, h * w + 1, dtype=torch.bool, device=x.device)
         covered[:, -1] = True  # padding counts as covered by every query's windows
         covered.scatter_(1, first_planes.view(count, -1), True).scatter_(1, second_planes.view(count, -1), True)
